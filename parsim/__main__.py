@@ -1,0 +1,3 @@
+from parsim.cli import entry
+
+entry()

@@ -1,0 +1,65 @@
+"""The ``parsim`` command line. Each command is a module in this package exposing
+``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``; they are found by
+name, so adding a command is adding a file.
+
+Bad input (SpecError) prints one message naming the field, the value and what is allowed,
+and exits with code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pkgutil
+import sys
+import warnings
+
+from parsim.specs import SpecError
+
+_NOT_COMMANDS = {"common"}
+
+
+def _command_modules() -> dict[str, object]:
+    mods = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_") or info.name in _NOT_COMMANDS:
+            continue
+        mods[info.name] = importlib.import_module(f"{__name__}.{info.name}")
+    return mods
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own errors also exit 2, with one line
+        self.exit(2, f"parsim: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="parsim", description="Simulate and execute distributed transformer training plans.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name, mod in sorted(_command_modules().items()):
+        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            return int(args._run(args) or 0)
+    except SpecError as err:
+        if getattr(args, "json", False):
+            print(json.dumps({"error": str(err), "field": err.field}))
+        print(f"parsim: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("parsim: interrupted", file=sys.stderr)
+        return 130
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Arguments and helpers shared by the commands (model/cluster/plan/profile, --json)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from parsim.specs import ClusterSpec, ModelSpec, Plan, load_cluster, load_model, parse_plan, validate
+
+
+def add_spec_arguments(p: argparse.ArgumentParser, *, model="gpt3-1.3b", cluster="a100-80g:8",
+                       plan="dp=8", need_cluster=True, need_plan=True) -> None:
+    p.add_argument("--model", default=model, help=f"preset name, model YAML, or HF config.json [{model}]")
+    if need_cluster:
+        p.add_argument("--cluster", default=cluster, help=f"PRESET:NDEVICES or cluster YAML [{cluster}]")
+        p.add_argument("--profile", default=None, help="calibration profile YAML overriding the cluster's device/network numbers")
+    if need_plan:
+        p.add_argument("--plan", default=plan, help=f"'k=v ...' plan string or plan YAML [{plan!r}]")
+    add_json_argument(p)
+
+
+def add_json_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
+
+
+def load_specs(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, Plan, list[str]]:
+    """Parse and validate model, cluster and plan; warnings go to stderr (never stdout)."""
+    model = load_model(args.model)
+    cluster = load_cluster(args.cluster, profile=getattr(args, "profile", None))
+    plan = parse_plan(args.plan)
+    warnings = validate(model, cluster, plan)
+    for w in warnings:
+        print(f"parsim: warning: {w}", file=sys.stderr)
+    return model, cluster, plan, warnings
+
+
+def emit_json(obj: dict[str, Any]) -> None:
+    print(json.dumps(obj, default=_jsonable))
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "to_dict"):
+        return x.to_dict()
+    if hasattr(x, "item"):
+        return x.item()
+    if isinstance(x, (set, tuple)):
+        return list(x)
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f}"
+
+
+def table(rows: list[list[Any]], header: list[str]) -> str:
+    """A plain aligned text table."""
+    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
