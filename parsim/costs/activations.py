@@ -1,0 +1,93 @@
+"""Activation memory per transformer layer and microbatches in flight per schedule.
+
+Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
+Sec. 4, Table 2, with 2-byte activations, 1-byte dropout masks, GELU MLP (f = 4h), MHA:
+    no parallelism                 s b h (34 + 5 a s / h)
+    tensor parallel (t)            s b h (10 + 24/t + 5 a s / (h t))
+    tensor + sequence parallel     s b h (34/t + 5 a s / (h t))
+    tensor parallel + selective    s b h (10 + 24/t)
+    tensor + sequence + selective  s b h (34/t)
+    full recomputation             2 s b h  (2 s b h / t with sequence parallel)
+Here each term is rebuilt from its parts so dtype (e bytes), GQA (K, V of kv_hidden), SwiGLU
+(f != 4h, two up projections), no dropout and FlashAttention change exactly the parts they
+touch. Result in bytes per layer per microbatch on one device.
+"""
+from __future__ import annotations
+
+from parsim.specs import ModelSpec, Plan
+
+from .ops import DTYPE_BYTES, padded_vocab
+
+MASK_BYTES = 1     # dropout masks stored as bytes (Korthikanti 2022 Sec. 4.1)
+LSE_BYTES = 4      # FlashAttention keeps the fp32 log-sum-exp per row (Dao et al. 2022)
+
+
+def layer_activation_bytes(model: ModelSpec, plan: Plan, recompute: str | None = None) -> float:
+    """Bytes one layer keeps for backward, per microbatch, on one TP rank."""
+    recompute = plan.recompute if recompute is None else recompute
+    t = plan.tp
+    e = DTYPE_BYTES[plan.dtype]
+    sb = model.seq_len * plan.mbs
+    h, kv, f = model.hidden, model.kv_hidden, model.ffn_hidden
+    a = model.heads
+    sp = t if plan.sp else 1                   # divisor of the "replicated" parts under SP
+    if recompute == "full":
+        return e * sb * h / sp                 # only the layer input is kept
+    mask = MASK_BYTES if model.dropout else 0
+    # Parts replicated across TP ranks unless sequence parallel:
+    #   2 norm inputs, QKV input, MLP-up input (e*sbh each) + 2 residual dropout masks.
+    replicated = (4 * e + 2 * mask) * sb * h
+    # Parts split t ways: Q, K, V, attention-out input, MLP activations.
+    qkv = e * sb * (h + 2 * kv)
+    attn_out_in = e * sb * h
+    if model.activation == "swiglu":
+        mlp = e * sb * (2 * f) + e * sb * f    # gate & up outputs (SwiGLU input) + down input
+    else:
+        mlp = e * sb * f + e * sb * f          # GeLU input + down input
+    sharded = qkv + attn_out_in + mlp
+    # Attention core (the part selective recomputation drops).
+    if model.flash_attention:
+        core = LSE_BYTES * a * sb              # only the log-sum-exp; no s^2 terms
+    else:
+        s = model.seq_len
+        core = e * a * s * sb                  # softmax output
+        if model.dropout:
+            core += mask * a * s * sb + e * a * s * sb   # dropout mask + dropout output
+    if recompute == "selective" and not model.flash_attention:
+        core = 0.0
+    return replicated / sp + (sharded + core) / t
+
+
+def embedding_activation_bytes(model: ModelSpec, plan: Plan) -> float:
+    """First stage: the embedding dropout mask (Korthikanti 2022 Sec. 4.3), per microbatch."""
+    if not model.dropout:
+        return 0.0
+    sb = model.seq_len * plan.mbs
+    return MASK_BYTES * sb * model.hidden / (plan.tp if plan.sp else 1)
+
+
+def head_activation_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Last stage: final-norm input and logits input (e*sbh each) and the fp32 logits kept by
+    the cross-entropy (4*s*b*V/t) (Korthikanti 2022 Sec. 4.3), per microbatch."""
+    e = DTYPE_BYTES[plan.dtype]
+    sb = model.seq_len * plan.mbs
+    sp = plan.tp if plan.sp else 1
+    return 2 * e * sb * model.hidden / sp + 4 * sb * padded_vocab(model, plan) / plan.tp
+
+
+def inflight_microbatches(schedule: str, pp: int, m: int, pp_rank: int, vpp: int = 1) -> float:
+    """Microbatches whose activations a pipeline rank holds at its peak, in units of the
+    rank's full set of layers (so interleaving counts chunks / vpp).
+
+    naive: 1; GPipe: m (Huang et al. 2019); 1F1B: min(p - i, m) (Narayanan et al. 2021 Sec. 2.2.1);
+    interleaved: Megatron-LM warm-up of (p - i - 1) * 2 + (v - 1) * p chunk-forwards, +1 in
+    steady state, capped at m*v chunks; each chunk is 1/v of the rank's layers.
+    """
+    if schedule == "naive":
+        return 1.0
+    if schedule == "gpipe":
+        return float(m)
+    if schedule == "1f1b":
+        return float(min(pp - pp_rank, m))
+    chunks = min((pp - pp_rank - 1) * 2 + (vpp - 1) * pp + 1, m * vpp)
+    return chunks / vpp

@@ -1,0 +1,93 @@
+"""Communication volumes of a plan: what is sent, how many bytes, over which group.
+
+``nbytes`` is always the size of the *full* (unsharded) buffer the collective produces or
+reduces, in bytes: an all-reduce of X, an all-gather whose output is X, a reduce-scatter
+whose input is X. Times come from ``parsim.costs.timing``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parsim.specs import ModelSpec, Plan
+
+from .memory import state_bytes
+from .ops import DTYPE_BYTES
+from .params import layer_params, stage_params
+
+
+@dataclass(frozen=True)
+class Collective:
+    op: str        # "all_reduce" | "all_gather" | "reduce_scatter"
+    nbytes: float  # full buffer, bytes
+    group: str     # "tp" | "dp"
+    name: str      # where in the layer it sits
+    after: str = ""  # the op (parsim.costs.ops name) it follows; "" = at the layer start
+
+
+def tp_collectives_per_layer(model: ModelSpec, plan: Plan, phase: str) -> list[Collective]:
+    """Megatron-LM TP collectives of one layer, one microbatch (phase "fwd" or "bwd").
+
+    Without SP: forward all-reduces after attention-out and MLP-down ("g"), backward
+    all-reduces the input gradients of QKV and MLP-up ("f") (Shoeybi et al. 2019, Fig. 3).
+    With SP: each all-reduce becomes reduce-scatter + all-gather (Korthikanti et al. 2022,
+    Sec. 4.2.2): forward all-gathers before QKV and MLP-up and reduce-scatters after
+    attention-out and MLP-down; backward mirrors it. Buffer = b*s*h activations.
+    """
+    if plan.tp == 1:
+        return []
+    nbytes = float(plan.mbs * model.seq_len * model.hidden * DTYPE_BYTES[plan.dtype])
+    up = "mlp_up_gate" if model.activation == "swiglu" else "mlp_up"
+    if not plan.sp:
+        if phase == "fwd":
+            return [Collective("all_reduce", nbytes, "tp", "attn_allreduce", after="attn_out"),
+                    Collective("all_reduce", nbytes, "tp", "mlp_allreduce", after="mlp_down")]
+        return [Collective("all_reduce", nbytes, "tp", "mlp_in_grad_allreduce", after=up),
+                Collective("all_reduce", nbytes, "tp", "attn_in_grad_allreduce", after="qkv")]
+    if phase == "fwd":
+        return [Collective("all_gather", nbytes, "tp", "attn_in_allgather", after="input_norm"),
+                Collective("reduce_scatter", nbytes, "tp", "attn_out_reducescatter", after="attn_out"),
+                Collective("all_gather", nbytes, "tp", "mlp_in_allgather", after="post_attn_norm"),
+                Collective("reduce_scatter", nbytes, "tp", "mlp_out_reducescatter", after="mlp_down")]
+    return [Collective("all_gather", nbytes, "tp", "mlp_out_grad_allgather", after="mlp_residual"),
+            Collective("reduce_scatter", nbytes, "tp", "mlp_in_grad_reducescatter", after=up),
+            Collective("all_gather", nbytes, "tp", "attn_out_grad_allgather", after="attn_residual"),
+            Collective("reduce_scatter", nbytes, "tp", "attn_in_grad_reducescatter", after="qkv")]
+
+
+def p2p_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Bytes one device sends to the next pipeline stage per microbatch (activations forward,
+    their gradients backward): b*s*h*e, divided by t with TP (the scatter/gather optimisation
+    of Narayanan et al. 2021 Sec. 4.1, and natively with SP)."""
+    full = plan.mbs * model.seq_len * model.hidden * DTYPE_BYTES[plan.dtype]
+    return full / plan.tp
+
+
+def dp_grad_bytes(model: ModelSpec, plan: Plan, pp_rank: int) -> float:
+    """Gradient bytes a device reduces over its DP group per step (its stage's grads)."""
+    return stage_params(model, plan)[pp_rank] * state_bytes(plan.dtype).grad
+
+
+def dp_param_bytes(model: ModelSpec, plan: Plan, pp_rank: int) -> float:
+    """Parameter bytes a ZeRO-1/2 device all-gathers after its sharded optimizer step."""
+    return stage_params(model, plan)[pp_rank] * state_bytes(plan.dtype).param
+
+
+def zero3_gather_bytes_per_layer(model: ModelSpec, plan: Plan) -> float:
+    """ZeRO-3: parameter bytes all-gathered per layer, in forward and again in backward
+    (Rajbhandari et al. 2020 Sec. 7.2.2: 3x the DP volume in all)."""
+    return layer_params(model, plan.tp) * state_bytes(plan.dtype).param
+
+
+def zero3_reduce_scatter_bytes_per_layer(model: ModelSpec, plan: Plan) -> float:
+    """ZeRO-3: gradient bytes reduce-scattered per layer in backward."""
+    return layer_params(model, plan.tp) * state_bytes(plan.dtype).grad
+
+
+def dp_buckets(total_bytes: float, bucket_bytes: int) -> list[float]:
+    """Split a gradient buffer into DDP-style buckets (last one may be smaller)."""
+    if total_bytes <= 0:
+        return []
+    n = int(-(-total_bytes // bucket_bytes))
+    sizes = [float(bucket_bytes)] * (n - 1)
+    sizes.append(total_bytes - bucket_bytes * (n - 1))
+    return sizes

@@ -1,0 +1,49 @@
+"""Model FLOPs per step (for MFU) and hardware FLOPs (for HFU).
+
+Narayanan et al. 2021 (arXiv:2104.04473) Eq. 3 for GPT shapes:
+    F = 72 B s L h^2 (1 + s/(6h) + V/(12 h L))         without recomputation
+    F = 96 B s L h^2 (1 + s/(6h) + V/(16 h L))         with full recomputation
+(B = global batch in sequences). We count the same thing op by op, so GQA and SwiGLU
+models get their own exact counts: forward matmul FLOPs x 3 (forward + 2x backward),
++1 forward of the layers for full recompute (the logits GEMM is not recomputed).
+"""
+from __future__ import annotations
+
+from parsim.specs import ModelSpec, Plan
+
+from .ops import head_ops, layer_ops
+
+
+def _fwd_matmul_flops_per_sequence(model: ModelSpec) -> tuple[float, float, float]:
+    """(layer matmul FLOP, of which attention-core FLOP, logits FLOP) per sequence, tp=1.
+
+    Uses the unpadded vocabulary, as Eq. 3 does."""
+    plan = Plan(mbs=1, dtype="bf16")
+    layer = sum(op.fwd_flops for op in layer_ops(model, plan) if op.kind in ("gemm", "attention"))
+    core = sum(op.fwd_flops for op in layer_ops(model, plan) if op.attention_core and op.kind != "membound")
+    logits = 2.0 * model.seq_len * model.hidden * model.vocab
+    return layer, core, logits
+
+
+def model_flops_per_step(model: ModelSpec, gbs: int) -> float:
+    """Model FLOPs of one training step (no recompute counted): the MFU numerator (PaLM, App. B)."""
+    layer, _, logits = _fwd_matmul_flops_per_sequence(model)
+    return 3.0 * gbs * (model.layers * layer + logits)
+
+
+def hardware_flops_per_step(model: ModelSpec, plan: Plan) -> float:
+    """FLOPs actually executed, including recomputation: the HFU numerator."""
+    layer, core, logits = _fwd_matmul_flops_per_sequence(model)
+    recompute = {"none": 0.0, "full": layer, "selective": core}.get(plan.recompute, layer)
+    if plan.recompute == "stage-aware" and plan.recompute_layers is not None:
+        frac = sum(plan.recompute_layers) / model.layers
+        recompute = frac * layer
+    return plan.gbs * (model.layers * (3.0 * layer + recompute) + 3.0 * logits)
+
+
+def eq3_flops(model: ModelSpec, gbs: int, full_recompute: bool = False) -> float:
+    """Narayanan et al. 2021 Eq. 3 literally (GPT shapes), in FLOP per step."""
+    B, s, L, h, V = gbs, model.seq_len, model.layers, model.hidden, model.vocab
+    if full_recompute:
+        return 96.0 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * h * L))
+    return 72.0 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))

@@ -1,0 +1,139 @@
+"""Memory per pipeline rank by category (params, grads, optimizer, activations, other).
+
+Model states per parameter (bytes), Megatron-LM conventions (docs, "distributed optimizer"):
+    fp32 training:        param 4, grad 4, optimizer 8 (Adam m, v)
+    bf16/fp16 mixed:      param 2, grad 4 (fp32 main_grad), optimizer 12 (fp32 master, m, v)
+ZeRO (Rajbhandari et al. 2020, Sec. 5): stage 1 shards the optimizer over the dp ranks,
+stage 2 also the gradients, stage 3 also the parameters. ZeRO-Offload (Ren et al. 2021)
+keeps optimizer states (and with "optimizer+params", parameters) in host memory.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
+
+from .activations import (embedding_activation_bytes, head_activation_bytes, inflight_microbatches,
+                          layer_activation_bytes)
+from .params import layer_params, stage_params
+
+CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of each model-state category."""
+    param: float
+    grad: float
+    optimizer: float
+
+
+def state_bytes(dtype: str) -> StateBytes:
+    if dtype == "fp32":
+        return StateBytes(4.0, 4.0, 8.0)
+    return StateBytes(2.0, 4.0, 12.0)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    stage: int           # pipeline rank
+    params: float        # bytes
+    grads: float
+    optimizer: float
+    activations: float
+    other: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.other
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["total"] = self.total
+        return d
+
+
+def zero_model_state_bytes(num_params: float, dp: int, zero: int, k: float = 12.0,
+                           param_bytes: float = 2.0, grad_bytes: float = 2.0) -> float:
+    """Per-device model-state bytes in the ZeRO paper's convention (Rajbhandari et al. 2020,
+    Sec. 5 / Fig. 1): (2 + 2 + K) Psi for DP; (2 + 2 + K/Nd) Psi for P_os;
+    (2 + (2 + K)/Nd) Psi for P_os+g; (2 + 2 + K) Psi / Nd for P_os+g+p."""
+    p, g, o = param_bytes, grad_bytes, k
+    if zero >= 1:
+        o /= dp
+    if zero >= 2:
+        g /= dp
+    if zero >= 3:
+        p /= dp
+    return num_params * (p + g + o)
+
+
+def rank_recompute(model: ModelSpec, plan: Plan, pp_rank: int) -> list[tuple[int, str]]:
+    """(layers, recompute policy) groups held by a pipeline rank, per its virtual stages.
+
+    Stage-aware recomputation (Merak, Lai et al. 2023): stage v recomputes
+    ``recompute_layers[v]`` of its layers fully and keeps the rest. Shifted critical path
+    (Merak): the last pipeline rank does not recompute."""
+    out: list[tuple[int, str]] = []
+    layers = stage_layers(model, plan)
+    last_rank = plan.pp - 1
+    for v in range(plan.vpp):
+        vstage = pp_rank + v * plan.pp
+        n = layers[vstage]
+        if plan.shifted_critical_path and pp_rank == last_rank and plan.recompute != "none":
+            out.append((n, "none"))
+        elif plan.recompute == "stage-aware":
+            r = plan.recompute_layers[vstage] if plan.recompute_layers is not None else n
+            out += [(r, "full"), (n - r, "none")]
+        else:
+            out.append((n, plan.recompute))
+    return out
+
+
+def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = None) -> list[StageMemory]:
+    """Peak memory of every pipeline rank (per device; TP and DP peers are identical)."""
+    sb = state_bytes(plan.dtype)
+    m = plan.num_microbatches
+    params_per_rank = stage_params(model, plan)
+    out = []
+    for r in range(plan.pp):
+        n = params_per_rank[r]
+        dp = plan.dp
+        params = n * sb.param / (dp if plan.zero >= 3 else 1)
+        grads = n * sb.grad / (dp if plan.zero >= 2 else 1)
+        optimizer = n * sb.optimizer / (dp if plan.zero >= 1 else 1)
+        other = 0.0
+        if plan.offload in ("optimizer", "optimizer+params"):
+            optimizer = 0.0
+            grads = 0.0                    # ZeRO-Offload streams gradients to host
+            other += plan.dp_bucket_bytes  # one gradient bucket in flight over PCIe
+        if plan.offload == "optimizer+params":
+            params = 0.0
+        if plan.zero >= 3 or plan.offload == "optimizer+params":
+            # ZeRO-3 materialises the full parameters of the current and the prefetched layer.
+            other += 2 * layer_params(model, plan.tp) * sb.param
+        inflight = inflight_microbatches(plan.schedule, plan.pp, m, r, plan.vpp)
+        act = 0.0
+        for layers, policy in rank_recompute(model, plan, r):
+            act += layers * layer_activation_bytes(model, plan, policy)
+        act *= inflight
+        if any(policy == "full" and layers for layers, policy in rank_recompute(model, plan, r)):
+            # The layer being recomputed briefly holds its full activations again.
+            other += layer_activation_bytes(model, plan, "none") - layer_activation_bytes(model, plan, "full")
+        if r == 0:
+            act += embedding_activation_bytes(model, plan) * inflight
+        if r == (plan.pp * plan.vpp - 1) % plan.pp:
+            act += head_activation_bytes(model, plan) * (m if plan.schedule == "gpipe" else 1)
+        out.append(StageMemory(stage=r, params=params, grads=grads, optimizer=optimizer,
+                               activations=act, other=other))
+    return out
+
+
+def device_capacity(cluster: ClusterSpec) -> float:
+    """Bytes a framework can allocate on one device."""
+    return cluster.device.memory_bytes * cluster.device.usable_memory_fraction
+
+
+def fits(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> bool:
+    cap = device_capacity(cluster)
+    return all(s.total <= cap for s in memory_by_stage(model, plan, cluster))

@@ -1,0 +1,121 @@
+"""The ops of one transformer layer (and the embedding / output head) on one device.
+
+Shapes follow Megatron-LM tensor parallelism (Shoeybi et al. 2019): QKV and MLP-up are
+column-parallel (output split t ways), attention-out and MLP-down are row-parallel (input
+split t ways); attention heads split t ways. With sequence parallelism (Korthikanti et al.
+2022, Sec. 4.2.2) norms, dropouts and residuals run on s/t tokens.
+
+FLOPs are floating-point operations (a multiply-add = 2 FLOP); bytes are memory traffic of
+memory-bound ops (read + write), both per device per microbatch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parsim.specs import ModelSpec, Plan
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op of a layer. ``shape`` is the forward GEMM (m, n, k): an (m x k) @ (k x n)."""
+
+    name: str
+    kind: str                      # "gemm" | "attention" | "membound"
+    fwd_flops: float               # FLOP
+    bwd_input_flops: float         # FLOP, gradient w.r.t. inputs
+    bwd_weight_flops: float        # FLOP, gradient w.r.t. weights
+    fwd_bytes: float = 0.0         # bytes moved (membound ops)
+    bwd_bytes: float = 0.0
+    shape: tuple[int, int, int] | None = None
+    batch: int = 1                 # batched GEMMs (attention): number of (m, n, k) products
+    attention_core: bool = False   # re-run by selective recompute (Korthikanti 2022 Sec. 5)
+
+    @property
+    def bwd_flops(self) -> float:
+        return self.bwd_input_flops + self.bwd_weight_flops
+
+
+def _gemm(name: str, m: int, n: int, k: int, batch: int = 1, has_weight: bool = True, core: bool = False) -> Op:
+    # Forward (m x k)(k x n): 2mnk FLOP. Backward: dX = dY W^T (2mnk) and dW = X^T dY (2mnk)
+    # (Narayanan et al. 2021 Sec. 5.1: backward = 2x forward).
+    f = 2.0 * m * n * k * batch
+    return Op(name, "gemm", f, f, f if has_weight else 0.0, shape=(m, n, k), batch=batch, attention_core=core)
+
+
+def _membound(name: str, elements: float, act_bytes: int, reads: float = 1.0, writes: float = 1.0,
+              core: bool = False) -> Op:
+    # Elementwise: read `reads` tensors and write `writes` tensors of `elements` each;
+    # backward reads the output grad and the saved input and writes the input grad (~1.5x).
+    fwd = elements * act_bytes * (reads + writes)
+    return Op(name, "membound", 0.0, 0.0, 0.0, fwd_bytes=fwd, bwd_bytes=1.5 * fwd, attention_core=core)
+
+
+def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
+    """Ops of one transformer layer for one microbatch on one device (TP/SP applied)."""
+    t = plan.tp
+    e = DTYPE_BYTES[plan.dtype]
+    b, s, h = plan.mbs, model.seq_len, model.hidden
+    tokens = b * s
+    tok_sp = tokens // t if plan.sp else tokens          # tokens seen by norms/residuals
+    heads = model.heads // t
+    d = model.head_dim
+    kv = model.kv_hidden // t
+    f = model.ffn_hidden // t
+    ops = [
+        _membound("input_norm", tok_sp * h, e),
+        _gemm("qkv", tokens, h // t + 2 * kv, h),
+    ]
+    if model.flash_attention:
+        # FlashAttention (Dao et al. 2022): scores + softmax + PV fused; forward 4*b*s^2*h/t FLOP,
+        # backward 2.5x forward (it recomputes the scores: Dao 2022 Sec. 3.1).
+        fwd = 4.0 * b * heads * s * s * d
+        ops.append(Op("flash_attention", "attention", fwd, 2.5 * fwd, 0.0, shape=(s, s, d),
+                      batch=b * heads, attention_core=True))
+    else:
+        ops.append(_gemm("attn_scores", s, s, d, batch=b * heads, has_weight=False, core=True))
+        ops.append(_membound("softmax", b * heads * s * s, e, core=True))
+        if model.dropout:
+            ops.append(_membound("attn_dropout", b * heads * s * s, e, core=True))
+        ops.append(_gemm("attn_values", s, d, s, batch=b * heads, has_weight=False, core=True))
+    ops.append(_gemm("attn_out", tokens, h, h // t))
+    ops.append(_membound("attn_residual", tok_sp * h, e, reads=2.0))
+    ops.append(_membound("post_attn_norm", tok_sp * h, e))
+    if model.activation == "swiglu":
+        ops.append(_gemm("mlp_up_gate", tokens, 2 * f, h))
+        ops.append(_membound("swiglu", tokens * f, e, reads=2.0))
+    else:
+        ops.append(_gemm("mlp_up", tokens, f, h))
+        ops.append(_membound("gelu", tokens * f, e))
+    ops.append(_gemm("mlp_down", tokens, h, f))
+    ops.append(_membound("mlp_residual", tok_sp * h, e, reads=2.0))
+    return ops
+
+
+def embedding_ops(model: ModelSpec, plan: Plan) -> list[Op]:
+    """First stage: vocab-parallel embedding lookup (+ learned positions): memory bound."""
+    e = DTYPE_BYTES[plan.dtype]
+    tokens = plan.mbs * model.seq_len
+    return [_membound("embedding", tokens * model.hidden, e)]
+
+
+def head_ops(model: ModelSpec, plan: Plan) -> list[Op]:
+    """Last stage: final norm, vocab-parallel logits GEMM (2*b*s*h*V/t FLOP, Narayanan 2021
+    Eq. 3's last term), and softmax cross-entropy in fp32 over the local vocab shard."""
+    e = DTYPE_BYTES[plan.dtype]
+    t = plan.tp
+    tokens = plan.mbs * model.seq_len
+    tok_sp = tokens // t if plan.sp else tokens
+    vocab_shard = padded_vocab(model, plan) // t
+    return [
+        _membound("final_norm", tok_sp * model.hidden, e),
+        _gemm("logits", tokens, vocab_shard, model.hidden),
+        _membound("cross_entropy", tokens * vocab_shard, 4),
+    ]
+
+
+def padded_vocab(model: ModelSpec, plan: Plan) -> int:
+    """Vocab padded to a multiple of 128 * tp (Megatron-LM ``--make-vocab-size-divisible-by``)."""
+    unit = 128 * plan.tp
+    return -(-model.vocab // unit) * unit

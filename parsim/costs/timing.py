@@ -1,0 +1,178 @@
+"""Durations of ops, collectives and transfers on a device/cluster profile (seconds).
+
+* GEMM: 2mnk FLOP / (peak FLOP/s x efficiency(m, n, k)) + per-op overhead; a calibrated
+  profile's ``gemm_table`` (measured achieved FLOP/s per shape) takes precedence.
+* Memory-bound op: bytes / (memory bandwidth x efficiency) + overhead (roofline,
+  Williams et al. 2009).
+* Collectives: ring algorithm (Patarasuk & Yuan 2009; NCCL "bus bandwidth" convention):
+      all-reduce      2 (n-1)/n * S / B + 2 (n-1) alpha
+      all-gather / reduce-scatter  (n-1)/n * S / B + (n-1) alpha
+  with S the full buffer in bytes, B the per-device link bandwidth; a double binary tree
+  (NCCL >= 2.4, Sanders et al. 2009) for all-reduce: 2 S / B + 2 log2(n) alpha, taken when
+  faster. Groups spanning nodes decompose hierarchically: intra-node reduce-scatter,
+  inter-node all-reduce of S/k over NICs, intra-node all-gather (k = members per node).
+  A calibrated profile's ``collectives`` (alpha + beta*x per op and group size) takes
+  precedence, where x is the per-rank tensor passed to the call (input of all_gather,
+  input of reduce_scatter, the buffer of all_reduce, the message of send/recv).
+"""
+from __future__ import annotations
+
+import bisect
+import math
+
+from parsim.specs import ClusterSpec, DeviceProfile
+
+from .ops import Op
+
+
+def gemm_time(device: DeviceProfile, m: float, n: float, k: float, dtype: str, batch: int = 1) -> float:
+    flops = 2.0 * m * n * k * batch
+    if flops <= 0:
+        return 0.0
+    table = device.extra.get("gemm_table", {}).get(dtype)
+    if table:
+        rate = _table_rate(table, m, n, k)
+    else:
+        rate = device.flops(dtype) * max(device.gemm.efficiency(m, n, k), 1e-6)
+    return flops / rate + device.kernel_overhead_s
+
+
+def _table_rate(table: list, m: float, n: float, k: float) -> float:
+    """Achieved FLOP/s of the measured shape nearest in log space (shapes a model uses
+    repeat exactly, so nearest is usually an exact hit)."""
+    best, best_d = None, math.inf
+    lm, ln, lk = math.log(m), math.log(n), math.log(k)
+    for row in table:
+        d = (math.log(row[0]) - lm) ** 2 + (math.log(row[1]) - ln) ** 2 + (math.log(row[2]) - lk) ** 2
+        if d < best_d:
+            best, best_d = row, d
+    return float(best[3])
+
+
+def membound_time(device: DeviceProfile, nbytes: float, op_name: str = "") -> float:
+    if nbytes <= 0:
+        return 0.0
+    table = device.extra.get("membound_table", {})
+    bw = table.get(op_name) or device.memory_bandwidth * device.membound_efficiency
+    return nbytes / float(bw) + device.kernel_overhead_s
+
+
+def op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
+    """Duration of ``op`` in pass "fwd", "bwd_input", "bwd_weight" or "bwd" (both)."""
+    if pass_ == "bwd":
+        return op_time(device, op, "bwd_input", dtype) + op_time(device, op, "bwd_weight", dtype)
+    if op.kind == "membound":
+        if pass_ == "bwd_weight":
+            return 0.0
+        return membound_time(device, op.fwd_bytes if pass_ == "fwd" else op.bwd_bytes, op.name)
+    flops = {"fwd": op.fwd_flops, "bwd_input": op.bwd_input_flops, "bwd_weight": op.bwd_weight_flops}[pass_]
+    if flops <= 0:
+        return 0.0
+    if op.kind == "attention":
+        table = device.extra.get("attention_table", {}).get(dtype)
+        rate = device.flops(dtype) * device.attention_efficiency
+        if table:
+            rate = _attention_rate(table, op)
+        return flops / rate + device.kernel_overhead_s
+    m, n, k = op.shape
+    # backward GEMMs: dX = dY W^T is (m x n)(n x k); dW = X^T dY is (k x m)(m x n)
+    shape = {"fwd": (m, n, k), "bwd_input": (m, k, n), "bwd_weight": (k, n, m)}[pass_]
+    return gemm_time(device, *shape, dtype, batch=op.batch)
+
+
+def _attention_rate(table: list, op: Op) -> float:
+    # rows: [batch_heads, seq, head_dim, fwd_s, bwd_s]; use the nearest seq, scale per batch-head
+    s = op.shape[0]
+    row = min(table, key=lambda r: abs(math.log(r[1]) - math.log(s)) + abs(math.log(r[2]) - math.log(op.shape[2])))
+    flops_row = 4.0 * row[0] * row[1] * row[1] * row[2]
+    return flops_row / float(row[3])
+
+
+# ------------------------------------------------------------------------ communication
+
+_CAL_KEYS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
+             "send_recv": "send_recv"}
+
+
+def _calibrated(cluster: ClusterSpec, op: str, n: int, x: float) -> float | None:
+    table = cluster.network.collectives.get(_CAL_KEYS.get(op, op))
+    if not table:
+        return None
+    sizes = sorted(int(k) for k in table)
+    key = str(n) if str(n) in table else str(sizes[min(bisect.bisect_left(sizes, n), len(sizes) - 1)])
+    ab = table[key]
+    return float(ab["alpha"]) + float(ab["beta"]) * x
+
+
+def collective_time(cluster: ClusterSpec, op: str, nbytes: float, group: list[int]) -> float:
+    """Seconds for one collective over ``group`` (global ranks) with full buffer ``nbytes``."""
+    n = len(group)
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    x = nbytes / n if op == "all_gather" else nbytes
+    cal = _calibrated(cluster, op, n, x)
+    if cal is not None:
+        return cal
+    net = cluster.network
+    dpn = cluster.devices_per_node
+    nodes = len({r // dpn for r in group})
+    if nodes == 1:
+        return _flat(op, nbytes, n, net.intra_node.bandwidth, net.intra_node.latency)
+    k = n // nodes                                   # members per node
+    # every device of a node talks at once (all DP/TP groups run together), so each gets
+    # its share of the node's NICs, and never more than one NIC
+    inter_bw = min(net.inter_node_bandwidth_per_device(dpn), net.inter_node.bandwidth)
+    inter_alpha = net.inter_node.latency
+    if k == 1:
+        return _flat(op, nbytes, n, inter_bw, inter_alpha)
+    intra = net.intra_node
+    if op == "all_reduce":
+        return (_flat("reduce_scatter", nbytes, k, intra.bandwidth, intra.latency)
+                + _flat("all_reduce", nbytes / k, nodes, inter_bw, inter_alpha)
+                + _flat("all_gather", nbytes, k, intra.bandwidth, intra.latency))
+    # all-gather (reduce-scatter mirrored): inter-node among same-local-index ranks on S/k,
+    # then intra-node on the full S
+    return (_flat(op, nbytes / k, nodes, inter_bw, inter_alpha)
+            + _flat(op, nbytes, k, intra.bandwidth, intra.latency))
+
+
+def _flat(op: str, nbytes: float, n: int, bw: float, alpha: float) -> float:
+    if n <= 1:
+        return 0.0
+    if op == "all_reduce":
+        ring = 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * alpha
+        tree = 2 * nbytes / bw + 2 * math.log2(n) * alpha
+        return min(ring, tree)
+    return (n - 1) / n * nbytes / bw + (n - 1) * alpha
+
+
+def p2p_time(cluster: ClusterSpec, nbytes: float, src: int, dst: int) -> float:
+    """Point-to-point send of ``nbytes`` from global rank src to dst (alpha + S / B)."""
+    if nbytes <= 0:
+        return 0.0
+    cal = _calibrated(cluster, "send_recv", 2, nbytes)
+    if cal is not None:
+        return cal
+    net = cluster.network
+    link = net.intra_node if cluster.node_of(src) == cluster.node_of(dst) else net.inter_node
+    return link.latency + nbytes / link.bandwidth
+
+
+def host_transfer_time(cluster: ClusterSpec, nbytes: float) -> float:
+    """Device <-> host copy over PCIe (alpha + S / B)."""
+    if nbytes <= 0:
+        return 0.0
+    link = cluster.network.host_link
+    return link.latency + nbytes / link.bandwidth
+
+
+def optimizer_time(cluster: ClusterSpec, num_params: float, dtype: str, on_host: bool = False) -> float:
+    """AdamW step as a memory-bound op: per parameter it reads grad, master param, m, v and
+    writes master param, m, v (+ the low-precision copy): 4*(1+3+3) bytes in fp32, + 2 for
+    the bf16/fp16 copy (Megatron-LM / apex fused Adam)."""
+    per_param = 28.0 + (0.0 if dtype == "fp32" else 4.0)
+    nbytes = num_params * per_param
+    dev = cluster.device
+    if on_host:
+        return nbytes / dev.host_memory_bandwidth
+    return membound_time(dev, nbytes, "adamw")

@@ -1,0 +1,197 @@
+"""Cost formulas pinned to their published sources."""
+import pytest
+
+from parsim.costs import (eq2_params, eq3_flops, hardware_flops_per_step, inflight_microbatches,
+                          layer_activation_bytes, layer_ops, memory_by_stage, model_flops_per_step, p2p_bytes,
+                          state_bytes, stage_params, total_params, tp_collectives_per_layer, zero_model_state_bytes)
+from parsim.costs import timing
+from parsim.specs import ModelSpec, Plan, load_cluster, load_model
+
+GB = 1e9
+
+
+def test_model_flops_equal_narayanan_eq3_for_gpt3_175b():
+    m = load_model("gpt3-175b")
+    B, s, L, h, V = 1536, 2048, 96, 12288, 51200
+    eq3 = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+    assert model_flops_per_step(m, 1536) == pytest.approx(eq3, rel=1e-12)
+    assert eq3_flops(m, 1536) == pytest.approx(eq3, rel=1e-12)
+
+
+def test_full_recompute_hardware_flops_equal_eq3_96_form():
+    m = load_model("gpt3-175b")
+    B, s, L, h, V = 1536, 2048, 96, 12288, 51200
+    eq3_rc = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * h * L))
+    p = Plan(dp=8, tp=8, pp=16, gbs=1536, recompute="full")
+    assert hardware_flops_per_step(m, p) == pytest.approx(eq3_rc, rel=1e-12)
+
+
+def test_selective_recompute_adds_only_attention_core_flops():
+    m = load_model("gpt3-13b")
+    none = hardware_flops_per_step(m, Plan(gbs=8))
+    sel = hardware_flops_per_step(m, Plan(gbs=8, recompute="selective"))
+    # 4 b s^2 h per layer per sequence (Korthikanti 2022 Sec. 5)
+    assert sel - none == pytest.approx(8 * m.layers * 4 * m.seq_len ** 2 * m.hidden, rel=1e-12)
+
+
+def test_parameter_count_matches_narayanan_eq2():
+    for name in ("gpt3-175b", "megatron-1t", "megatron-7.5b"):
+        m = load_model(name)
+        # ours also counts the final layer norm (2h), which Eq. 2 leaves out
+        assert total_params(m) - 2 * m.hidden == pytest.approx(eq2_params(m), rel=1e-12)
+
+
+def test_llama2_7b_has_6_74b_parameters():
+    # Touvron et al. 2023: 6.74B (HF: 6,738,415,616)
+    assert total_params(load_model("llama2-7b")) == 6_738_415_616
+
+
+def test_tp_splits_layer_gemm_flops_exactly():
+    m = load_model("gpt3-13b")
+    f1 = sum(o.fwd_flops for o in layer_ops(m, Plan(tp=1)))
+    f8 = sum(o.fwd_flops for o in layer_ops(m, Plan(tp=8)))
+    assert f8 == pytest.approx(f1 / 8, rel=1e-12)
+
+
+# --- Korthikanti et al. 2022, Table 2 (bytes per layer, s b h units) ---------------------
+
+def _gpt(h=1024, a=16, s=512):
+    return ModelSpec(name="k", layers=4, hidden=h, heads=a, seq_len=s, vocab=1024, dropout=True)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+@pytest.mark.parametrize("case", ["tp", "tp+sp", "tp+selective", "tp+sp+selective", "full", "full+sp"])
+def test_activation_bytes_match_korthikanti_table2(t, case):
+    m = _gpt()
+    s, b, h, a = m.seq_len, 2, m.hidden, m.heads
+    sp = "sp" in case and t > 1
+    rc = "selective" if "selective" in case else ("full" if "full" in case else "none")
+    plan = Plan(tp=t, mbs=b, sp=sp, recompute=rc, dtype="bf16")
+    sbh = s * b * h
+    expected = {
+        ("none", False): sbh * (10 + 24 / t + 5 * a * s / (h * t)),
+        ("none", True): sbh * (34 / t + 5 * a * s / (h * t)),
+        ("selective", False): sbh * (10 + 24 / t),
+        ("selective", True): sbh * (34 / t),
+        ("full", False): 2 * sbh,
+        ("full", True): 2 * sbh / t,
+    }[(rc, sp)]
+    assert layer_activation_bytes(m, plan) == pytest.approx(expected, rel=1e-12)
+
+
+def test_activation_bytes_without_parallelism_are_34_plus_5as_over_h():
+    m = _gpt()
+    sbh = m.seq_len * m.hidden
+    assert layer_activation_bytes(m, Plan()) == pytest.approx(sbh * (34 + 5 * m.heads * m.seq_len / m.hidden))
+
+
+def test_flash_attention_removes_the_s_squared_term():
+    m = ModelSpec(name="f", layers=2, hidden=1024, heads=16, seq_len=4096, vocab=512, dropout=False,
+                  flash_attention=True)
+    act = layer_activation_bytes(m, Plan())
+    assert act < 40 * m.seq_len * m.hidden    # no 5as^2b term (that alone would be 80 sbh here)
+
+
+# --- ZeRO paper, Figure 1: 7.5B params, Nd = 64, K = 12 --------------------------------
+
+@pytest.mark.parametrize("stage, gb", [(0, 120), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_model_states_match_rajbhandari_figure1(stage, gb):
+    assert zero_model_state_bytes(7.5e9, dp=64, zero=stage) / GB == pytest.approx(gb, abs=0.05)
+
+
+def test_memory_model_shards_states_by_zero_stage():
+    m = load_model("megatron-7.5b")
+    cl = load_cluster("a100-80g:64")
+    st = [memory_by_stage(m, Plan(dp=64, gbs=64, zero=z), cl)[0] for z in range(4)]
+    n = stage_params(m, Plan(dp=64, gbs=64))[0]
+    sb = state_bytes("bf16")
+    assert st[0].optimizer == pytest.approx(n * sb.optimizer)
+    assert st[1].optimizer == pytest.approx(n * sb.optimizer / 64)
+    assert st[2].grads == pytest.approx(n * sb.grad / 64)
+    assert st[3].params == pytest.approx(n * sb.param / 64)
+    assert st[0].total > st[1].total > st[2].total > st[3].total
+
+
+# --- microbatches in flight per schedule ------------------------------------------------
+
+@pytest.mark.parametrize("p, m", [(4, 8), (4, 2), (8, 16), (1, 4)])
+def test_inflight_microbatches_gpipe_is_m_and_1f1b_is_min_p_minus_i_m(p, m):
+    for i in range(p):
+        assert inflight_microbatches("gpipe", p, m, i) == m
+        assert inflight_microbatches("1f1b", p, m, i) == min(p - i, m)
+
+
+def test_interleaved_first_rank_holds_more_than_1f1b():
+    # Narayanan et al. 2021 Sec. 2.2.2: interleaving raises the first stage's in-flight activations
+    p, m, v = 4, 8, 2
+    assert inflight_microbatches("interleaved", p, m, 0, v) > inflight_microbatches("1f1b", p, m, 0)
+
+
+def test_activation_memory_scales_with_inflight_microbatches():
+    model = load_model("cpu-small")
+    g = memory_by_stage(model, Plan(pp=2, gbs=8, schedule="gpipe", dtype="fp32"))
+    f = memory_by_stage(model, Plan(pp=2, gbs=8, schedule="1f1b", dtype="fp32"))
+    assert g[0].activations / f[0].activations == pytest.approx(8 / 2, rel=0.02)
+
+
+# --- communication volumes ---------------------------------------------------------------
+
+def test_tp_without_sp_has_two_allreduces_each_way():
+    m = load_model("gpt3-13b")
+    p = Plan(tp=8, mbs=2)
+    fwd = tp_collectives_per_layer(m, p, "fwd")
+    assert [c.op for c in fwd] == ["all_reduce", "all_reduce"]
+    assert fwd[0].nbytes == 2 * m.seq_len * m.hidden * 2
+
+
+def test_sp_replaces_each_allreduce_with_reduce_scatter_and_all_gather():
+    m = load_model("gpt3-13b")
+    ops = [c.op for c in tp_collectives_per_layer(m, Plan(tp=8, sp=True), "fwd")]
+    assert sorted(ops) == ["all_gather", "all_gather", "reduce_scatter", "reduce_scatter"]
+
+
+def test_p2p_bytes_are_bsh_over_t():
+    m = load_model("gpt3-13b")
+    assert p2p_bytes(m, Plan(tp=4, mbs=2)) == 2 * m.seq_len * m.hidden * 2 / 4
+
+
+# --- timing ------------------------------------------------------------------------------
+
+def test_ring_allreduce_time_follows_2_n_minus_1_over_n():
+    c = load_cluster("a100-80g:8")
+    S = 1e9
+    t = timing.collective_time(c, "all_reduce", S, list(range(8)))
+    bw, a = c.network.intra_node.bandwidth, c.network.intra_node.latency
+    assert t == pytest.approx(2 * 7 / 8 * S / bw + 14 * a, rel=1e-12)
+
+
+def test_tree_allreduce_wins_for_tiny_messages_across_many_nodes():
+    c = load_cluster("a100-80g:1024")
+    group = list(range(0, 1024, 8))      # one rank per node: 128 nodes
+    t = timing.collective_time(c, "all_reduce", 1024, group)
+    ring_latency = 2 * 127 * c.network.inter_node.latency
+    assert t < ring_latency
+
+
+def test_cross_node_allreduce_is_slower_than_intra_node():
+    c = load_cluster("a100-80g:16")
+    assert timing.collective_time(c, "all_reduce", 1e8, list(range(8, 16))) < \
+        timing.collective_time(c, "all_reduce", 1e8, [0, 8])
+
+
+def test_calibrated_alpha_beta_takes_precedence(tmp_path):
+    import yaml
+    from parsim.specs import load_profile_dict
+    d = load_profile_dict("cpu")
+    d["network"]["collectives"] = {"all_reduce": {"2": {"alpha": 1e-3, "beta": 2e-9}}}
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(d))
+    c = load_cluster("cpu:2", profile=str(f))
+    assert timing.collective_time(c, "all_reduce", 1e6, [0, 1]) == pytest.approx(1e-3 + 2e-9 * 1e6)
+
+
+def test_skinny_gemms_run_at_lower_efficiency():
+    dev = load_cluster("a100-80g:8").device
+    fat = 2 * 4096 ** 3 / timing.gemm_time(dev, 4096, 4096, 4096, "bf16")
+    skinny = 2 * 4096 * 4096 * 64 / timing.gemm_time(dev, 4096, 64, 4096, "bf16")
+    assert skinny < fat
