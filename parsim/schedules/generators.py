@@ -1,0 +1,160 @@
+"""Generators for the named pipeline schedules, and their textbook bubble fractions.
+
+Every generator returns a Schedule whose ``actions[r]`` is the order in which pipeline rank
+``r`` runs its forward (F) and backward (B) passes. Stages are *virtual* stages, placed in a
+loop: rank r holds stages r, r + pp, r + 2 pp, ... (DESIGN.md, "The Schedule IR").
+
+* ``naive``       no pipelining: microbatch j goes forward through every stage, then backward,
+                  before microbatch j + 1 starts.
+* ``gpipe``       all forwards, then all backwards (Huang et al. 2019, GPipe).
+* ``1f1b``        PipeDream-Flush, Megatron-LM's non-interleaved schedule (Narayanan et al.
+                  2021, Sec 2.2.1; Megatron-LM ``forward_backward_pipelining_without_interleaving``).
+* ``interleaved`` Megatron-LM interleaved 1F1B with ``vpp`` model chunks per rank (Narayanan
+                  et al. 2021, Sec 2.2.2; ``forward_backward_pipelining_with_interleaving``).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from parsim.specs import SCHEDULES, Plan, SpecError
+
+from .ir import Action, Schedule
+
+
+def build_schedule(schedule: str, pp: int, num_microbatches: int, vpp: int = 1) -> Schedule:
+    """The named schedule for ``pp`` ranks, ``num_microbatches`` microbatches and ``vpp``
+    virtual stages per rank. Bad arguments raise SpecError naming the field."""
+    _check_arguments(schedule, pp, num_microbatches, vpp)
+    rank_actions = _GENERATORS[schedule]
+    actions = tuple(tuple(rank_actions(rank, pp, num_microbatches, vpp)) for rank in range(pp))
+    return Schedule(name=schedule, pp=pp, vpp=vpp, num_microbatches=num_microbatches, actions=actions)
+
+
+def build_schedule_for_plan(plan: Plan) -> Schedule:
+    """The schedule a Plan asks for: ``plan.schedule`` over ``plan.pp`` ranks with
+    ``gbs / (dp * mbs)`` microbatches and ``plan.vpp`` virtual stages per rank."""
+    if plan.gbs % (plan.dp * plan.mbs):
+        raise SpecError("gbs", plan.gbs, f"must be divisible by dp*mbs={plan.dp * plan.mbs}")
+    m = plan.num_microbatches
+    if plan.schedule == "interleaved" and plan.vpp >= 2 and plan.pp >= 2 and m % plan.pp:
+        raise SpecError("gbs", plan.gbs, f"interleaved schedule needs microbatches (gbs/(dp*mbs)={m}) "
+                        f"divisible by pp={plan.pp}")
+    return build_schedule(plan.schedule, plan.pp, m, plan.vpp)
+
+
+def textbook_bubble_fraction(schedule_name: str, pp: int, m: int, vpp: int = 1) -> float:
+    """Idle fraction of a pipeline step, ``1 - busy / (pp * makespan)``, as the papers give it,
+    for ``m`` microbatches, with no communication time and equal-cost stages."""
+    _check_arguments(schedule_name, pp, m, vpp)
+    p, v = pp, vpp
+    if schedule_name == "naive":
+        # naive model parallelism (Huang et al. 2019, Fig. 2b): one stage busy at a time, so
+        # each rank works 1/p of the step
+        return (p - 1) / p
+    if schedule_name in ("gpipe", "1f1b"):
+        # Huang et al. 2019 (GPipe), Sec 2.2: bubble O((p-1)/(m+p-1));
+        # Narayanan et al. 2021, Eq. 1: t_pb / t_id = (p-1)/m, i.e. (p-1)/(m+p-1) of the total.
+        return (p - 1) / (m + p - 1)
+    # interleaved: Narayanan et al. 2021, Sec 2.2.2: bubble time shrinks by v,
+    # t_pb / t_id = (p-1)/(v m), i.e. (p-1)/(v m + p - 1) of the total.
+    return (p - 1) / (v * m + p - 1)
+
+
+def warmup_forwards(schedule_name: str, rank: int, pp: int, num_microbatches: int, vpp: int = 1) -> int:
+    """Forward passes rank ``rank`` runs before its first backward (1F1B and interleaved:
+    Megatron-LM ``num_warmup_microbatches``; counted in model chunks for interleaved)."""
+    p, m, v = pp, num_microbatches, vpp
+    if schedule_name == "1f1b":
+        return min(p - rank - 1, m)
+    if schedule_name == "interleaved":
+        total = m * v
+        if m == p:
+            # Megatron-LM: with as many microbatches as ranks, every forward runs first.
+            return total
+        return min(2 * (p - rank - 1) + (v - 1) * p, total)
+    if schedule_name == "gpipe":
+        return m
+    return 0
+
+
+# --- per-rank action orders ------------------------------------------------------------------
+
+def _naive(rank: int, pp: int, m: int, vpp: int) -> list[Action]:
+    actions = []
+    for j in range(m):
+        actions.append(Action("F", rank, j))
+        actions.append(Action("B", rank, j))
+    return actions
+
+
+def _gpipe(rank: int, pp: int, m: int, vpp: int) -> list[Action]:
+    # GPipe (and torch's ScheduleGPipe) runs the backwards in microbatch order.
+    return [Action("F", rank, j) for j in range(m)] + [Action("B", rank, j) for j in range(m)]
+
+
+def _one_f_one_b(rank: int, pp: int, m: int, vpp: int) -> list[Action]:
+    # Megatron-LM forward_backward_pipelining_without_interleaving: warm-up forwards, then
+    # steady state "one forward, one backward", then cool-down backwards.
+    warmup = warmup_forwards("1f1b", rank, pp, m)
+    actions = [Action("F", rank, j) for j in range(warmup)]
+    steady = m - warmup
+    for k in range(steady):
+        actions.append(Action("F", rank, warmup + k))
+        actions.append(Action("B", rank, k))
+    actions.extend(Action("B", rank, k) for k in range(steady, m))
+    return actions
+
+
+def _interleaved(rank: int, pp: int, m: int, vpp: int) -> list[Action]:
+    # Megatron-LM forward_backward_pipelining_with_interleaving: the k-th forward (backward)
+    # of a rank runs microbatches in groups of pp, cycling through the model chunks
+    # 0..v-1 (v-1..0 for backward); chunk c of rank r is virtual stage c*pp + r.
+    total = m * vpp
+    warmup = warmup_forwards("interleaved", rank, pp, m, vpp)
+
+    def forward(k: int) -> Action:
+        chunk = (k % (pp * vpp)) // pp
+        return Action("F", chunk * pp + rank, _microbatch_of(k, pp, vpp))
+
+    def backward(k: int) -> Action:
+        chunk = vpp - 1 - (k % (pp * vpp)) // pp
+        return Action("B", chunk * pp + rank, _microbatch_of(k, pp, vpp))
+
+    actions = [forward(k) for k in range(warmup)]
+    steady = total - warmup
+    for k in range(steady):
+        actions.append(forward(warmup + k))
+        actions.append(backward(k))
+    actions.extend(backward(k) for k in range(steady, total))
+    return actions
+
+
+def _microbatch_of(k: int, pp: int, vpp: int) -> int:
+    """Microbatch of a rank's k-th chunk pass (Megatron-LM ``get_microbatch_id_in_model_chunk``
+    with a group size of pp): groups of pp microbatches, each group visiting every chunk."""
+    return (k // (pp * vpp)) * pp + k % pp
+
+
+_GENERATORS: dict[str, Callable[[int, int, int, int], list[Action]]] = {
+    "naive": _naive,
+    "gpipe": _gpipe,
+    "1f1b": _one_f_one_b,
+    "interleaved": _interleaved,
+}
+
+
+def _check_arguments(schedule: str, pp: int, m: int, vpp: int) -> None:
+    if schedule not in _GENERATORS:
+        raise SpecError("schedule", schedule, f"one of {', '.join(SCHEDULES)}")
+    for field, value in (("pp", pp), ("num_microbatches", m), ("vpp", vpp)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise SpecError(field, value, "a positive integer")
+    if schedule == "interleaved":
+        if vpp < 2:
+            raise SpecError("vpp", vpp, "interleaved schedule needs vpp >= 2")
+        if pp < 2:
+            raise SpecError("pp", pp, "interleaved schedule needs pp >= 2")
+        if m % pp:
+            raise SpecError("num_microbatches", m, f"interleaved schedule needs a multiple of pp={pp}")
+    elif vpp != 1:
+        raise SpecError("vpp", vpp, f"vpp > 1 needs schedule=interleaved (schedule is {schedule})")
