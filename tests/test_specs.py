@@ -114,7 +114,7 @@ def test_bad_cluster_strings_are_rejected(text):
 
 def test_profile_overrides_device_numbers_but_keeps_device_count():
     c = load_cluster("a100-80g:16", profile="h100-sxm")
-    assert c.num_devices == 16 and c.device.peak_flops["bf16"] == pytest.approx(989e12)
+    assert c.num_devices == 16 and c.device.peak_flops["bf16"] == pytest.approx(989e12, rel=0.01)
 
 
 def test_balanced_partition_gives_remainder_to_middle_stages():
