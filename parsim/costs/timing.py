@@ -9,11 +9,16 @@
       all-gather / reduce-scatter  (n-1)/n * S / B + (n-1) alpha
   with S the full buffer in bytes, B the per-device link bandwidth; a double binary tree
   (NCCL >= 2.4, Sanders et al. 2009) for all-reduce: 2 S / B + 2 log2(n) alpha, taken when
-  faster. Groups spanning nodes decompose hierarchically: intra-node reduce-scatter,
-  inter-node all-reduce of S/k over NICs, intra-node all-gather (k = members per node).
+  faster. Groups spanning nodes run the same ring/tree with the NICs as the bottleneck:
+  B = k x (per-device NIC bandwidth), k = members per node, capped by NVLink (NCCL opens
+  one channel per NIC and pipelines chunks through the NVLink hops, so a sequential
+  intra-RS / inter-AR / intra-AG sum would overstate the time; Jeaugey, "Massively Scale
+  Your Deep Learning Training with NCCL 2.4", NVIDIA blog 2019).
   A calibrated profile's ``collectives`` (alpha + beta*x per op and group size) takes
   precedence, where x is the per-rank tensor passed to the call (input of all_gather,
   input of reduce_scatter, the buffer of all_reduce, the message of send/recv).
+* GPU GEMMs: optional tile/wave quantisation (``device.extra["gemm_waves"]``), and fused
+  causal attention (FlashAttention) skips the masked half of the score blocks.
 """
 from __future__ import annotations
 
@@ -24,6 +29,10 @@ from parsim.specs import ClusterSpec, DeviceProfile
 
 from .ops import Op
 
+# Fraction of the counted attention-core FLOPs a causal fused kernel executes (the blocks
+# on and below the diagonal; -> 1/2 for s >> block size). Dao 2023, Sec. 3.1.1.
+CAUSAL_ATTENTION_FRACTION = 0.5
+
 
 def gemm_time(device: DeviceProfile, m: float, n: float, k: float, dtype: str, batch: int = 1) -> float:
     flops = 2.0 * m * n * k * batch
@@ -33,8 +42,23 @@ def gemm_time(device: DeviceProfile, m: float, n: float, k: float, dtype: str, b
     if table:
         rate = _table_rate(table, m, n, k)
     else:
-        rate = device.flops(dtype) * max(device.gemm.efficiency(m, n, k), 1e-6)
+        eff = device.gemm.efficiency(m, n, k) * wave_efficiency(device, m, n, batch)
+        rate = device.flops(dtype) * max(eff, 1e-6)
     return flops / rate + device.kernel_overhead_s
+
+
+def wave_efficiency(device: DeviceProfile, m: float, n: float, batch: int = 1) -> float:
+    """Tile/wave quantisation: a GEMM's output is cut into tile_m x tile_n tiles, one
+    thread block each, run in waves of ``sms`` blocks; the last partial wave leaves SMs idle.
+    efficiency = tiles / (ceil(tiles / sms) * sms)  (NVIDIA, "Matrix Multiplication
+    Background User's Guide", Sec. "Wave Quantization"). Off unless the profile gives
+    ``extra.gemm_waves: {sms, tile_m, tile_n}``."""
+    waves = device.extra.get("gemm_waves")
+    if not waves:
+        return 1.0
+    sms = int(waves["sms"])
+    tiles = math.ceil(m / float(waves["tile_m"])) * math.ceil(n / float(waves["tile_n"])) * batch
+    return tiles / (math.ceil(tiles / sms) * sms)
 
 
 def _table_rate(table: list, m: float, n: float, k: float) -> float:
@@ -70,10 +94,14 @@ def op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
         return 0.0
     if op.kind == "attention":
         table = device.extra.get("attention_table", {}).get(dtype)
-        rate = device.flops(dtype) * device.attention_efficiency
         if table:
-            rate = _attention_rate(table, op)
-        return flops / rate + device.kernel_overhead_s
+            return flops / _attention_rate(table, op) + device.kernel_overhead_s
+        # Causal FlashAttention skips the score blocks above the diagonal: it executes about
+        # half of the 4 b s^2 h FLOPs counted (Dao 2023, FlashAttention-2, Sec. 3.1.1; its
+        # benchmarks count causal FLOPs as half). attention_efficiency is the achieved
+        # fraction of peak on the FLOPs executed.
+        executed = flops * CAUSAL_ATTENTION_FRACTION
+        return executed / (device.flops(dtype) * device.attention_efficiency) + device.kernel_overhead_s
     m, n, k = op.shape
     # backward GEMMs: dX = dY W^T is (m x n)(n x k); dW = X^T dY is (k x m)(m x n)
     shape = {"fwd": (m, n, k), "bwd_input": (m, k, n), "bwd_weight": (k, n, m)}[pass_]
@@ -122,18 +150,13 @@ def collective_time(cluster: ClusterSpec, op: str, nbytes: float, group: list[in
     # every device of a node talks at once (all DP/TP groups run together), so each gets
     # its share of the node's NICs, and never more than one NIC
     inter_bw = min(net.inter_node_bandwidth_per_device(dpn), net.inter_node.bandwidth)
-    inter_alpha = net.inter_node.latency
-    if k == 1:
-        return _flat(op, nbytes, n, inter_bw, inter_alpha)
-    intra = net.intra_node
-    if op == "all_reduce":
-        return (_flat("reduce_scatter", nbytes, k, intra.bandwidth, intra.latency)
-                + _flat("all_reduce", nbytes / k, nodes, inter_bw, inter_alpha)
-                + _flat("all_gather", nbytes, k, intra.bandwidth, intra.latency))
-    # all-gather (reduce-scatter mirrored): inter-node among same-local-index ranks on S/k,
-    # then intra-node on the full S
-    return (_flat(op, nbytes / k, nodes, inter_bw, inter_alpha)
-            + _flat(op, nbytes, k, intra.bandwidth, intra.latency))
+    # NCCL runs one ring (channel) per NIC, pipelined through NVLink inside the node: a ring
+    # over the n members crosses each node boundary on the k members' NICs in parallel, so
+    # the bus bandwidth is k NICs' worth, capped by NVLink (multi-node nccl-tests on DGX
+    # A100 / H100 reach about the node's NIC total: ~185 GB/s busbw with 8 x HDR). The
+    # ring's latency is paid on the slower hop; tiny messages take the tree (_flat).
+    bus_bw = min(k * inter_bw, net.intra_node.bandwidth)
+    return _flat(op, nbytes, n, bus_bw, max(net.inter_node.latency, net.intra_node.latency))
 
 
 def _flat(op: str, nbytes: float, n: int, bw: float, alpha: float) -> float:
