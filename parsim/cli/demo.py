@@ -1,0 +1,113 @@
+"""``parsim demo``: the main job on built-in defaults (what ``make demo`` runs).
+
+1. A what-if study at GPU scale: sweep every valid plan of a default model on a default
+   cluster (fast path, best plans re-simulated in SimPy), recommend the best, simulate it,
+   and write the plots and the Chrome trace to one output folder.
+2. The same question on this machine: the best plan for a small model on 2 CPU ranks
+   (predicted with the calibrated CPU profile), executed for real with the torch executor,
+   measured printed beside predicted.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from parsim.specs import known_profiles, load_cluster, load_model
+
+HELP = "run the main job on built-in defaults: a what-if study, its plots and trace, and a real 2-rank run"
+
+GPU_MODEL, GPU_CLUSTER = "llama3-8b", "h100-sxm:16"
+CPU_MODEL, CPU_RANKS = "cpu-small", 2
+DEMO_GBS = 128          # sequences per step: ~1M tokens at Llama-3 8B's 8192 context
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="out/demo", help="output folder [out/demo]")
+    p.add_argument("--model", default=GPU_MODEL, help=f"model of the GPU what-if study [{GPU_MODEL}]")
+    p.add_argument("--cluster", default=GPU_CLUSTER, help=f"cluster of the GPU what-if study [{GPU_CLUSTER}]")
+    p.add_argument("--skip-execute", action="store_true", help="do not run the 2-rank torch execution")
+    p.add_argument("--steps", type=int, default=4, help="executed steps per plan (first is warm-up) [4]")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    best = what_if(load_model(args.model), load_cluster(args.cluster), out)
+    if not args.skip_execute:
+        execute_locally(out, args.steps)
+    print(f"\ndone in {time.perf_counter() - t0:.0f} s; everything is in {out}/")
+    return 0 if best else 1
+
+
+def _section(title: str) -> None:
+    print(f"\n== {title} " + "=" * max(0, 76 - len(title)))
+
+
+def what_if(model, cluster, out: Path):
+    from parsim.plots import plot_memory_breakdown, plot_memory_over_time, plot_timeline
+    from parsim.plots.sweep import plot_sweep
+    from parsim.sim import simulate
+    from parsim.study.recommend import recommend
+    from parsim.study.space import build_space
+    from parsim.study.sweep import run_sweep
+    from parsim.trace.chrome import save_chrome_trace
+
+    _section(f"what-if: {model.name} on {cluster.name}:{cluster.num_devices}")
+    result = run_sweep(model, cluster, build_space(gbs=DEMO_GBS), resimulate_top=10, progress=True)
+    rec = recommend(model, cluster, result, top=3)
+    print(f"{rec.num_plans} valid plans, {rec.num_fit} fit; best 10 re-simulated in SimPy")
+    print(rec.rule_check)
+    for a in rec.plans:
+        print(f"#{a.rank}  {a.plan}")
+        for reason in a.reasons[:3]:
+            print(f"      {reason}")
+    if not rec.plans:
+        print("no plan fits; see the memory advice above")
+        return None
+    best = rec.plans[0].plan
+    res = simulate(model, cluster, best)
+    result.frame.to_csv(out / "sweep.csv", index=False)
+    plot_sweep(result.frame, out, capacity_bytes=result.capacity_bytes)
+    plot_timeline(res.trace, out / "timeline.png", title=f"{model.name}: {best}")
+    plot_memory_breakdown(res.memory_by_stage, out / "memory.png", capacity_bytes=cluster.device.memory_bytes)
+    plot_memory_over_time(res.memory_timeline, out / "memory_over_time.png", capacity_bytes=cluster.device.memory_bytes)
+    save_chrome_trace(res.trace, out / "trace.json")
+    print(f"best plan simulated: step {res.step_time_s * 1e3:.1f} ms, {res.tokens_per_s:,.0f} tokens/s, "
+          f"MFU {res.mfu:.1%}, bubble {res.bubble_fraction:.1%}, peak {res.peak_memory_bytes / 2**30:.1f} GiB")
+    print(f"wrote {out}/sweep.csv, timeline.png, memory.png, memory_over_time.png, trace.json and sweep charts")
+    return best
+
+
+def execute_locally(out: Path, steps: int) -> None:
+    from parsim.executor import run_plans
+    from parsim.executor.config import ExecutorConfig
+    from parsim.executor.worker import RunSpec
+    from parsim.sim import simulate
+    from parsim.specs import parse_plan
+
+    profile = "cpu-calibrated" if "cpu-calibrated" in known_profiles() else "cpu"
+    model = load_model(CPU_MODEL)
+    cluster = load_cluster(f"cpu:{CPU_RANKS}", profile=profile)
+    _section(f"this machine: {model.name} on {CPU_RANKS} CPU ranks (gloo), profile {profile}")
+    plans = [parse_plan(p) for p in ("dp=2 gbs=8 dtype=fp32", "tp=2 gbs=8 dtype=fp32 sp=true",
+                                     "pp=2 gbs=8 dtype=fp32 schedule=1f1b")]
+    predicted = {p: simulate(model, cluster, p) for p in plans}
+    ranked = sorted(plans, key=lambda p: predicted[p].step_time_s)
+    print(f"predicted best: {ranked[0].to_string()}; executing all {len(plans)} for {steps} steps each ...",
+          flush=True)
+    config = ExecutorConfig(steps=steps, warmup=1, trace_dir=str(out / "executed"))
+    measured = run_plans([RunSpec(model, p, config) for p in ranked])
+    print(f"{'plan':44s} {'predicted ms':>12s} {'measured ms':>12s} {'error':>7s} {'peak MiB pred/meas':>20s}")
+    for p, m in zip(ranked, measured):
+        s = predicted[p]
+        err = (s.step_time_s - m.step_time_s) / m.step_time_s
+        peak_m = max(m.peak_memory_bytes_by_rank)
+        print(f"{p.to_string():44s} {s.step_time_s * 1e3:12.1f} {m.step_time_s * 1e3:12.1f} {err:+7.1%} "
+              f"{s.peak_memory_bytes / 2**20:9.1f}/{peak_m / 2**20:<9.1f}")
+    fastest = min(zip(ranked, measured), key=lambda pm: pm[1].step_time_s)[0]
+    verdict = "agrees" if fastest == ranked[0] else "disagrees"
+    print(f"measured fastest: {fastest.to_string()} (the simulator {verdict}); "
+          f"losses of the best plan: {', '.join(f'{x:.4f}' for x in measured[0].losses)}", file=sys.stdout)

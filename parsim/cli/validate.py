@@ -1,0 +1,58 @@
+"""``parsim validate``: a matrix of plans on the torch executor and the simulator, compared."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import add_json_argument, emit_json, table
+
+HELP = "run a matrix of plans on the executor and the simulator; write the error table and plots"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--matrix", default="studies/validation_cpu/matrix.yaml", help="matrix YAML (model, plans, steps)")
+    p.add_argument("--profile", default="cpu-calibrated", help="calibration profile (name or YAML) [cpu-calibrated]")
+    p.add_argument("--out", default="studies/validation_cpu", help="output folder (CSV, plots, traces); resumable")
+    p.add_argument("--fresh", action="store_true", help="discard finished rows in --out and start over")
+    p.add_argument("--worst", type=int, default=3, help="side-by-side timelines for the N worst plans [3]")
+    add_json_argument(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from parsim.plots import plot_timeline_pair
+    from parsim.plots.validation import plot_validation
+    from parsim.specs import load_profile_dict
+    from parsim.study.validate import CSV_NAME, load_matrix, run_validation
+    from parsim.trace.io import load_trace
+
+    matrix = load_matrix(args.matrix)
+    load_profile_dict(args.profile)            # fail early on a bad profile name
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.fresh and (out / CSV_NAME).exists():
+        (out / CSV_NAME).unlink()
+    report = run_validation(matrix, args.profile, out, progress=True)
+    rows, s = report.rows, report.summary
+    plot_validation(rows, out / "validation.png",
+                    title=f"{matrix.model.name}: simulator ({args.profile}) vs torch executor, {len(rows)} plans")
+    worst = sorted(rows, key=lambda r: -abs(r["step_error"]))[: args.worst]
+    for i, r in enumerate(worst):
+        pred = load_trace(out / f"{r['trace_file']}.predicted.json")
+        meas = load_trace(out / f"{r['trace_file']}.measured.json")
+        plot_timeline_pair(pred, meas, out / f"worst{i + 1}_timeline.png",
+                           title=f"{r['plan']}  (step error {r['step_error']:+.1%})")
+    if args.json:
+        emit_json(report.to_dict())
+        return 0
+    print(table([[r["plan"], r["world_size"], f"{r['measured_step_s'] * 1e3:.1f}", f"{r['predicted_step_s'] * 1e3:.1f}",
+                  f"{r['step_error']:+.1%}", f"{r['measured_peak_bytes'] / 2**20:.1f}",
+                  f"{r['predicted_peak_bytes'] / 2**20:.1f}", f"{r['max_rank_memory_error']:.1%}"] for r in rows],
+                ["plan", "ranks", "meas ms", "pred ms", "step err", "meas MiB", "pred MiB", "mem err"]))
+    for w, d in s["by_world_size"].items():
+        st, mem = d["step_time"], d["peak_memory"]
+        print(f"{w} ranks: step-time error median {st['median']:.1%}, max {st['max']:.1%} over {st['n']} plans; "
+              f"memory error max {mem['max']:.1%}")
+    print(f"MAPE step time {s['mape_step_time']:.1%}, peak memory {s['mape_peak_memory']:.1%}; "
+          f"Spearman rho {s['spearman_step_time']:.3f}")
+    print(f"wrote {out / CSV_NAME}, {out / 'validation.png'} and {len(worst)} worst-plan timelines")
+    return 0

@@ -1,0 +1,199 @@
+"""Validation: run a matrix of plans on the torch executor and on the simulator, compare.
+
+Rows are appended to a CSV as they finish, so an interrupted run resumes where it stopped
+(finished plans are kept and skipped). Errors are relative to the measurement:
+``(predicted - measured) / measured``. Ranking agreement is Spearman's rho between the
+predicted and measured step times (Spearman 1904; ties get average ranks).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from parsim.specs import ModelSpec, Plan, SpecError, load_cluster, load_model, parse_plan
+
+CSV_NAME = "validation.csv"
+COLUMNS = ["plan", "model", "world_size", "measured_step_s", "predicted_step_s", "step_error",
+           "measured_peak_bytes", "predicted_peak_bytes", "peak_memory_error", "max_rank_memory_error",
+           "measured_bubble", "predicted_bubble", "measured_busy_s_by_rank", "predicted_busy_s_by_rank",
+           "measured_peak_bytes_by_rank", "predicted_peak_bytes_by_rank", "losses", "trace_file"]
+
+
+@dataclass(frozen=True)
+class Matrix:
+    model: ModelSpec
+    plans: list[Plan]
+    steps: int = 4
+    warmup: int = 1
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    p = Path(path)
+    if not p.exists():
+        raise SpecError("matrix", str(path), "an existing YAML file with 'model' and 'plans'")
+    data = yaml.safe_load(p.read_text())
+    if not isinstance(data, dict) or "plans" not in data:
+        raise SpecError("matrix", str(path), "a YAML mapping with 'model' and a list 'plans'")
+    unknown = set(data) - {"model", "plans", "steps", "warmup", "description"}
+    if unknown:
+        k = sorted(unknown)[0]
+        raise SpecError(f"matrix.{k}", data[k], "unknown key; allowed: model, plans, steps, warmup, description")
+    plans = [parse_plan(t) for t in data["plans"]]
+    if not plans:
+        raise SpecError("matrix.plans", [], "at least one plan")
+    return Matrix(model=load_model(data.get("model", "cpu-small")), plans=plans,
+                  steps=int(data.get("steps", 4)), warmup=int(data.get("warmup", 1)))
+
+
+def spearman_rho(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (Pearson correlation of the average ranks)."""
+    ra, rb = _ranks(a), _ranks(b)
+    n = len(a)
+    if n < 2:
+        return float("nan")
+    ma, mb = sum(ra) / n, sum(rb) / n
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    va = sum((x - ma) ** 2 for x in ra) ** 0.5
+    vb = sum((y - mb) ** 2 for y in rb) ** 0.5
+    return cov / (va * vb) if va and vb else float("nan")
+
+
+def _ranks(xs: list[float]) -> list[float]:
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    ranks = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def compare(model: ModelSpec, plan: Plan, measured, predicted, trace_file: str = "") -> dict[str, Any]:
+    """One CSV row from an ExecutionResult and a SimResult of the same plan."""
+    from parsim.specs import RankLayout
+    from parsim.trace.metrics import bubble_fraction, busy_time
+
+    layout = RankLayout(plan.dp, plan.tp, plan.pp)
+    pred_by_stage = [s["total"] if isinstance(s, dict) else s.total for s in predicted.memory_by_stage]
+    pred_by_rank = [pred_by_stage[layout.coords(r)[0]] for r in range(plan.world_size)]
+    meas_by_rank = list(measured.peak_memory_bytes_by_rank)
+    rank_errs = [abs(p - m) / m for p, m in zip(pred_by_rank, meas_by_rank) if m > 0]
+    meas_busy = busy_time(measured.trace)
+    pred_busy = busy_time(predicted.trace)
+    return {
+        "plan": plan.to_string(), "model": model.name, "world_size": plan.world_size,
+        "measured_step_s": measured.step_time_s, "predicted_step_s": predicted.step_time_s,
+        "step_error": (predicted.step_time_s - measured.step_time_s) / measured.step_time_s,
+        "measured_peak_bytes": max(meas_by_rank), "predicted_peak_bytes": max(pred_by_rank),
+        "peak_memory_error": (max(pred_by_rank) - max(meas_by_rank)) / max(meas_by_rank),
+        "max_rank_memory_error": max(rank_errs) if rank_errs else float("nan"),
+        "measured_bubble": bubble_fraction(measured.trace), "predicted_bubble": predicted.bubble_fraction,
+        "measured_busy_s_by_rank": json.dumps({int(k): round(v, 6) for k, v in meas_busy.items()}),
+        "predicted_busy_s_by_rank": json.dumps({int(k): round(v, 6) for k, v in pred_busy.items()}),
+        "measured_peak_bytes_by_rank": json.dumps(meas_by_rank),
+        "predicted_peak_bytes_by_rank": json.dumps([int(x) for x in pred_by_rank]),
+        "losses": json.dumps([round(x, 6) for x in measured.losses]), "trace_file": trace_file,
+    }
+
+
+def read_rows(out_dir: Path) -> list[dict[str, Any]]:
+    path = out_dir / CSV_NAME
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k in ("measured_step_s", "predicted_step_s", "step_error", "measured_peak_bytes", "predicted_peak_bytes",
+                  "peak_memory_error", "max_rank_memory_error", "measured_bubble", "predicted_bubble"):
+            r[k] = float(r[k])
+        r["world_size"] = int(r["world_size"])
+    return rows
+
+
+def append_row(out_dir: Path, row: dict[str, Any]) -> None:
+    path = out_dir / CSV_NAME
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        if new:
+            w.writeheader()
+        w.writerow(row)
+
+
+@dataclass
+class ValidationReport:
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.summary, "rows": self.rows}
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def stats(sel: list[dict[str, Any]], key: str) -> dict[str, float]:
+        errs = [abs(r[key]) for r in sel]
+        return {"median": statistics.median(errs), "max": max(errs), "n": len(errs)} if errs else {}
+
+    by_world = {}
+    for w in sorted({r["world_size"] for r in rows}):
+        sel = [r for r in rows if r["world_size"] == w]
+        by_world[str(w)] = {"step_time": stats(sel, "step_error"), "peak_memory": stats(sel, "max_rank_memory_error")}
+    return {
+        "num_plans": len(rows),
+        "mape_step_time": statistics.fmean(abs(r["step_error"]) for r in rows) if rows else float("nan"),
+        "mape_peak_memory": statistics.fmean(abs(r["max_rank_memory_error"]) for r in rows) if rows else float("nan"),
+        "spearman_step_time": spearman_rho([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows]),
+        "by_world_size": by_world,
+    }
+
+
+def run_validation(matrix: Matrix, profile: str, out_dir: str | Path, *, progress: bool = True,
+                   on_row: Callable[[dict[str, Any]], None] | None = None) -> ValidationReport:
+    """Run every plan not yet in ``out_dir/validation.csv`` on both engines; resumable."""
+    from parsim.executor import run_plans
+    from parsim.executor.config import ExecutorConfig
+    from parsim.executor.worker import RunSpec
+    from parsim.sim import simulate
+    from parsim.trace.io import save_trace
+
+    out = Path(out_dir)
+    (out / "traces").mkdir(parents=True, exist_ok=True)
+    done = {r["plan"] for r in read_rows(out)}
+    todo = [p for p in matrix.plans if p.to_string() not in done]
+    bar = _progress(len(matrix.plans), len(matrix.plans) - len(todo), progress)
+    for plan in todo:
+        cluster = load_cluster(f"cpu:{plan.world_size}", profile=profile)
+        # every rank simulated, so the simulated trace lines up rank by rank with the measured one
+        predicted = simulate(matrix.model, cluster, plan, mode="full")
+        config = ExecutorConfig(steps=matrix.steps, warmup=matrix.warmup)
+        measured = run_plans([RunSpec(matrix.model, plan, config)])[0]
+        idx = matrix.plans.index(plan)
+        trace_file = f"traces/plan{idx:02d}"
+        save_trace(measured.trace, out / f"{trace_file}.measured.json")
+        save_trace(predicted.trace, out / f"{trace_file}.predicted.json")
+        row = compare(matrix.model, plan, measured, predicted, trace_file)
+        append_row(out, row)
+        if on_row:
+            on_row(row)
+        bar.set_postfix_str(f"{plan.to_string()[:40]} err {row['step_error']:+.1%}")
+        bar.update(1)
+    bar.close()
+    rows = [r for r in read_rows(out) if r["plan"] in {p.to_string() for p in matrix.plans}]
+    return ValidationReport(rows=rows, summary=summarise(rows))
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    from tqdm import tqdm
+    import sys
+    return tqdm(total=total, initial=initial, unit="plan", desc="validate", file=sys.stderr, disable=not enabled,
+                dynamic_ncols=True)
