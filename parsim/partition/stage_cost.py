@@ -1,0 +1,134 @@
+"""What one pipeline stage made of segments [a, b) costs: time per microbatch and peak memory.
+
+Memory of a stage under its schedule (per device):
+    model states  = params x (param + grad + optimizer bytes), ZeRO-sharded over dp
+                    (Megatron-LM state bytes; Rajbhandari et al. 2020 Sec. 5; parsim.costs.memory)
+    activations   = in-flight microbatches x bytes saved per microbatch, with in-flight from
+                    ``inflight_microbatches`` (1F1B: min(p - i, m), Narayanan et al. 2021 Sec. 2.2.1)
+A stage that recomputes r of its layers keeps only their inputs (Chen et al. 2016), pays their
+forward again in backward, and briefly holds one layer's full activations while recomputing
+it (as ``parsim.costs.memory_by_stage``). Which layers recompute follows the plan:
+``full`` all of them, ``stage-aware`` the fewest that fit (Merak, Lai et al. 2023, Sec. 5.2;
+its first r layers, as ``stage_recompute``), ``none``/``selective`` none (selective is folded
+into the layer costs). With ``shifted_critical_path`` the last pipeline rank never recomputes
+(Merak Sec. 5.1). With vpp > 1 a rank's budget is split evenly over its vpp chunks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parsim.costs import inflight_microbatches, state_bytes
+from parsim.specs import Plan
+
+from .graph import CostGraph, Segment, UnionSum
+
+
+@dataclass(frozen=True)
+class StageCost:
+    time_s: float            # forward + backward (+ recompute) of one microbatch, seconds
+    fwd_s: float
+    bwd_s: float             # includes recomputation
+    memory_bytes: float      # peak: model states + in-flight activations (+ recompute transient)
+    state_bytes: float
+    activation_bytes: float  # in-flight activations at the peak
+    recompute_layers: int
+    fits: bool
+
+
+def state_bytes_per_param(plan: Plan) -> float:
+    """Bytes of params + grads + optimizer per parameter on one device (ZeRO / offload applied)."""
+    sb = state_bytes(plan.dtype)
+    dp = plan.dp
+    p = sb.param / (dp if plan.zero >= 3 else 1)
+    g = sb.grad / (dp if plan.zero >= 2 else 1)
+    o = sb.optimizer / (dp if plan.zero >= 1 else 1)
+    if plan.offload in ("optimizer", "optimizer+params"):
+        g = o = 0.0
+    if plan.offload == "optimizer+params":
+        p = 0.0
+    return p + g + o
+
+
+class StageCoster:
+    """Prices stages over a fixed segment list, in O(log n) per stage via prefix sums."""
+
+    def __init__(self, graph: CostGraph, segments: list[Segment], plan: Plan, memory_limit: float):
+        self.segments = segments
+        self.plan = plan
+        self.stage_limit = memory_limit / plan.vpp
+        n = len(segments)
+        self.per_param = state_bytes_per_param(plan)
+
+        def prefix(values):
+            out = [0.0]
+            for v in values:
+                out.append(out[-1] + v)
+            return out
+
+        self.fwd = prefix(s.fwd_s for s in segments)
+        self.bwd = prefix(s.bwd_s for s in segments)
+        self.act = prefix(s.activation_bytes for s in segments)
+        self.rec_s = prefix(s.recompute_s for s in segments)
+        self.saving = prefix(s.recompute_saving_bytes for s in segments)
+        self.layers = prefix(s.layers for s in segments)
+        param_uses: dict[str, tuple[float, list[int]]] = {}
+        common_uses: dict[int, tuple[float, list[int]]] = {}
+        for i, s in enumerate(segments):
+            for p in s.params:
+                param_uses.setdefault(p, (graph.param_numel.get(p, 0.0), []))[1].append(i)
+            for c in s.common:
+                common_uses.setdefault(c, (graph.common[c].fwd_s, []))[1].append(i)
+        self.param_numel = UnionSum(param_uses, n)
+        self.common_fwd = UnionSum(common_uses, n)
+        self._cache: dict[tuple, StageCost] = {}
+
+    def inflight(self, stage: int) -> float:
+        p = self.plan
+        return inflight_microbatches(p.schedule, p.pp, p.num_microbatches, stage % p.pp, p.vpp)
+
+    def no_recompute(self, stage: int) -> bool:
+        p = self.plan
+        shifted = p.shifted_critical_path and stage % p.pp == p.pp - 1
+        return p.recompute in ("none", "selective") or shifted
+
+    def cost(self, stage: int, a: int, b: int) -> StageCost:
+        key = (self.inflight(stage), self.no_recompute(stage), a, b)
+        if key not in self._cache:
+            self._cache[key] = self._cost(key[0], key[1], a, b)
+        return self._cache[key]
+
+    def _cost(self, inflight: float, no_recompute: bool, a: int, b: int) -> StageCost:
+        states = self.param_numel(a, b) * self.per_param
+        fwd = self.fwd[b] - self.fwd[a] + self.common_fwd(a, b)
+        bwd = self.bwd[b] - self.bwd[a]
+        act = self.act[b] - self.act[a]
+
+        def memory(r: int) -> tuple[float, float]:
+            if r == 0:
+                return states + inflight * act, inflight * act
+            held = inflight * (act - (self.saving[a + r] - self.saving[a]))
+            # the segment being recomputed holds its full activations again for a moment
+            transient = max(self.segments[i].recompute_saving_bytes for i in range(a, a + r))
+            return states + held + transient, held
+
+        n_seg = b - a
+        if no_recompute:
+            r = 0
+        elif self.plan.recompute == "full":
+            r = n_seg
+        else:   # stage-aware: the fewest leading segments whose recomputation makes it fit
+            lo, hi = 0, n_seg
+            if memory(n_seg)[0] > self.stage_limit:
+                lo = n_seg
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if memory(mid)[0] <= self.stage_limit:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            r = lo
+        total, held = memory(r)
+        bwd += self.rec_s[a + r] - self.rec_s[a]
+        layers = int(round(self.layers[a + r] - self.layers[a]))
+        return StageCost(time_s=fwd + bwd, fwd_s=fwd, bwd_s=bwd, memory_bytes=total, state_bytes=states,
+                         activation_bytes=held, recompute_layers=layers, fits=total <= self.stage_limit)
