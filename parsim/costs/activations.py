@@ -81,7 +81,9 @@ def inflight_microbatches(schedule: str, pp: int, m: int, pp_rank: int, vpp: int
 
     naive: 1; GPipe: m (Huang et al. 2019); 1F1B: min(p - i, m) (Narayanan et al. 2021 Sec. 2.2.1);
     interleaved: Megatron-LM warm-up of (p - i - 1) * 2 + (v - 1) * p chunk-forwards, +1 in
-    steady state, capped at m*v chunks; each chunk is 1/v of the rank's layers.
+    steady state, capped at m*v chunks (all m*v when m == p: Megatron-LM then runs every
+    forward first); each chunk is 1/v of the rank's layers. Exact only for equal chunks:
+    ``interleaved_peak_bytes`` counts chunk by chunk.
     """
     if schedule == "naive":
         return 1.0
@@ -89,5 +91,44 @@ def inflight_microbatches(schedule: str, pp: int, m: int, pp_rank: int, vpp: int
         return float(m)
     if schedule == "1f1b":
         return float(min(pp - pp_rank, m))
-    chunks = min((pp - pp_rank - 1) * 2 + (vpp - 1) * pp + 1, m * vpp)
-    return chunks / vpp
+    return min(interleaved_warmup(pp, m, pp_rank, vpp) + 1, m * vpp) / vpp
+
+
+def interleaved_warmup(pp: int, m: int, pp_rank: int, vpp: int) -> int:
+    """Chunk-forwards a rank runs before its first backward in Megatron-LM's interleaved 1F1B
+    (``forward_backward_pipelining_with_interleaving``: all m*v when m == p, else
+    (p - i - 1) * 2 + (v - 1) * p, capped at m*v)."""
+    total = m * vpp
+    if m == pp:
+        return total
+    return min((pp - pp_rank - 1) * 2 + (vpp - 1) * pp, total)
+
+
+def interleaved_peak_bytes(pp: int, m: int, vpp: int, pp_rank: int, chunk_bytes: list[float],
+                           chunk_transient: list[float]) -> tuple[float, float]:
+    """(activation bytes, recompute transient bytes) at the memory peak of one rank under
+    Megatron-LM's interleaved 1F1B, chunk by chunk.
+
+    The rank's k-th forward runs chunk (k mod pv) div p and its k-th backward chunk
+    v - 1 - (k mod pv) div p (Narayanan et al. 2021 Sec. 2.2.2; Megatron-LM
+    ``get_model_chunk_id``): after f forwards and b backwards chunk c holds
+        F_c(f) - B_c(b),  F_c(f) = p floor(f / pv) + clip(f mod pv - c p, 0, p),
+                          B_c(b) = p floor(b / pv) + clip(b mod pv - (v - 1 - c) p, 0, p)
+    microbatches. After W warm-up forwards the rank alternates forward, backward; the peak is
+    at the start of a backward (it frees only at its end, and a full recompute adds
+    ``chunk_transient`` of its chunk), with min(W + k + 1, m v) forwards and k backwards done."""
+    period = pp * vpp
+    total = m * vpp
+    w = interleaved_warmup(pp, m, pp_rank, vpp)
+
+    def done(n: int, offset: int) -> int:
+        return pp * (n // period) + min(max(n % period - offset * pp, 0), pp)
+
+    best = (-1.0, 0.0, 0.0)
+    for k in range(total):
+        f = min(w + k + 1, total)
+        act = sum(chunk_bytes[c] * (done(f, c) - done(k, vpp - 1 - c)) for c in range(vpp))
+        extra = chunk_transient[vpp - 1 - (k % period) // pp]
+        if act + extra > best[0]:
+            best = (act + extra, act, extra)
+    return best[1], best[2]

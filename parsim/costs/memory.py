@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 
 from .activations import (embedding_activation_bytes, head_activation_bytes, inflight_microbatches,
-                          layer_activation_bytes)
+                          interleaved_peak_bytes, layer_activation_bytes)
 from .params import layer_params, stage_params
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
@@ -69,25 +69,27 @@ def zero_model_state_bytes(num_params: float, dp: int, zero: int, k: float = 12.
 
 
 def rank_recompute(model: ModelSpec, plan: Plan, pp_rank: int) -> list[tuple[int, str]]:
-    """(layers, recompute policy) groups held by a pipeline rank, per its virtual stages.
-
-    Stage-aware recomputation (Merak, Lai et al. 2023): stage v recomputes
-    ``recompute_layers[v]`` of its layers fully and keeps the rest. Shifted critical path
-    (Merak): the last pipeline rank does not recompute."""
+    """(layers, recompute policy) groups held by a pipeline rank, per its virtual stages
+    (``stage_recompute`` of each of them, in order)."""
     out: list[tuple[int, str]] = []
-    layers = stage_layers(model, plan)
-    last_rank = plan.pp - 1
     for v in range(plan.vpp):
-        vstage = pp_rank + v * plan.pp
-        n = layers[vstage]
-        if plan.shifted_critical_path and pp_rank == last_rank and plan.recompute != "none":
-            out.append((n, "none"))
-        elif plan.recompute == "stage-aware":
-            r = plan.recompute_layers[vstage] if plan.recompute_layers is not None else n
-            out += [(r, "full"), (n - r, "none")]
-        else:
-            out.append((n, plan.recompute))
+        out += stage_recompute(model, plan, pp_rank + v * plan.pp)
     return out
+
+
+def stage_recompute(model: ModelSpec, plan: Plan, vstage: int) -> list[tuple[int, str]]:
+    """(layers, recompute policy) groups of one virtual stage, in layer order.
+
+    Stage-aware recomputation (Merak, Lai et al. 2023): stage v recomputes its first
+    ``recompute_layers[v]`` layers fully and keeps the rest. Shifted critical path
+    (Merak): the last pipeline rank does not recompute."""
+    n = stage_layers(model, plan)[vstage]
+    if plan.shifted_critical_path and vstage % plan.pp == plan.pp - 1 and plan.recompute != "none":
+        return [(n, "none")]
+    if plan.recompute == "stage-aware":
+        r = plan.recompute_layers[vstage] if plan.recompute_layers is not None else n
+        return [(r, "full"), (n - r, "none")]
+    return [(n, plan.recompute)]
 
 
 def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = None) -> list[StageMemory]:
@@ -112,14 +114,25 @@ def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = 
         if plan.zero >= 3 or plan.offload == "optimizer+params":
             # ZeRO-3 materialises the full parameters of the current and the prefetched layer.
             other += 2 * layer_params(model, plan.tp) * sb.param
+        # The layer being recomputed briefly holds its full activations again.
+        transient = layer_activation_bytes(model, plan, "none") - layer_activation_bytes(model, plan, "full")
+        if plan.schedule == "interleaved":
+            # chunks differ (layers, recompute, embedding / head): count each one's microbatches
+            chunks = [plan.pp * c + r for c in range(plan.vpp)]
+            act, extra = interleaved_peak_bytes(
+                plan.pp, m, plan.vpp, r, [_chunk_activation_bytes(model, plan, s) for s in chunks],
+                [transient if _recomputes_fully(model, plan, s) else 0.0 for s in chunks])
+            other += extra
+            out.append(StageMemory(stage=r, params=params, grads=grads, optimizer=optimizer,
+                                   activations=act, other=other))
+            continue
         inflight = inflight_microbatches(plan.schedule, plan.pp, m, r, plan.vpp)
         act = 0.0
         for layers, policy in rank_recompute(model, plan, r):
             act += layers * layer_activation_bytes(model, plan, policy)
         act *= inflight
         if any(policy == "full" and layers for layers, policy in rank_recompute(model, plan, r)):
-            # The layer being recomputed briefly holds its full activations again.
-            other += layer_activation_bytes(model, plan, "none") - layer_activation_bytes(model, plan, "full")
+            other += transient
         if r == 0:
             act += embedding_activation_bytes(model, plan) * inflight
         if r == (plan.pp * plan.vpp - 1) % plan.pp:
@@ -127,6 +140,21 @@ def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = 
         out.append(StageMemory(stage=r, params=params, grads=grads, optimizer=optimizer,
                                activations=act, other=other))
     return out
+
+
+def _chunk_activation_bytes(model: ModelSpec, plan: Plan, vstage: int) -> float:
+    """Bytes one microbatch leaves stored in one virtual stage (its layers; the embedding's
+    dropout mask on the first, the head's on the last)."""
+    act = sum(n * layer_activation_bytes(model, plan, policy) for n, policy in stage_recompute(model, plan, vstage))
+    if vstage == 0:
+        act += embedding_activation_bytes(model, plan)
+    if vstage == plan.pp * plan.vpp - 1:
+        act += head_activation_bytes(model, plan)
+    return act
+
+
+def _recomputes_fully(model: ModelSpec, plan: Plan, vstage: int) -> bool:
+    return any(policy == "full" and n for n, policy in stage_recompute(model, plan, vstage))
 
 
 def device_capacity(cluster: ClusterSpec) -> float:

@@ -1,0 +1,150 @@
+"""Stepping through one action segment by segment, where its inside must interleave with
+other processes: TP collectives that wait for their peers (``full`` mode) or share a link
+with other traffic, and ZeRO-3 parameter gathers (prefetched one layer ahead) and gradient
+reduce-scatters (Rajbhandari et al. 2020, Sec. 7; DeepSpeed ``stage3`` prefetching).
+
+Actions with nothing to interleave take one ``env.timeout`` of their precomputed duration
+(``engine.device``); this module is the slow, exact path for the rest.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import simpy
+
+from .compute import ActionCost, Segment, segment_key, uncovered
+from .network import collective, transfer
+
+if TYPE_CHECKING:
+    from .engine import Device, Simulation
+
+
+@dataclass
+class ActionRun:
+    """Book-keeping of one stepped action."""
+    sim: "Simulation"
+    dev: "Device"
+    cost: ActionCost
+    microbatch: int
+    grad_events: dict = field(default_factory=dict)       # trigger key -> Event (last backward of a stage)
+    remaining: dict = field(default_factory=dict)         # segment key -> compute segments still to run
+    gathers: dict = field(default_factory=dict)           # layer -> gather Process (ZeRO-3)
+    layer_order: list = field(default_factory=list)
+    comm: list = field(default_factory=list)              # TP intervals (s)
+    cover: list = field(default_factory=list)             # compute intervals (s)
+    left: int = 0                                         # compute segments still to run
+    final: list = field(default_factory=list)             # gradient events completed by the last segment
+
+    def __post_init__(self) -> None:
+        for chain in (self.cost.prologue, *self.cost.halves, self.cost.epilogue):
+            for s in chain:
+                if s.stream == "compute":
+                    k = segment_key(s)
+                    self.remaining[k] = self.remaining.get(k, 0) + 1
+                    self.left += 1
+        seen = dict.fromkeys(s.layer for s in self.cost.halves[0] if s.layer >= 0) if self.cost.halves else {}
+        self.layer_order = list(seen)
+
+    def release_final_gradients(self) -> None:
+        """Fire the gradient events the action's last segment completed, after its pipeline send
+        (the order the one-timeout path gives them)."""
+        for ev in self.final:
+            ev.succeed()
+
+
+def run_stepped(env: simpy.Environment, run: ActionRun):
+    """The action's segments as SimPy events: prologue, the layers (two concurrent halves with
+    sub-pipelined TP), epilogue."""
+    cost = run.cost
+    yield from _walk(env, run, cost.prologue, None)
+    if len(cost.halves) == 1:
+        yield from _walk(env, run, cost.halves[0], None)
+    elif cost.halves:
+        yield env.all_of([env.process(_walk(env, run, chain, h)) for h, chain in enumerate(cost.halves)])
+    yield from _walk(env, run, cost.epilogue, None)
+    run.sim.recorder.expose(run.dev.rank, "tp", uncovered(run.comm, run.cover))
+
+
+def _walk(env: simpy.Environment, run: ActionRun, chain: tuple[Segment, ...], half: int | None):
+    sim, dev, rec = run.sim, run.dev, run.sim.recorder
+    stage, mb = run.cost.stage, run.microbatch
+    zero3 = sim.zero3_gathers and run.cost.kind != "W"
+    layer = None
+    for s in chain:
+        if zero3 and s.layer >= 0 and s.layer != layer:
+            layer = s.layer
+            yield from _enter_layer(env, run, layer)
+        if s.stream == "compute":
+            if half is None:
+                start = env.now
+                yield env.timeout(s.duration)
+            else:
+                with dev.compute.request() as req:
+                    yield req
+                    start = env.now
+                    yield env.timeout(s.duration)
+            run.cover.append((start, env.now))
+            if rec.detail:
+                rec.event(dev.rank, stage, "compute", s.kind, mb, s.layer, start, env.now, flops=s.flops, name=s.name)
+            _segment_done(env, run, s)
+        else:
+            req = dev.tp_stream.request() if half is not None else None
+            if req is not None:
+                yield req
+            asked = env.now
+            start = yield from collective(env, dev.tp, dev.rank, s.duration)
+            run.comm.append((asked, env.now))
+            if rec.detail:
+                rec.event(dev.rank, stage, "tp", s.kind, mb, s.layer, start, env.now, nbytes=s.nbytes, name=s.name)
+            if req is not None:
+                dev.tp_stream.release(req)
+
+
+def _segment_done(env: simpy.Environment, run: ActionRun, s: Segment) -> None:
+    key = segment_key(s)
+    run.remaining[key] -= 1
+    run.left -= 1
+    if run.remaining[key]:
+        return
+    ev = run.grad_events.get(key)
+    if ev is not None:
+        if run.left:
+            ev.succeed()
+        else:
+            run.final.append(ev)
+    if run.sim.zero3_gathers and s.layer >= 0 and run.cost.kind in ("B", "W"):
+        # the layer's weight gradients are complete: reduce-scatter them over DP
+        nbytes = run.sim.zero3_scatter_bytes
+        run.dev.pending_dp.append(env.process(zero3_collective(
+            env, run.sim, run.dev, "reduce_scatter", nbytes, "zero_reducescatter", run.cost.stage, run.microbatch, s.layer)))
+
+
+def _enter_layer(env: simpy.Environment, run: ActionRun, layer: int):
+    """ZeRO-3: make sure this layer's parameters are (being) gathered, prefetch the next
+    layer's, and wait for this one's."""
+    i = run.layer_order.index(layer)
+    for target in run.layer_order[i:i + 2]:
+        if target not in run.gathers:
+            run.gathers[target] = env.process(zero3_collective(
+                env, run.sim, run.dev, "all_gather", run.sim.zero3_gather_bytes, "zero_allgather",
+                run.cost.stage, run.microbatch, target, h2d=run.sim.param_h2d_s))
+    gather = run.gathers[layer]
+    if not gather.processed:
+        waited = env.now
+        yield gather
+        run.sim.recorder.expose(run.dev.rank, "dp", env.now - waited)
+
+
+def zero3_collective(env: simpy.Environment, sim: "Simulation", dev: "Device", op: str, nbytes: float, kind: str,
+                     stage: int, mb: int, layer: int, h2d: float = 0.0):
+    """One ZeRO-3 collective of one layer on the device's DP stream (with parameter offload,
+    the layer's parameter shard first comes over PCIe: ZeRO-Infinity, Rajbhandari et al. 2021)."""
+    rec = sim.recorder
+    with dev.dp_stream.request() as req:
+        yield req
+        if h2d > 0:
+            start = yield from transfer(env, dev.ports.pcie, h2d)
+            rec.event(dev.rank, stage, "host", "offload_h2d", mb, layer, start, env.now, nbytes=sim.param_shard_bytes)
+        start = yield from collective(env, dev.dp, dev.rank, sim.comm_time(dev.dp, op, nbytes))
+        rec.event(dev.rank, stage, "dp", kind, mb, layer, start, env.now, nbytes=nbytes)

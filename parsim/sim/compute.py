@@ -1,0 +1,339 @@
+"""What one F/B/I/W action of one virtual stage costs: its chain of compute and TP segments.
+
+An action is a chain of *segments* on two streams of one device: ``compute`` (runs of ops,
+``op_time`` summed; Narayanan et al. 2021 Sec. 5.1 op shapes via ``parsim.costs.ops``) and
+``tp`` (the Megatron-LM TP collectives of ``tp_collectives_per_layer``, placed after the op
+their ``after`` names; Shoeybi et al. 2019 Fig. 3, Korthikanti et al. 2022 Sec. 4.2.2).
+Megatron runs TP collectives synchronously, so a plain chain is serial: its length is the
+action's duration. With ``tp_overlap=subpipe`` (Merak, Lai et al. 2023, "sub-pipelined TP")
+the microbatch is split into two halves whose chains share the two streams, so one half's
+collective overlaps the other half's compute; ``place`` schedules them (two SimPy processes
+on capacity-1 stream Resources, FIFO).
+
+Backward order is the forward ops reversed. ``B`` = bwd_input + bwd_weight; zero-bubble ``I``
+(input grad, with the backward collectives) and ``W`` (weight grad, no collectives).
+Recompute runs before a layer's backward: ``full`` re-runs the layer forward with its TP
+collectives (Korthikanti et al. 2022 Sec. 3; Megatron-LM checkpointed forward), ``selective``
+re-runs the ``attention_core`` ops only (Korthikanti et al. 2022 Sec. 5). Embedding ops run
+at the start of stage 0's forward (end of its backward); the output head at the end of the
+last stage's forward (start of its backward: the loss is computed in the forward).
+
+Everything here is a pure function of (model, cluster, plan); the engine prices each distinct
+(stage, kind, slowdown) once and reuses it for every microbatch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import simpy
+
+from parsim.costs import (embedding_ops, head_ops, layer_ops, stage_recompute, tp_collectives_per_layer)
+from parsim.costs.timing import op_time
+from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
+
+# trace kind of a TP collective op (parsim.trace.events.COMM_KINDS)
+TP_KINDS = {"all_reduce": "tp_allreduce", "all_gather": "tp_allgather", "reduce_scatter": "tp_reducescatter"}
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of ops on the compute stream, or one TP collective on the tp stream."""
+    stream: str             # "compute" | "tp"
+    kind: str               # F, B, I, W, R, embedding, head | tp_allreduce, tp_allgather, tp_reducescatter
+    layer: int              # global transformer layer index; -1 for embedding / head
+    duration: float         # seconds (compute already scaled by the rank's slowdown)
+    flops: float = 0.0      # FLOP executed (compute segments)
+    nbytes: float = 0.0     # full collective buffer, bytes (tp segments)
+    op: str = ""            # collective op (tp segments)
+    name: str = ""          # op names it covers / the collective's name
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A segment placed in its action: seconds from the action's start."""
+    start: float
+    end: float
+    half: int
+    segment: Segment
+
+
+@dataclass(frozen=True)
+class ActionCost:
+    """One action of one virtual stage, for one microbatch, on one device."""
+    kind: str
+    stage: int
+    prologue: tuple[Segment, ...]            # whole-microbatch segments before the layers (embedding / head)
+    halves: tuple[tuple[Segment, ...], ...]  # the layers: one chain, or two with sub-pipelined TP
+    epilogue: tuple[Segment, ...]            # whole-microbatch segments after the layers
+    placed: tuple[Placed, ...]               # every segment, in start order
+    duration: float                          # seconds, action start to end
+    exposed_tp: float                        # seconds of TP comm the compute stream does not cover
+    flops: float                             # FLOP executed
+    grads_ready: tuple["GradPart", ...]      # B / W: weight gradients as backward completes them
+
+
+@dataclass(frozen=True)
+class GradPart:
+    """Weight gradients of one layer (or the embedding / head) complete within a B or W action."""
+    trigger: int | str | None   # the segment key whose last compute ends it (layer, "head",
+                                # "embedding"), or None: ready at the action's start
+    offset: float               # seconds from the action's start
+    params: float               # parameters whose gradients are ready
+
+
+# ----------------------------------------------------------------------- op chains
+
+def _chain(ops, pass_: str, kind: str, layer: int, collectives, device, dtype: str, scale: float) -> list[Segment]:
+    """Ops in the given order, cut after each op a collective follows (``Collective.after``)."""
+    after: dict[str, list] = {}
+    for c in collectives:
+        after.setdefault(c.after, []).append(c)
+    out: list[Segment] = []
+    run_t, run_f, names = 0.0, 0.0, []
+
+    def flush():
+        nonlocal run_t, run_f, names
+        if names:
+            out.append(Segment("compute", kind, layer, run_t * scale, run_f, name="+".join(names)))
+        run_t, run_f, names = 0.0, 0.0, []
+
+    for c in after.get("", []):
+        out.append(_tp_segment(c, layer))
+    flop_of = {"fwd": lambda o: o.fwd_flops, "bwd": lambda o: o.bwd_flops,
+               "bwd_input": lambda o: o.bwd_input_flops, "bwd_weight": lambda o: o.bwd_weight_flops}[pass_]
+    for op in ops:
+        run_t += op_time(device, op, pass_, dtype)
+        run_f += flop_of(op)
+        names.append(op.name)
+        if op.name in after:
+            flush()
+            out.extend(_tp_segment(c, layer) for c in after[op.name])
+    flush()
+    return out
+
+
+def _tp_segment(c, layer: int) -> Segment:
+    # duration is filled in by the caller, which knows the TP group (collective_time needs ranks)
+    return Segment("tp", TP_KINDS[c.op], layer, 0.0, nbytes=c.nbytes, op=c.op, name=c.name)
+
+
+def layer_chain(model: ModelSpec, cluster: ClusterSpec, plan: Plan, kind: str, policy: str, layer: int,
+                scale: float = 1.0) -> list[Segment]:
+    """Segments of one transformer layer in action ``kind`` (F, B, I, W) under a recompute
+    ``policy``; TP segments have duration 0 until ``with_tp_times`` prices them."""
+    ops = layer_ops(model, plan)
+    dev, dt = cluster.device, plan.dtype
+    fwd_c = tp_collectives_per_layer(model, plan, "fwd")
+    if kind == "F":
+        return _chain(ops, "fwd", "F", layer, fwd_c, dev, dt, scale)
+    back = list(reversed(ops))
+    if kind == "W":
+        return _chain(back, "bwd_weight", "W", layer, [], dev, dt, scale)
+    out: list[Segment] = []
+    if policy == "full":
+        out += _chain(ops, "fwd", "R", layer, fwd_c, dev, dt, scale)
+    elif policy == "selective":
+        out += _chain([o for o in ops if o.attention_core], "fwd", "R", layer, [], dev, dt, scale)
+    pass_ = "bwd" if kind == "B" else "bwd_input"
+    out += _chain(back, pass_, kind, layer, tp_collectives_per_layer(model, plan, "bwd"), dev, dt, scale)
+    return out
+
+
+def _edge_chain(ops, kind: str, action: str, cluster: ClusterSpec, plan: Plan, scale: float) -> list[Segment]:
+    """Embedding or head ops of an action (no TP collectives modelled on them)."""
+    pass_ = {"F": "fwd", "B": "bwd", "I": "bwd_input", "W": "bwd_weight"}[action]
+    if action != "F":
+        ops = list(reversed(ops))
+    return _chain(ops, pass_, kind, -1, [], cluster.device, plan.dtype, scale)
+
+
+def with_tp_times(chain: list[Segment], tp_time) -> list[Segment]:
+    """Price the TP segments with ``tp_time(op, nbytes)`` and drop zero-length segments."""
+    out = []
+    for s in chain:
+        if s.stream == "tp":
+            s = Segment(s.stream, s.kind, s.layer, tp_time(s.op, s.nbytes), s.flops, s.nbytes, s.op, s.name)
+        if s.duration > 0:
+            out.append(s)
+    return _merge_compute(out)
+
+
+def _merge_compute(chain: list[Segment]) -> list[Segment]:
+    """Join back-to-back compute segments of one layer and kind (fewer SimPy events; the
+    streams then strictly alternate where collectives sit)."""
+    out: list[Segment] = []
+    for s in chain:
+        p = out[-1] if out else None
+        if p and p.stream == s.stream == "compute" and p.layer == s.layer and p.kind == s.kind:
+            out[-1] = Segment("compute", p.kind, p.layer, p.duration + s.duration, p.flops + s.flops,
+                              name=f"{p.name}+{s.name}")
+        else:
+            out.append(s)
+    return out
+
+
+# ----------------------------------------------------------------------- placement
+
+def place(chains: list[list[Segment]]) -> list[Placed]:
+    """Start/end of every segment of one or two chains sharing the compute and tp streams.
+
+    One chain runs back to back. Two chains (the halves of a sub-pipelined microbatch) run as
+    two SimPy processes on capacity-1 ``compute`` and ``tp`` stream Resources, each asking for
+    its next segment's stream when its previous segment ends (FIFO): the same processes the
+    engine runs when it steps through an action, so both ways give the same times."""
+    if len(chains) <= 1:
+        out, t = [], 0.0
+        for s in (chains[0] if chains else []):
+            out.append(Placed(t, t + s.duration, 0, s))
+            t += s.duration
+        return out
+    env = simpy.Environment()
+    streams = {"compute": simpy.Resource(env, capacity=1), "tp": simpy.Resource(env, capacity=1)}
+    out = []
+
+    def half(h: int, chain: list[Segment]):
+        for s in chain:
+            with streams[s.stream].request() as req:
+                yield req
+                start = env.now
+                yield env.timeout(s.duration)
+            out.append(Placed(start, env.now, h, s))
+
+    for h, chain in enumerate(chains):
+        env.process(half(h, chain))
+    env.run()
+    out.sort(key=lambda p: (p.start, p.half))
+    return out
+
+
+def uncovered(comm: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
+    """Seconds of the union of ``comm`` intervals outside the union of ``cover`` intervals."""
+    def union(iv):
+        merged: list[list[float]] = []
+        for s, e in sorted(iv):
+            if merged and s <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], e)
+            else:
+                merged.append([s, e])
+        return merged
+
+    c, k = union(comm), union(cover)
+    total = sum(e - s for s, e in c)
+    j = 0
+    for s, e in c:
+        while j < len(k) and k[j][1] <= s:
+            j += 1
+        jj = j
+        while jj < len(k) and k[jj][0] < e:
+            total -= min(e, k[jj][1]) - max(s, k[jj][0])
+            jj += 1
+    return total
+
+
+# ----------------------------------------------------------------------- action costs
+
+@dataclass(frozen=True)
+class StageShape:
+    """Which layers a virtual stage holds, their recompute policies, and whether it holds the
+    embedding or the output head."""
+    stage: int
+    first_layer: int
+    policies: tuple[str, ...]          # per layer of the stage
+    is_first: bool                     # holds the embedding
+    is_last: bool                      # holds the output head
+
+
+def stage_shapes(model: ModelSpec, plan: Plan) -> list[StageShape]:
+    counts = stage_layers(model, plan)
+    out, first = [], 0
+    last = plan.pp * plan.vpp - 1
+    for s, n in enumerate(counts):
+        policies = tuple(p for layers, p in stage_recompute(model, plan, s) for _ in range(layers))
+        out.append(StageShape(s, first, policies, s == 0, s == last))
+        first += n
+    return out
+
+
+def halves(plan: Plan) -> list[Plan]:
+    """The plan of each sub-microbatch: two halves with sub-pipelined TP, else the plan."""
+    if plan.tp_overlap != "subpipe":
+        return [plan]
+    a = plan.mbs - plan.mbs // 2
+    return [plan.replace(mbs=a), plan.replace(mbs=plan.mbs // 2)]
+
+
+def action_cost(model: ModelSpec, cluster: ClusterSpec, plan: Plan, shape: StageShape, kind: str, tp_time,
+                layer_params: float, edge_params: tuple[float, float], scale: float = 1.0) -> ActionCost:
+    """Chain(s), placement and duration of action ``kind`` of one virtual stage.
+
+    ``tp_time(op, nbytes)`` prices a TP collective for this stage's TP group; ``scale``
+    multiplies compute time (straggler slowdown); ``edge_params`` = (embedding, head)
+    parameters this stage holds (0 when it holds neither)."""
+    per_layer: dict[tuple[str, int], list[Segment]] = {}
+    chains = []
+    for h, hp in enumerate(halves(plan)):
+        chain: list[Segment] = []
+        order = range(len(shape.policies)) if kind == "F" else reversed(range(len(shape.policies)))
+        for i in order:             # backward runs the layers last to first
+            policy = shape.policies[i]
+            key = (policy, h)
+            if key not in per_layer:      # identical layers: price once, relabel per layer
+                per_layer[key] = layer_chain(model, cluster, hp, kind, policy, 0, scale)
+            chain += [Segment(s.stream, s.kind, shape.first_layer + i, s.duration, s.flops, s.nbytes, s.op, s.name)
+                      for s in per_layer[key]]
+        chains.append(with_tp_times(chain, tp_time))
+    first, last = [], []
+    if shape.is_first:
+        emb = with_tp_times(_edge_chain(embedding_ops(model, plan), "embedding", kind, cluster, plan, scale), tp_time)
+        (first if kind == "F" else last).extend(emb)
+    if shape.is_last:
+        head = with_tp_times(_edge_chain(head_ops(model, plan), "head", kind, cluster, plan, scale), tp_time)
+        (last if kind == "F" else first).extend(head)
+    # embedding / head run on the whole microbatch, before and after the (sub-pipelined) layers
+    placed_first = place([first])
+    t0 = placed_first[-1].end if placed_first else 0.0
+    middle = [Placed(p.start + t0, p.end + t0, p.half, p.segment) for p in place(chains)]
+    t1 = max((p.end for p in middle), default=t0)
+    placed_last = [Placed(p.start + t1, p.end + t1, p.half, p.segment) for p in place([last])]
+    placed = tuple(placed_first + middle + placed_last)
+    duration = max((p.end for p in placed), default=0.0)
+    comm = [(p.start, p.end) for p in placed if p.segment.stream == "tp"]
+    cover = [(p.start, p.end) for p in placed if p.segment.stream == "compute"]
+    return ActionCost(kind=kind, stage=shape.stage, prologue=tuple(first), halves=tuple(tuple(c) for c in chains),
+                      epilogue=tuple(last),
+                      placed=placed, duration=duration, exposed_tp=uncovered(comm, cover),
+                      flops=sum(p.segment.flops for p in placed),
+                      grads_ready=_grads_ready(placed, shape, kind, layer_params, edge_params))
+
+
+def _grads_ready(placed, shape: StageShape, kind: str, layer_params: float, edge_params: tuple[float, float]):
+    """When each layer's (and the head's / embedding's) weight gradients are complete within
+    a B or W action, in the order backward produces them: the end of its last compute segment
+    (DDP bucket readiness; Li et al. 2020, Sec. 3.2.3). A part with no compute time is ready
+    with the part before it."""
+    if kind not in ("B", "W"):
+        return ()
+    done: dict[int | str, float] = {}
+    for p in placed:
+        if p.segment.stream == "compute":
+            key = segment_key(p.segment)
+            done[key] = max(done.get(key, 0.0), p.end)
+    emb, head = edge_params
+    order: list[tuple[int | str, float]] = []
+    if shape.is_last:
+        order.append(("head", head))
+    order += [(shape.first_layer + i, layer_params) for i in reversed(range(len(shape.policies)))]
+    if shape.is_first:
+        order.append(("embedding", emb))
+    out, t, trigger = [], 0.0, None
+    for key, n in order:
+        if key in done and done[key] >= t:
+            t, trigger = done[key], key
+        if n > 0:
+            out.append(GradPart(trigger, t, n))
+    return tuple(out)
+
+
+def segment_key(s: Segment) -> int | str:
+    """What a compute segment works on: its layer, or "embedding" / "head"."""
+    return s.kind if s.layer < 0 else s.layer

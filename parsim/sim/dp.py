@@ -1,0 +1,130 @@
+"""Data parallelism at the end of a step: gradient sync, optimizer step, parameter update.
+
+* ``allreduce`` with ZeRO-0: DDP-style buckets of ``plan.dp_bucket_bytes`` (PyTorch DDP, Li
+  et al. 2020, Sec. 3.2.3), filled in the order backward produces gradients and all-reduced
+  as soon as the last microbatch's backward completes them (``dp_overlap``), else after the
+  rank's last backward; then the AdamW step on the device.
+* ZeRO-1/2: the buckets are reduce-scattered, each rank steps its 1/dp shard, then the
+  updated parameters are all-gathered in buckets (Rajbhandari et al. 2020, Sec. 5; Megatron-LM
+  distributed optimizer).
+* ZeRO-3: gradients were reduce-scattered layer by layer in every backward (``actions``);
+  only the sharded step remains.
+* ZeRO-Offload (``offload``): each reduced gradient shard goes to the host over PCIe as its
+  bucket finishes, the optimizer steps on the CPU, the parameter shard comes back over PCIe
+  (Ren et al. 2021, Sec. 4).
+* ``dp_impl=ps`` (parameter server / single-process ``torch.nn.DataParallel``): the buckets'
+  gradients are gathered to one device, which steps and broadcasts the parameters back; the
+  server's link carries (n - 1) copies each way (``network.ps_time``).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import simpy
+
+from parsim.costs import dp_buckets
+from parsim.costs.timing import host_transfer_time, optimizer_time
+
+from .network import collective, issue, transfer, until
+
+if TYPE_CHECKING:
+    from .engine import Device, Simulation
+
+
+def bucket_events(parts: list[tuple[simpy.Event, float]], bytes_per_param: float, bucket_bytes: int
+                  ) -> list[tuple[simpy.Event, float]]:
+    """(event that completes the bucket, bucket bytes) for gradients arriving as ``parts`` =
+    [(ready event, parameters)] in order (``costs.dp_buckets`` sizes)."""
+    total = sum(n for _, n in parts) * bytes_per_param
+    out = []
+    edge, filled, j = 0.0, 0.0, -1
+    for size in dp_buckets(total, bucket_bytes):
+        edge += size
+        while j + 1 < len(parts) and filled < edge * (1 - 1e-12):
+            j += 1
+            filled += parts[j][1] * bytes_per_param
+        out.append((parts[j][0], size))
+    return out
+
+
+def gradient_sync(env: simpy.Environment, sim: "Simulation", dev: "Device"):
+    """The DP gradient reduction of one device, stage by stage in the order their last
+    backward runs. Each ``dev.grads_started[stage]`` fires with [(ready event, params)].
+
+    The buckets run one at a time on the DP communicator's stream (NCCL serialises the ops of
+    one communicator), each asking for the link when the stream reaches it: a pipeline send
+    (another communicator) that asks meanwhile goes between two buckets instead of waiting
+    for all of them."""
+    plan, rec = sim.plan, sim.recorder
+    gb = sim.state.grad
+    ps = plan.dp_impl == "ps"
+    op = "all_reduce" if plan.zero == 0 else "reduce_scatter"
+    kind = "ps_gather" if ps else ("dp_allreduce" if op == "all_reduce" else "dp_reducescatter")
+    copies = []
+    for stage in dev.sync_order:
+        parts = yield dev.grads_started[stage]
+        if not plan.dp_overlap:
+            yield dev.compute_done
+        for ready, nbytes in bucket_events(parts, gb, plan.dp_bucket_bytes):
+            if not ready.processed:
+                yield ready
+            seconds = sim.ps_time(dev.dp, nbytes) if ps else sim.comm_time(dev.dp, op, nbytes)
+            start = yield from collective(env, dev.dp, dev.rank, seconds)
+            rec.event(dev.rank, stage, "dp", kind, -1, -1, start, env.now, nbytes=nbytes)
+            if plan.offload != "none":
+                # ZeRO-Offload: the reduced shard goes to the host as soon as it is there
+                copies.append(env.process(_to_host(env, sim, dev, stage, nbytes / plan.dp, env.now)))
+    if copies:
+        yield env.all_of(copies)
+
+
+def _to_host(env: simpy.Environment, sim: "Simulation", dev: "Device", stage: int, nbytes: float, after):
+    """ZeRO-Offload: a reduced gradient shard goes to the host once its bucket is done."""
+    yield from until(env, after)
+    start = yield from transfer(env, dev.ports.pcie, host_transfer_time(sim.cluster, nbytes))
+    sim.recorder.event(dev.rank, stage, "host", "offload_d2h", -1, -1, start, env.now, nbytes=nbytes)
+
+
+def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
+    """After the device's last action: wait for its gradients, step the optimizer, update
+    the parameters. Sets ``recorder.finish[rank]``."""
+    plan, rec, rank = sim.plan, sim.recorder, dev.rank
+    cluster, sb = sim.cluster, sim.state
+    waited = env.now
+    pending = ([dev.sync] if dev.sync is not None else []) + dev.pending_dp
+    if pending:
+        yield env.all_of(pending)
+    rec.expose(rank, "dp", env.now - waited)
+    n = sim.rank_params[dev.pp_rank]
+    shard = n / plan.dp if plan.zero >= 1 else n
+    if plan.offload != "none":
+        if plan.zero >= 3:
+            start = yield from transfer(env, dev.ports.pcie, host_transfer_time(cluster, shard * sb.grad))
+            rec.event(rank, -1, "host", "offload_d2h", -1, -1, start, env.now, nbytes=shard * sb.grad)
+        start = env.now
+        yield env.timeout(optimizer_time(cluster, shard, plan.dtype, on_host=True))
+        rec.event(rank, -1, "host", "optimizer", -1, -1, start, env.now, name="optimizer (host)")
+        start = yield from transfer(env, dev.ports.pcie, host_transfer_time(cluster, shard * sb.param))
+        rec.event(rank, -1, "host", "offload_h2d", -1, -1, start, env.now, nbytes=shard * sb.param)
+    else:
+        start = env.now
+        yield env.timeout(optimizer_time(cluster, shard, plan.dtype))
+        rec.compute(rank, -1, "optimizer", -1, start, env.now, name="optimizer")
+    waited = env.now
+
+    def log(kind: str, nbytes: float):
+        return lambda r, start, end: rec.event(r, -1, "dp", kind, -1, -1, start, end, nbytes=nbytes)
+
+    if plan.dp > 1 and plan.dp_impl == "ps":
+        nbytes = n * sb.param
+        yield from until(env, issue(env, dev.dp, rank, sim.ps_time(dev.dp, nbytes), log("ps_broadcast", nbytes)))
+    elif plan.dp > 1 and plan.zero in (1, 2):
+        # this device's pipeline sends are over: nothing else can ask for its link, so the
+        # buckets can be queued at once
+        last = env.now
+        for nbytes in dp_buckets(n * sb.param, plan.dp_bucket_bytes):
+            last = issue(env, dev.dp, rank, sim.comm_time(dev.dp, "all_gather", nbytes), log("dp_allgather", nbytes))
+        yield from until(env, last)
+    rec.expose(rank, "dp", env.now - waited)
+    rec.finish[rank] = env.now
+

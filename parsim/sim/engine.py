@@ -1,0 +1,357 @@
+"""The SimPy engine: one process per simulated device, walking its Schedule-IR actions.
+
+``simulate(model, cluster, plan)`` plays one training step. Each device process runs its
+pipeline rank's actions in order; an action waits for its input (activations of the previous
+stage for F, gradients of the next stage for B/I), sent (``Simulation.send``) over the
+sender's NVLink port (same node) or NIC; after the rank's last backward of each stage its
+gradients are synchronised over DP (``dp``), then the optimizer steps.
+
+Speed: an action whose inside touches nothing shared takes a single ``env.timeout`` of its
+duration (and of the wait for its input, when that input's arrival is already known), priced
+once per distinct (stage, kind, slowdown) by ``compute.action_cost`` and reused for every
+microbatch; the weight-gradient readiness times of the last backward are timeouts at
+precomputed offsets; links are FIFO reservations (``network``). Only actions with something to interleave inside (TP
+collectives that wait for peers or share a link, ZeRO-3 gathers) are stepped segment by
+segment (``actions``).
+
+Modes: ``representative`` simulates one device per pipeline rank (DP rank 0, TP rank 0: DP
+replicas and TP peers do identical work; DESIGN.md) with collectives costed for the full
+groups; ``full`` simulates every device, collectives waiting for all members, and accepts
+per-rank compute ``slowdown`` factors (straggler what-ifs).
+"""
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, field
+
+import simpy
+
+from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, stage_params, state_bytes,
+                          zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
+from parsim.costs.timing import collective_time, host_transfer_time, p2p_time
+from parsim.schedules import Action, Schedule, build_schedule
+from parsim.specs import (ClusterSpec, ModelSpec, Plan, RankLayout, SpecError, load_cluster, load_model, parse_plan,
+                          validate)
+
+from .actions import ActionRun, run_stepped
+from .compute import ActionCost, action_cost, stage_shapes
+from .dp import finish_step, gradient_sync
+from .memory import ACTIVATIONS, OTHER, MemoryTimeline, stage_footprints, static_bytes
+from .network import Arrival, Communicator, Ports, device_ports, group_link, group_shape, link_between, ps_time
+from .record import ACTION, RECV_B, RECV_F, SEND_B, SEND_F, Recorder
+from .result import SimResult, assemble
+
+MODES = ("representative", "full")
+
+
+@dataclass(eq=False)
+class Device:
+    """One simulated device: its place in the layout, its actions and its resources."""
+    rank: int
+    pp_rank: int
+    replica: tuple[int, int]              # (dp_rank, tp_rank)
+    actions: tuple[Action, ...]
+    scale: float                          # compute slowdown factor
+    stepped: bool                         # run actions segment by segment
+    ports: Ports
+    tp: Communicator
+    dp: Communicator
+    memory: MemoryTimeline
+    compute: simpy.Resource               # compute stream (sub-pipelined TP halves share it)
+    tp_stream: simpy.Resource
+    dp_stream: simpy.Resource             # ZeRO-3 gathers / reduce-scatters, in issue order
+    compute_done: simpy.Event
+    last_backward: dict[int, int]         # action index -> stage whose gradients it completes
+    sync_order: list[int]                 # stages in the order their gradients complete
+    grads_started: dict[int, simpy.Event] = field(default_factory=dict)
+    sync: simpy.Process | None = None
+    pending_dp: list = field(default_factory=list)
+    costs: dict = field(default_factory=dict)             # (stage, kind) -> ActionCost
+    routes: dict = field(default_factory=dict)            # stage sent to -> (port, seconds)
+
+
+class Simulation:
+    """Everything one simulated step shares: specs, derived costs, devices, deliveries."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule, mode: str,
+                 slowdown: dict[int, float], recorder: Recorder):
+        self.env = simpy.Environment(initial_time=0.0)
+        self.model, self.cluster, self.plan, self.schedule, self.mode = model, cluster, plan, schedule, mode
+        self.recorder = recorder
+        self.layout = RankLayout(plan.dp, plan.tp, plan.pp)
+        self.num_stages = plan.pp * plan.vpp
+        self.shapes = stage_shapes(model, plan)
+        self.footprints = stage_footprints(model, plan)
+        self.state = state_bytes(plan.dtype)
+        self.rank_params = stage_params(model, plan)
+        self.layer_params = layer_params(model, plan.tp)
+        self.edge_params = [(embedding_params(model, plan) if s == 0 else 0.0,
+                             head_params(model, plan) if s == self.num_stages - 1 else 0.0)
+                            for s in range(self.num_stages)]
+        self.p2p_nbytes = p2p_bytes(model, plan)
+        self.zero3_gathers = plan.zero >= 3 and plan.dp > 1
+        self.zero3_gather_bytes = zero3_gather_bytes_per_layer(model, plan)
+        self.zero3_scatter_bytes = zero3_reduce_scatter_bytes_per_layer(model, plan)
+        self.param_shard_bytes = self.layer_params * self.state.param / plan.dp
+        self.param_h2d_s = (host_transfer_time(cluster, self.param_shard_bytes)
+                            if plan.offload == "optimizer+params" else 0.0)
+        self.num_events = 0
+        self.deliveries: dict[tuple, Arrival | tuple[float, float]] = {}   # sent, not yet received
+        self._costs: dict[tuple, ActionCost] = {}
+        self._comm: dict[tuple, float] = {}
+        self.devices = self._build_devices(slowdown)
+
+    # ------------------------------------------------------------------ set-up
+
+    def _build_devices(self, slowdown: dict[int, float]) -> dict[int, Device]:
+        plan, layout, env = self.plan, self.layout, self.env
+        if self.mode == "full":
+            ranks = list(range(layout.world_size))
+        else:
+            ranks = [layout.rank(p, 0, 0) for p in range(plan.pp)]
+        simulated = set(ranks)
+        ports = {r: device_ports() for r in ranks}
+        comms: dict[tuple, Communicator] = {}
+
+        def communicator(name: str, group: list[int]) -> Communicator:
+            key = (name, tuple(group))
+            if key not in comms:
+                link = group_link(self.cluster, group)
+                members = tuple(r for r in group if r in simulated)
+                comms[key] = Communicator(name, tuple(group), members,
+                                          tuple(getattr(ports[m], link) for m in sorted(members)), link,
+                                          group_shape(self.cluster, group))
+            return comms[key]
+
+        devices = {}
+        for r in ranks:
+            p, d, t = layout.coords(r)
+            tp = communicator("tp", [layout.rank(p, d, x) for x in range(plan.tp)])
+            dp = communicator("dp", [layout.rank(p, x, t) for x in range(plan.dp)])
+            actions = self.schedule.actions[p]
+            last_bwd = {}
+            for i, (kind, stage, _) in enumerate(actions):
+                if kind in ("B", "W"):
+                    last_bwd[stage] = i
+            self.recorder.add_rank(r)
+            devices[r] = Device(
+                rank=r, pp_rank=p, replica=(d, t), actions=actions, scale=float(slowdown.get(r, 1.0)),
+                stepped=self._needs_steps(r, tp, dp), ports=ports[r], tp=tp, dp=dp,
+                memory=MemoryTimeline.starting_with(static_bytes(self.model, plan, p)),
+                compute=simpy.Resource(env, 1), tp_stream=simpy.Resource(env, 1), dp_stream=simpy.Resource(env, 1),
+                compute_done=env.event(), last_backward={i: s for s, i in last_bwd.items()},
+                sync_order=sorted(last_bwd, key=last_bwd.get))
+        return devices
+
+    def _needs_steps(self, rank: int, tp: Communicator, dp: Communicator) -> bool:
+        """Step through actions when something inside them meets other processes."""
+        plan = self.plan
+        if self.zero3_gathers:
+            return True
+        if plan.tp == 1:
+            return False
+        if self.mode == "full":
+            return True                     # TP collectives wait for the peers
+        # TP collectives share their link with this device's pipeline sends or DP traffic
+        p, d, t = self.layout.coords(rank)
+        wrap = plan.vpp > 1                 # interleaving sends from the last rank to the first
+        neighbours = [q % plan.pp for q in (p - 1, p + 1) if plan.pp > 1 and (wrap or 0 <= q < plan.pp)]
+        others = {link_between(self.cluster, rank, self.layout.rank(q, d, t)) for q in neighbours}
+        if plan.dp > 1:
+            others.add(dp.link)
+        return tp.link in others
+
+    def start(self) -> None:
+        for dev in self.devices.values():
+            if self.plan.dp > 1 and not self.zero3_gathers:
+                dev.grads_started = {s: self.env.event() for s in dev.sync_order}
+                dev.sync = self.env.process(gradient_sync(self.env, self, dev))
+            self.env.process(device(self.env, self, dev))
+
+    # ------------------------------------------------------------------ costs
+
+    def cost(self, dev: Device, stage: int, kind: str) -> ActionCost:
+        c = dev.costs.get((stage, kind))
+        if c is None:
+            key = (stage, kind, dev.scale, dev.tp.shape)
+            c = self._costs.get(key)
+            if c is None:
+                c = self._costs[key] = action_cost(
+                    self.model, self.cluster, self.plan, self.shapes[stage], kind,
+                    lambda op, nbytes: self.comm_time(dev.tp, op, nbytes), self.layer_params,
+                    self.edge_params[stage], dev.scale)
+            dev.costs[(stage, kind)] = c
+        return c
+
+    def comm_time(self, comm: Communicator, op: str, nbytes: float) -> float:
+        key = (comm.shape, op, nbytes)
+        t = self._comm.get(key)
+        if t is None:
+            t = self._comm[key] = collective_time(self.cluster, op, nbytes, list(comm.ranks))
+        return t
+
+    def ps_time(self, comm: Communicator, nbytes: float) -> float:
+        return ps_time(self.cluster, nbytes, list(comm.ranks))
+
+    # ------------------------------------------------------------------ pipeline p2p
+
+    def send(self, dev: Device, key: tuple, to_stage: int, microbatch: int) -> None:
+        """Send an action's output (activations or input gradients) to the stage that needs
+        it: the transfer is queued on the sender's port; a receiver already waiting gets one
+        event at the arrival, else the arrival time is left for it (no event at all)."""
+        route = dev.routes.get(to_stage)
+        if route is None:
+            dst = self.layout.rank(to_stage % self.plan.pp, *dev.replica)
+            same_node = self.cluster.node_of(dev.rank) == self.cluster.node_of(dst)
+            duration = p2p_time(self.cluster, self.p2p_nbytes, dev.rank, dst)
+            route = dev.routes[to_stage] = (dev.ports.nvlink if same_node else dev.ports.nic, duration)
+        port, duration = route
+        now = self.env.now
+        start = port.reserve(now, duration)
+        k = (dev.replica, key)
+        waiting = self.deliveries.pop(k, None)
+        if waiting is None:
+            self.deliveries[k] = (start + duration, start)
+        else:
+            waiting.arrive(start + duration - now, start)
+        if self.recorder.keep_events and duration > 0:
+            self.recorder.rows.append((dev.rank, key[1], "pp", "send", microbatch, -1, start, start + duration,
+                                       self.p2p_nbytes, 0.0, SEND_F if key[0] == "act" else SEND_B))
+
+
+def device(env: simpy.Environment, sim: Simulation, dev: Device):
+    """One device: its actions in schedule order, then the end of its step.
+
+    This loop runs once per action of the step (10^5 times for the 1T benchmark), so it keeps
+    its lookups in locals and skips the zero-byte memory changes."""
+    rec, mem, rank, replica = sim.recorder, dev.memory, dev.rank, dev.replica
+    deliveries, footprints, keep = sim.deliveries, sim.footprints, rec.keep_events
+    exposed = rec.exposed[rank]
+    last_stage = sim.num_stages - 1
+    for idx, (kind, stage, mb) in enumerate(dev.actions):
+        forward, backward = kind == "F", kind in ("B", "I")
+        # input: activations of the previous stage (F), gradients of the next stage (B, I)
+        key = (("act", stage - 1, mb) if forward and stage > 0 else
+               ("grad", stage + 1, mb) if backward and stage < last_stage else None)
+        now = env.now
+        if key is not None:
+            sent = deliveries.pop((replica, key), None)
+            if sent is None:                       # not sent yet: wait for the sender
+                ev = deliveries[(replica, key)] = Arrival(env)
+                yield ev
+                start, on_wire = env.now, ev.value
+            else:                                  # sent: the action starts when it arrives
+                start, on_wire = max(now, sent[0]), sent[1]
+            on_wire = max(now, on_wire)
+            if start > on_wire:                    # blocked while the transfer was on the wire
+                exposed["pp"] += start - on_wire
+                if keep:
+                    rec.rows.append((rank, stage, "pp", "recv", mb, -1, on_wire, start, sim.p2p_nbytes, 0.0,
+                                     RECV_F if forward else RECV_B))
+        else:
+            start = now
+        now = env.now                              # start >= now: the wait may be folded into the action
+        cost = dev.costs.get((stage, kind)) or sim.cost(dev, stage, kind)
+        fp = footprints[stage]
+        if forward:
+            mem.change(start, ACTIVATIONS, fp.activations)
+        elif backward and fp.recompute:
+            mem.change(start, OTHER, fp.recompute)
+        if fp.gathered_params:
+            mem.change(start, OTHER, fp.gathered_params)
+        completes = dev.sync is not None and idx in dev.last_backward
+        if dev.stepped:
+            if start > now:
+                yield env.timeout(start - now)
+            run = ActionRun(sim, dev, cost, mb)
+            if completes:
+                parts = []
+                for gp in cost.grads_ready:
+                    ev = env.timeout(0) if gp.trigger is None else run.grad_events.setdefault(gp.trigger, env.event())
+                    parts.append((ev, gp.params))
+                dev.grads_started[stage].succeed(parts)
+            yield from run_stepped(env, run)
+        else:
+            # the action's end is scheduled before the gradient-ready times it contains, so at
+            # equal times its pipeline send queues before the DP bucket it completes
+            done = env.timeout(start - now + cost.duration)
+            if completes:
+                dev.grads_started[stage].succeed([(env.timeout(start - now + gp.offset), gp.params)
+                                                  for gp in cost.grads_ready])
+            yield done
+            if cost.exposed_tp:
+                exposed["tp"] += cost.exposed_tp
+            if rec.detail:
+                for p in cost.placed:
+                    s = p.segment
+                    rec.event(rank, stage, s.stream, s.kind, mb, s.layer, start + p.start, start + p.end,
+                              nbytes=s.nbytes, flops=s.flops, name=s.name)
+        end = env.now
+        if fp.gathered_params:
+            mem.change(end, OTHER, -fp.gathered_params)
+        if backward and fp.recompute:
+            mem.change(end, OTHER, -fp.recompute)
+        if kind == "B" or kind == "W":
+            mem.change(end, ACTIVATIONS, -fp.activations)
+        rec.busy[rank] += end - start
+        if keep:
+            rec.rows.append((rank, stage, "compute", kind, mb, -1, start, end, 0.0, cost.flops, ACTION))
+        # output: to the next stage (F) or the previous one (B, I)
+        if forward and stage < last_stage:
+            sim.send(dev, ("act", stage, mb), stage + 1, mb)
+        elif backward and stage > 0:
+            sim.send(dev, ("grad", stage, mb), stage - 1, mb)
+        if dev.stepped:
+            run.release_final_gradients()
+    dev.compute_done.succeed(env.now)
+    yield from finish_step(env, sim, dev)
+
+
+def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | str, *, mode: str = "representative",
+             slowdown: dict[int, float] | None = None, schedule: Schedule | None = None,
+             record_events: bool = True, detail: bool = False) -> SimResult:
+    """One training step of ``plan`` through the SimPy engine.
+
+    ``mode``: "representative" (one device per pipeline rank) or "full" (every device;
+    needed for ``slowdown``: {global rank: factor on its compute time, 1.5 = 50% slower}). ``schedule``
+    overrides the plan's generated one. ``record_events`` keeps the trace; ``detail`` adds
+    per-layer compute and per-collective TP events to it (slower)."""
+    wall = time.perf_counter()
+    model, cluster, plan = load_model(model), load_cluster(cluster), parse_plan(plan)
+    warnings = validate(model, cluster, plan)
+    if mode not in MODES:
+        raise SpecError("mode", mode, f"one of {', '.join(MODES)}")
+    slowdown = dict(slowdown or {})
+    for r, f in slowdown.items():
+        if not isinstance(r, int) or not 0 <= r < plan.world_size:
+            raise SpecError("slowdown", f"{r}={f}", f"rank must be an integer in 0..{plan.world_size - 1}")
+        if not isinstance(f, (int, float)) or not f > 0:
+            raise SpecError("slowdown", f"{r}={f}", "factor must be a positive number (1.5 = 50% slower)")
+    if slowdown and mode != "full":
+        raise SpecError("slowdown", ",".join(f"{r}={f}" for r, f in slowdown.items()),
+                        "per-rank slowdowns need mode=full (every device simulated)")
+    if schedule is None:
+        schedule = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
+    elif (schedule.pp, schedule.vpp, schedule.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):
+        raise SpecError("schedule", schedule.name, f"must have pp={plan.pp}, vpp={plan.vpp} and "
+                        f"{plan.num_microbatches} microbatches to match the plan")
+    sim = Simulation(model, cluster, plan, schedule, mode, slowdown, Recorder(record_events, detail))
+    sim.start()
+    # A step allocates ~10 short-lived objects per SimPy event; the cyclic collector would
+    # re-scan the growing trace again and again, so it waits until the run is over.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        sim.env.run()
+    finally:
+        if collecting:
+            gc.enable()
+    # SimPy numbers every event it schedules (the tie-break counter of its event queue, an
+    # itertools.count); a run to completion processes them all. -1 if a SimPy release drops it.
+    counter = getattr(sim.env, "_eid", None)
+    sim.num_events = next(counter) if counter is not None else -1
+    stuck = [r for r in sim.devices if r not in sim.recorder.finish]
+    if stuck:
+        raise SpecError("schedule", schedule.name, f"deadlocks: ranks {stuck[:8]} never finish their actions")
+    return assemble(sim, warnings, wall)

@@ -1,0 +1,214 @@
+"""The SimPy engine against closed forms: uniform stages on an 'ideal' device where every layer
+GEMM runs at one rate and everything else (memory-bound ops, the output head, links unless a
+test gives them a bandwidth) takes no time, so stage times are exactly t_f and t_b."""
+import math
+from fractions import Fraction
+
+import pytest
+
+from parsim.costs import dp_buckets, layer_ops, layer_params, state_bytes, tp_collectives_per_layer
+from parsim.costs.ops import head_ops
+from parsim.costs.timing import collective_time, op_time, p2p_time
+from parsim.schedules import build_schedule, dry_run, textbook_bubble_fraction
+from parsim.sim import simulate
+from parsim.specs import ClusterSpec, DeviceProfile, LinkProfile, ModelSpec, NetworkProfile, Plan
+
+MODEL = ModelSpec(name="uniform", layers=8, hidden=256, heads=4, vocab=3000, seq_len=128, dropout=False)
+RATE = 2.0e12                         # FLOP/s of every transformer-layer GEMM on the ideal device
+FREE = LinkProfile(bandwidth=math.inf, latency=0.0)
+LINK = LinkProfile(bandwidth=50e9, latency=5e-6)
+
+
+def _shapes(ops):
+    for op in ops:
+        if op.kind == "gemm":
+            m, n, k = op.shape
+            yield from ((m, n, k), (m, k, n), (k, n, m))   # fwd, bwd_input, bwd_weight (timing.op_time)
+
+
+def ideal_cluster(n: int, intra: LinkProfile = FREE, inter: LinkProfile = FREE, per_node: int = 8,
+                  tps=(1, 2), mbss=(1, 2)) -> ClusterSpec:
+    rows = []
+    for tp in tps:
+        for mbs in mbss:
+            plan = Plan(tp=tp, mbs=mbs)
+            rows += [[*s, RATE] for s in _shapes(layer_ops(MODEL, plan))]
+            rows += [[*s, math.inf] for s in _shapes(head_ops(MODEL, plan))]
+    device = DeviceProfile(name="ideal", peak_flops={"bf16": 1e14, "fp32": 1e14, "fp16": 1e14}, memory_bytes=80e9,
+                           memory_bandwidth=math.inf, kernel_overhead_s=0.0, host_memory_bandwidth=math.inf,
+                           extra={"gemm_table": {"bf16": rows}})
+    net = NetworkProfile(intra_node=intra, inter_node=inter, host_link=FREE, nics_per_node=per_node)
+    return ClusterSpec(name="ideal", device=device, network=net, devices_per_node=per_node, num_devices=n)
+
+
+def layer_time(plan: Plan, pass_: str, core_only: bool = False) -> float:
+    dev = ideal_cluster(1).device
+    return sum(op_time(dev, op, pass_, plan.dtype) for op in layer_ops(MODEL, plan) if op.attention_core or not core_only)
+
+
+def stage_times(plan: Plan) -> tuple[float, float]:
+    """(t_f, t_b) of one pipeline rank's layers for one microbatch."""
+    per_rank = MODEL.layers // plan.pp
+    return per_rank * layer_time(plan, "fwd"), per_rank * layer_time(plan, "bwd")
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p, m", [(2, 1), (2, 4), (4, 3), (4, 8), (8, 16)])
+def test_gpipe_and_1f1b_step_is_m_plus_p_minus_1_times_tf_plus_tb(schedule, p, m):
+    # Huang et al. 2019 (GPipe) Sec. 2.2; Narayanan et al. 2021 Sec. 2.2.1: (m + p - 1)(t_f + t_b)
+    plan = Plan(pp=p, gbs=m, schedule=schedule)
+    t_f, t_b = stage_times(plan)
+    r = simulate(MODEL, ideal_cluster(p), plan)
+    assert r.step_time_s == pytest.approx((m + p - 1) * (t_f + t_b), rel=1e-12)
+
+
+@pytest.mark.parametrize("p, v, m", [(2, 2, 4), (4, 2, 4), (4, 2, 8), (2, 4, 2), (2, 4, 6)])
+def test_interleaved_step_is_mv_plus_p_minus_1_times_tf_plus_tb_over_v(p, v, m):
+    # Narayanan et al. 2021 Sec. 2.2.2: each chunk takes t_f / v and t_b / v; the bubble shrinks
+    # to (p - 1)(t_f + t_b) / v, so the step is m (t_f + t_b) + (p - 1)(t_f + t_b) / v.
+    plan = Plan(pp=p, vpp=v, gbs=m, schedule="interleaved")
+    t_f, t_b = stage_times(plan)
+    r = simulate(MODEL, ideal_cluster(p), plan)
+    assert r.step_time_s == pytest.approx((m * v + p - 1) * (t_f + t_b) / v, rel=1e-12)
+
+
+def test_naive_pipeline_runs_one_stage_at_a_time():
+    plan = Plan(pp=4, gbs=3, schedule="naive")
+    t_f, t_b = stage_times(plan)
+    r = simulate(MODEL, ideal_cluster(4), plan)
+    assert r.step_time_s == pytest.approx(3 * 4 * (t_f + t_b), rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule, p, m, v", [("1f1b", 4, 8, 1), ("gpipe", 8, 4, 1), ("interleaved", 4, 8, 2)])
+def test_bubble_fraction_is_the_textbook_one(schedule, p, m, v):
+    plan = Plan(pp=p, vpp=v, gbs=m, schedule=schedule)
+    r = simulate(MODEL, ideal_cluster(p), plan)
+    assert r.bubble_fraction == pytest.approx(textbook_bubble_fraction(schedule, p, m, v), rel=1e-9)
+
+
+def test_full_recompute_adds_one_forward_per_layer():
+    plan = Plan(pp=4, gbs=8, recompute="full")
+    t_f, t_b = stage_times(plan)
+    r = simulate(MODEL, ideal_cluster(4), plan)
+    assert r.step_time_s == pytest.approx((8 + 4 - 1) * (2 * t_f + t_b), rel=1e-12)
+
+
+def test_selective_recompute_adds_the_attention_core_forward():
+    # Korthikanti et al. 2022 Sec. 5: only the attention core (QK^T, softmax, .V) is re-run
+    plan = Plan(pp=4, gbs=8, recompute="selective")
+    t_f, t_b = stage_times(plan)
+    core = (MODEL.layers // 4) * layer_time(plan, "fwd", core_only=True)
+    r = simulate(MODEL, ideal_cluster(4), plan)
+    assert 0 < core < t_f
+    assert r.step_time_s == pytest.approx(11 * (t_f + t_b + core), rel=1e-12)
+
+
+def test_pipeline_sends_delay_the_step_as_the_dependency_dry_run_says():
+    plan = Plan(pp=4, gbs=8)
+    t_f, t_b = stage_times(plan)
+    cluster = ideal_cluster(4, inter=LINK, per_node=1)
+    t_p2p = p2p_time(cluster, MODEL.seq_len * MODEL.hidden * 2, 0, 1)
+    expected = dry_run(build_schedule("1f1b", 4, 8), t_f=t_f, t_b=t_b, t_comm=t_p2p).makespan
+    r = simulate(MODEL, cluster, plan)
+    assert r.step_time_s == pytest.approx(expected, rel=1e-12)
+    assert r.exposed_comm_s["pp"] > 0
+
+
+def test_blocking_tp_collectives_add_their_time_to_every_layer():
+    # Megatron-LM TP: 2 all-reduces per layer forward, 2 backward, on the critical path
+    # (Shoeybi et al. 2019 Fig. 3)
+    plan = Plan(tp=2, gbs=4)
+    cluster = ideal_cluster(2, intra=LINK)
+    comm = sum(collective_time(cluster, c.op, c.nbytes, [0, 1])
+               for phase in ("fwd", "bwd") for c in tp_collectives_per_layer(MODEL, plan, phase))
+    compute = layer_time(plan, "fwd") + layer_time(plan, "bwd")
+    r = simulate(MODEL, cluster, plan)
+    assert r.step_time_s == pytest.approx(4 * MODEL.layers * (compute + comm), rel=1e-12)
+    assert r.exposed_comm_s["tp"] == pytest.approx(4 * MODEL.layers * comm, rel=1e-12)
+
+
+def test_sub_pipelined_tp_hides_part_of_the_collectives_behind_the_other_half():
+    # Merak (Lai et al. 2023): the microbatch runs as two halves, one's collective under the
+    # other's compute
+    cluster = ideal_cluster(2, intra=LINK)
+    blocking = simulate(MODEL, cluster, Plan(tp=2, mbs=2, gbs=4))
+    subpipe = simulate(MODEL, cluster, Plan(tp=2, mbs=2, gbs=4, tp_overlap="subpipe"))
+    assert subpipe.step_time_s < blocking.step_time_s
+    assert subpipe.exposed_comm_s["tp"] < 0.7 * blocking.exposed_comm_s["tp"]
+    # it cannot beat the busier of the two streams
+    compute = 2 * MODEL.layers * (layer_time(Plan(tp=2, mbs=2), "fwd") + layer_time(Plan(tp=2, mbs=2), "bwd"))
+    assert subpipe.step_time_s >= compute
+
+
+def _dp_replay(grad_ready: list[tuple[float, float]], bucket_bytes: int, t_bucket) -> float:
+    """End of the last DP bucket: buckets filled in the order gradients become ready, each
+    all-reduced as soon as it is full and the previous one is done (DDP, Li et al. 2020)."""
+    total = sum(n for _, n in grad_ready)
+    end, cum, i = 0.0, 0.0, 0
+    edge = 0.0
+    for size in dp_buckets(total, bucket_bytes):
+        edge += size
+        while cum < edge * (1 - 1e-12):
+            t, n = grad_ready[i]
+            cum += n
+            i += 1
+        end = max(end, t) + t_bucket(size)
+    return end
+
+
+def test_dp_gradient_buckets_hide_behind_a_long_backward_and_are_exposed_without_overlap():
+    plan = Plan(dp=2, gbs=8, dp_bucket_bytes=2 * 2**20)
+    cluster = ideal_cluster(2, intra=LINK)
+    t_f, t_b = stage_times(Plan())
+    layer_b = t_b / MODEL.layers
+    grad = state_bytes("bf16").grad
+    step_end = 4 * (t_f + t_b)
+    b_start = step_end - t_b
+    emb = (3072 * MODEL.hidden + MODEL.seq_len * MODEL.hidden) * grad          # padded vocab + positions
+    head = 2 * MODEL.hidden * grad                                              # final layernorm (tied output)
+    ready = [(b_start, head)] + [(b_start + (i + 1) * layer_b, layer_params(MODEL) * grad)
+                                 for i in range(MODEL.layers)] + [(step_end, emb)]
+
+    def t_bucket(size):
+        return collective_time(cluster, "all_reduce", size, [0, 1])
+
+    overlapped = simulate(MODEL, cluster, plan)
+    tail = _dp_replay(ready, plan.dp_bucket_bytes, t_bucket) - step_end
+    assert overlapped.step_time_s == pytest.approx(step_end + tail, rel=1e-12)
+    assert overlapped.exposed_comm_s["dp"] == pytest.approx(tail, rel=1e-9)
+
+    everything = sum(t_bucket(s) for s in dp_buckets(sum(n for _, n in ready), plan.dp_bucket_bytes))
+    serial = simulate(MODEL, cluster, plan.replace(dp_overlap=False))
+    assert serial.exposed_comm_s["dp"] == pytest.approx(everything, rel=1e-9)
+    assert serial.step_time_s == pytest.approx(step_end + everything, rel=1e-12)
+    assert tail < 0.5 * everything       # most of it hidden behind the backward
+
+
+def test_zero3_adds_the_first_gather_of_every_action_and_the_last_reduce_scatter():
+    # ZeRO-3 (Rajbhandari et al. 2020 Sec. 7): each layer's parameters are all-gathered before
+    # its forward and again before its backward (the next layer's prefetched meanwhile), its
+    # gradients reduce-scattered after its backward, all on one DP stream. With compute longer
+    # than the collectives only the first gather of each action (and, before a forward, the
+    # previous backward's last reduce-scatter) shows: m (L (c + b) + 2 t_gather + t_scatter).
+    m = 4
+    plan = Plan(dp=2, gbs=2 * m, zero=3)
+    cluster = ideal_cluster(2, intra=LinkProfile(bandwidth=2000e9, latency=1e-6))
+    lp = layer_params(MODEL)
+    t_gather = collective_time(cluster, "all_gather", lp * state_bytes("bf16").param, [0, 1])
+    t_scatter = collective_time(cluster, "reduce_scatter", lp * state_bytes("bf16").grad, [0, 1])
+    c, b = layer_time(plan, "fwd"), layer_time(plan, "bwd")
+    assert c > t_gather and b > t_gather + t_scatter
+    r = simulate(MODEL, cluster, plan)
+    assert r.step_time_s == pytest.approx(m * (MODEL.layers * (c + b) + 2 * t_gather + t_scatter), rel=1e-12)
+    gathers = [e for e in r.trace.events if e.kind == "zero_allgather"]
+    assert len(gathers) == 2 * m * MODEL.layers
+
+
+def test_unit_costs_reproduce_the_schedules_dry_run_exactly():
+    # the engine and parsim.schedules.dry_run agree on any schedule when comm is free
+    for name, p, m, v in [("1f1b", 4, 6, 1), ("interleaved", 2, 4, 2), ("gpipe", 2, 3, 1)]:
+        plan = Plan(pp=p, vpp=v, gbs=m, schedule=name)
+        t_f, t_b = stage_times(plan)
+        unit = dry_run(build_schedule(name, p, m, v), t_f=Fraction(1), t_b=Fraction(t_b / t_f).limit_denominator(10**6))
+        r = simulate(MODEL, ideal_cluster(p), plan)
+        assert r.step_time_s / (t_f / v) == pytest.approx(float(unit.makespan), rel=1e-6)

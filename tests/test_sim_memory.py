@@ -1,0 +1,73 @@
+"""Two computations of one quantity: the peak memory the SimPy engine reads off its
+allocation timeline, and the analytic ``parsim.costs.memory_by_stage``. They must agree
+category by category (to float rounding: the timeline adds and subtracts the same byte
+counts the analytic model multiplies) over a matrix of plans."""
+import pytest
+
+from parsim.costs import CATEGORIES, memory_by_stage
+from parsim.sim import simulate
+from parsim.specs import load_model, parse_plan
+
+PIPELINES = [("naive", 4, 1, 8), ("gpipe", 4, 1, 8), ("1f1b", 4, 1, 8), ("1f1b", 4, 1, 2), ("1f1b", 8, 1, 16),
+             ("interleaved", 4, 2, 8), ("interleaved", 4, 2, 4), ("interleaved", 2, 3, 4), ("interleaved", 4, 2, 12)]
+PLANS = [f"pp={pp} vpp={v} schedule={s} gbs={m} recompute={rc}"
+         for s, pp, v, m in PIPELINES for rc in ("none", "full", "selective")] + [
+    "tp=2 pp=2 gbs=8 sp=true",
+    "tp=2 pp=2 gbs=8 sp=true recompute=selective",
+    "tp=4 pp=2 gbs=8 recompute=full",
+    "dp=2 pp=2 gbs=8 zero=1",
+    "dp=2 pp=2 gbs=8 zero=2",
+    "dp=2 pp=2 gbs=8 zero=3",
+    "dp=2 pp=2 gbs=8 zero=2 offload=optimizer",
+    "dp=2 pp=2 gbs=8 zero=3 offload=optimizer+params",
+    "dp=2 tp=2 pp=2 gbs=8 zero=1 mbs=2 tp_overlap=subpipe",
+    "pp=4 gbs=8 recompute=stage-aware recompute_layers=2,1,1,0",
+    "pp=4 gbs=8 recompute=full shifted_critical_path=true",
+    "pp=2 vpp=2 schedule=interleaved gbs=4 recompute=stage-aware recompute_layers=1,2,3,0",
+    "pp=4 gbs=8 partition=5,7,7,5",
+    "pp=4 gbs=8 dtype=fp32",
+]
+
+
+@pytest.mark.parametrize("model", ["gpt3-1.3b", "llama2-7b"])
+@pytest.mark.parametrize("plan", PLANS)
+def test_simulated_peak_memory_equals_the_analytic_model(model, plan):
+    m, p = load_model(model), parse_plan(plan)
+    if p.partition is not None and sum(p.partition) != m.layers:
+        pytest.skip("partition written for 24 layers")
+    r = simulate(m, f"a100-80g:{p.world_size}", p, record_events=False)
+    analytic = memory_by_stage(m, p)
+    assert len(r.memory_by_stage) == len(analytic) == p.pp
+    for sim, ref in zip(r.memory_by_stage, analytic):
+        for c in CATEGORIES:
+            assert sim[c] == pytest.approx(getattr(ref, c), rel=1e-9, abs=1.0), (sim["stage"], c)
+        assert sim["total"] == pytest.approx(ref.total, rel=1e-9)
+    assert r.peak_memory_bytes == pytest.approx(max(s.total for s in analytic), rel=1e-9)
+
+
+def test_memory_timeline_starts_and_ends_with_the_model_states_only():
+    r = simulate("gpt3-1.3b", "a100-80g:8", "dp=2 pp=4 gbs=16 zero=1")
+    for rank, samples in r.memory_timeline.items():
+        (t0, first), (t1, last) = samples[0], samples[-1]
+        assert t0 == 0.0 and first["activations"] == 0.0
+        assert last["activations"] == pytest.approx(0.0, abs=1.0)
+        assert t1 <= r.step_time_s
+        assert {k: first[k] for k in ("params", "grads", "optimizer")} == \
+               {k: last[k] for k in ("params", "grads", "optimizer")}
+
+
+def test_peak_is_the_largest_total_on_the_timeline():
+    r = simulate("gpt3-1.3b", "a100-80g:4", "pp=4 gbs=8 schedule=gpipe recompute=full")
+    for stage, (rank, samples) in zip(r.memory_by_stage, sorted(r.memory_timeline.items())):
+        assert max(sum(b.values()) for _, b in samples) == pytest.approx(stage["total"], rel=1e-12)
+
+
+def test_gpipe_holds_every_microbatch_and_1f1b_at_most_p_minus_rank():
+    # Huang et al. 2019: GPipe stores all m microbatches; Narayanan et al. 2021 Sec. 2.2.1:
+    # 1F1B stores at most p - i on rank i
+    gpipe = simulate("gpt3-1.3b", "a100-80g:4", "pp=4 gbs=8 schedule=gpipe")
+    ofob = simulate("gpt3-1.3b", "a100-80g:4", "pp=4 gbs=8 schedule=1f1b")
+    # middle ranks carry neither the embedding nor the head: activations per microbatch are equal
+    per_mb = gpipe.memory_by_stage[1]["activations"] / 8
+    for i in (1, 2):
+        assert ofob.memory_by_stage[i]["activations"] == pytest.approx((4 - i) * per_mb, rel=1e-12)
