@@ -2,7 +2,12 @@
 
 Model states per parameter (bytes), Megatron-LM conventions (docs, "distributed optimizer"):
     fp32 training:        param 4, grad 4, optimizer 8 (Adam m, v)
-    bf16/fp16 mixed:      param 2, grad 4 (fp32 main_grad), optimizer 12 (fp32 master, m, v)
+    bf16 mixed:           param 2, grad 4, optimizer 12 (fp32 master, m, v): Megatron-LM forces
+                          gradient accumulation and all-reduce in fp32 for bf16
+                          (arguments.py: "bfloat16 requires gradient accumulation and
+                          all-reduce to be done in fp32")
+    fp16 mixed:           param 2, grad 2, optimizer 12: fp16 gradients reduced in fp16, the
+                          ZeRO paper's 16-byte convention (Rajbhandari et al. 2020, Sec. 3.1)
 ZeRO (Rajbhandari et al. 2020, Sec. 5): stage 1 shards the optimizer over the dp ranks,
 stage 2 also the gradients, stage 3 also the parameters. ZeRO-Offload (Ren et al. 2021)
 keeps optimizer states (and with "optimizer+params", parameters) in host memory.
@@ -31,6 +36,8 @@ class StateBytes:
 def state_bytes(dtype: str) -> StateBytes:
     if dtype == "fp32":
         return StateBytes(4.0, 4.0, 8.0)
+    if dtype == "fp16":
+        return StateBytes(2.0, 2.0, 12.0)
     return StateBytes(2.0, 4.0, 12.0)
 
 

@@ -39,9 +39,13 @@ class Op:
 
 def _gemm(name: str, m: int, n: int, k: int, batch: int = 1, has_weight: bool = True, core: bool = False) -> Op:
     # Forward (m x k)(k x n): 2mnk FLOP. Backward: dX = dY W^T (2mnk) and dW = X^T dY (2mnk)
-    # (Narayanan et al. 2021 Sec. 5.1: backward = 2x forward).
+    # (Narayanan et al. 2021 Sec. 5.1: backward = 2x forward). A product of two activations
+    # (Q K^T, P V) has no weight, but both operands need their gradient: still 2x forward,
+    # all of it input-gradient work.
     f = 2.0 * m * n * k * batch
-    return Op(name, "gemm", f, f, f if has_weight else 0.0, shape=(m, n, k), batch=batch, attention_core=core)
+    if has_weight:
+        return Op(name, "gemm", f, f, f, shape=(m, n, k), batch=batch, attention_core=core)
+    return Op(name, "gemm", f, 2.0 * f, 0.0, shape=(m, n, k), batch=batch, attention_core=core)
 
 
 def _membound(name: str, elements: float, act_bytes: int, reads: float = 1.0, writes: float = 1.0,

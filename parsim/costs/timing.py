@@ -105,7 +105,9 @@ def op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
     m, n, k = op.shape
     # backward GEMMs: dX = dY W^T is (m x n)(n x k); dW = X^T dY is (k x m)(m x n)
     shape = {"fwd": (m, n, k), "bwd_input": (m, k, n), "bwd_weight": (k, n, m)}[pass_]
-    return gemm_time(device, *shape, dtype, batch=op.batch)
+    # a pass may hold several GEMMs of this shape (activation x activation backward: two)
+    gemms = flops / (2.0 * m * n * k * op.batch)
+    return gemm_time(device, *shape, dtype, batch=op.batch) * gemms
 
 
 def _attention_rate(table: list, op: Op) -> float:
