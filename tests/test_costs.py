@@ -195,3 +195,20 @@ def test_skinny_gemms_run_at_lower_efficiency():
     fat = 2 * 4096 ** 3 / timing.gemm_time(dev, 4096, 4096, 4096, "bf16")
     skinny = 2 * 4096 * 4096 * 64 / timing.gemm_time(dev, 4096, 64, 4096, "bf16")
     assert skinny < fat
+
+
+def test_host_contention_is_one_without_a_calibrated_table():
+    assert timing.host_contention(load_cluster("a100-80g:8"), 8) == 1.0
+
+
+def test_host_contention_reads_measured_table_and_extrapolates_per_core(tmp_path):
+    import yaml
+    from parsim.specs import load_profile_dict
+    d = load_profile_dict("cpu")
+    d["device"]["extra"] = {"cores": 2, "contention": {"1": 1.0, "2": 1.1, "4": 2.3}}
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(d))
+    c = load_cluster("cpu:8", profile=str(f))
+    assert timing.host_contention(c, 1) == 1.0
+    assert timing.host_contention(c, 4) == pytest.approx(2.3)
+    assert timing.host_contention(c, 8) == pytest.approx(4.6)    # 2x the ranks of the largest measured count

@@ -201,3 +201,23 @@ def optimizer_time(cluster: ClusterSpec, num_params: float, dtype: str, on_host:
     if on_host:
         return nbytes / dev.host_memory_bandwidth
     return membound_time(dev, nbytes, "adamw")
+
+
+def host_contention(cluster: ClusterSpec, ranks: int) -> float:
+    """Compute slowdown when ``ranks`` processes of one plan share a host's cores.
+
+    Calibrated CPU profiles carry ``device.extra.contention``: {concurrent ranks: measured
+    per-rank GEMM slowdown when that many ranks multiply at once} (``parsim calibrate``).
+    Ranks beyond the measured counts scale with ranks per core (processor sharing). GPUs and
+    uncalibrated profiles: 1 (each rank owns its device)."""
+    table = cluster.device.extra.get("contention")
+    on_host = min(ranks, cluster.devices_per_node)
+    if not table or on_host <= 1:
+        return 1.0
+    measured = {int(k): float(v) for k, v in table.items()}
+    if on_host in measured:
+        return max(measured[on_host], 1.0)
+    below = max((k for k in measured if k < on_host), default=None)
+    if below is None:
+        return 1.0
+    return max(measured[below] * on_host / below, 1.0)

@@ -29,7 +29,7 @@ import simpy
 
 from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, stage_params, state_bytes,
                           zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
-from parsim.costs.timing import collective_time, host_transfer_time, p2p_time
+from parsim.costs.timing import collective_time, host_contention, host_transfer_time, p2p_time
 from parsim.schedules import Action, Schedule, build_schedule
 from parsim.specs import (ClusterSpec, ModelSpec, Plan, RankLayout, SpecError, load_cluster, load_model, parse_plan,
                           validate)
@@ -125,6 +125,8 @@ class Simulation:
             return comms[key]
 
         devices = {}
+        # ranks sharing a host's cores (calibrated CPU profiles) compute slower; GPUs: 1
+        contention = host_contention(self.cluster, plan.world_size)
         for r in ranks:
             p, d, t = layout.coords(r)
             tp = communicator("tp", [layout.rank(p, d, x) for x in range(plan.tp)])
@@ -136,7 +138,7 @@ class Simulation:
                     last_bwd[stage] = i
             self.recorder.add_rank(r)
             devices[r] = Device(
-                rank=r, pp_rank=p, replica=(d, t), actions=actions, scale=float(slowdown.get(r, 1.0)),
+                rank=r, pp_rank=p, replica=(d, t), actions=actions, scale=float(slowdown.get(r, 1.0)) * contention,
                 stepped=self._needs_steps(r, tp, dp), ports=ports[r], tp=tp, dp=dp,
                 memory=MemoryTimeline.starting_with(static_bytes(self.model, plan, p)),
                 compute=simpy.Resource(env, 1), tp_stream=simpy.Resource(env, 1), dp_stream=simpy.Resource(env, 1),
