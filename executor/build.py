@@ -1,0 +1,104 @@
+"""Build this rank's part of the training: model chunks with every parallelism applied, in a
+fixed order (torchtitan): init full weights -> ``apply_tp`` -> ``apply_ac`` ->
+``apply_fsdp`` (ZeRO-2/3) or ``apply_ddp`` (DP / ZeRO-0/1) -> optimizer -> pipeline runtime.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from parsim.schedules import Schedule, build_schedule
+from parsim.specs import ModelSpec, Plan, stage_layers
+
+from .dp_parallel import DataParallelGradients, apply_ddp
+from .model import StageModule, canonical_init, canonical_name
+from .optimizer import AUTOCAST_DTYPES, LossScaler, autocast_factory, make_adamw
+from .parallel_dims import ParallelDims
+from .pp_communications import PipelineP2P
+from .pp_parallel import PipelineRuntime
+from .recompute import apply_ac
+from .tp_parallel import apply_tp
+from .zero import ZeroOneAdamW, apply_fsdp
+
+if TYPE_CHECKING:
+    from .checkpoint import CanonicalState
+
+
+@dataclass
+class Training:
+    schedule: Schedule
+    chunks: dict[int, StageModule]        # virtual stage -> module
+    optimizer: object
+    dp_gradients: DataParallelGradients | None
+    scaler: LossScaler
+    runtime: PipelineRuntime
+    fsdp: bool
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for c in self.chunks.values() for p in c.parameters()]
+
+
+def stage_first_layers(model: ModelSpec, plan: Plan) -> list[int]:
+    counts = stage_layers(model, plan)
+    return [sum(counts[:s]) for s in range(len(counts))]
+
+
+def build_chunk(model: ModelSpec, plan: Plan, stage: int, dims: ParallelDims, recorder, seed: int,
+                restore: "CanonicalState | None") -> StageModule:
+    counts = stage_layers(model, plan)
+    num_stages = plan.pp * plan.vpp
+    chunk = StageModule(model, stage_first_layers(model, plan)[stage], counts[stage],
+                        is_first=stage == 0, is_last=stage == num_stages - 1)
+    with torch.no_grad():   # full-size initial (or restored) weights, identical on every plan
+        for name, p in chunk.named_parameters():
+            cname = canonical_name(name, model)
+            value = restore.model[cname] if restore is not None else canonical_init(cname, tuple(p.shape), model, seed)
+            p.copy_(value)
+    if plan.tp > 1:
+        apply_tp(chunk, dims.tp_group, plan.tp, dims.tp_rank, plan.sp, recorder)
+    apply_ac(chunk, plan, stage)
+    return chunk.to(dims.device)
+
+
+def build_training(model: ModelSpec, plan: Plan, dims: ParallelDims, recorder, seed: int,
+                   restore: "CanonicalState | None" = None) -> Training:
+    schedule = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
+    stages = schedule.stages_of_rank(dims.pp_rank)
+    chunks = {s: build_chunk(model, plan, s, dims, recorder, seed, restore) for s in stages}
+
+    fsdp = plan.zero >= 2 and plan.dp > 1
+    dp_gradients = None
+    if fsdp:
+        for chunk in chunks.values():
+            apply_fsdp(chunk, dims.dp_mesh(), reshard_after_forward=plan.zero == 3, recorder=recorder)
+    elif plan.dp > 1:
+        dp_gradients = apply_ddp(list(chunks.values()), dims.dp_group, plan.dp, plan.dp_bucket_bytes,
+                                 plan.dp_overlap, plan.num_microbatches, recorder)
+
+    params = [p for c in chunks.values() for p in c.parameters()]
+    if plan.zero == 1 and plan.dp > 1:
+        optimizer = ZeroOneAdamW(params, dims.dp_group, dims.dp_rank, [dims.dp_peer(d) for d in range(plan.dp)],
+                                 recorder)
+    else:
+        optimizer = make_adamw(params)
+    if restore is not None:
+        from .checkpoint import restore_optimizer_state
+        restore_optimizer_state(optimizer, chunks, model, plan, dims, restore)
+
+    p2p = None
+    if plan.pp > 1:
+        seq = model.seq_len // plan.tp if plan.sp else model.seq_len
+        dtype = AUTOCAST_DTYPES.get(plan.dtype, torch.float32)
+        p2p = PipelineP2P(schedule, dims, (plan.mbs, seq, model.hidden), dtype, recorder)
+
+    def classify_grads(stage: int) -> None:
+        recorder.memory.classify([p.grad for p in chunks[stage].parameters()], "grads")
+
+    runtime = PipelineRuntime(schedule, dims.pp_rank, chunks, p2p, recorder, autocast_factory(plan.dtype, dims.device),
+                              on_backward_done=classify_grads)
+    scaler = LossScaler(enabled=plan.dtype == "fp16")
+    if restore is not None and restore.scaler:
+        scaler.load_state_dict(restore.scaler)
+    return Training(schedule, chunks, optimizer, dp_gradients, scaler, runtime, fsdp)

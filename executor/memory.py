@@ -1,0 +1,143 @@
+"""Allocator-level memory accounting of live tensors, by category (not RSS).
+
+A ``TorchDispatchMode`` sees every tensor an op produces; each new storage is counted once,
+under the category of the phase it was born in, until its Python storage object dies (weak
+reference callback) or is resized (FSDP frees unsharded parameters with ``resize_(0)``, which
+dispatch does not see, so ``UntypedStorage.resize_`` is wrapped while tracking, as torch's
+own ``MemTracker`` does).
+
+Categories (the simulator's): ``params``, ``grads``, ``optimizer``, ``activations`` (every
+tensor born inside an F/B action: stashed activations, temporaries, activation gradients),
+``other`` (communication buffers, pipeline messages, optimizer temporaries). Tensors that
+already exist when tracking starts (parameters, gradients, optimizer state) are registered
+up front; gradients are re-labelled from ``activations`` to ``grads`` as soon as they are
+accumulated into ``.grad``. The breakdown is taken at the moment of the peak.
+
+Known limit: FSDP (ZeRO-2/3) all-gathers full parameters inside the actions, so at the peak
+they count as ``activations`` rather than ``params`` (one or two layers' worth).
+
+On CUDA the total peak reported is ``torch.cuda.max_memory_allocated`` (it also sees the
+caching allocator's rounding); the breakdown still comes from this tracker.
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+from functools import wraps
+from typing import Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_map_only
+from torch.utils.weak import WeakIdKeyDictionary
+
+CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
+
+
+def get_untyped_storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
+    """Storages behind a tensor, looking through wrapper subclasses such as DTensor
+    (torch.distributed._tools.common_utils does the same, but importing it costs a second)."""
+    todo, out = [t], []
+    while todo:
+        x = todo.pop()
+        if is_traceable_wrapper_subclass(x):
+            attrs, _ = x.__tensor_flatten__()
+            todo += [getattr(x, a) for a in attrs if isinstance(getattr(x, a), torch.Tensor)]
+        else:
+            out.append(x.untyped_storage())
+    return out
+
+
+def _is_dtensor_type(cls: type) -> bool:
+    return any(c.__name__ == "DTensor" for c in getattr(cls, "__mro__", ()))
+
+
+class MemoryTracker(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.live = {c: 0 for c in CATEGORIES}
+        self.peak_total = 0
+        self.peak_breakdown = dict(self.live)
+        self._phase = ["other"]
+        self._storages = WeakIdKeyDictionary()   # storage -> [category, nbytes, weakref]
+        self._orig_resize = None
+
+    # -- phases and labels -------------------------------------------------------------
+    @contextlib.contextmanager
+    def phase(self, category: str):
+        self._phase.append(category)
+        try:
+            yield
+        finally:
+            self._phase.pop()
+
+    def classify(self, tensors: Iterable[torch.Tensor | None], category: str) -> None:
+        """Label the storages of ``tensors`` (registering them if unseen)."""
+        for t in tensors:
+            if t is None:
+                continue
+            for st in get_untyped_storages(t):
+                self._track(st, category, relabel=True)
+
+    def breakdown(self) -> dict[str, int]:
+        return dict(self.peak_breakdown)
+
+    # -- bookkeeping -------------------------------------------------------------------
+    def _track(self, st: torch.UntypedStorage, category: str, relabel: bool = False) -> None:
+        info = self._storages.get(st)
+        if info is not None:
+            if relabel and info[0] != category:
+                self.live[info[0]] -= info[1]
+                self.live[category] += info[1]
+                info[0] = category
+            return
+        nbytes = st.nbytes()
+        info = [category, nbytes, None]
+
+        def release(_ref, info=info):
+            self.live[info[0]] -= info[1]
+            info[1] = 0
+
+        info[2] = weakref.ref(st, release)
+        self._storages[st] = info
+        self.live[category] += nbytes
+        self._update_peak()
+
+    def _update_peak(self) -> None:
+        total = sum(self.live.values())
+        if total > self.peak_total:
+            self.peak_total = total
+            self.peak_breakdown = dict(self.live)
+
+    def _track_tensor(self, t: torch.Tensor) -> None:
+        for st in get_untyped_storages(t):
+            self._track(st, self._phase[-1])
+
+    # -- dispatch ----------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(_is_dtensor_type(t) for t in types):
+            return NotImplemented   # let DTensor desugar into local ops first
+        out = func(*args, **(kwargs or {}))
+        tree_map_only(torch.Tensor, self._track_tensor, out)
+        return out
+
+    def __enter__(self):
+        self._orig_resize = torch.UntypedStorage.resize_
+        orig = self._orig_resize
+
+        @wraps(orig)
+        def resize_(st, size):
+            result = orig(st, size)
+            info = self._storages.get(st)
+            if info is not None and info[1] != st.nbytes():
+                self.live[info[0]] += st.nbytes() - info[1]
+                info[1] = st.nbytes()
+                self._update_peak()
+            return result
+
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *args):
+        torch.UntypedStorage.resize_ = self._orig_resize
+        return super().__exit__(*args)

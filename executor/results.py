@@ -1,0 +1,121 @@
+"""What a run measured: per rank (``RankResult``) and combined (``ExecutionResult``).
+
+* step time of a step = the slowest rank's time from the step's common start (after a
+  barrier) to the end of its optimizer step; ``step_time_s`` = median over the timed steps
+  (after warm-up, excluding the memory-tracked step when another timed step exists);
+* loss of a step = mean over DP replicas and microbatches of the microbatch mean token loss
+  (= the mean token loss of the global batch, since every microbatch has as many tokens);
+* peak memory per rank and its breakdown come from the memory-tracked step;
+* ``trace`` = every rank's events of the representative step (the timed step whose time is
+  the median), times in seconds from that step's start.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from parsim.trace import Event, Trace
+
+
+@dataclass
+class RankResult:
+    rank: int
+    coords: tuple[int, int, int]                           # (pp_rank, dp_rank, tp_rank)
+    steps: list[int] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)   # this rank, per executed step
+    microbatch_losses: list[list[float]] = field(default_factory=list)  # last stage only
+    skipped: list[bool] = field(default_factory=list)       # fp16 steps skipped on overflow
+    events: dict[int, list[Event]] = field(default_factory=dict)
+    memory_step: int = -1
+    peak_memory_bytes: int = 0
+    memory_breakdown: dict[str, int] = field(default_factory=dict)
+    params: dict[str, Any] | None = None                   # canonical full tensors this rank wrote
+    grads: dict[str, Any] | None = None                    # canonical full gradients of the first step
+
+
+@dataclass
+class ExecutionResult:
+    model: str
+    plan: str
+    world_size: int
+    backend: str
+    device: str
+    steps: list[int]
+    losses: list[float]
+    step_times: list[float]
+    timed_steps: list[int]
+    step_time_s: float
+    memory_step: int
+    peak_memory_bytes_by_rank: list[int]
+    memory_breakdown_by_rank: list[dict[str, int]]
+    trace: Trace
+    trace_step: int
+    trace_files: list[str] = field(default_factory=list)
+    skipped_steps: list[int] = field(default_factory=list)
+    params: dict[str, Any] | None = None    # full parameters after the last step (collect_params)
+    grads: dict[str, Any] | None = None     # full gradients of the first step (collect_grads)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "plan": self.plan, "world_size": self.world_size, "backend": self.backend,
+            "device": self.device, "steps": self.steps, "losses": self.losses, "step_times_s": self.step_times,
+            "timed_steps": self.timed_steps, "step_time_s": self.step_time_s, "memory_step": self.memory_step,
+            "peak_memory_bytes": max(self.peak_memory_bytes_by_rank, default=0),
+            "peak_memory_bytes_by_rank": self.peak_memory_bytes_by_rank,
+            "memory_breakdown_by_rank": self.memory_breakdown_by_rank,
+            "trace_step": self.trace_step, "num_events": len(self.trace.events), "trace_files": self.trace_files,
+            "skipped_steps": self.skipped_steps,
+        }
+
+
+def timed_steps(steps: list[int], warmup: int, memory_step: int) -> list[int]:
+    timed = steps[warmup:] or steps[-1:]
+    if memory_step in timed and len(timed) > 1:
+        timed = [s for s in timed if s != memory_step]
+    return timed
+
+
+def memory_step_of(first_step: int, last_step: int, warmup: int) -> int:
+    """The step whose memory is tracked: the last warm-up step if it already holds optimizer
+    state (not the very first training step), otherwise the last step."""
+    candidate = first_step + warmup - 1
+    if warmup >= 1 and candidate >= 1 and candidate <= last_step:
+        return candidate
+    return last_step
+
+
+def combine(results: list[RankResult], *, model: str, plan_text: str, backend: str, device: str,
+            warmup: int) -> ExecutionResult:
+    results = sorted(results, key=lambda r: r.rank)
+    steps = results[0].steps
+    step_times = [max(r.step_times[i] for r in results) for i in range(len(steps))]
+    losses = []
+    last_pp = max(r.coords[0] for r in results)
+    loss_ranks = [r for r in results if r.coords[0] == last_pp and r.coords[2] == 0]
+    for i in range(len(steps)):
+        per_replica = [statistics.fmean(r.microbatch_losses[i]) for r in loss_ranks]
+        losses.append(statistics.fmean(per_replica))
+    memory_step = results[0].memory_step
+    timed = timed_steps(steps, warmup, memory_step)
+    timed_times = [step_times[steps.index(s)] for s in timed]
+    median = statistics.median(timed_times)
+    trace_step = min(timed, key=lambda s: (abs(step_times[steps.index(s)] - median), s))
+    events = [e for r in results for e in r.events.get(trace_step, [])]
+    trace = Trace(events=events, meta={"engine": "executor", "model": model, "plan": plan_text,
+                                       "world_size": len(results), "step": trace_step, "backend": backend})
+    def merged(attr: str) -> dict | None:
+        if all(getattr(r, attr) is None for r in results):
+            return None
+        out: dict = {}
+        for r in results:
+            out.update(getattr(r, attr) or {})
+        return out
+
+    skipped = sorted({steps[i] for r in results for i, s in enumerate(r.skipped) if s})
+    return ExecutionResult(
+        model=model, plan=plan_text, world_size=len(results), backend=backend, device=device, steps=steps,
+        losses=losses, step_times=step_times, timed_steps=timed, step_time_s=median, memory_step=memory_step,
+        peak_memory_bytes_by_rank=[r.peak_memory_bytes for r in results],
+        memory_breakdown_by_rank=[dict(r.memory_breakdown) for r in results], trace=trace, trace_step=trace_step,
+        skipped_steps=skipped, params=merged("params"), grads=merged("grads"))

@@ -1,0 +1,83 @@
+"""Faults: a rank that dies or a peer that never arrives stops every rank, within the timeout,
+with one message naming the failed rank and the cause; no process is left behind."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from parsim.specs import SpecError
+
+from test_executor_cases import TINY_GPT
+
+pytestmark = [pytest.mark.slow, pytest.mark.torch]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_killed_mid_step_stops_all_others_within_a_minute_naming_it(capfd):
+    from parsim.executor import ExecutorError, run_plan
+
+    with pytest.raises(ExecutorError) as failure:
+        run_plan(TINY_GPT, "dp=3 gbs=3 dtype=fp32", steps=4, timeout_s=30, track_memory=False,
+                 inject_fault=_fault("1:1:kill"))
+    err = failure.value
+    assert str(err) == "rank 1: process died (SIGKILL) during step 1"
+    assert err.shutdown_s < 60
+    assert all(_gone(pid) for pid in err.pids)
+    stderr = capfd.readouterr().err
+    for survivor in (0, 2):
+        assert f"rank {survivor} stopping because rank 1: process died (SIGKILL)" in stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_peer_that_never_arrives_fails_the_run_after_the_timeout_naming_it():
+    from parsim.executor import ExecutorError, run_plan
+
+    start = time.monotonic()
+    with pytest.raises(ExecutorError) as failure:
+        run_plan(TINY_GPT, "dp=2 gbs=2 dtype=fp32", steps=2, timeout_s=5, track_memory=False,
+                 inject_fault=_fault("1:0:absent"))
+    assert "peer rank(s) 1 never arrived within 5 s" in str(failure.value)
+    assert str(failure.value).startswith("rank 0: TimeoutError")
+    assert failure.value.shutdown_s < 60
+    assert all(_gone(pid) for pid in failure.value.pids)
+    assert time.monotonic() - start < 240
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_that_raises_fails_execute_with_one_json_error_naming_it():
+    cmd = [sys.executable, "-m", "parsim", "execute", "--model", "tiny", "--plan", "pp=2 gbs=2 dtype=fp32",
+           "--steps", "3", "--timeout", "30", "--no-memory", "--json", "--inject-fault", "1:1:crash"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 1
+    error = json.loads(proc.stdout)["error"]
+    assert error.startswith("rank 1: RuntimeError: injected fault: rank 1 crashed at step 1")
+    assert "rank 0 stopping because rank 1" in proc.stderr
+
+
+def test_fault_injection_spec_is_validated():
+    from parsim.executor import FaultInjection
+
+    assert FaultInjection.parse("2:5") == FaultInjection(2, 5, "crash")
+    with pytest.raises(SpecError) as bad:
+        FaultInjection.parse("2:five")
+    assert bad.value.field == "inject_fault"
+    with pytest.raises(SpecError):
+        FaultInjection.parse("1:1:explode")
+
+
+def _fault(text: str):
+    from parsim.executor import FaultInjection
+    return FaultInjection.parse(text)

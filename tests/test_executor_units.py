@@ -1,0 +1,163 @@
+"""Executor building blocks that need no process group: sharding, optimizer, data, pipeline
+messages, memory accounting, trace export, plan checks."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from parsim.schedules import build_schedule
+from parsim.specs import SpecError, parse_plan
+
+from test_executor_cases import TINY_GPT, TINY_LLAMA
+
+pytestmark = pytest.mark.torch
+
+
+def test_tp_shards_of_a_padded_vocabulary_reassemble_the_full_tensor():
+    from parsim.executor.tp_parallel import shard_tensor, unshard_tensor
+
+    full = torch.randn(130, 8)   # 130 rows over 4 ranks: padded to 132
+    parts = [shard_tensor(full, "embed.token_weight", 4, r) for r in range(4)]
+    assert [p.shape[0] for p in parts] == [33] * 4
+    assert torch.equal(parts[3][-2:], torch.zeros(2, 8))
+    assert torch.equal(unshard_tensor(parts, "embed.token_weight", 130), full)
+    rows = torch.randn(8, 12)
+    cols = [shard_tensor(rows, "layers.0.attn.o.weight", 2, r) for r in range(2)]
+    assert [c.shape for c in cols] == [(8, 6), (8, 6)]
+    assert torch.equal(unshard_tensor(cols, "layers.0.attn.o.weight", 8), rows)
+    assert shard_tensor(rows, "layers.0.attn_norm.weight", 2, 1) is rows
+
+
+def test_adamw_matches_torch_adamw_bit_for_bit():
+    from parsim.executor.optimizer import BETAS, EPS, LEARNING_RATE, WEIGHT_DECAY, make_adamw
+
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(4))]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    opt = make_adamw(ours)
+    ref = torch.optim.AdamW([{"params": [theirs[0]], "weight_decay": WEIGHT_DECAY},
+                             {"params": [theirs[1]], "weight_decay": 0.0}],
+                            lr=LEARNING_RATE, betas=BETAS, eps=EPS, foreach=False)
+    for _ in range(4):
+        grads = [torch.randn_like(p) for p in ours]
+        for p, q, g in zip(ours, theirs, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        ref.step()
+    assert all(torch.equal(p, q) for p, q in zip(ours, theirs))
+
+
+def test_every_sequence_of_the_global_batch_lands_in_exactly_one_microbatch():
+    from parsim.executor.data import SyntheticTokens, rank_microbatches
+
+    source = SyntheticTokens(vocab=128, seq_len=8, seed=3)
+    plan = parse_plan("dp=2 mbs=2 gbs=8")
+    batch = source.global_batch(5, 8)
+    got = [mb for d in range(2) for mb in rank_microbatches(source, 5, plan, d, torch.device("cpu"))]
+    assert len(got) == 4 and all(mb.tokens.shape == (2, 8) for mb in got)
+    assert torch.equal(torch.cat([mb.tokens for mb in got]), batch[:, :-1])
+    assert torch.equal(torch.cat([mb.targets for mb in got]), batch[:, 1:])
+    assert not torch.equal(source.global_batch(6, 8), batch)
+
+
+def test_text_data_needs_a_byte_vocabulary(tmp_path):
+    from parsim.executor.data import ByteTextTokens
+
+    path = tmp_path / "text.txt"
+    path.write_text("hello pipeline " * 20)
+    batch = ByteTextTokens(path, vocab=256, seq_len=16, seed=0).global_batch(0, 3)
+    assert batch.shape == (3, 17) and int(batch.max()) < 256
+    with pytest.raises(SpecError) as err:
+        ByteTextTokens(path, vocab=128, seq_len=16, seed=0)
+    assert err.value.field == "data"
+
+
+def test_pipeline_messages_follow_each_ranks_action_order():
+    from parsim.executor.pp_communications import Message, outgoing_messages
+
+    schedule = build_schedule("1f1b", 2, 3)
+    assert outgoing_messages(schedule, 0) == [Message("act", 0, 0), Message("act", 0, 1), Message("act", 0, 2)]
+    assert outgoing_messages(schedule, 1) == [Message("grad", 1, 0), Message("grad", 1, 1), Message("grad", 1, 2)]
+    inter = build_schedule("interleaved", 2, 2, vpp=2)
+    kinds = {(m.kind, m.src_stage) for m in outgoing_messages(inter, 0)}
+    assert kinds == {("act", 0), ("act", 2), ("grad", 2)}   # stage 0 sends no gradient
+
+
+def test_memory_tracker_counts_live_tensors_by_category_at_the_peak():
+    from parsim.executor.memory import MemoryTracker
+
+    weight = torch.nn.Parameter(torch.zeros(256))          # 1 KiB, registered up front
+    with MemoryTracker() as tracker:
+        tracker.classify([weight], "params")
+        with tracker.phase("activations"):
+            act = torch.ones(1024) * 2                      # 4 KiB live activation
+            tmp = act + 1                                   # 4 KiB, freed below
+            del tmp
+        with tracker.phase("other"):
+            buf = torch.empty(512)                          # 2 KiB
+        del act
+    assert tracker.peak_total == 1024 + 4096 + 4096
+    assert tracker.breakdown() == {"params": 1024, "grads": 0, "optimizer": 0, "activations": 8192, "other": 0}
+    assert tracker.live["activations"] == 0 and tracker.live["other"] == 2048
+    del buf
+
+
+def test_chrome_trace_has_one_complete_event_per_interval_in_microseconds():
+    from parsim.executor.timeline import chrome_trace
+    from parsim.trace import Event
+
+    events = [Event(rank=1, stage=1, stream="compute", kind="F", microbatch=0, layer=-1, start=0.001, end=0.003,
+                    name="F1.0"),
+              Event(rank=1, stage=1, stream="pp", kind="send", microbatch=0, layer=-1, start=0.003, end=0.004,
+                    bytes=64.0, name="send act 1.0")]
+    trace = chrome_trace(events)
+    xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert [(e["name"], e["pid"], e["ts"], e["dur"]) for e in xs] == [("F1.0", 1, 1000.0, 2000.0),
+                                                                     ("send act 1.0", 1, 3000.0, 1000.0)]
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert {"rank 1", "compute", "pp"} <= names
+
+
+def test_offload_and_unexecutable_options_are_rejected_with_the_field_named():
+    from parsim.executor import check_executable
+
+    with pytest.raises(SpecError) as err:
+        check_executable(TINY_GPT, parse_plan("dp=2 zero=1 offload=optimizer"))
+    assert err.value.field == "offload" and "offload=none" in str(err.value)
+    with pytest.raises(SpecError) as err:
+        check_executable(TINY_GPT, parse_plan("dp=2 dp_impl=ps"))
+    assert err.value.field == "dp_impl"
+    with pytest.raises(SpecError) as err:
+        check_executable(TINY_LLAMA, parse_plan("tp=4"))      # kv_heads=2
+    assert err.value.field == "tp"
+
+
+def test_recompute_policy_per_layer_follows_the_plan():
+    from parsim.executor.recompute import layer_policies
+
+    assert layer_policies(parse_plan("recompute=selective"), 0, 3) == ["selective"] * 3
+    aware = parse_plan("pp=2 recompute=stage-aware recompute_layers=2,1")
+    assert layer_policies(aware, 0, 3) == ["full", "full", "none"]
+    assert layer_policies(aware, 1, 3) == ["full", "none", "none"]
+    shifted = parse_plan("pp=2 recompute=full shifted_critical_path=true")
+    assert layer_policies(shifted, 1, 2) == ["none", "none"] and layer_policies(shifted, 0, 2) == ["full", "full"]
+
+
+def test_executor_config_rejects_inconsistent_checkpoint_options():
+    from parsim.executor import ExecutorConfig
+
+    with pytest.raises(SpecError) as err:
+        ExecutorConfig(steps=4, save_dir="ckpt")
+    assert err.value.field == "save_at"
+    with pytest.raises(SpecError):
+        ExecutorConfig(steps=4, save_dir="ckpt", save_at=5)
+
+
+def test_every_plan_starts_from_the_same_weights():
+    from parsim.executor.model import StageModule, build_full_model, canonical_name, init_stage
+
+    full = dict(build_full_model(TINY_LLAMA, seed=7).named_parameters())
+    last = StageModule(TINY_LLAMA, 2, 2, is_first=False, is_last=True)
+    init_stage(last, seed=7)
+    for name, p in last.named_parameters():
+        assert torch.equal(p, full[canonical_name(name, TINY_LLAMA)])
