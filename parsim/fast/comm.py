@@ -1,0 +1,141 @@
+"""Data-parallel communication of every pipeline rank, priced once per distinct layout.
+
+The DP collectives of a plan depend only on (dp, tp, pp, vpp, dtype): the communicator's
+shape on the cluster and the bytes each pipeline rank holds. They are priced here with
+``parsim.costs.timing.collective_time`` itself (memoised on group shape and size), so the
+fast path and the SimPy engine price a collective with the very same function.
+
+Per rank, in seconds (buckets back to back on one DP stream, ``costs.dp_buckets``):
+    all-reduce of the gradients (all buckets, last bucket)     ZeRO-0 (PyTorch DDP)
+    reduce-scatter of the gradients (all, last)                ZeRO-1/2
+    all-gather of the parameters (all buckets)                 ZeRO-1/2 after the step
+    ZeRO-3 per-layer all-gather / reduce-scatter               (Rajbhandari et al. 2020 Sec. 7)
+    parameter server: gradient buckets in (all, last), parameters out    (``dp_impl=ps``)
+    whether the TP and the DP groups leave the device on the same link (both NVLink inside a
+    node, or both the NIC): then their transfers queue for one port, as in the SimPy engine
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from parsim.costs import dp_buckets, state_bytes, zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer
+from parsim.costs import timing
+from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
+
+from .plans import WORDS
+
+(C_AR_ALL, C_AR_LAST, C_RS_ALL, C_RS_LAST, C_AG_ALL, C_PS_ALL, C_PS_LAST, C_PS_BCAST, C_Z3_GATHER, C_Z3_SCATTER,
+ C_SHARED_LINK, C_WIDTH) = range(12)
+
+
+def dp_group_ranks(dp: int, tp: int, pp: int, pp_rank: int = 0) -> list[int]:
+    """The DP communicator of a pipeline rank (TP rank 0; every TP rank's has its shape)."""
+    layout = RankLayout(dp=dp, tp=tp, pp=pp)
+    return [layout.rank(pp_rank, d, 0) for d in range(dp)]
+
+
+def tp_group_ranks(dp: int, tp: int, pp: int) -> list[int]:
+    """The TP communicator of pipeline rank 0, DP rank 0."""
+    layout = RankLayout(dp=dp, tp=tp, pp=pp)
+    return [layout.rank(0, 0, t) for t in range(tp)]
+
+
+class CollectivePricer:
+    """``timing.collective_time`` memoised on (op, bytes, group shape).
+
+    The analytic and the calibrated models price a group by its size and the nodes it spans
+    (``timing.collective_time``), so groups of equal shape share one price; the fast-vs-costs
+    tests price real groups rank by rank and would catch a model that looked further."""
+
+    def __init__(self, cluster: ClusterSpec):
+        self.cluster = cluster
+        self._price = lru_cache(maxsize=None)(self._uncached)
+        self._shapes: dict[tuple[int, int, int], tuple[int, ...]] = {}
+
+    def _uncached(self, op: str, nbytes: float, group: tuple[int, ...]) -> float:
+        return timing.collective_time(self.cluster, op, nbytes, list(group))
+
+    def __call__(self, op: str, nbytes: float, group: tuple[int, ...]) -> float:
+        return self._price(op, float(nbytes), group)
+
+    def dp_group(self, dp: int, tp: int, pp: int, pp_rank: int) -> tuple[int, ...]:
+        """A representative of the DP communicator of ``pp_rank``: the first group seen with
+        the same size, stride and offset within a node (hence the same nodes spanned)."""
+        first = RankLayout(dp=dp, tp=tp, pp=pp).rank(pp_rank, 0, 0)
+        key = (dp, tp, first % self.cluster.devices_per_node)
+        if key not in self._shapes:
+            self._shapes[key] = tuple(dp_group_ranks(dp, tp, pp, pp_rank))
+        return self._shapes[key]
+
+    def bucketed(self, op: str, total_bytes: float, bucket_bytes: int, group: tuple[int, ...]) -> tuple[float, float]:
+        """(all buckets back to back, the last bucket)."""
+        buckets = dp_buckets(total_bytes, bucket_bytes)
+        if not buckets:
+            return 0.0, 0.0
+        full = self(op, buckets[0], group) if len(buckets) > 1 else 0.0
+        last = self(op, buckets[-1], group)
+        return full * (len(buckets) - 1) + last, last
+
+
+def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int, pp: int, vpp: int, dtype: int,
+                   rank_params: list[float], bucket_bytes: int, with_ps: bool = False) -> np.ndarray:
+    """(pp, C_WIDTH): the DP communication of each pipeline rank holding ``rank_params``
+    (the parameter-server column only when ``with_ps``: it walks every worker)."""
+    sb = state_bytes(WORDS["dtype"][dtype])
+    out = np.zeros((pp, C_WIDTH))
+    if dp == 1:
+        return out
+    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, dtype=WORDS["dtype"][dtype])
+    z3_gather = zero3_gather_bytes_per_layer(model, plan)
+    z3_scatter = zero3_reduce_scatter_bytes_per_layer(model, plan)
+    done: dict[tuple[float, tuple[int, ...]], np.ndarray] = {}
+    cluster = pricer.cluster
+    tp_nodes = len({cluster.node_of(x) for x in tp_group_ranks(dp, tp, pp)})
+    for r in range(pp):
+        group = pricer.dp_group(dp, tp, pp, r)
+        n = rank_params[r]
+        if (n, group) in done:          # middle ranks repeat: same size, same group shape
+            out[r] = done[(n, group)]
+            continue
+        row = out[r]
+        row[C_AR_ALL], row[C_AR_LAST] = pricer.bucketed("all_reduce", n * sb.grad, bucket_bytes, group)
+        row[C_RS_ALL], row[C_RS_LAST] = pricer.bucketed("reduce_scatter", n * sb.grad, bucket_bytes, group)
+        row[C_AG_ALL], _ = pricer.bucketed("all_gather", n * sb.param, bucket_bytes, group)
+        if with_ps:
+            row[C_PS_ALL], row[C_PS_LAST] = _ps_bucketed(pricer.cluster, n * sb.grad, bucket_bytes, group)
+            row[C_PS_BCAST] = parameter_server_time(pricer.cluster, n * sb.param, list(group))
+        row[C_Z3_GATHER] = pricer("all_gather", z3_gather, group)
+        row[C_Z3_SCATTER] = pricer("reduce_scatter", z3_scatter, group)
+        dp_nodes = len({cluster.node_of(x) for x in group})
+        row[C_SHARED_LINK] = float(tp > 1 and (tp_nodes > 1) == (dp_nodes > 1))
+        done[(n, group)] = row.copy()
+    return out
+
+
+def parameter_server_time(cluster: ClusterSpec, nbytes: float, group: list[int]) -> float:
+    """One message of ``nbytes`` to or from every worker through the server's link:
+    (n - 1) S / B + alpha, B the server's NVLink port inside a node, else its share of the
+    node's NICs (Li et al. 2014, OSDI, "Scaling Distributed Machine Learning with the
+    Parameter Server"; torch.nn.DataParallel reduces gradients onto device 0 and broadcasts
+    parameters from it). The same formula as the SimPy engine's ``network.ps_time``."""
+    n = len(group)
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    net = cluster.network
+    if len({cluster.node_of(r) for r in group}) == 1:
+        bw, alpha = net.intra_node.bandwidth, net.intra_node.latency
+    else:
+        bw = min(net.inter_node_bandwidth_per_device(cluster.devices_per_node), net.inter_node.bandwidth)
+        alpha = net.inter_node.latency
+    return (n - 1) * nbytes / bw + alpha
+
+
+def _ps_bucketed(cluster: ClusterSpec, total_bytes: float, bucket_bytes: int, group: tuple[int, ...]):
+    buckets = dp_buckets(total_bytes, bucket_bytes)
+    if not buckets:
+        return 0.0, 0.0
+    full = parameter_server_time(cluster, buckets[0], list(group)) if len(buckets) > 1 else 0.0
+    last = parameter_server_time(cluster, buckets[-1], list(group))
+    return full * (len(buckets) - 1) + last, last

@@ -1,0 +1,121 @@
+"""``evaluate``: step time, throughput, MFU and peak memory of a whole PlanTable at once."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from parsim.costs import device_capacity, hardware_flops_per_step, model_flops_per_step
+from parsim.specs import OFFLOADS, RECOMPUTES, SCHEDULES, ClusterSpec, ModelSpec, Plan, validate
+from parsim.specs.plan import DP_IMPLS
+
+from . import codes as K
+from .kernel import evaluate_all
+from .plans import WORDS, PlanTable, valid_mask
+from .tables import CostTables, build_tables, key_ids
+
+# the kernel's integer codes must be the indices of the words in the specs' tuples
+assert (SCHEDULES.index("naive"), SCHEDULES.index("gpipe"), SCHEDULES.index("1f1b"),
+        SCHEDULES.index("interleaved")) == (K.NAIVE, K.GPIPE, K.ONE_F_ONE_B, K.INTERLEAVED)
+assert (OFFLOADS.index("none"), OFFLOADS.index("optimizer"), OFFLOADS.index("optimizer+params")) == \
+    (K.OFF_NONE, K.OFF_OPT, K.OFF_OPT_PARAMS)
+assert (RECOMPUTES.index("full"), RECOMPUTES.index("stage-aware"), DP_IMPLS.index("ps")) == \
+    (K.RC_FULL, K.RC_STAGE_AWARE, K.PS)
+
+
+@dataclass
+class FastResult:
+    """Per-plan metrics, one array entry per row of the PlanTable (SI units)."""
+
+    step_time_s: np.ndarray
+    pipeline_time_s: np.ndarray
+    tokens_per_s: np.ndarray
+    mfu: np.ndarray
+    hfu: np.ndarray
+    bubble_fraction: np.ndarray
+    exposed_tp_s: np.ndarray
+    exposed_dp_s: np.ndarray
+    exposed_pp_s: np.ndarray
+    peak_memory_bytes: np.ndarray
+    peak_stage: np.ndarray
+    peak_params_bytes: np.ndarray
+    peak_grads_bytes: np.ndarray
+    peak_optimizer_bytes: np.ndarray
+    peak_activations_bytes: np.ndarray
+    peak_other_bytes: np.ndarray
+    capacity_bytes: float
+
+    def fits(self, headroom: float = 0.0) -> np.ndarray:
+        """Peak memory within (1 - headroom) of the device capacity."""
+        return self.peak_memory_bytes <= self.capacity_bytes * (1.0 - headroom)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return {k: v for k, v in self.__dict__.items() if isinstance(v, np.ndarray)}
+
+
+def link_row(cluster: ClusterSpec) -> np.ndarray:
+    net, dev = cluster.network, cluster.device
+    k = np.zeros(K.K_WIDTH)
+    k[K.K_INTRA_BW], k[K.K_INTRA_A] = net.intra_node.bandwidth, net.intra_node.latency
+    k[K.K_INTER_BW], k[K.K_INTER_A] = net.inter_node.bandwidth, net.inter_node.latency
+    k[K.K_HOST_BW], k[K.K_HOST_A] = net.host_link.bandwidth, net.host_link.latency
+    cal = net.collectives.get("send_recv")
+    if cal:
+        # timing._calibrated picks the table entry for 2 ranks (or the nearest above)
+        sizes = sorted(int(s) for s in cal)
+        key = "2" if "2" in cal else str(next((s for s in sizes if s >= 2), sizes[-1]))
+        k[K.K_P2P_CAL], k[K.K_P2P_A], k[K.K_P2P_B] = 1.0, float(cal[key]["alpha"]), float(cal[key]["beta"])
+    k[K.K_DPN] = cluster.devices_per_node
+    bw = dev.extra.get("membound_table", {}).get("adamw") or dev.memory_bandwidth * dev.membound_efficiency
+    k[K.K_MEMBOUND_BW] = float(bw)
+    k[K.K_OVERHEAD] = dev.kernel_overhead_s
+    k[K.K_HOST_MEM_BW] = dev.host_memory_bandwidth
+    return k
+
+
+def evaluate(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable,
+             tables: CostTables | None = None) -> FastResult:
+    _check_valid(model, cluster, plans)
+    tables = tables or build_tables(model, cluster, plans)
+    c = plans.cols
+    n = len(plans)
+    out = np.zeros((n, K.O_WIDTH))
+    if n:
+        evaluate_all(out, c["dp"], c["tp"], c["pp"], c["vpp"], c["mbs"], c["gbs"], c["schedule"], c["zero"],
+                     c["offload"], c["recompute"], c["dp_impl"], tables.layer, tables.head, tables.dtype,
+                     tables.layer_id, tables.head_id, c["dtype"], tables.rank, tables.rank_offset,
+                     tables.rank_id, tables.moments, tables.moment_start, tables.moment_count, tables.moment_offset,
+                     tables.moment_id, float(plans.dp_bucket_bytes),
+                       bool(plans.dp_overlap), link_row(cluster))
+    step = out[:, K.O_STEP]
+    tokens = c["gbs"] * model.seq_len
+    peak_flops = np.array([cluster.device.flops(d) if d in cluster.device.peak_flops else np.nan
+                           for d in WORDS["dtype"]])[c["dtype"]]
+    mf, hf = _flops(model, plans)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        denom = step * cluster.num_devices * peak_flops
+        return FastResult(
+            step_time_s=step, pipeline_time_s=out[:, K.O_PIPE], tokens_per_s=tokens / step,
+            mfu=mf / denom, hfu=hf / denom, bubble_fraction=out[:, K.O_BUBBLE],
+            exposed_tp_s=out[:, K.O_TP], exposed_dp_s=out[:, K.O_DP], exposed_pp_s=out[:, K.O_PP],
+            peak_memory_bytes=out[:, K.O_PEAK], peak_stage=out[:, K.O_PEAK_STAGE].astype(np.int64),
+            peak_params_bytes=out[:, K.O_PARAMS], peak_grads_bytes=out[:, K.O_GRADS],
+            peak_optimizer_bytes=out[:, K.O_OPT], peak_activations_bytes=out[:, K.O_ACT],
+            peak_other_bytes=out[:, K.O_OTHER], capacity_bytes=device_capacity(cluster))
+
+
+def _check_valid(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable) -> None:
+    """Every plan must pass ``validate``; the first one that does not raises its SpecError."""
+    bad = np.flatnonzero(~valid_mask(model, cluster, plans))
+    if len(bad):
+        validate(model, cluster, plans.plan(int(bad[0])))
+        raise AssertionError("valid_mask and validate disagree")   # unreachable: tests hold them equal
+
+
+def _flops(model: ModelSpec, plans: PlanTable) -> tuple[np.ndarray, np.ndarray]:
+    """Model FLOPs (MFU numerator) and hardware FLOPs (HFU) per step, per distinct (gbs, recompute)."""
+    c = plans.cols
+    keys, inv = key_ids(c["gbs"], c["recompute"])
+    mf = np.array([model_flops_per_step(model, int(g)) for g, _ in keys.tolist()])
+    hf = np.array([hardware_flops_per_step(model, Plan(gbs=int(g), recompute=RECOMPUTES[r])) for g, r in keys.tolist()])
+    return mf[inv], hf[inv]

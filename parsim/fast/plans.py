@@ -1,0 +1,167 @@
+"""A column table of plans (one numpy array per plan key) and the vectorised validity rules.
+
+``valid_mask`` is ``parsim.specs.validate`` applied to whole arrays at once: the same rules,
+accepting exactly the same plans (tests/test_sweep_enumeration.py checks this plan by plan),
+so a sweep never calls the per-plan validator on hundreds of thousands of candidates.
+Words (schedule, offload, ...) are stored as their index in the tuple that lists them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from parsim.specs import OFFLOADS, RECOMPUTES, SCHEDULES, ClusterSpec, ModelSpec, Plan, SpecError
+from parsim.specs.plan import DEFAULT_DP_BUCKET_BYTES, DP_IMPLS, DTYPES
+
+COLUMNS = ("dp", "tp", "pp", "vpp", "mbs", "gbs", "schedule", "zero", "offload", "recompute", "sp", "dtype",
+           "dp_impl")
+WORDS = {"schedule": SCHEDULES, "offload": OFFLOADS, "recompute": RECOMPUTES, "dtype": DTYPES,
+         "dp_impl": DP_IMPLS}
+GPIPE, ONE_F_ONE_B, INTERLEAVED, NAIVE = (SCHEDULES.index(s) for s in ("gpipe", "1f1b", "interleaved", "naive"))
+OFFLOAD_NONE, OFFLOAD_OPT, OFFLOAD_OPT_PARAMS = (OFFLOADS.index(s) for s in ("none", "optimizer", "optimizer+params"))
+# Plan fields the fast path does not model; a plan using them cannot enter a PlanTable
+_UNSUPPORTED_DEFAULTS = {"partition": None, "recompute_layers": None, "shifted_critical_path": False,
+                         "tp_overlap": "none"}
+
+
+@dataclass
+class PlanTable:
+    """Plans as columns. ``cols[key]`` is an int64 array (words and booleans as codes)."""
+
+    cols: dict[str, np.ndarray]
+    dp_bucket_bytes: int = DEFAULT_DP_BUCKET_BYTES
+    dp_overlap: bool = True
+
+    def __len__(self) -> int:
+        return int(self.cols["dp"].shape[0])
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.cols[key]
+
+    @property
+    def microbatches(self) -> np.ndarray:
+        return self.cols["gbs"] // (self.cols["dp"] * self.cols["mbs"])
+
+    def take(self, index: np.ndarray) -> "PlanTable":
+        return PlanTable({k: v[index] for k, v in self.cols.items()}, self.dp_bucket_bytes, self.dp_overlap)
+
+    def value(self, key: str, i: int):
+        """The plan-level value (word, bool or int) of column ``key`` at row ``i``."""
+        v = int(self.cols[key][i])
+        if key in WORDS:
+            return WORDS[key][v]
+        if key == "sp":
+            return bool(v)
+        return v
+
+    def plan(self, i: int) -> Plan:
+        return Plan(**{k: self.value(k, i) for k in COLUMNS}, dp_bucket_bytes=self.dp_bucket_bytes,
+                    dp_overlap=self.dp_overlap)
+
+    def plan_strings(self) -> list[str]:
+        """``Plan.to_string()`` of every row, built without constructing Plan objects."""
+        c = {k: v.tolist() for k, v in self.cols.items()}
+        d = Plan()
+        tail = ""
+        if self.dp_bucket_bytes != d.dp_bucket_bytes:
+            tail += f" dp_bucket_bytes={self.dp_bucket_bytes}"
+        if self.dp_overlap != d.dp_overlap:
+            tail += f" dp_overlap={'true' if self.dp_overlap else 'false'}"
+        out = []
+        for i in range(len(self)):
+            s = f"dp={c['dp'][i]} tp={c['tp'][i]} pp={c['pp'][i]}"
+            if c["vpp"][i] != 1:
+                s += f" vpp={c['vpp'][i]}"
+            s += f" mbs={c['mbs'][i]} gbs={c['gbs'][i]} schedule={SCHEDULES[c['schedule'][i]]}"
+            if c["zero"][i]:
+                s += f" zero={c['zero'][i]}"
+            if c["offload"][i] != OFFLOAD_NONE:
+                s += f" offload={OFFLOADS[c['offload'][i]]}"
+            if RECOMPUTES[c["recompute"][i]] != d.recompute:
+                s += f" recompute={RECOMPUTES[c['recompute'][i]]}"
+            if c["sp"][i]:
+                s += " sp=true"
+            if DTYPES[c["dtype"][i]] != d.dtype:
+                s += f" dtype={DTYPES[c['dtype'][i]]}"
+            s += tail
+            if DP_IMPLS[c["dp_impl"][i]] != d.dp_impl:
+                s += f" dp_impl={DP_IMPLS[c['dp_impl'][i]]}"
+            out.append(s)
+        return out
+
+    def decoded(self) -> dict[str, list]:
+        """Columns with words and booleans decoded (for tables and CSV)."""
+        out: dict[str, list] = {}
+        for k in COLUMNS:
+            v = self.cols[k]
+            if k in WORDS:
+                out[k] = [WORDS[k][x] for x in v.tolist()]
+            elif k == "sp":
+                out[k] = v.astype(bool).tolist()
+            else:
+                out[k] = v.tolist()
+        return out
+
+    @classmethod
+    def from_plans(cls, plans: list[Plan]) -> "PlanTable":
+        """Plans -> table. All must share dp_bucket_bytes/dp_overlap and use only fast-path keys."""
+        if not plans:
+            return cls({k: np.zeros(0, dtype=np.int64) for k in COLUMNS})
+        for p in plans:
+            for key, default in _UNSUPPORTED_DEFAULTS.items():
+                if getattr(p, key) != default:
+                    raise SpecError(key, getattr(p, key), f"the default ({default}) in a sweep: the fast path does not model it")
+        first = plans[0]
+        for p in plans:
+            if (p.dp_bucket_bytes, p.dp_overlap) != (first.dp_bucket_bytes, first.dp_overlap):
+                raise SpecError("dp_bucket_bytes/dp_overlap", f"{p.dp_bucket_bytes}/{p.dp_overlap}",
+                                "one value for all plans of a table")
+        cols = {}
+        for k in COLUMNS:
+            if k in WORDS:
+                cols[k] = np.array([WORDS[k].index(getattr(p, k)) for p in plans], dtype=np.int64)
+            else:
+                cols[k] = np.array([int(getattr(p, k)) for p in plans], dtype=np.int64)
+        return cls(cols, first.dp_bucket_bytes, first.dp_overlap)
+
+
+def valid_mask(model: ModelSpec, cluster: ClusterSpec, t: PlanTable) -> np.ndarray:
+    """True where ``parsim.specs.validate`` accepts the plan (rules in its order; the
+    partition and recompute_layers rules never apply: a table has neither)."""
+    dp, tp, pp, vpp, mbs, gbs = (t[k] for k in ("dp", "tp", "pp", "vpp", "mbs", "gbs"))
+    sched, zero, offload, sp = t["schedule"], t["zero"], t["offload"], t["sp"]
+    ok = dp * tp * pp == cluster.num_devices
+    for size in (model.heads, model.kv_heads, model.ffn_hidden):
+        ok &= size % tp == 0
+    ok &= pp * vpp <= model.layers
+    ok &= gbs % (dp * mbs) == 0
+    m = gbs // (dp * mbs)
+    inter = sched == INTERLEAVED
+    ok &= np.where(inter, (vpp >= 2) & (pp >= 2) & (m % pp == 0), vpp == 1)
+    ok &= (sp == 0) | ((tp >= 2) & (model.seq_len % tp == 0))
+    ok &= (offload != OFFLOAD_OPT) | (zero >= 1)
+    ok &= (offload != OFFLOAD_OPT_PARAMS) | (zero == 3)
+    return ok
+
+
+def product_table(values: dict[str, tuple], dp_bucket_bytes: int = DEFAULT_DP_BUCKET_BYTES,
+                  dp_overlap: bool = True) -> PlanTable:
+    """The full cartesian product of per-key value lists (words given as words)."""
+    coded = []
+    for k in COLUMNS:
+        vals = values[k]
+        if k in WORDS:
+            coded.append(np.array([WORDS[k].index(v) for v in vals], dtype=np.int64))
+        else:
+            coded.append(np.array([int(v) for v in vals], dtype=np.int64))
+    grids = np.meshgrid(*coded, indexing="ij")
+    return PlanTable({k: g.ravel() for k, g in zip(COLUMNS, grids)}, dp_bucket_bytes, dp_overlap)
+
+
+def concat(tables: list[PlanTable]) -> PlanTable:
+    if not tables:
+        return PlanTable({k: np.zeros(0, dtype=np.int64) for k in COLUMNS})
+    first = tables[0]
+    return PlanTable({k: np.concatenate([t.cols[k] for t in tables]) for k in COLUMNS},
+                     first.dp_bucket_bytes, first.dp_overlap)

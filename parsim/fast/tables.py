@@ -1,0 +1,227 @@
+"""Cost tables for the fast path, built once per sweep from ``parsim.costs``.
+
+A sweep has hundreds of thousands of plans but only a few hundred distinct layer shapes:
+everything the per-plan kernel needs is priced here once per distinct key, with the very
+functions the SimPy engine uses, and looked up by index. Keys:
+
+* layer key (tp, sp, mbs, dtype, recompute): per-layer op times (``timing.op_time`` summed
+  over ``costs.layer_ops``), TP collective times, activation bytes per recompute policy
+* head key (tp, sp, mbs, dtype): embedding / output-head op times and activations,
+  pipeline send size (``costs.p2p_bytes``)
+* rank key (dp, tp, pp, vpp, dtype): per pipeline rank, its layers (``specs.stage_layers``,
+  loop placement) in all and per model chunk, its parameters (``costs.stage_params``) and its
+  DP communication (``fast.comm.rank_comm_rows``)
+* schedule key (pp, m, vpp), interleaved plans only: per rank, the chunk counts in flight at
+  the moments that can be its memory peak (``fast.inflight``)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_params, head_activation_bytes,
+                          head_ops, head_params,
+                          layer_activation_bytes, layer_ops, layer_params, p2p_bytes, stage_params, state_bytes,
+                          tp_collectives_per_layer)
+from parsim.costs import timing
+from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
+
+from .comm import C_WIDTH, CollectivePricer, rank_comm_rows, tp_group_ranks
+from .inflight import canonical_microbatches, moment_table
+from .plans import WORDS, PlanTable
+
+# layer table columns (seconds or bytes)
+(L_FWD, L_BWD, L_RECOMPUTE, L_TP_FWD, L_TP_BWD, L_TP_RECOMPUTE, L_ACT, L_ACT_NONE, L_ACT_FULL,
+ L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WIDTH) = range(13)
+# head table columns
+(H_EMB_FWD, H_EMB_BWD, H_HEAD_FWD, H_HEAD_BWD, H_EMB_ACT, H_HEAD_ACT, H_P2P_BYTES, H_EMB_PARAMS, H_HEAD_PARAMS_PP1,
+ H_HEAD_PARAMS_PPN, H_WIDTH) = range(11)
+# rank table columns: layers, parameters, the fast.comm columns, then layers per model chunk
+R_LAYERS, R_PARAMS, R_COMM = 0, 1, 2
+R_CHUNK = R_COMM + C_WIDTH
+# dtype table columns: bytes per parameter of each model state, optimizer traffic per parameter
+D_PARAM, D_GRAD, D_OPT, D_ADAM_BYTES, D_WIDTH = range(5)
+
+
+@dataclass
+class CostTables:
+    layer: np.ndarray          # (n_layer_keys, L_WIDTH)
+    head: np.ndarray           # (n_head_keys, H_WIDTH)
+    dtype: np.ndarray          # (len(DTYPES), D_WIDTH)
+    rank: np.ndarray           # (sum of pp over rank keys, R_CHUNK + max vpp)
+    rank_offset: np.ndarray    # (n_rank_keys,) first row of each rank key in ``rank``
+    moments: np.ndarray        # fast.inflight.moment_table rows
+    moment_start: np.ndarray   # per (schedule key, rank)
+    moment_count: np.ndarray   # per (schedule key, rank)
+    moment_offset: np.ndarray  # (n_schedule_keys,) first (key, rank) entry of each key
+    layer_id: np.ndarray       # per plan
+    head_id: np.ndarray        # per plan
+    rank_id: np.ndarray        # per plan
+    moment_id: np.ndarray      # per plan
+
+
+def key_ids(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of the stacked columns and each plan's row index (one mixed-radix int64
+    key per row: far faster than ``np.unique(axis=0)``)."""
+    key = np.zeros(cols[0].shape, dtype=np.int64)
+    for col in cols:
+        key = key * (int(col.max(initial=0)) + 1) + col
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    keys = np.stack([col[first] for col in cols], axis=1).reshape(-1, len(cols))
+    return keys, inverse.reshape(-1).astype(np.int64)
+
+
+def _plan(tp: int, sp: int, mbs: int, dtype: int, recompute: int = 0) -> Plan:
+    return Plan(tp=tp, sp=bool(sp), mbs=mbs, dtype=WORDS["dtype"][dtype], recompute=WORDS["recompute"][recompute])
+
+
+def _ops_time(cluster: ClusterSpec, ops, pass_: str, dtype: str, core_only: bool = False) -> float:
+    return sum(timing.op_time(cluster.device, op, pass_, dtype) for op in ops if op.attention_core or not core_only)
+
+
+def _tp_seconds(cluster: ClusterSpec, model: ModelSpec, plan: Plan, phase: str) -> float:
+    group = tp_group_ranks(1, plan.tp, 1)
+    return sum(timing.collective_time(cluster, c.op, c.nbytes, group)
+               for c in tp_collectives_per_layer(model, plan, phase))
+
+
+def _compute_before_first_collective(cluster: ClusterSpec, model: ModelSpec, plan: Plan, phase: str, ops) -> float:
+    """Compute seconds of a layer's forward ("fwd") or backward ("bwd", ops reversed) before
+    its first TP collective (``Collective.after`` names the op it follows; "" = layer start):
+    how long a collective's port stays free for other traffic at the start of a layer."""
+    colls = tp_collectives_per_layer(model, plan, phase)
+    if not colls:
+        return _ops_time(cluster, ops, phase, plan.dtype)
+    first = colls[0].after
+    order = ops if phase == "fwd" else list(reversed(ops))
+    total = 0.0
+    if first == "":
+        return total
+    for op in order:
+        total += timing.op_time(cluster.device, op, phase, plan.dtype)
+        if op.name == first:
+            break
+    return total
+
+
+def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> np.ndarray:
+    """Per-layer, per-microbatch costs on one device for a layer shape (tp, sp, mbs, dtype),
+    every recompute policy's extra left at zero (``with_recompute`` fills it in)."""
+    row = np.zeros(L_WIDTH)
+    ops = layer_ops(model, plan)
+    dt = plan.dtype
+    row[L_FWD] = _ops_time(cluster, ops, "fwd", dt)
+    row[L_BWD] = _ops_time(cluster, ops, "bwd", dt)
+    # the attention-core forward, kept in L_RECOMPUTE until a policy is applied
+    row[L_RECOMPUTE] = _ops_time(cluster, ops, "fwd", dt, core_only=True)
+    row[L_TP_FWD] = _tp_seconds(cluster, model, plan, "fwd")
+    row[L_TP_BWD] = _tp_seconds(cluster, model, plan, "bwd")
+    row[L_ACT_NONE] = layer_activation_bytes(model, plan, "none")
+    row[L_ACT_FULL] = layer_activation_bytes(model, plan, "full")
+    row[L_PARAMS] = layer_params(model, plan.tp)
+    row[L_PRE_FWD] = _compute_before_first_collective(cluster, model, plan, "fwd", ops)
+    row[L_PRE_BWD] = _compute_before_first_collective(cluster, model, plan, "bwd", ops)
+    return row
+
+
+def with_recompute(model: ModelSpec, plan: Plan, shape: np.ndarray) -> np.ndarray:
+    """The shape row under ``plan.recompute``: what the backward re-runs, what is stored."""
+    row = shape.copy()
+    policy = "full" if plan.recompute == "stage-aware" else plan.recompute
+    if policy == "full":
+        # full recomputation re-runs the whole forward, its TP collectives included
+        # (Korthikanti et al. 2022 Sec. 3; Megatron-LM checkpointed forward)
+        row[L_RECOMPUTE] = row[L_FWD]
+        row[L_TP_RECOMPUTE] = row[L_TP_FWD]
+        row[L_PRE_BWD] = row[L_PRE_FWD]          # the backward starts with the re-run forward
+    elif policy == "selective":
+        # selective recomputation re-runs only the attention core (Korthikanti et al. 2022 Sec. 5)
+        row[L_PRE_BWD] += row[L_RECOMPUTE]
+    else:
+        row[L_RECOMPUTE] = 0.0
+    row[L_ACT] = layer_activation_bytes(model, plan, policy)
+    return row
+
+
+def layer_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> np.ndarray:
+    """Per-layer, per-microbatch costs on one device for a plan's layer shape and recompute."""
+    return with_recompute(model, plan, layer_shape_row(model, cluster, plan))
+
+
+def head_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> np.ndarray:
+    row = np.zeros(H_WIDTH)
+    dt = plan.dtype
+    emb, head = embedding_ops(model, plan), head_ops(model, plan)
+    row[H_EMB_FWD] = _ops_time(cluster, emb, "fwd", dt)
+    row[H_EMB_BWD] = _ops_time(cluster, emb, "bwd", dt)
+    row[H_HEAD_FWD] = _ops_time(cluster, head, "fwd", dt)
+    row[H_HEAD_BWD] = _ops_time(cluster, head, "bwd", dt)
+    row[H_EMB_ACT] = embedding_activation_bytes(model, plan)
+    row[H_HEAD_ACT] = head_activation_bytes(model, plan)
+    row[H_P2P_BYTES] = p2p_bytes(model, plan)
+    row[H_EMB_PARAMS] = embedding_params(model, plan)
+    row[H_HEAD_PARAMS_PP1] = head_params(model, plan.replace(pp=1))     # tied embeddings: just the norm
+    row[H_HEAD_PARAMS_PPN] = head_params(model, plan.replace(pp=2))
+    return row
+
+
+def dtype_table() -> np.ndarray:
+    out = np.zeros((len(WORDS["dtype"]), D_WIDTH))
+    for i, name in enumerate(WORDS["dtype"]):
+        sb = state_bytes(name)
+        out[i, D_PARAM], out[i, D_GRAD], out[i, D_OPT] = sb.param, sb.grad, sb.optimizer
+        # timing.optimizer_time: 28 bytes per parameter in fp32, + 4 for the low-precision copy
+        out[i, D_ADAM_BYTES] = 28.0 + (0.0 if name == "fp32" else 4.0)
+    return out
+
+
+def rank_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int, pp: int, vpp: int, dtype: int,
+              bucket_bytes: int, with_ps: bool, max_vpp: int) -> np.ndarray:
+    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, dtype=WORDS["dtype"][dtype])
+    per_stage = stage_layers(model, plan)
+    params = stage_params(model, plan)
+    rows = np.zeros((pp, R_CHUNK + max_vpp))
+    rows[:, R_LAYERS] = [sum(per_stage[r + v * pp] for v in range(vpp)) for r in range(pp)]
+    rows[:, R_PARAMS] = params
+    rows[:, R_COMM:R_CHUNK] = rank_comm_rows(model, pricer, dp, tp, pp, vpp, dtype, params, bucket_bytes, with_ps)
+    for r in range(pp):
+        rows[r, R_CHUNK:R_CHUNK + vpp] = [per_stage[r + v * pp] for v in range(vpp)]
+    return rows
+
+
+def uneven_chunks(model: ModelSpec, pp: int, vpp: int) -> list[bool]:
+    """Per pipeline rank: do its model chunks hold different bytes? (Different layer counts;
+    and the first / last rank, whose first / last chunk also holds the embedding / head.)"""
+    per_stage = stage_layers(model, Plan(pp=pp, vpp=vpp))
+    return [r in (0, pp - 1) or len({per_stage[r + v * pp] for v in range(vpp)}) > 1 for r in range(pp)]
+
+
+def build_tables(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable) -> CostTables:
+    c = plans.cols
+    lkeys, layer_id = key_ids(c["tp"], c["sp"], c["mbs"], c["dtype"], c["recompute"])
+    shapes: dict[tuple[int, ...], np.ndarray] = {}
+    rows = []
+    for k in lkeys.tolist():
+        if tuple(k[:4]) not in shapes:
+            shapes[tuple(k[:4])] = layer_shape_row(model, cluster, _plan(*k[:4]))
+        rows.append(with_recompute(model, _plan(*k), shapes[tuple(k[:4])]))
+    layer = np.array(rows).reshape(-1, L_WIDTH)
+    hkeys, head_id = key_ids(c["tp"], c["sp"], c["mbs"], c["dtype"])
+    head = np.array([head_row(model, cluster, _plan(*map(int, k))) for k in hkeys]).reshape(-1, H_WIDTH)
+    rkeys, rank_id = key_ids(c["dp"], c["tp"], c["pp"], c["vpp"], c["dtype"])
+    with_ps = bool((c["dp_impl"] == WORDS["dp_impl"].index("ps")).any())
+    max_vpp = int(c["vpp"].max(initial=1))
+    pricer = CollectivePricer(cluster)
+    blocks = [rank_rows(model, pricer, *map(int, k), plans.dp_bucket_bytes, with_ps, max_vpp) for k in rkeys]
+    offsets = np.cumsum([0] + [len(b) for b in blocks[:-1]]).astype(np.int64)
+    rank = np.concatenate(blocks) if blocks else np.zeros((0, R_CHUNK + max_vpp))
+    # interleaved plans get their moments; the others share one empty key (vpp = 1)
+    inter = c["schedule"] == WORDS["schedule"].index("interleaved")
+    m_key = np.where(inter, canonical_microbatches(c["pp"], plans.microbatches, c["vpp"]), 1)
+    mkeys, moment_id = key_ids(np.where(inter, c["pp"], 1), m_key, np.where(inter, c["vpp"], 1))
+    moments, mstart, mcount = moment_table(mkeys, max_vpp, lambda pp, vpp: uneven_chunks(model, pp, vpp))
+    moff = np.cumsum([0] + [int(k[0]) for k in mkeys[:-1]]).astype(np.int64)
+    return CostTables(layer=layer, head=head, dtype=dtype_table(), rank=rank, rank_offset=offsets,
+                      moments=moments, moment_start=mstart, moment_count=mcount, moment_offset=moff,
+                      layer_id=layer_id, head_id=head_id, rank_id=rank_id, moment_id=moment_id)

@@ -1,0 +1,244 @@
+"""Step time of one plan (numba): closed forms of what the SimPy engine plays out.
+
+Per microbatch, rank r runs forward F_r and backward B_r over its L_r layers (per-layer times
+from ``fast.tables``: op times, TP collectives on the critical path, recomputation), plus the
+embedding on rank 0 and the output head on the last rank. With X_r = F_r + B_r:
+
+    T_pipe = sum_r X_r + (m - 1) max_r X_r + fill/drain sends      (GPipe, 1F1B)
+           = sum_r X_r / v + (m - 1/v) max_r X_r + sends            (interleaved, v chunks)
+           = m (sum_r X_r + sends)                                 (naive)
+For equal stages these are (m + p - 1) X and (m + (p - 1)/v) X: Narayanan et al. 2021
+Sec. 2.2 (Eq. 1 and the interleaved bubble (p - 1)/v), Huang et al. 2019 (GPipe).
+
+ZeRO-3 (Rajbhandari et al. 2020 Sec. 7; DeepSpeed prefetching one layer ahead): every
+action waits for its first layer's all-gather (behind the previous backward's last gradient
+reduce-scatter), then a layer takes max(compute, DP stream work): the gather, and in backward
+also the reduce-scatter; with parameter offload each gather is preceded by the shard's
+host-to-device copy (ZeRO-Infinity, Rajbhandari et al. 2021).
+
+End of the step, per rank (PyTorch DDP bucketing, Li et al. 2020 Sec. 3.2.3): the gradient
+buckets of a stage are reduced one after another on the DP link as its last backward
+produces them (head first, layers from the last, embedding last); with interleaving the
+rank's chunks finish their last backward p backward passes apart, last chunk first. Then the
+optimizer step (on the device, or on the host after the gradient shard went down over PCIe:
+ZeRO-Offload, Ren et al. 2021 Sec. 4), then the ZeRO-1/2 parameter all-gather or the
+parameter server's broadcast. The step ends when the slowest rank is done.
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from .codes import (GPIPE, INTERLEAVED, K_DPN, K_HOST_A, K_HOST_BW, K_HOST_MEM_BW, K_INTER_A, K_INTER_BW, K_INTRA_A,
+                    K_INTRA_BW, K_MEMBOUND_BW, K_OVERHEAD, K_P2P_A, K_P2P_B, K_P2P_CAL, NAIVE, O_BUBBLE, O_DP, O_PIPE,
+                    O_PP, O_STEP, O_TP, OFF_NONE, OFF_OPT_PARAMS, ONE_F_ONE_B, PS)
+from .comm import (C_AG_ALL, C_AR_ALL, C_AR_LAST, C_PS_ALL, C_PS_BCAST, C_PS_LAST, C_RS_ALL, C_RS_LAST,
+                   C_SHARED_LINK, C_Z3_GATHER, C_Z3_SCATTER)
+from .tables import (D_ADAM_BYTES, D_GRAD, D_PARAM, H_EMB_BWD, H_EMB_FWD, H_EMB_PARAMS, H_HEAD_BWD, H_HEAD_FWD,
+                     H_HEAD_PARAMS_PP1, H_HEAD_PARAMS_PPN, H_P2P_BYTES, L_BWD, L_PRE_BWD, L_PRE_FWD,
+                     L_FWD, L_PARAMS, L_RECOMPUTE, L_TP_BWD, L_TP_FWD, L_TP_RECOMPUTE, R_CHUNK, R_COMM, R_LAYERS,
+                     R_PARAMS)
+
+
+@numba.njit(cache=True)
+def host_copy(k, nbytes: float) -> float:
+    """``timing.host_transfer_time``: alpha + S / B over PCIe."""
+    return 0.0 if nbytes <= 0 else k[K_HOST_A] + nbytes / k[K_HOST_BW]
+
+
+@numba.njit(cache=True)
+def optimizer_seconds(k, num_params: float, adam_bytes: float, on_host: bool) -> float:
+    """``timing.optimizer_time``: AdamW as a memory-bound op (device or host memory)."""
+    nbytes = num_params * adam_bytes
+    if on_host:
+        return nbytes / k[K_HOST_MEM_BW]
+    return 0.0 if nbytes <= 0 else nbytes / k[K_MEMBOUND_BW] + k[K_OVERHEAD]
+
+
+@numba.njit(cache=True)
+def p2p_seconds(k, nbytes: float, src: int, dst: int) -> float:
+    """``timing.p2p_time``: alpha + S / B on the link between the two ranks' nodes."""
+    if nbytes <= 0:
+        return 0.0
+    if k[K_P2P_CAL] > 0:
+        return k[K_P2P_A] + k[K_P2P_B] * nbytes
+    dpn = int(k[K_DPN])
+    if src // dpn == dst // dpn:
+        return k[K_INTRA_A] + nbytes / k[K_INTRA_BW]
+    return k[K_INTER_A] + nbytes / k[K_INTER_BW]
+
+
+@numba.njit(cache=True)
+def _edges(r: int, last: int, hrow) -> float:
+    """Embedding (rank 0) and output head (last rank) work per microbatch, forward + backward."""
+    x = 0.0
+    if r == 0:
+        x += hrow[H_EMB_FWD] + hrow[H_EMB_BWD]
+    if r == last:
+        x += hrow[H_HEAD_FWD] + hrow[H_HEAD_BWD]
+    return x
+
+
+@numba.njit(cache=True)
+def _chained(layers: float, chunks: int, first_wait: float, per_layer: float, stream: float) -> float:
+    """An action of ``layers`` layers split in ``chunks`` actions, each waiting ``first_wait``
+    for its first layer, then running layers at max(compute, DP stream) each (the last
+    layer's compute runs after the last transfer)."""
+    if layers <= 0:
+        return 0.0
+    return chunks * (first_wait + per_layer) + (layers - chunks) * max(per_layer, stream)
+
+
+@numba.njit(cache=True)
+def _sync_rounds(c, zero, dp_impl):
+    """(gradient reduction of all buckets, of the last bucket, post-step parameter traffic)."""
+    if dp_impl == PS:
+        return c[C_PS_ALL], c[C_PS_LAST], c[C_PS_BCAST]
+    if zero == 0:
+        return c[C_AR_ALL], c[C_AR_LAST], 0.0
+    return c[C_RS_ALL], c[C_RS_LAST], c[C_AG_ALL]     # ZeRO-1/2: reduce-scatter, then all-gather
+
+
+@numba.njit(cache=True)
+def plan_time(out, dp, tp, pp, vpp, m, schedule, zero, offload, dp_impl, lrow, hrow, drow, ranks,
+              bucket_bytes, dp_overlap, k):
+    """Write step time, pipeline time, bubble fraction and exposed communication into ``out``."""
+    last = pp - 1
+    lp = lrow[L_PARAMS]
+    pb, gb = drow[D_PARAM], drow[D_GRAD]
+    f_layer = lrow[L_FWD] + lrow[L_TP_FWD]
+    b_layer = lrow[L_BWD] + lrow[L_TP_BWD] + lrow[L_RECOMPUTE] + lrow[L_TP_RECOMPUTE]
+    tp_layer = lrow[L_TP_FWD] + lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE]
+    zero3 = zero >= 3 and dp > 1
+    # TP and DP on one port: the DP stream's transfers queue with the TP collectives
+    shared = ranks[0, R_COMM + C_SHARED_LINK] > 0
+    # a layer's first TP collective queues behind the DP transfers issued at its start, so on
+    # a shared port the layer takes at least (DP transfers + the layer after its first compute)
+    tp_f = f_layer - lrow[L_PRE_FWD] if shared else 0.0
+    tp_b = b_layer - lrow[L_PRE_BWD] if shared else 0.0
+    gather, scatter = 0.0, 0.0
+    f_wait, b_wait, h2d = 0.0, 0.0, 0.0
+    if zero3:
+        gather = ranks[0, R_COMM + C_Z3_GATHER]
+        if offload == OFF_OPT_PARAMS:
+            h2d = host_copy(k, lp * pb / dp)       # over PCIe, not the port TP uses
+            gather += h2d
+        scatter = ranks[0, R_COMM + C_Z3_SCATTER]
+        # an action's first gather waits behind the previous backward's last reduce-scatter
+        # when it follows that backward directly: forwards in 1F1B, backwards in GPipe
+        f_wait = gather + (scatter if schedule == ONE_F_ONE_B or schedule == INTERLEAVED else 0.0)
+        b_wait = gather + (scatter if schedule == GPIPE else 0.0)
+    p2p = hrow[H_P2P_BYTES]
+    # ---- one microbatch per rank, and the pipeline
+    sum_x, max_x, sends, tp_total = 0.0, 0.0, 0.0, 0.0
+    rank_x = np.zeros(pp)
+    queued_tp = 0.0        # TP collectives waiting behind ZeRO-3 transfers on a shared port
+    for r in range(pp):
+        L = ranks[r, R_LAYERS]
+        if zero3:
+            x = (_chained(L, vpp, f_wait, f_layer, max(gather, gather - h2d + tp_f))
+                 + _chained(L, vpp, b_wait, b_layer, max(gather + scatter, gather - h2d + scatter + tp_b)))
+            if shared:
+                queued_tp += x - (_chained(L, vpp, f_wait, f_layer, gather)
+                                  + _chained(L, vpp, b_wait, b_layer, gather + scatter))
+        else:
+            x = L * (f_layer + b_layer)
+        x += _edges(r, last, hrow)
+        rank_x[r] = x
+        sum_x += x
+        max_x = max(max_x, x)
+        tp_total += L * tp_layer
+        if r < last:
+            sends += p2p_seconds(k, p2p, r * dp * tp, (r + 1) * dp * tp)
+    if schedule == NAIVE:
+        t_pipe = m * (sum_x + 2.0 * sends)
+    elif schedule == INTERLEAVED:
+        t_pipe = sum_x / vpp + (m - 1.0 / vpp) * max_x + 2.0 * sends
+    else:
+        t_pipe = sum_x + (m - 1) * max_x + 2.0 * sends
+    # ---- end of step, rank by rank (rank 0 runs the last backward; rank r ends earlier by the
+    # backwards and sends of the ranks before it)
+    step, exposed_dp, busy = 0.0, 0.0, 0.0
+    end_r = t_pipe
+    for r in range(pp):
+        L = ranks[r, R_LAYERS]
+        n = ranks[r, R_PARAMS]
+        b_rank = (_chained(L, vpp, b_wait, b_layer, max(gather + scatter, gather - h2d + scatter + tp_b)) if zero3
+                  else L * b_layer)
+        if r == 0:
+            b_rank += hrow[H_EMB_BWD]
+        if r == last:
+            b_rank += hrow[H_HEAD_BWD]
+        if r > 0:
+            end_r -= b_rank / vpp + p2p_seconds(k, p2p, (r - 1) * dp * tp, r * dp * tp)
+        shard = n / (dp if zero >= 1 else 1)
+        on_host = offload != OFF_NONE
+        ready = end_r
+        post = 0.0
+        if dp > 1 and not zero3:
+            sync_all, sync_last, post = _sync_rounds(ranks[r, R_COMM:R_CHUNK], zero, dp_impl)
+            ready = _sync_end(r, last, L, n, lp, vpp, pp, end_r, b_rank, b_layer, hrow, ranks, sync_all, sync_last,
+                              dp_overlap)
+            if shared and dp_overlap:
+                # the buckets and the last backward's TP collectives take turns on the port
+                tp_last = L * (lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE]) / vpp
+                ready = max(ready, end_r - b_rank / vpp + b_layer + sync_all + tp_last)
+            if on_host:
+                # each reduced bucket's shard goes down over PCIe as it is done
+                d2h = host_copy(k, min(bucket_bytes, n * gb) / dp)
+                d2h_all = math.ceil(n * gb / bucket_bytes) * d2h
+                ready = max(ready + d2h, ready - sync_all + d2h_all)
+        elif zero3:
+            ready = end_r + scatter                   # the last layer's gradient reduce-scatter
+        if on_host and zero3:
+            ready += host_copy(k, shard * gb)
+        exposed = ready - end_r + post
+        opt = optimizer_seconds(k, shard, drow[D_ADAM_BYTES], on_host)
+        if on_host:
+            opt += host_copy(k, shard * pb)          # the updated parameter shard comes back
+        else:
+            busy += opt
+        if zero3:
+            # inside the actions: the waits for gathers that compute did not hide
+            exposed += m * (rank_x[r] - L * (f_layer + b_layer) - _edges(r, last, hrow))
+        step = max(step, ready + opt + post)
+        exposed_dp += exposed
+        busy += m * rank_x[r]                       # whole actions, waits inside them included
+    out[O_STEP] = step
+    out[O_PIPE] = t_pipe
+    out[O_BUBBLE] = 1.0 - busy / (pp * step) if step > 0 else 0.0
+    out[O_TP] = m * (tp_total + queued_tp) / pp
+    out[O_DP] = (exposed_dp - m * queued_tp) / pp
+    # each rank waits one send per microbatch on the wire, and once more in the fill
+    out[O_PP] = (2.0 * m if schedule == NAIVE else m + 1.0) * sends / pp
+
+
+@numba.njit(cache=True)
+def _sync_end(r, last, L, n, lp, vpp, pp, end_r, b_rank, b_layer, hrow, ranks, sync_all, sync_last, overlap):
+    """When the rank's gradient buckets are all reduced: chunk by chunk (last chunk first),
+    each starting when its first bucket is complete in its last backward and never ending
+    before its last bucket, produced at the end of that backward, is through. The output
+    head's gradients come first, the embedding's last."""
+    if not overlap:
+        return end_r + sync_all
+    b_chunk = b_rank / vpp
+    emb = hrow[H_EMB_PARAMS] if r == 0 else 0.0
+    head = (hrow[H_HEAD_PARAMS_PP1] if pp == 1 else hrow[H_HEAD_PARAMS_PPN]) if r == last else 0.0
+    t = -1e300
+    for i in range(vpp):
+        c = vpp - 1 - i
+        chunk_end = end_r - c * pp * b_chunk
+        chunk_start = chunk_end - b_chunk
+        share = (ranks[r, R_CHUNK + c] if vpp > 1 else L) * lp
+        first, tail = b_layer, sync_last
+        if c == vpp - 1 and head > 0:
+            share += head
+            first = hrow[H_HEAD_BWD]
+        if c == 0 and emb > 0:
+            share += emb
+            tail = max(sync_last, sync_all * emb / n)
+        duration = sync_all * share / n if n > 0 else 0.0
+        t = max(max(t, chunk_start + first) + duration, chunk_end + tail)
+    return t

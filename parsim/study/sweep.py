@@ -1,0 +1,149 @@
+"""A sweep: enumerate every valid plan, price all of them with the fast path, rank them, and
+re-run the best through the SimPy engine.
+
+Ranking: plans that fit (peak memory <= capacity x (1 - headroom)) first, by throughput
+(tokens/s) descending; then the plans that do not fit, by peak memory ascending (closest to
+fitting first). Re-simulated rows carry the SimPy engine's numbers (``source = "sim"``) and
+keep the fast path's in ``fast_*`` columns so the two can be compared.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from parsim.fast import FastResult, PlanTable, evaluate
+from parsim.costs import device_capacity
+from parsim.fast.tables import CostTables, build_tables
+from parsim.specs import ClusterSpec, ModelSpec
+
+from .enumerate import enumerate_plans
+from .resimulate import resimulate
+from .space import SweepSpace
+
+METRICS = ("step_time_s", "tokens_per_s", "mfu", "hfu", "bubble_fraction", "exposed_tp_s", "exposed_dp_s",
+           "exposed_pp_s", "peak_memory_bytes")
+FAST_CHUNK = 50_000   # plans per fast-path call (progress bar granularity)
+
+
+@dataclass
+class SweepResult:
+    model: str
+    cluster: str
+    num_devices: int
+    headroom: float
+    capacity_bytes: float
+    frame: pd.DataFrame                 # every evaluated plan, ranked (row 0 = best)
+    num_resimulated: int = 0
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_plans(self) -> int:
+        return len(self.frame)
+
+    @property
+    def num_fit(self) -> int:
+        return int(self.frame["fits"].sum())
+
+    def rows(self, top: int | None = None) -> list[dict]:
+        """The ranked plans as plain dicts (JSON-ready), best first."""
+        df = self.frame if top is None else self.frame.head(top)
+        out = []
+        for rec in df.to_dict(orient="records"):
+            row = {k: _plain(v) for k, v in rec.items()}
+            row["exposed_comm_s"] = {"tp": row["exposed_tp_s"], "dp": row["exposed_dp_s"], "pp": row["exposed_pp_s"]}
+            out.append(row)
+        return out
+
+    def write(self, path: str) -> None:
+        """CSV, or Parquet when the name ends in .parquet."""
+        if str(path).endswith(".parquet"):
+            self.frame.to_parquet(path, index=False)
+        else:
+            self.frame.to_csv(path, index=False)
+
+
+def _plain(v):
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating,)):
+        return float(v)
+    if isinstance(v, np.bool_):
+        return bool(v)
+    return v
+
+
+def fast_frame(model: ModelSpec, cluster: ClusterSpec, table: PlanTable, headroom: float,
+               progress: bool = False) -> pd.DataFrame:
+    """Every plan of ``table`` with its fast-path metrics (unranked)."""
+    tables = build_tables(model, cluster, table)
+    parts: list[FastResult] = []
+    bar = tqdm(total=len(table), desc="fast path", unit="plan", file=sys.stderr, disable=not progress, leave=False)
+    for start in range(0, len(table), FAST_CHUNK):
+        idx = np.arange(start, min(start + FAST_CHUNK, len(table)))
+        sub = _sub_tables(tables, idx)
+        parts.append(evaluate(model, cluster, table.take(idx), sub))
+        bar.update(len(idx))
+    bar.close()
+    cols: dict[str, object] = {"plan": table.plan_strings(), **table.decoded(), "microbatches": table.microbatches}
+    for name in FastResult.__dataclass_fields__:
+        if name == "capacity_bytes":
+            continue
+        cols[name] = np.concatenate([getattr(p, name) for p in parts]) if parts else np.zeros(0)
+    df = pd.DataFrame(cols)
+    cap = device_capacity(cluster)
+    df["memory_limit_bytes"] = cap * (1.0 - headroom)
+    df["fits"] = df["peak_memory_bytes"] <= df["memory_limit_bytes"]
+    df["memory_headroom"] = 1.0 - df["peak_memory_bytes"] / cap
+    # every virtual stage holds the same layers: where the fast path's pipeline formula is exact
+    df["uniform_stages"] = model.layers % (df["pp"] * df["vpp"]) == 0
+    df["source"] = "fast"
+    for k in ("step_time_s", "peak_memory_bytes", "tokens_per_s"):
+        df[f"fast_{k}"] = df[k]
+    return df
+
+
+def _sub_tables(tables: CostTables, idx: np.ndarray) -> CostTables:
+    return replace(tables, layer_id=tables.layer_id[idx], head_id=tables.head_id[idx], rank_id=tables.rank_id[idx],
+                   moment_id=tables.moment_id[idx])
+
+
+def rank_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """Fitting plans by throughput (descending), then the rest by peak memory (ascending)."""
+    key_fit = np.where(df["fits"], -df["tokens_per_s"], np.inf)
+    key_mem = np.where(df["fits"], 0.0, df["peak_memory_bytes"])
+    order = np.lexsort((df["plan"].to_numpy(), key_mem, key_fit))
+    out = df.iloc[order].reset_index(drop=True)
+    out.insert(0, "rank", np.arange(1, len(out) + 1))
+    return out
+
+
+def run_sweep(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace, headroom: float = 0.1,
+              resimulate_top: int = 0, workers: int = 1, progress: bool = False) -> SweepResult:
+    t0 = time.perf_counter()
+    table = enumerate_plans(model, cluster, space)
+    t1 = time.perf_counter()
+    df = fast_frame(model, cluster, table, headroom, progress)
+    t2 = time.perf_counter()
+    df = rank_frame(df)
+    cap = device_capacity(cluster)
+    n_sim = 0
+    if resimulate_top > 0 and len(df):
+        top = df.index[df["fits"]][:resimulate_top]
+        results = resimulate(model, cluster, df.loc[top, "plan"].tolist(), workers=workers, progress=progress)
+        for i, res in zip(top, results):
+            for k in METRICS:
+                df.at[i, k] = res[k]
+            df.at[i, "fits"] = bool(res["peak_memory_bytes"] <= cap * (1.0 - headroom))
+            df.at[i, "memory_headroom"] = 1.0 - res["peak_memory_bytes"] / cap
+            df.at[i, "source"] = "sim"
+        n_sim = len(top)
+        df = rank_frame(df.drop(columns="rank"))
+    t3 = time.perf_counter()
+    return SweepResult(model=model.name, cluster=cluster.name, num_devices=cluster.num_devices, headroom=headroom,
+                       capacity_bytes=cap, frame=df, num_resimulated=n_sim,
+                       timings_s={"enumerate": t1 - t0, "fast": t2 - t1, "resimulate": t3 - t2})

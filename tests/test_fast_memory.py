@@ -1,0 +1,42 @@
+"""The fast path's memory is ``costs.memory_by_stage`` to the byte, over whole sweep spaces."""
+import numpy as np
+import pytest
+
+from parsim.costs import device_capacity, memory_by_stage
+from parsim.fast import evaluate
+from parsim.specs import RECOMPUTES, load_cluster, load_model
+from parsim.study.enumerate import enumerate_plans
+from parsim.study.space import SweepSpace, build_space
+
+CASES = [
+    ("gpt3-175b", "a100-80g:1024", build_space(gbs=1536)),
+    ("llama3-70b", "h100-sxm:64", build_space(gbs=256)),
+    ("megatron-7.5b", "a100-80g:64", build_space(gbs=512, fix="dtype=bf16,fp32,fp16 recompute="
+                                                 + ",".join(RECOMPUTES))),
+    ("tiny", "cpu:8", SweepSpace(gbs=(8, 24), vpp=(1, 2, 4), mbs=(1, 2, 3))),
+]
+
+
+@pytest.mark.parametrize("model_name, cluster_name, space", CASES, ids=[c[0] for c in CASES])
+def test_fast_peak_memory_equals_memory_by_stage(model_name, cluster_name, space):
+    model, cluster = load_model(model_name), load_cluster(cluster_name)
+    table = enumerate_plans(model, cluster, space)
+    fast = evaluate(model, cluster, table)
+    rows = np.random.default_rng(0).choice(len(table), size=min(150, len(table)), replace=False)
+    for i in rows:
+        stages = memory_by_stage(model, table.plan(i), cluster)
+        peak = max(stages, key=lambda s: s.total)
+        assert fast.peak_memory_bytes[i] == pytest.approx(peak.total, rel=1e-12)
+        assert fast.peak_stage[i] == peak.stage
+        for cat in ("params", "grads", "optimizer", "activations", "other"):
+            assert getattr(fast, f"peak_{cat}_bytes")[i] == pytest.approx(getattr(peak, cat), rel=1e-12, abs=1e-6)
+
+
+def test_fits_applies_headroom_to_the_device_capacity():
+    model, cluster = load_model("megatron-7.5b"), load_cluster("a100-80g:8")
+    table = enumerate_plans(model, cluster, build_space(gbs=64))
+    fast = evaluate(model, cluster, table)
+    cap = device_capacity(cluster)
+    assert (fast.fits(0.0) == (fast.peak_memory_bytes <= cap)).all()
+    assert (fast.fits(0.1) == (fast.peak_memory_bytes <= 0.9 * cap)).all()
+    assert fast.fits(0.1).sum() < fast.fits(0.0).sum()
