@@ -1,0 +1,18 @@
+"""Micro-benchmarks of this machine's devices and links, fitted into a profile YAML the
+simulator reads (``parsim.specs.load_cluster(..., profile=PATH)``).
+
+    from parsim.calibration import calibrate, write_profile
+    profile = calibrate(model="cpu-small", ranks=(2, 4))
+    write_profile(profile, "calibration/profiles/cpu-calibrated.yaml")
+
+Modules: ``shapes`` (what to measure for a model), ``timer`` / ``compute`` (one device),
+``comm`` (process groups: collectives, contention), ``fit`` (pure fitting), ``profile``
+(measurements -> profile dict -> YAML), ``runner`` (the whole run).
+Importing this package does not import torch; running a calibration does.
+"""
+from .fit import AlphaBeta, Summary, fit_alpha_beta, fit_gemm_efficiency, summarize
+from .profile import default_profile_name, write_profile
+from .runner import CalibrationOptions, calibrate, make_options, run_calibration
+
+__all__ = ["AlphaBeta", "CalibrationOptions", "Summary", "calibrate", "default_profile_name", "fit_alpha_beta",
+           "fit_gemm_efficiency", "make_options", "run_calibration", "summarize", "write_profile"]

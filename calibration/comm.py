@@ -1,0 +1,264 @@
+"""Multi-process benchmarks on a real process group: collectives and compute contention.
+
+One job = ``world`` spawned ranks on this machine (gloo on CPU, NCCL with one GPU per rank on
+CUDA), on 127.0.0.1 with a free port, one thread per rank (OMP_NUM_THREADS=1 and
+``torch.set_num_threads(1)``, as the executor runs them). Each rank
+
+1. runs the same GEMM (and a streaming add) back to back for a fixed time, all ranks at once
+   after a barrier: its achieved rate over the solo rate is the compute contention when
+   ``world`` ranks share the cores;
+2. times every collective over the message sizes. Following the OSU micro-benchmarks and
+   nccl-tests, a sample is the mean of ``inner`` back-to-back calls between barriers (the
+   calls synchronise the ranks themselves, so the barrier's exit skew is paid once per
+   sample); ``inner`` and the number of samples come from one timed call, max-reduced over
+   the ranks so every rank runs the same number of collectives. Point-to-point is a
+   ping-pong between ranks 0 and 1: half the round trip (OSU ``osu_latency``).
+
+The parent gathers every rank's samples; a sample of the group is the max over ranks (the
+collective is done when its slowest member is).
+"""
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import socket
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable
+
+from .fit import sampling_plan
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+# The list forms executor/tp_communications.py calls (``dist.all_gather(parts, x)``,
+# ``dist.reduce_scatter(out, parts)``); gloo implements them apart from the tensor forms.
+LIST_VARIANTS = ("all_gather_list", "reduce_scatter_list")
+# The torch call behind each key; x = the per-rank tensor passed in (shard for all-gather,
+# full buffer for reduce-scatter), as parsim.costs.timing reads alpha + beta * x.
+CALLS = {
+    "all_reduce": "dist.all_reduce(x)",
+    "all_gather": "dist.all_gather_into_tensor(out, x)",
+    "reduce_scatter": "dist.reduce_scatter_tensor(out, x)",
+    "send_recv": "dist.send(x) / dist.recv(x), ping-pong, half the round trip",
+    "all_gather_list": "dist.all_gather(parts, x)",
+    "reduce_scatter_list": "dist.reduce_scatter(out, list(x.chunk(world)))",
+}
+# One message from a child must arrive at least this often while it is alive (seconds).
+JOIN_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class CommJob:
+    world: int
+    device_type: str                   # "cpu" (gloo) or "cuda" (nccl)
+    sizes: tuple[int, ...]             # bytes per rank passed to the collective
+    ops: tuple[str, ...]
+    repeats: int
+    point_budget_s: float              # seconds per (op, size), at least MIN_SAMPLES samples
+    min_sample_s: float
+    contention_gemm: tuple[int, int, int]
+    contention_dtype: str
+    contention_s: float
+    timeout_s: float = 60.0
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device_type == "cuda" else "gloo"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_comm_job(job: CommJob, on_progress: Callable[[str], None] = lambda label: None) -> list[dict]:
+    """Spawn ``job.world`` ranks, run the job, return each rank's result dict (rank order)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results: queue_mod.Queue = ctx.Queue()
+    port = free_port()
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"          # inherited by the children: one thread per rank
+    try:
+        procs = [ctx.Process(target=_rank_main, args=(rank, port, job, results), name=f"parsim-calib{rank}")
+                 for rank in range(job.world)]
+        for p in procs:
+            p.start()
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
+    return _collect(procs, results, job, on_progress)
+
+
+def _collect(procs, results, job: CommJob, on_progress) -> list[dict]:
+    by_rank: dict[int, dict] = {}
+    failure: str | None = None
+    dead_since: float | None = None
+    while len(by_rank) < job.world and failure is None:
+        try:
+            kind, rank, payload = results.get(timeout=0.2)
+        except queue_mod.Empty:
+            if any(p.exitcode not in (None, 0) for p in procs) or all(p.exitcode is not None for p in procs):
+                dead_since = dead_since or time.monotonic()
+                if time.monotonic() - dead_since > JOIN_GRACE_S:   # no error message came
+                    codes = [p.exitcode for p in procs]
+                    failure = f"a calibration rank died (exit codes {codes})"
+            continue
+        if kind == "progress":
+            on_progress(payload)
+        elif kind == "result":
+            by_rank[rank] = payload
+        else:
+            failure = f"rank {rank}: {payload}"
+    if failure:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    for p in procs:
+        p.join()
+    if failure:
+        raise RuntimeError(f"{job.backend} benchmark with {job.world} ranks failed: {failure}")
+    return [by_rank[r] for r in range(job.world)]
+
+
+# ----------------------------------------------------------------------------- child side
+
+def _rank_main(rank: int, port: int, job: CommJob, results) -> None:
+    os.dup2(2, 1)   # keep the parent's stdout for its one JSON object
+    try:
+        results.put(("result", rank, _run_rank(rank, port, job, results)))
+    except BaseException as err:   # report, then let the process fail
+        results.put(("error", rank, f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}"))
+        raise
+
+
+def _run_rank(rank: int, port: int, job: CommJob, results) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from .compute import gemm_callable, stream_callable, throughput
+    from .shapes import GemmPoint
+    from .timer import Clock
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", category=FutureWarning)   # *_into_tensor renamed in torch 2.13
+    if job.device_type == "cuda":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    else:
+        device = torch.device("cpu")
+    clock = Clock(device)
+    dist.init_process_group(job.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=job.world, timeout=timedelta(seconds=job.timeout_s),
+                            **({"device_id": device} if job.device_type == "cuda" else {}))
+    try:
+        out: dict = {}
+        point = GemmPoint(job.contention_gemm, 1, "linear", "contention")
+        with torch.no_grad():
+            fn = gemm_callable(point, job.contention_dtype, device)
+            dist.barrier()
+            out["gemm_rate"] = throughput(fn, point.flops, clock, job.contention_s)
+            stream, nbytes = stream_callable(2**22, "fp32", device)
+            dist.barrier()
+            out["stream_rate"] = throughput(stream, nbytes, clock, job.contention_s / 2)
+        out["collectives"] = {}
+        for op in job.ops:
+            if op == "send_recv" and rank > 1:
+                _idle_through(job, dist, device)
+                continue
+            fns = [_collective(op, size, rank, device, dist, torch) for size in job.sizes]
+            samples = _time_sizes(fns, job, clock, dist, torch, device)
+            out["collectives"][op] = dict(zip(job.sizes, samples))
+            if rank == 0:
+                results.put(("progress", 0, f"{op} {job.world} ranks"))
+        dist.barrier()
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+def _collective(op: str, nbytes: int, rank: int, device, dist, torch) -> Callable[[], object]:
+    world = dist.get_world_size()
+    numel = nbytes // 4
+    x = torch.zeros(numel, dtype=torch.float32, device=device)   # zeros: repeated sums stay finite
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(x)
+    if op == "all_gather":     # x is this rank's shard; the output holds world shards
+        out = torch.empty(numel * world, dtype=torch.float32, device=device)
+        return lambda: dist.all_gather_into_tensor(out, x)
+    if op == "reduce_scatter":  # x is the full buffer; each rank keeps 1/world of the sum
+        out = torch.empty(numel // world, dtype=torch.float32, device=device)
+        return lambda: dist.reduce_scatter_tensor(out, x)
+    if op == "all_gather_list":
+        parts = [torch.empty(numel, dtype=torch.float32, device=device) for _ in range(world)]
+        return lambda: dist.all_gather(parts, x)
+    if op == "reduce_scatter_list":
+        out = torch.empty(numel // world, dtype=torch.float32, device=device)
+        chunks = [c.contiguous() for c in x.chunk(world)]
+        return lambda: dist.reduce_scatter(out, chunks)
+    if op == "send_recv":       # ping-pong 0 <-> 1; a call is one message each way
+        peer = 1 - rank
+
+        def ping_pong():
+            if rank == 0:
+                dist.send(x, peer)
+                dist.recv(x, peer)
+            else:
+                dist.recv(x, peer)
+                dist.send(x, peer)
+        return ping_pong
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def _plans(firsts: list[float], job: CommJob, dist, torch, device) -> list[tuple[int, int]]:
+    """(calls per sample, samples) per size from one timed call each, max-reduced over the
+    ranks so every rank runs the same collectives."""
+    t = torch.tensor(firsts, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [sampling_plan(float(x), job.repeats, job.point_budget_s, job.min_sample_s) for x in t.tolist()]
+
+
+def _time_sizes(fns: list, job: CommJob, clock, dist, torch, device) -> list[list[float]]:
+    """Samples (seconds per call) of each size's collective, sizes sampled round-robin so a
+    slow phase of the machine hits all sizes alike."""
+    firsts = []
+    for fn in fns:
+        fn()
+        fn()
+        clock.sync()
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        clock.sync()
+        firsts.append(time.perf_counter() - t0)
+    plans = _plans(firsts, job, dist, torch, device)
+    samples: list[list[float]] = [[] for _ in fns]
+    for r in range(max(count for _, count in plans)):
+        for fn, (inner, count), out in zip(fns, plans, samples):
+            if r >= count:
+                continue
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            clock.sync()
+            out.append((time.perf_counter() - t0) / inner)
+    return samples
+
+
+def _idle_through(job: CommJob, dist, device) -> None:
+    """Ranks >= 2 during the 0 <-> 1 ping-pong: join the same barriers and the max-reduce."""
+    import torch
+    for _ in job.sizes:
+        dist.barrier()
+    plans = _plans([0.0] * len(job.sizes), job, dist, torch, device)
+    for r in range(max(count for _, count in plans)):
+        for _, count in plans:
+            if r < count:
+                dist.barrier()

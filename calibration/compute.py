@@ -1,0 +1,195 @@
+"""Single-device micro-benchmarks: GEMMs, attention core, memory-bound ops, per-op overhead,
+host copies. Each returns a ``Summary`` of seconds (see ``timer.measure``).
+
+Ops run the way the executor's layers run them (nn.Linear forward and its two backward
+GEMMs, ``F.scaled_dot_product_attention`` causal, LayerNorm/RMSNorm/GELU/SwiGLU/softmax,
+AdamW with ``foreach=False``), with autograd on, so what is timed is what a training step
+pays. Backward passes are timed with ``torch.autograd.grad(..., retain_graph=True)`` on one
+recorded forward.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .fit import Summary
+from .shapes import AttentionPoint, GemmPoint, MemboundPoint
+from .timer import Clock, measure, measure_many
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+NORM_EPS = 1e-5
+
+
+def _rand(shape, dtype, device, grad: bool = False) -> torch.Tensor:
+    return torch.randn(*shape, dtype=dtype, device=device).requires_grad_(grad)
+
+
+# ----------------------------------------------------------------------------- GEMMs
+
+def gemm_callable(point: GemmPoint, dtype: str, device: torch.device) -> Callable[[], torch.Tensor]:
+    dt = TORCH_DTYPES[dtype]
+    m, n, k = point.key
+    if point.form == "linear":
+        x, w = _rand((m, k), dt, device), _rand((n, k), dt, device)
+        return lambda: F.linear(x, w)
+    if point.form == "grad_input":
+        dy, w = _rand((m, k), dt, device), _rand((k, n), dt, device)
+        return lambda: dy @ w
+    if point.form == "grad_weight":
+        dy, x = _rand((k, n), dt, device), _rand((k, m), dt, device)
+        return lambda: dy.t() @ x
+    if point.form == "bmm":
+        a, b = _rand((point.batch, m, k), dt, device), _rand((point.batch, n, k), dt, device)
+        return lambda: a @ b.transpose(1, 2)
+    raise ValueError(f"unknown GEMM form {point.form!r}")
+
+
+def bench_gemm(point: GemmPoint, dtype: str, clock: Clock, repeats: int, budget_s: float) -> Summary:
+    with torch.no_grad():
+        return measure(gemm_callable(point, dtype, clock.device), clock, repeats, budget_s)
+
+
+def bench_gemms(points: list[GemmPoint], dtype: str, clock: Clock, repeats: int, budget_s: float,
+                on_round: Callable[[], None] = lambda: None) -> list[Summary]:
+    """All shapes, sampled round-robin (``timer.measure_many``); ``budget_s`` per shape."""
+    with torch.no_grad():
+        fns = [gemm_callable(p, dtype, clock.device) for p in points]
+        return measure_many(fns, clock, repeats, budget_s, on_round=on_round)
+
+
+def throughput(fn: Callable[[], object], work: float, clock: Clock, duration_s: float) -> float:
+    """``work`` per call (FLOP, bytes) x calls / seconds, ``fn`` run back to back for about
+    ``duration_s`` (contention runs: every rank calls this at once after a barrier)."""
+    fn()
+    clock.sync()
+    calls, t0 = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        if calls % 4 == 0:
+            clock.sync()
+            if time.perf_counter() - t0 >= duration_s:
+                break
+    return calls * work / (time.perf_counter() - t0)
+
+
+def stream_callable(numel: int, dtype: str, device: torch.device) -> tuple[Callable[[], object], float]:
+    """A residual add ``c = a + b`` over ``numel`` elements and the bytes it moves (2 reads + 1 write)."""
+    dt = TORCH_DTYPES[dtype]
+    a, b, c = _rand((numel,), dt, device), _rand((numel,), dt, device), torch.empty(numel, dtype=dt, device=device)
+    return (lambda: torch.add(a, b, out=c)), 3.0 * numel * a.element_size()
+
+
+# ----------------------------------------------------------------------------- attention
+
+def _sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def _explicit_attention(q, k, v):
+    """scores = q k^T / sqrt(d), causal mask, softmax, @ v (Vaswani et al. 2017, Eq. 1)."""
+    s = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu_(1)
+    return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
+
+
+def bench_attention(point: AttentionPoint, dtype: str, clock: Clock, repeats: int, budget_s: float,
+                    kind: str = "sdpa") -> tuple[Summary, Summary]:
+    """(forward, backward) seconds of the causal attention core at ``point``."""
+    if kind == "explicit" and point.kv_heads != point.heads:
+        raise ValueError("the explicit attention benchmark needs kv_heads == heads")
+    fn = _sdpa if kind == "sdpa" else _explicit_attention
+    dt = TORCH_DTYPES[dtype]
+    q = _rand((point.mbs, point.heads, point.seq, point.head_dim), dt, clock.device, grad=True)
+    k = _rand((point.mbs, point.kv_heads, point.seq, point.head_dim), dt, clock.device, grad=True)
+    v = _rand((point.mbs, point.kv_heads, point.seq, point.head_dim), dt, clock.device, grad=True)
+    return _fwd_bwd(lambda: fn(q, k, v), [q, k, v], clock, repeats, budget_s)
+
+
+def _fwd_bwd(forward: Callable[[], torch.Tensor], inputs: list[torch.Tensor], clock: Clock,
+             repeats: int, budget_s: float) -> tuple[Summary, Summary]:
+    fwd = measure(forward, clock, repeats, budget_s / 2)
+    y = forward()
+    g = torch.randn_like(y)
+    bwd = measure(lambda: torch.autograd.grad(y, inputs, g, retain_graph=True), clock, repeats, budget_s / 2)
+    return fwd, bwd
+
+
+# ----------------------------------------------------------------------------- memory-bound ops
+
+def bench_membound(point: MemboundPoint, dtype: str, clock: Clock, repeats: int,
+                   budget_s: float) -> tuple[Summary, Summary | None]:
+    """(forward, backward) seconds of one memory-bound op; AdamW has no backward (None)."""
+    dev, dt = clock.device, TORCH_DTYPES[dtype]
+    if point.name == "adamw":
+        return bench_adamw(list(point.tensors), clock, repeats, budget_s), None
+    shape = point.shape
+    if point.name in ("layernorm", "rmsnorm"):
+        x, w, b = _rand(shape, dt, dev, True), _rand(shape[-1:], dt, dev, True), _rand(shape[-1:], dt, dev, True)
+        if point.name == "layernorm":
+            return _fwd_bwd(lambda: F.layer_norm(x, shape[-1:], w, b, NORM_EPS), [x, w, b], clock, repeats, budget_s)
+        # Zhang & Sennrich 2019, computed as the executor's RMSNorm does
+        return _fwd_bwd(lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS) * w,
+                        [x, w], clock, repeats, budget_s)
+    if point.name in ("residual_add", "swiglu"):
+        a, b = _rand(shape, dt, dev, True), _rand(shape, dt, dev, True)
+        op = (lambda: a + b) if point.name == "residual_add" else (lambda: F.silu(a) * b)   # Shazeer 2020
+        return _fwd_bwd(op, [a, b], clock, repeats, budget_s)
+    if point.name in ("gelu", "softmax"):
+        x = _rand(shape, dt, dev, True)
+        op = (lambda: F.gelu(x)) if point.name == "gelu" else (lambda: torch.softmax(x, dim=-1))
+        return _fwd_bwd(op, [x], clock, repeats, budget_s)
+    if point.name == "cross_entropy":
+        tokens, vocab = shape
+        logits = _rand((tokens, vocab), dt, dev, True)
+        target = torch.randint(0, vocab, (tokens,), device=dev)
+        return _fwd_bwd(lambda: F.cross_entropy(logits.float(), target, reduction="none"), [logits],
+                        clock, repeats, budget_s)
+    if point.name == "embedding":
+        tokens, vocab, hidden = shape
+        table = _rand((vocab, hidden), dt, dev, True)
+        idx = torch.randint(0, vocab, (tokens,), device=dev)
+        return _fwd_bwd(lambda: F.embedding(idx, table), [table], clock, repeats, budget_s)
+    raise ValueError(f"unknown memory-bound op {point.name!r}")
+
+
+def bench_adamw(shapes: list[tuple[int, ...]], clock: Clock, repeats: int, budget_s: float) -> Summary:
+    """One ``AdamW.step`` (foreach=False, as the executor) over fp32 master params of ``shapes``."""
+    params = [torch.nn.Parameter(torch.randn(*s, device=clock.device)) for s in shapes]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, foreach=False)
+    opt.step()   # allocates exp_avg / exp_avg_sq
+    return measure(opt.step, clock, repeats, budget_s, warmup=1)
+
+
+# ----------------------------------------------------------------------------- overheads
+
+def bench_op_overhead(clock: Clock, repeats: int, budget_s: float) -> dict[str, Summary]:
+    """Seconds per call of ops on 1-element tensors, autograd recording on: the fixed cost of
+    one op of a training forward (dispatcher + autograd node; on CUDA, the launch)."""
+    dev = clock.device
+    a, b = _rand((1, 1), torch.float32, dev, True), _rand((1, 1), torch.float32, dev, True)
+    w, bias = _rand((1,), torch.float32, dev, True), _rand((1,), torch.float32, dev, True)
+    ops = {
+        "add": lambda: a + b,
+        "mul": lambda: a * b,
+        "linear": lambda: F.linear(a, b),
+        "layer_norm": lambda: F.layer_norm(a, (1,), w, bias),
+    }
+    return {name: measure(fn, clock, repeats, budget_s / len(ops), min_sample_s=5e-3) for name, fn in ops.items()}
+
+
+def bench_host_copy(clock: Clock, nbytes: int, repeats: int, budget_s: float) -> Summary:
+    """Device <- host copy of ``nbytes`` (pinned memory on CUDA; a memcpy on CPU)."""
+    numel = max(1, nbytes // 4)
+    src = torch.randn(numel)
+    if clock.is_cuda:
+        src = src.pin_memory()
+    dst = torch.empty(numel, device=clock.device)
+    return measure(lambda: dst.copy_(src, non_blocking=clock.is_cuda), clock, repeats, budget_s)

@@ -1,0 +1,142 @@
+"""Pure fitting of micro-benchmark samples into the numbers the simulator consumes.
+
+* ``summarize``: median and p10/p90 of repeated samples (robust to the one-off stalls a
+  shared VM produces; the median is what the simulator uses, the spread is recorded).
+* ``fit_alpha_beta``: time = alpha + beta * nbytes (Hockney 1994, "The communication
+  challenge for MPP": the alpha-beta / latency-bandwidth model).
+* ``fit_gemm_efficiency``: eff = max_efficiency * prod_d d / (d + half_dim), the curve of
+  ``parsim.specs.GemmEfficiency``.
+
+No torch, no I/O: everything here takes numbers and returns numbers.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Median and spread of repeated measurements of one quantity (seconds)."""
+
+    median: float
+    p10: float
+    p90: float
+    n: int
+
+    @property
+    def rel_spread(self) -> float:
+        """(p90 - p10) / median: the relative width of the central 80% of the samples."""
+        return (self.p90 - self.p10) / self.median if self.median > 0 else 0.0
+
+
+def summarize(samples: Sequence[float]) -> Summary:
+    if len(samples) == 0:
+        raise ValueError("no samples to summarize")
+    a = np.asarray(samples, dtype=float)
+    p10, med, p90 = np.percentile(a, [10, 50, 90])
+    return Summary(median=float(med), p10=float(p10), p90=float(p90), n=len(a))
+
+
+# Fewest samples a median and p10/p90 are taken over.
+MIN_SAMPLES = 3
+
+
+def sampling_plan(first_s: float, repeats: int, budget_s: float, min_sample_s: float) -> tuple[int, int]:
+    """(calls per sample, samples) for an op whose one call took ``first_s`` seconds."""
+    first_s = max(first_s, 1e-9)
+    inner = max(1, math.ceil(min_sample_s / first_s))
+    return inner, max(MIN_SAMPLES, min(repeats, int(budget_s / (first_s * inner))))
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """time = alpha + beta * nbytes; ``rms_rel`` is the rms relative residual of the fit."""
+
+    alpha: float      # seconds
+    beta: float       # seconds per byte
+    rms_rel: float
+
+    def time(self, nbytes: float) -> float:
+        return self.alpha + self.beta * nbytes
+
+
+def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float]) -> AlphaBeta:
+    """Least squares of time = alpha + beta * nbytes on *relative* residuals.
+
+    Sizes are log-spaced (4 KiB .. 64 MiB), so plain least squares would be ruled by the
+    largest messages and leave alpha to their noise; dividing each residual by the measured
+    time weighs every size alike, so the small sizes pin alpha and the large ones pin beta.
+    alpha and beta are kept non-negative (a negative one is set to 0 and the other refitted).
+    """
+    x = np.asarray(nbytes, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    if len(x) != len(t) or len(x) < 2:
+        raise ValueError("need at least two (nbytes, seconds) points")
+    if np.any(t <= 0):
+        raise ValueError("times must be positive")
+    w = 1.0 / t
+    design = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+    (alpha, beta), *_ = np.linalg.lstsq(design, t * w, rcond=None)
+    if alpha < 0:
+        alpha = 0.0
+        beta = float(np.sum(w * w * x * t) / np.sum(w * w * x * x))
+    elif beta < 0:
+        beta = 0.0
+        alpha = float(np.sum(w * w * t) / np.sum(w * w))
+    rel = (alpha + beta * x - t) / t
+    return AlphaBeta(alpha=float(alpha), beta=float(beta), rms_rel=float(np.sqrt(np.mean(rel ** 2))))
+
+
+@dataclass(frozen=True)
+class GemmCurve:
+    max_efficiency: float
+    half_dim: float
+    rms_log: float    # rms of log(measured / fitted) rate over the table
+
+
+def fit_gemm_efficiency(shapes: Sequence[tuple[float, float, float]], rates: Sequence[float],
+                        peak: float) -> GemmCurve:
+    """Fit eff = max_eff * prod_d d / (d + h) to measured rates / peak (log-space least squares).
+
+    For a fixed h the best log(max_eff) is the mean log residual, so h is found by a
+    golden-section search on a log scale (the error is unimodal in h in practice) and
+    max_eff follows in closed form.
+    """
+    if len(shapes) == 0 or len(shapes) != len(rates):
+        raise ValueError("need one rate per GEMM shape")
+    dims = np.asarray(shapes, dtype=float)
+    log_eff = np.log(np.asarray(rates, dtype=float) / peak)
+
+    def residual(h: float) -> tuple[float, float]:
+        log_occ = np.sum(np.log(dims / (dims + h)), axis=1)
+        log_max = float(np.mean(log_eff - log_occ))
+        err = log_eff - log_occ - log_max
+        return float(np.sqrt(np.mean(err ** 2))), log_max
+
+    lo, hi = math.log(1.0), math.log(1e5)      # a half-rate dimension between 1 and 1e5
+    g = (math.sqrt(5) - 1) / 2
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    for _ in range(80):
+        if residual(math.exp(a))[0] < residual(math.exp(b))[0]:
+            hi, b = b, a
+            a = hi - g * (hi - lo)
+        else:
+            lo, a = a, b
+            b = lo + g * (hi - lo)
+    h = math.exp((lo + hi) / 2)
+    rms, log_max = residual(h)
+    return GemmCurve(max_efficiency=math.exp(log_max), half_dim=h, rms_log=rms)
+
+
+def log_spaced_sizes(smallest: int, largest: int, factor: int) -> list[int]:
+    """smallest, smallest*factor, ... up to and including largest (bytes)."""
+    if smallest <= 0 or largest < smallest or factor < 2:
+        raise ValueError("need 0 < smallest <= largest and factor >= 2")
+    sizes = [smallest]
+    while sizes[-1] * factor <= largest:
+        sizes.append(sizes[-1] * factor)
+    return sizes

@@ -1,0 +1,294 @@
+"""``calibrate``: run every micro-benchmark for a model on this machine and return the profile.
+
+Order: per-op overhead (the membound and attention fits subtract it), GEMMs, attention,
+memory-bound ops, host copies, other-dtype probes, solo rates, then one process group per
+group size (contention + collectives). Compute benchmarks run in this process with one
+thread, as one executor rank does.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from parsim.specs import DTYPES, ModelSpec, SpecError, load_model, load_profile_dict
+
+from .fit import MIN_SAMPLES, log_spaced_sizes
+from .shapes import attention_points, gemm_points, membound_points, valid_tps
+
+MAX_RANKS = 64
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How hard to measure: ``quick`` for tests (< ~40 s), the default for a real profile."""
+
+    mbs: tuple[int, ...]
+    repeats: int
+    gemm_budget_s: float          # per GEMM shape
+    op_budget_s: float            # per attention / memory-bound point
+    comm_sizes: tuple[int, ...]   # bytes per rank, log-spaced
+    comm_budget_s: float          # per (collective, size)
+    comm_min_sample_s: float
+    contention_s: float
+    host_sizes: tuple[int, ...]
+    list_variants: bool           # also time the list forms of all-gather / reduce-scatter
+
+
+QUICK = Settings(mbs=(1,), repeats=3, gemm_budget_s=0.15, op_budget_s=0.1,
+                 comm_sizes=tuple(log_spaced_sizes(4096, 4 * 2**20, 4)), comm_budget_s=0.3, comm_min_sample_s=5e-3,
+                 contention_s=0.3, host_sizes=(4096, 2**20), list_variants=False)
+FULL = Settings(mbs=(1, 2, 4), repeats=10, gemm_budget_s=1.0, op_budget_s=0.4,
+                comm_sizes=tuple(log_spaced_sizes(4096, 64 * 2**20, 2)), comm_budget_s=2.0, comm_min_sample_s=2e-2,
+                contention_s=2.0, host_sizes=tuple(log_spaced_sizes(4096, 64 * 2**20, 16)), list_variants=True)
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    model: ModelSpec
+    dtype: str
+    ranks: tuple[int, ...]
+    tps: tuple[int, ...]
+    device: str
+    settings: Settings
+    quick: bool = False
+    base: dict[str, Any] | None = None
+
+
+def parse_int_list(field: str, value: str | int | Iterable[int], allowed: str) -> tuple[int, ...]:
+    items = str(value).split(",") if isinstance(value, (str, int)) else list(value)
+    try:
+        out = tuple(int(str(x).strip()) for x in items)
+    except ValueError:
+        raise SpecError(field, value, allowed) from None
+    if not out or any(x < 1 for x in out):
+        raise SpecError(field, value, allowed)
+    return out
+
+
+def make_options(model: str | ModelSpec = "cpu-small", dtype: str = "fp32", ranks: str | Iterable[int] = (2, 4),
+                 repeats: int | None = None, quick: bool = False, mbs: str | Iterable[int] | None = None,
+                 tps: str | Iterable[int] = (1, 2, 4), device: str | None = None,
+                 base: str | None = None) -> CalibrationOptions:
+    """Validate the inputs of a calibration run; bad ones raise SpecError naming the field."""
+    spec = load_model(model)
+    if dtype not in DTYPES:
+        raise SpecError("dtype", dtype, f"one of {', '.join(DTYPES)}")
+    group_sizes = parse_int_list("ranks", ranks, f"comma-separated group sizes, each an integer in 1..{MAX_RANKS} "
+                                                 "(1 = no collectives), e.g. 2,4")
+    if any(r > MAX_RANKS for r in group_sizes):
+        raise SpecError("ranks", ranks, f"group sizes of at most {MAX_RANKS}")
+    settings = QUICK if quick else FULL
+    if repeats is not None:
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < MIN_SAMPLES:
+            raise SpecError("repeats", repeats, f"an integer >= {MIN_SAMPLES} (the median and p10/p90 need samples)")
+        settings = _replace(settings, repeats=repeats)
+    if mbs is not None:
+        settings = _replace(settings, mbs=parse_int_list("mbs", mbs, "comma-separated micro-batch sizes >= 1"))
+    tp_list = tuple(valid_tps(spec, parse_int_list("tp", tps, "comma-separated TP degrees >= 1")))
+    if not tp_list:
+        raise SpecError("tp", tps, f"TP degrees dividing heads={spec.heads}, kv_heads={spec.kv_heads}, "
+                                   f"ffn_hidden={spec.ffn_hidden}")
+    device = device or "cpu"
+    if device != "cpu" and not device.startswith("cuda"):
+        raise SpecError("device", device, "cpu or cuda")
+    if device.startswith("cuda"):
+        import torch
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise SpecError("device", device, "cpu (no CUDA device is visible)")
+        if max(group_sizes) > count:
+            raise SpecError("ranks", ranks, f"at most {count} (one GPU per rank on this machine)")
+    base_dict = load_profile_dict(base) if base else None
+    if max(group_sizes) < 2 and base_dict is None:
+        raise SpecError("ranks", ranks, "at least one group size >= 2 to measure collectives on, "
+                                        "or --base PROFILE to take the network numbers from")
+    return CalibrationOptions(spec, dtype, group_sizes, tp_list, device, settings, quick, base_dict)
+
+
+def _cpu_seconds() -> tuple[float, float, float] | None:
+    """(busy s of all cores, steal s, CPU s of this process and its joined children) so far.
+    /proc/stat "cpu" line: user nice system idle iowait irq softirq steal, in USER_HZ ticks (proc(5))."""
+    try:
+        fields = [float(v) for v in open("/proc/stat").readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    t = os.times()
+    return (user + nice + system + irq + softirq) / hz, steal / hz, t.user + t.system + t.children_user + t.children_system
+
+
+def _other_work(before: tuple | None, after: tuple | None, wall_s: float) -> dict[str, float] | None:
+    """Cores kept busy by other processes during the run, and the fraction of time the
+    hypervisor stole: both make a profile slower than the machine is."""
+    if before is None or after is None or wall_s <= 0:
+        return None
+    busy, steal, ours = (a - b for a, b in zip(after, before))
+    return {"other_cores_busy": round(max(busy - ours, 0.0) / wall_s, 2),
+            "steal_fraction": round(steal / (wall_s * (os.cpu_count() or 1)), 3)}
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def _replace(s: Settings, **kw) -> Settings:
+    from dataclasses import replace
+    return replace(s, **kw)
+
+
+def calibrate(model: str | ModelSpec = "cpu-small", dtype: str = "fp32", ranks: str | Iterable[int] = (2, 4),
+              repeats: int | None = None, quick: bool = False, name: str | None = None,
+              progress: bool = False, **options: Any) -> dict[str, Any]:
+    """Measure this machine and return the profile dict (see ``profile.build_profile``).
+
+    ``options``: ``mbs``, ``tps``, ``device`` ("cpu" | "cuda"), ``base`` (a profile for what is
+    not measured), as in ``make_options``.
+    """
+    opts = make_options(model, dtype, ranks, repeats, quick, **options)
+    return run_calibration(opts, name=name, progress=progress)
+
+
+def run_calibration(opts: CalibrationOptions, name: str | None = None, progress: bool = False) -> dict[str, Any]:
+    import torch
+    from tqdm import tqdm
+
+    from .comm import COLLECTIVES, LIST_VARIANTS
+    from .profile import Measurements, build_profile, cpu_model, default_profile_name
+
+    t_start, load_before, cpu_before = time.perf_counter(), _load_average(), _cpu_seconds()
+    started = dt.datetime.now(dt.timezone.utc)
+    s, spec = opts.settings, opts.model
+    device = torch.device(opts.device)
+    worlds = sorted({r for r in opts.ranks if r >= 2})
+    all_ops = COLLECTIVES + (LIST_VARIANTS if s.list_variants else ())
+    # point-to-point is timed once, in the smallest group
+    ops = {w: tuple(op for op in all_ops if op != "send_recv" or w == worlds[0]) for w in worlds}
+    gemms = gemm_points(spec, list(opts.tps), list(s.mbs), opts.dtype)
+    attns = attention_points(spec, list(opts.tps), list(s.mbs))
+    mems = membound_points(spec, list(opts.tps), list(s.mbs), opts.dtype)
+    bar = tqdm(total=s.repeats + 2 * len(attns) + len(mems) + 4 + sum(len(o) for o in ops.values()),
+               file=sys.stderr, disable=not progress, desc="calibrate", unit="pt", dynamic_ncols=True)
+
+    def step(label: str) -> None:
+        bar.set_postfix_str(label[:40], refresh=False)
+        bar.update(1)
+
+    is_cuda = device.type == "cuda"
+    m = Measurements(dtype=opts.dtype, device_type=device.type, norm=spec.norm, base=opts.base,
+                     device_name=torch.cuda.get_device_name(device) if is_cuda else f"cpu-rank ({cpu_model()})")
+    threads = torch.get_num_threads()
+    if not is_cuda:
+        torch.set_num_threads(1)      # one executor rank = one process with one thread
+    try:
+        contention_shape = _measure_compute(m, opts, device, gemms, attns, mems, step, bar)
+    finally:
+        torch.set_num_threads(threads)
+    _measure_comm(m, opts, device, ops, contention_shape, step)
+    bar.close()
+    _device_totals(m, device)
+    wall = time.perf_counter() - t_start
+    m.provenance = _provenance(opts, device, worlds, started, wall, load_before)
+    m.provenance["other_work"] = _other_work(cpu_before, _cpu_seconds(), wall)
+    return build_profile(m, name or default_profile_name(device.type))
+
+
+def _measure_compute(m, opts: CalibrationOptions, device, gemms, attns, mems, step, bar) -> tuple[int, int, int]:
+    """The single-process benchmarks, into ``m``; returns the GEMM shape used for contention."""
+    import torch
+
+    from . import compute
+    from .shapes import GemmPoint
+    from .timer import Clock
+
+    s, spec, dtype, clock = opts.settings, opts.model, opts.dtype, Clock(device)
+    m.op_overhead = compute.bench_op_overhead(clock, s.repeats, 0.5)
+    step("op overhead")
+    rounds: list[int] = []
+
+    def gemm_round() -> None:     # the bar counts GEMM rounds (one sample of every shape each)
+        rounds.append(len(rounds) + 1)
+        step(f"GEMMs round {len(rounds)}")
+
+    m.gemm = list(zip(gemms, compute.bench_gemms(gemms, dtype, clock, s.repeats, s.gemm_budget_s, gemm_round)))
+    bar.update(s.repeats - len(rounds))
+    for p in attns:
+        m.attention.append((p, *compute.bench_attention(p, dtype, clock, s.repeats, s.op_budget_s, "sdpa")))
+        step(f"sdpa bh={p.batch_heads}")
+        if p.heads == p.kv_heads:
+            m.attention_explicit.append((p, *compute.bench_attention(p, dtype, clock, s.repeats, s.op_budget_s,
+                                                                     "explicit")))
+        step(f"attention bh={p.batch_heads}")
+    for p in mems:
+        m.membound.append((p, *compute.bench_membound(p, dtype, clock, s.repeats, s.op_budget_s)))
+        step(f"{p.name} {p.source}")
+    m.host_copy = [(n, compute.bench_host_copy(clock, n, s.repeats, s.op_budget_s)) for n in s.host_sizes]
+    step("host copy")
+    probe = (spec.seq_len * min(s.mbs), spec.hidden, spec.hidden)
+    for other in DTYPES:
+        if other != dtype:
+            pt = GemmPoint(probe, 1, "linear", f"{other} probe")
+            m.dtype_probes[other] = (probe, pt.flops / compute.bench_gemm(pt, other, clock, 3, s.gemm_budget_s).median)
+    step("dtype probes")
+    shape = (spec.seq_len * min(s.mbs), spec.ffn_hidden // min(opts.tps), spec.hidden)
+    solo = GemmPoint(shape, 1, "linear", "contention")
+    with torch.no_grad():
+        m.solo_gemm_rate = compute.throughput(compute.gemm_callable(solo, dtype, device), solo.flops,
+                                                 clock, s.contention_s)
+        stream, nbytes = compute.stream_callable(2**22, "fp32", device)
+        m.solo_stream_rate = compute.throughput(stream, nbytes, clock, s.contention_s / 2)
+    step("solo rates")
+    return shape
+
+
+def _measure_comm(m, opts: CalibrationOptions, device, ops: dict[int, tuple[str, ...]],
+                  contention_shape: tuple[int, int, int], step) -> None:
+    from .comm import CommJob, run_comm_job
+
+    s = opts.settings
+    for world, world_ops in ops.items():
+        job = CommJob(world=world, device_type=device.type, sizes=s.comm_sizes, ops=world_ops, repeats=s.repeats,
+                      point_budget_s=s.comm_budget_s, min_sample_s=s.comm_min_sample_s,
+                      contention_gemm=contention_shape, contention_dtype=opts.dtype, contention_s=s.contention_s)
+        m.comm[world] = run_comm_job(job, on_progress=step)
+
+
+def _device_totals(m, device) -> None:
+    import torch
+
+    from .profile import total_memory_bytes
+    if device.type == "cuda":
+        m.memory_bytes = float(torch.cuda.get_device_properties(device).total_memory)
+        m.devices_per_node = torch.cuda.device_count()
+    else:
+        # per-rank share of RAM with one rank per core (validation runs do not oversubscribe memory)
+        m.memory_bytes = total_memory_bytes() / (os.cpu_count() or 1)
+        m.devices_per_node = MAX_RANKS
+
+
+def _provenance(opts: CalibrationOptions, device, worlds: list[int], started: dt.datetime, duration_s: float,
+                load_before: float | None) -> dict[str, Any]:
+    import torch
+
+    from .profile import cpu_model, hostname
+    is_cuda = device.type == "cuda"
+    s = opts.settings
+    return {
+        "host": hostname(), "cpu": cpu_model(), "cores": os.cpu_count() or 1,
+        "torch": torch.__version__.split("+")[0], "backend": "nccl" if is_cuda else "gloo",
+        "device": torch.cuda.get_device_name(device) if is_cuda else "cpu",
+        "date": started.replace(microsecond=0).isoformat(), "duration_s": round(duration_s, 1),
+        "repeats": s.repeats, "quick": opts.quick, "model": opts.model.name, "dtype": opts.dtype,
+        "mbs": list(s.mbs), "tp": list(opts.tps), "ranks": list(worlds),
+        "comm_dtype": "fp32", "threads_per_rank": 1, "python": platform.python_version(),
+        # other work on the machine skews everything: the 1-minute load average before / after
+        "load_average": [load_before, _load_average()],
+    }

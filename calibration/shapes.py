@@ -1,0 +1,160 @@
+"""What to benchmark for a model: the GEMM, attention and memory-bound shapes its layers
+really run on one rank, per tensor-parallel degree and micro-batch size.
+
+GEMM shapes are read off the cost model (``parsim.costs.layer_ops`` / ``head_ops``), in the
+convention ``parsim.costs.timing`` looks them up with: a key (m, n, k) is an m x n output
+with inner dimension k, 2mnk FLOP; forward (m, n, k), input gradient (m, k, n), weight
+gradient (k, n, m) (``timing.op_time``). So every table row the simulator asks for is one we
+measured. Bytes of memory-bound ops use the cost model's counting (``parsim.costs.ops``:
+forward reads + writes, backward 1.5x forward; AdamW 28 bytes per fp32 parameter,
+``timing.optimizer_time``), so a measured bytes/s plugs straight back into it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from parsim.costs import DTYPE_BYTES, head_ops, layer_ops, padded_vocab
+from parsim.specs import ModelSpec, Plan
+
+# ops.py: a memory-bound op's backward moves 1.5x its forward bytes.
+BWD_BYTES_FACTOR = 1.5
+# timing.optimizer_time: AdamW reads grad, master param, m, v and writes param, m, v:
+# 4 * (1 + 3 + 3) bytes per fp32 parameter, + 4 with a bf16/fp16 model copy.
+ADAMW_BYTES_PER_PARAM = 28.0
+
+
+@dataclass(frozen=True)
+class GemmPoint:
+    """One GEMM to time. ``form`` is how torch runs it:
+
+    * ``linear``: ``F.linear(x[m,k], W[n,k])`` (a forward nn.Linear)
+    * ``grad_input``: ``dY[m,k] @ W[k,n]`` (dX = dY W of a Linear)
+    * ``grad_weight``: ``dY[k,n]^T @ X[k,m]`` (dW = dY^T X; output n x m, the key's transpose)
+    * ``bmm``: ``A[b,m,k] @ B[b,n,k]^T`` (attention scores / values, batch b)
+    """
+
+    key: tuple[int, int, int]
+    batch: int
+    form: str
+    source: str
+
+    @property
+    def flops(self) -> float:
+        m, n, k = self.key
+        return 2.0 * m * n * k * self.batch
+
+
+@dataclass(frozen=True)
+class AttentionPoint:
+    mbs: int
+    heads: int        # query heads on one rank
+    kv_heads: int
+    seq: int
+    head_dim: int
+
+    @property
+    def batch_heads(self) -> int:
+        return self.mbs * self.heads
+
+    @property
+    def fwd_flops(self) -> float:
+        # QK^T and PV: 2 * 2 * b * heads * s^2 * d (Narayanan et al. 2021, Eq. 3 attention terms)
+        return 4.0 * self.batch_heads * self.seq * self.seq * self.head_dim
+
+
+@dataclass(frozen=True)
+class MemboundPoint:
+    """A memory-bound op on ``shape`` (elements), with the bytes the cost model counts.
+    AdamW steps over ``tensors`` (the per-rank parameter shapes) instead."""
+
+    name: str
+    shape: tuple[int, ...]
+    fwd_bytes: float
+    bwd_bytes: float
+    source: str
+    tensors: tuple[tuple[int, ...], ...] = ()
+
+
+def valid_tps(model: ModelSpec, tps: tuple[int, ...]) -> list[int]:
+    """The TP degrees this model can be split by (heads, kv heads and ffn divisible)."""
+    return [t for t in tps if model.heads % t == 0 and model.kv_heads % t == 0
+            and model.ffn_hidden % t == 0 and model.hidden % t == 0]
+
+
+def gemm_points(model: ModelSpec, tps: list[int], mbss: list[int], dtype: str) -> list[GemmPoint]:
+    points: dict[tuple, GemmPoint] = {}
+    for tp in tps:
+        for mbs in mbss:
+            plan = Plan(tp=tp, mbs=mbs, dtype=dtype)
+            for op in layer_ops(model, plan) + head_ops(model, plan):
+                if op.kind != "gemm":
+                    continue
+                m, n, k = op.shape
+                tag = f"{op.name} tp={tp} mbs={mbs}"
+                if op.batch == 1:
+                    cand = [GemmPoint((m, n, k), 1, "linear", f"{tag} fwd"),
+                            GemmPoint((m, k, n), 1, "grad_input", f"{tag} bwd_input"),
+                            GemmPoint((k, n, m), 1, "grad_weight", f"{tag} bwd_weight")]
+                else:   # no weight: only the input-gradient GEMM in backward (ops._gemm)
+                    cand = [GemmPoint((m, n, k), op.batch, "bmm", f"{tag} fwd"),
+                            GemmPoint((m, k, n), op.batch, "bmm", f"{tag} bwd_input")]
+                for p in cand:
+                    # one row per key: the table has no batch column, and a Linear wins a tie
+                    if p.key not in points or (points[p.key].batch > 1 and p.batch == 1):
+                        points[p.key] = p
+    return sorted(points.values(), key=lambda p: (p.key, p.form))
+
+
+def attention_points(model: ModelSpec, tps: list[int], mbss: list[int]) -> list[AttentionPoint]:
+    pts = {AttentionPoint(mbs, model.heads // tp, model.kv_heads // tp, model.seq_len, model.head_dim)
+           for tp in tps for mbs in mbss}
+    return sorted(pts, key=lambda p: (p.batch_heads, p.heads))
+
+
+def membound_points(model: ModelSpec, tps: list[int], mbss: list[int], dtype: str) -> list[MemboundPoint]:
+    e = DTYPE_BYTES[dtype]
+    h, s = model.hidden, model.seq_len
+    out: list[MemboundPoint] = []
+
+    def add(name: str, shape: tuple[int, ...], fwd: float, tag: str) -> None:
+        out.append(MemboundPoint(name, shape, fwd, BWD_BYTES_FACTOR * fwd, tag))
+
+    for tp in tps:
+        plan = Plan(tp=tp, dtype=dtype)
+        f, heads, vocab = model.ffn_hidden // tp, model.heads // tp, padded_vocab(model, plan) // tp
+        for mbs in mbss:
+            tok = mbs * s
+            tag = f"tp={tp} mbs={mbs}"
+            add("layernorm", (tok, h), 2 * tok * h * e, tag)          # ops: input_norm, 1 read + 1 write
+            add("rmsnorm", (tok, h), 2 * tok * h * e, tag)
+            add("residual_add", (tok, h), 3 * tok * h * e, tag)       # ops: attn_residual, reads=2
+            add("gelu", (tok, f), 2 * tok * f * e, tag)
+            add("swiglu", (tok, f), 3 * tok * f * e, tag)             # ops: swiglu, reads=2
+            add("softmax", (mbs * heads, s, s), 2 * mbs * heads * s * s * e, tag)
+            add("cross_entropy", (tok, vocab), 2 * tok * vocab * 4, tag)   # ops: fp32 logits
+            add("embedding", (tok, vocab, h), 2 * tok * h * e, tag)
+        tensors = tuple(adamw_param_shapes(model, tp))
+        params = sum(math.prod(shape) for shape in tensors)
+        per_param = ADAMW_BYTES_PER_PARAM + (0.0 if dtype == "fp32" else 4.0)
+        out.append(MemboundPoint("adamw", (params,), params * per_param, 0.0, f"tp={tp}", tensors))
+    return out
+
+
+# Memory-bound op names of parsim.costs.ops -> the benchmark that stands for them
+# (timing.membound_time looks the table up by op name).
+OP_NAME_ALIASES = {
+    "input_norm": "{norm}", "post_attn_norm": "{norm}", "final_norm": "{norm}",
+    "attn_residual": "residual_add", "mlp_residual": "residual_add",
+}
+
+
+def adamw_param_shapes(model: ModelSpec, tp: int) -> list[tuple[int, ...]]:
+    """Per-rank parameter tensors of the whole model at TP degree ``tp`` (weights + norms +
+    the vocab-parallel embedding): what one rank's AdamW steps over."""
+    h, kv, f = model.hidden, model.kv_hidden, model.ffn_hidden
+    vocab = padded_vocab(model, Plan(tp=tp)) // tp
+    layer = [((h + 2 * kv) // tp, h), (h, h // tp), (f // tp, h), (h, f // tp), (h,), (h,)]
+    if model.activation == "swiglu":
+        layer.append((f // tp, h))
+    return layer * model.layers + [(vocab, h)]

@@ -1,0 +1,77 @@
+"""``parsim calibrate``: micro-benchmarks on this machine's devices -> profile YAML."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from parsim.specs import profiles_dir
+
+from .common import add_json_argument, emit_json, table
+
+HELP = "micro-benchmark this machine (GEMMs, attention, memory-bound ops, collectives) and write a profile YAML"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default="cpu-small", help="model whose layer shapes are measured [cpu-small]")
+    p.add_argument("--dtype", default="fp32", help="dtype of the GEMM / attention / memory-bound tables [fp32]")
+    p.add_argument("--ranks", default="2,4", help="process-group sizes for collectives and contention [2,4]")
+    p.add_argument("--repeats", type=int, default=None, help="samples per point (median, p10/p90) [10; 3 with --quick]")
+    p.add_argument("--quick", action="store_true", help="few shapes, sizes <= 4 MiB, 3 repeats (~30 s)")
+    p.add_argument("--mbs", default=None, help="micro-batch sizes whose shapes are measured [1,2,4; 1 with --quick]")
+    p.add_argument("--tp", default="1,2,4", help="tensor-parallel degrees whose shard shapes are measured [1,2,4]")
+    p.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (nccl, one GPU per rank) [cpu]")
+    p.add_argument("--base", default=None, metavar="PROFILE",
+                   help="profile supplying numbers not measured (network with --ranks 1; GPU host/inter-node links)")
+    p.add_argument("--name", default=None, help="profile name [<device>-<hostname>]")
+    p.add_argument("--out", default=None, metavar="PATH", help="output YAML [calibration/profiles/<name>.yaml]")
+    add_json_argument(p)
+
+
+def run(args) -> int:
+    from parsim.calibration import calibrate, default_profile_name, write_profile
+
+    device = args.device
+    name = args.name or (Path(args.out).stem if args.out else default_profile_name(device.split(":")[0]))
+    profile = calibrate(model=args.model, dtype=args.dtype, ranks=args.ranks, repeats=args.repeats,
+                        quick=args.quick, name=name, progress=True, mbs=args.mbs, tps=args.tp,
+                        device=device, base=args.base)
+    path = write_profile(profile, args.out or profiles_dir() / f"{name}.yaml")
+    if args.json:
+        emit_json({"profile_path": str(path), **summary(profile), "profile": profile})
+        return 0
+    print(render(profile, path))
+    return 0
+
+
+def summary(profile: dict) -> dict:
+    dev, net = profile["device"], profile["network"]
+    return {
+        "name": profile["name"],
+        "duration_s": profile["provenance"]["duration_s"],
+        "peak_flops": dev["peak_flops"],
+        "memory_bandwidth": dev["memory_bandwidth"],
+        "kernel_overhead_s": dev["kernel_overhead_s"],
+        "gemm": dev["gemm"],
+        "attention_efficiency": dev["attention_efficiency"],
+        "contention": dev["extra"]["contention"],
+        "collectives": {op: {n: {"alpha": e["alpha"], "beta": e["beta"]} for n, e in per.items()}
+                        for op, per in net.get("collectives", {}).items()},
+    }
+
+
+def render(profile: dict, path: Path) -> str:
+    dev, net, prov = profile["device"], profile["network"], profile["provenance"]
+    lines = [f"{profile['name']}: {prov['cpu']} x {prov['cores']} cores, torch {prov['torch']} {prov['backend']}, "
+             f"{prov['duration_s']:.0f} s",
+             "peak GEMM " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in dev["peak_flops"].items())
+             + f"; gemm curve max_eff {dev['gemm']['max_efficiency']:.2f} half_dim {dev['gemm']['half_dim']:.0f}",
+             f"memory-bound {dev['memory_bandwidth'] / 1e9:.2f} GB/s; op overhead {dev['kernel_overhead_s'] * 1e6:.1f} us; "
+             f"attention eff {dev['attention_efficiency']:.2f}",
+             "contention (ranks: slowdown) " + ", ".join(f"{k}: {v:.2f}" for k, v in dev["extra"]["contention"].items()),
+             ""]
+    rows = [[op, n, f"{e['alpha'] * 1e3:.3f}", f"{1 / e['beta'] / 1e9:.3f}" if e["beta"] > 0 else "inf",
+             f"{e['spread']:.2f}", f"{e['fit_rms_rel']:.2f}"]
+            for op, per in net.get("collectives", {}).items() for n, e in per.items()]
+    if rows:
+        lines.append(table(rows, ["collective", "ranks", "alpha ms", "1/beta GB/s", "spread", "fit rms"]))
+    lines.append(f"wrote {path}")
+    return "\n".join(lines)

@@ -1,0 +1,188 @@
+"""parsim calibrate: the fits recover known curves; a --quick run on real gloo processes writes
+a profile the simulator loads and whose numbers are positive and self-consistent; bad input
+exits 2 naming the field."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from parsim.calibration import fit_alpha_beta, fit_gemm_efficiency, summarize
+from parsim.calibration.fit import log_spaced_sizes
+from parsim.cli import main
+from parsim.specs import GemmEfficiency, Plan, SpecError, load_cluster, load_model
+
+GLOO_ALL_REDUCE_BYTES_PER_S = 0.9e9     # what gloo all-reduce reaches on this machine (2 ranks)
+
+
+# ----------------------------------------------------------------------------- pure fits
+
+def test_alpha_beta_fit_recovers_known_alpha_and_beta_within_1_percent():
+    sizes = log_spaced_sizes(4096, 64 * 2**20, 2)
+    alpha, beta = 6e-4, 1 / 0.9e9
+    rng = np.random.default_rng(0)
+    noisy = [(alpha + beta * x) * (1 + rng.uniform(-0.003, 0.003)) for x in sizes]
+    for times in ([alpha + beta * x for x in sizes], noisy):
+        fit = fit_alpha_beta(sizes, times)
+        assert fit.alpha == pytest.approx(alpha, rel=0.01)
+        assert fit.beta == pytest.approx(beta, rel=0.01)
+
+
+def test_alpha_beta_fit_weighs_small_messages_so_alpha_is_not_lost_in_large_message_noise():
+    sizes = log_spaced_sizes(4096, 64 * 2**20, 4)
+    alpha, beta = 5e-4, 1e-9
+    times = [alpha + beta * x for x in sizes]
+    times[-1] *= 1.10     # 10% noise on the 64 MiB point would swamp alpha in plain least squares
+    fit = fit_alpha_beta(sizes, times)
+    assert fit.alpha == pytest.approx(alpha, rel=0.05)
+
+
+def test_alpha_beta_fit_never_returns_a_negative_latency():
+    sizes = log_spaced_sizes(4096, 2**24, 2)
+    fit = fit_alpha_beta(sizes, [2e-9 * x * (0.9 if x < 2**16 else 1.0) for x in sizes])
+    assert fit.alpha >= 0 and fit.beta > 0
+
+
+def test_gemm_efficiency_fit_recovers_the_saturating_curve():
+    curve = GemmEfficiency(max_efficiency=0.8, half_dim=64)
+    shapes = [(m, n, k) for m in (32, 128, 512) for n in (64, 256, 2048) for k in (16, 512)]
+    peak = 1e11
+    rates = [peak * curve.efficiency(*s) for s in shapes]
+    fit = fit_gemm_efficiency(shapes, rates, peak)
+    assert fit.max_efficiency == pytest.approx(0.8, rel=0.01)
+    assert fit.half_dim == pytest.approx(64, rel=0.01)
+
+
+def test_summary_is_the_median_with_p10_p90_spread():
+    s = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert s.median == 3.0 and s.p10 < s.median < s.p90 and s.n == 5
+
+
+# ----------------------------------------------------------------------------- a real --quick run
+
+@pytest.fixture(scope="module")
+def quick_profile(tmp_path_factory):
+    pytest.importorskip("torch")
+    path = tmp_path_factory.mktemp("calib") / "cpu-quick.yaml"
+    proc = subprocess.run([sys.executable, "-m", "parsim", "calibrate", "--quick", "--ranks", "2",
+                           "--out", str(path), "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return path, json.loads(proc.stdout)     # stdout is one JSON object, nothing else
+
+
+@pytest.mark.slow
+def test_quick_profile_loads_as_a_cluster_with_positive_numbers(quick_profile):
+    path, out = quick_profile
+    assert out["profile_path"] == str(path)
+    cluster = load_cluster("cpu:2", profile=path)
+    dev, net = cluster.device, cluster.network
+    assert cluster.num_devices == 2 and cluster.name == "cpu-quick"
+    assert all(v > 0 for v in dev.peak_flops.values()) and set(dev.peak_flops) == {"fp32", "bf16", "fp16"}
+    assert dev.memory_bandwidth > 0 and dev.memory_bytes > 0 and dev.kernel_overhead_s > 0
+    assert 0 < dev.gemm.max_efficiency and dev.gemm.half_dim > 0 and dev.attention_efficiency > 0
+    assert net.intra_node.bandwidth > 0 and net.intra_node.latency >= 0 and net.host_link.bandwidth > 0
+    # bf16 matmul on this CPU is far slower than fp32 (it has no bf16 GEMM units)
+    assert dev.flops("fp32") > dev.flops("bf16")
+
+
+@pytest.mark.slow
+def test_quick_profile_collectives_grow_with_message_size(quick_profile):
+    path, _ = quick_profile
+    net = load_cluster("cpu:2", profile=path).network
+    assert set(net.collectives) == {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}
+    for op, per_group in net.collectives.items():
+        entry = per_group["2"]
+        assert entry["alpha"] >= 0 and entry["beta"] > 0, op
+        points = entry["points"]          # [nbytes, median, p10, p90], log-spaced sizes
+        assert points[-1][0] >= 256 * points[0][0]
+        assert points[-1][1] > points[0][1], (op, points)
+        assert all(p10 <= med <= p90 for _, med, p10, p90 in points)
+
+
+@pytest.mark.slow
+def test_quick_profile_all_reduce_bandwidth_is_near_what_gloo_reaches_here(quick_profile):
+    path, _ = quick_profile
+    entry = load_cluster("cpu:2", profile=path).network.collectives["all_reduce"]["2"]
+    ratio = (1 / entry["beta"]) / GLOO_ALL_REDUCE_BYTES_PER_S
+    assert 1 / 6 < ratio < 6, ratio      # a noisy 2-core VM and --quick sizes <= 4 MiB: tolerant
+
+
+@pytest.mark.slow
+def test_simulator_timing_reads_the_measured_tables_exactly(quick_profile):
+    from parsim.costs import layer_ops
+    from parsim.costs.timing import collective_time, gemm_time, membound_time
+
+    path, _ = quick_profile
+    cluster = load_cluster("cpu:2", profile=path)
+    dev = cluster.device
+    rows = {tuple(r[:3]): r[3] for r in dev.extra["gemm_table"]["fp32"]}
+    # every GEMM shape (and backward shape) the cost model asks for at tp=2 is a measured row
+    for op in layer_ops(load_model("cpu-small"), Plan(tp=2, mbs=1, dtype="fp32")):
+        if op.kind == "gemm" and op.batch == 1:
+            m, n, k = op.shape
+            for key in ((m, n, k), (m, k, n), (k, n, m)):
+                assert key in rows, (op.name, key)
+                expected = 2 * m * n * k / rows[key] + dev.kernel_overhead_s
+                assert gemm_time(dev, *key, "fp32") == pytest.approx(expected)
+        if op.kind == "membound":
+            assert op.name in dev.extra["membound_table"] or op.name == "attn_dropout", op.name
+    ab = cluster.network.collectives["all_reduce"]["2"]
+    assert collective_time(cluster, "all_reduce", 2**20, [0, 1]) == pytest.approx(ab["alpha"] + ab["beta"] * 2**20)
+    assert membound_time(dev, 1e6, "adamw") > membound_time(dev, 1e3, "adamw")
+
+
+@pytest.mark.slow
+def test_quick_profile_records_provenance_and_contention(quick_profile):
+    path, _ = quick_profile
+    import yaml
+    data = yaml.safe_load(path.read_text())
+    prov = data["provenance"]
+    for key in ("host", "cpu", "cores", "torch", "backend", "date", "duration_s", "repeats", "spread"):
+        assert key in prov, key
+    assert prov["backend"] == "gloo" and prov["cores"] >= 1 and prov["duration_s"] > 0
+    contention = data["device"]["extra"]["contention"]
+    assert contention["1"] == 1.0 and contention["2"] > 0
+    assert data["device"]["extra"]["attention_table"]["fp32"]
+
+
+@pytest.mark.slow
+def test_list_forms_the_executor_calls_run_on_a_real_gloo_group():
+    pytest.importorskip("torch")
+    from parsim.calibration.comm import LIST_VARIANTS, CommJob, run_comm_job
+
+    job = CommJob(world=2, device_type="cpu", sizes=(4096, 2**18), ops=LIST_VARIANTS, repeats=3,
+                  point_budget_s=0.05, min_sample_s=1e-3, contention_gemm=(64, 64, 64),
+                  contention_dtype="fp32", contention_s=0.05)
+    ranks = run_comm_job(job)
+    assert len(ranks) == 2 and all(r["gemm_rate"] > 0 and r["stream_rate"] > 0 for r in ranks)
+    for r in ranks:
+        for op in LIST_VARIANTS:
+            assert set(r["collectives"][op]) == {4096, 2**18}
+            assert all(len(v) >= 3 and min(v) > 0 for v in r["collectives"][op].values())
+
+
+# ----------------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("argv, field", [
+    (["--ranks", "0"], "ranks"),
+    (["--ranks", "two"], "ranks"),
+    (["--ranks", "1"], "ranks"),            # no group to measure collectives on, no --base
+    (["--dtype", "int8"], "dtype"),
+    (["--repeats", "1"], "repeats"),
+    (["--model", "nope"], "model"),
+    (["--device", "tpu"], "device"),
+    (["--tp", "3"], "tp"),                  # 3 divides no head count of cpu-small
+    (["--mbs", "0"], "mbs"),
+])
+def test_bad_calibrate_input_exits_2_naming_the_field(capsys, argv, field):
+    rc = main(["calibrate", "--quick", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and f"{field}=" in err, err
+
+
+def test_python_api_rejects_bad_input_with_spec_error():
+    from parsim.calibration import calibrate
+    with pytest.raises(SpecError) as e:
+        calibrate(ranks=[2, 0])
+    assert e.value.field == "ranks"
