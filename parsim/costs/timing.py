@@ -221,3 +221,21 @@ def host_contention(cluster: ClusterSpec, ranks: int) -> float:
     if below is None:
         return 1.0
     return max(measured[below] * on_host / below, 1.0)
+
+
+def parameter_server_time(cluster: ClusterSpec, nbytes: float, group: list[int]) -> float:
+    """One message of ``nbytes`` to or from every worker through the server's link:
+    (n - 1) S / B + alpha, B the server's NVLink port inside a node, else its share of the
+    node's NICs (Li et al. 2014, OSDI, "Scaling Distributed Machine Learning with the
+    Parameter Server"; torch.nn.DataParallel reduces gradients onto device 0 and broadcasts
+    parameters from it)."""
+    n = len(group)
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    net = cluster.network
+    if len({cluster.node_of(r) for r in group}) == 1:
+        bw, alpha = net.intra_node.bandwidth, net.intra_node.latency
+    else:
+        bw = min(net.inter_node_bandwidth_per_device(cluster.devices_per_node), net.inter_node.bandwidth)
+        alpha = net.inter_node.latency
+    return (n - 1) * nbytes / bw + alpha

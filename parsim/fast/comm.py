@@ -22,6 +22,7 @@ import numpy as np
 
 from parsim.costs import dp_buckets, state_bytes, zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer
 from parsim.costs import timing
+from parsim.costs.timing import parameter_server_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
 
 from .plans import WORDS
@@ -112,24 +113,6 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
         row[C_SHARED_LINK] = float(tp > 1 and (tp_nodes > 1) == (dp_nodes > 1))
         done[(n, group)] = row.copy()
     return out
-
-
-def parameter_server_time(cluster: ClusterSpec, nbytes: float, group: list[int]) -> float:
-    """One message of ``nbytes`` to or from every worker through the server's link:
-    (n - 1) S / B + alpha, B the server's NVLink port inside a node, else its share of the
-    node's NICs (Li et al. 2014, OSDI, "Scaling Distributed Machine Learning with the
-    Parameter Server"; torch.nn.DataParallel reduces gradients onto device 0 and broadcasts
-    parameters from it). The same formula as the SimPy engine's ``network.ps_time``."""
-    n = len(group)
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    net = cluster.network
-    if len({cluster.node_of(r) for r in group}) == 1:
-        bw, alpha = net.intra_node.bandwidth, net.intra_node.latency
-    else:
-        bw = min(net.inter_node_bandwidth_per_device(cluster.devices_per_node), net.inter_node.bandwidth)
-        alpha = net.inter_node.latency
-    return (n - 1) * nbytes / bw + alpha
 
 
 def _ps_bucketed(cluster: ClusterSpec, total_bytes: float, bucket_bytes: int, group: tuple[int, ...]):

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import simpy
 from simpy.core import NORMAL
 
+from parsim.costs.timing import parameter_server_time
 from parsim.specs import ClusterSpec
 
 LINKS = ("nvlink", "nic", "pcie")
@@ -187,17 +188,5 @@ def transfer(env: simpy.Environment, port: Port, duration: float):
 
 
 def ps_time(cluster: ClusterSpec, nbytes: float, ranks: list[int]) -> float:
-    """Parameter server / single-process DataParallel: the server's link carries every other
-    worker's copy, (n - 1) * S / B + alpha (Li et al. 2014, OSDI; torch.nn.DataParallel
-    reduces gradients to device 0 and broadcasts parameters from it). B is the server's
-    NVLink port inside a node, else its share of the node's NICs (as ``collective_time``)."""
-    n = len(ranks)
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    net = cluster.network
-    if group_link(cluster, ranks) == "nvlink":
-        link_bw, alpha = net.intra_node.bandwidth, net.intra_node.latency
-    else:
-        link_bw = min(net.inter_node_bandwidth_per_device(cluster.devices_per_node), net.inter_node.bandwidth)
-        alpha = net.inter_node.latency
-    return (n - 1) * nbytes / link_bw + alpha
+    """Parameter server / single-process DataParallel: see ``costs.timing.parameter_server_time``."""
+    return parameter_server_time(cluster, nbytes, ranks)
