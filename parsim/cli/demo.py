@@ -100,13 +100,14 @@ def execute_locally(out: Path, steps: int) -> None:
           flush=True)
     config = ExecutorConfig(steps=steps, warmup=1, trace_dir=str(out / "executed"))
     measured = run_plans([RunSpec(model, p, config) for p in ranked])
-    print(f"{'plan':44s} {'predicted ms':>12s} {'measured ms':>12s} {'error':>7s} {'peak MiB pred/meas':>20s}")
+    width = max(len(p.to_string()) for p in ranked)
+    print(f"{'plan':{width}s} {'predicted ms':>12s} {'measured ms':>12s} {'error':>7s} {'peak MiB pred/meas':>20s}")
     for p, m in zip(ranked, measured):
         s = predicted[p]
         err = (s.step_time_s - m.step_time_s) / m.step_time_s
         peak_m = max(m.peak_memory_bytes_by_rank)
-        print(f"{p.to_string():44s} {s.step_time_s * 1e3:12.1f} {m.step_time_s * 1e3:12.1f} {err:+7.1%} "
-              f"{s.peak_memory_bytes / 2**20:9.1f}/{peak_m / 2**20:<9.1f}")
+        print(f"{p.to_string():{width}s} {s.step_time_s * 1e3:12.1f} {m.step_time_s * 1e3:12.1f} {err:+7.1%} "
+              f"{s.peak_memory_bytes / 2**20:>10.1f} / {peak_m / 2**20:<7.1f}")
     fastest = min(zip(ranked, measured), key=lambda pm: pm[1].step_time_s)[0]
     verdict = "agrees" if fastest == ranked[0] else "disagrees"
     print(f"measured fastest: {fastest.to_string()} (the simulator {verdict}); "
