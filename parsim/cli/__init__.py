@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("parsim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:          # e.g. `parsim ... | head`: the reader left, nothing is wrong
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def entry() -> None:

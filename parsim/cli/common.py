@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from parsim.specs import ClusterSpec, ModelSpec, Plan, load_cluster, load_model, parse_plan, validate
+from parsim.trace.io import jsonable
 
 
 def add_spec_arguments(p: argparse.ArgumentParser, *, model="gpt3-1.3b", cluster="a100-80g:8",
@@ -36,17 +37,7 @@ def load_specs(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, Plan, 
 
 
 def emit_json(obj: dict[str, Any]) -> None:
-    print(json.dumps(obj, default=_jsonable))
-
-
-def _jsonable(x: Any) -> Any:
-    if hasattr(x, "to_dict"):
-        return x.to_dict()
-    if hasattr(x, "item"):
-        return x.item()
-    if isinstance(x, (set, tuple)):
-        return list(x)
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+    print(json.dumps(obj, default=jsonable))
 
 
 def gib(nbytes: float) -> str:
