@@ -114,7 +114,8 @@ def _cpu_seconds() -> tuple[float, float, float] | None:
     """(busy s of all cores, steal s, CPU s of this process and its joined children) so far.
     /proc/stat "cpu" line: user nice system idle iowait irq softirq steal, in USER_HZ ticks (proc(5))."""
     try:
-        fields = [float(v) for v in open("/proc/stat").readline().split()[1:9]]
+        with open("/proc/stat") as stat:
+            fields = [float(v) for v in stat.readline().split()[1:9]]
     except (OSError, ValueError):
         return None
     hz = os.sysconf("SC_CLK_TCK")
