@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from parsim.schedules import build_schedule_for_plan, dependencies
+from parsim.schedules import build_schedule_for_plan
+from parsim.schedules.check import list_schedule
 from parsim.specs import Plan, SpecError
 
 
@@ -24,30 +25,9 @@ def pipeline_step_time(plan: Plan, fwd_s: Sequence[float], bwd_s: Sequence[float
     if len(fwd_s) != stages or len(bwd_s) != stages:
         raise SpecError("stage_times", len(fwd_s), f"one time per virtual stage: {stages}")
     send = list(send_s) if send_s is not None else [0.0] * stages
-    present = {a for order in schedule.actions for a in order}
-    end: dict = {}
-    free_at = [0.0] * schedule.pp
-    nxt = [0] * schedule.pp
-    remaining = len(present)
-    while remaining:
-        progressed = False
-        for rank, order in enumerate(schedule.actions):
-            while nxt[rank] < len(order):
-                action = order[nxt[rank]]
-                needs = dependencies(schedule, action, present)
-                if any(d not in end for d in needs):
-                    break
-                ready = [free_at[rank]]
-                for d in needs:
-                    hop = 0.0
-                    if d.stage != action.stage:   # activation from s-1 or gradient from s+1
-                        hop = send[min(d.stage, action.stage)]
-                    ready.append(end[d] + hop)
-                duration = fwd_s[action.stage] if action.kind == "F" else bwd_s[action.stage]
-                end[action] = free_at[rank] = max(ready) + duration
-                nxt[rank] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:   # generated schedules are checked deadlock-free; defensive
-            raise SpecError("schedule", plan.schedule, "a schedule that runs to completion")
-    return max(free_at)
+
+    def hop(dep, dep_rank, action, rank) -> float:   # activation from s-1 or gradient from s+1
+        return send[min(dep.stage, action.stage)] if dep.stage != action.stage else 0.0
+
+    timed = list_schedule(schedule, lambda a: fwd_s[a.stage] if a.kind == "F" else bwd_s[a.stage], hop)
+    return max((rank[-1].end for rank in timed if rank), default=0.0)

@@ -105,11 +105,23 @@ def dry_run(schedule: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_comm: floa
             raise SpecError(name, value, "a non-negative number of seconds")
     t_w = t_b / 2 if t_w is None else t_w
     duration = {"F": t_f, "B": t_b, "I": t_b - t_w, "W": t_w}
+    timed = list_schedule(schedule, lambda a: duration[a.kind],
+                          lambda dep, rank_dep, action, rank: t_comm if rank_dep != rank else 0, zero=0 * t_f)
+    busy = tuple(sum(t.end - t.start for t in rank) for rank in timed)
+    makespan = max((rank[-1].end for rank in timed if rank), default=0 * t_f)
+    return DryRun(makespan=makespan, busy_time=busy, timed_actions=tuple(tuple(r) for r in timed))
+
+
+def list_schedule(schedule: Schedule, duration, hop, zero=0.0) -> list[list[TimedAction]]:
+    """List-schedule the IR: each rank runs its actions in order, an action starting when its
+    rank is free and every dependency has ended plus ``hop(dep, dep_rank, action, rank)`` (the
+    transfer between them). ``duration(action)`` in seconds; ``zero`` sets the number type
+    (a Fraction keeps exact arithmetic). Raises ScheduleError on a deadlock."""
     present = {a for rank in schedule.actions for a in rank}
     end: dict[Action, float] = {}
     rank_of: dict[Action, int] = {}
     timed: list[list[TimedAction]] = [[] for _ in range(schedule.pp)]
-    free_at = [0 * t_f] * schedule.pp     # keeps Fraction inputs exact
+    free_at = [zero] * schedule.pp
     nxt = [0] * schedule.pp
     remaining = sum(len(a) for a in schedule.actions)
     while remaining:
@@ -120,9 +132,9 @@ def dry_run(schedule: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_comm: floa
                 needs = dependencies(schedule, action, present)
                 if any(d not in end for d in needs):
                     break
-                ready = [end[d] + (t_comm if rank_of[d] != rank else 0) for d in needs]
+                ready = [end[d] + hop(d, rank_of[d], action, rank) for d in needs]
                 start = max([free_at[rank], *ready])
-                end[action] = free_at[rank] = start + duration[action.kind]
+                end[action] = free_at[rank] = start + duration(action)
                 rank_of[action] = rank
                 timed[rank].append(TimedAction(action, rank, start, end[action]))
                 nxt[rank] += 1
@@ -130,9 +142,7 @@ def dry_run(schedule: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_comm: floa
                 progressed = True
         if not progressed:
             raise ScheduleError(schedule, "deadlock in a dry run: " + _stuck(schedule, nxt, end, present))
-    busy = tuple(sum(t.end - t.start for t in rank) for rank in timed)
-    makespan = max((rank[-1].end for rank in timed if rank), default=0 * t_f)
-    return DryRun(makespan=makespan, busy_time=busy, timed_actions=tuple(tuple(r) for r in timed))
+    return timed
 
 
 def peak_inflight_microbatches(schedule: Schedule) -> list[int]:
