@@ -128,6 +128,8 @@ def bench_membound(point: MemboundPoint, dtype: str, clock: Clock, repeats: int,
     dev, dt = clock.device, TORCH_DTYPES[dtype]
     if point.name == "adamw":
         return bench_adamw(list(point.tensors), clock, repeats, budget_s), None
+    if point.name == "grad_accumulate":
+        return bench_grad_accumulate(list(point.tensors), dtype, clock, repeats, budget_s), None
     shape = point.shape
     if point.name in ("layernorm", "rmsnorm"):
         x, w, b = _rand(shape, dt, dev, True), _rand(shape[-1:], dt, dev, True), _rand(shape[-1:], dt, dev, True)
@@ -166,6 +168,21 @@ def bench_adamw(shapes: list[tuple[int, ...]], clock: Clock, repeats: int, budge
     opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, foreach=False)
     opt.step()   # allocates exp_avg / exp_avg_sq
     return measure(opt.step, clock, repeats, budget_s, warmup=1)
+
+
+def bench_grad_accumulate(shapes: list[tuple[int, ...]], dtype: str, clock: Clock, repeats: int,
+                          budget_s: float) -> Summary:
+    """``grad += new`` over gradients of ``shapes`` (what autograd's AccumulateGrad does for
+    every microbatch after the first, or every one into a DDP bucket view)."""
+    from parsim.costs.ops import GRAD_BYTES
+    dt = torch.float32 if GRAD_BYTES[dtype] == 4 else torch.float16
+    grads = [torch.randn(*s, dtype=dt, device=clock.device) for s in shapes]
+    new = [torch.randn(*s, dtype=dt, device=clock.device) for s in shapes]
+
+    def step():
+        for g, n in zip(grads, new):
+            g.add_(n)
+    return measure(step, clock, repeats, budget_s, warmup=1)
 
 
 # ----------------------------------------------------------------------------- overheads

@@ -95,6 +95,9 @@ def build_profile(m: Measurements, name: str) -> dict[str, Any]:
         "op_overhead_s": {k: s.median for k, s in m.op_overhead.items()},
         "contention": _contention(m, "gemm_rate", m.solo_gemm_rate),
         "contention_membound": _contention(m, "stream_rate", m.solo_stream_rate),
+        # the executor accumulates microbatch gradients with autograd's separate
+        # AccumulateGrad kernel (costs.ops._grad_accumulation)
+        "grad_accumulation": "unfused",
     }
     prov = dict(m.provenance)
     prov["spread"] = _spreads(m, collectives)

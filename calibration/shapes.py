@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from parsim.costs.ops import GRAD_BYTES
 from parsim.costs import DTYPE_BYTES, head_ops, layer_ops, padded_vocab
 from parsim.specs import ModelSpec, Plan
 
@@ -138,6 +139,9 @@ def membound_points(model: ModelSpec, tps: list[int], mbss: list[int], dtype: st
         params = sum(math.prod(shape) for shape in tensors)
         per_param = ADAMW_BYTES_PER_PARAM + (0.0 if dtype == "fp32" else 4.0)
         out.append(MemboundPoint("adamw", (params,), params * per_param, 0.0, f"tp={tp}", tensors))
+        # autograd's AccumulateGrad: grad += new over every weight (costs.ops._grad_accumulation)
+        grad_bytes = GRAD_BYTES[dtype]
+        out.append(MemboundPoint("grad_accumulate", (params,), 3.0 * grad_bytes * params, 0.0, f"tp={tp}", tensors))
     return out
 
 

@@ -57,7 +57,8 @@ def build_chunk(model: ModelSpec, plan: Plan, stage: int, dims: ParallelDims, re
             value = restore.model[cname] if restore is not None else canonical_init(cname, tuple(p.shape), model, seed)
             p.copy_(value)
     if plan.tp > 1:
-        apply_tp(chunk, dims.tp_group, plan.tp, dims.tp_rank, plan.sp, recorder)
+        apply_tp(chunk, dims.tp_group, plan.tp, dims.tp_rank, plan.sp, recorder,
+                 subpipe=plan.tp_overlap == "subpipe")
     apply_ac(chunk, plan, stage)
     return chunk.to(dims.device)
 
@@ -80,7 +81,7 @@ def build_training(model: ModelSpec, plan: Plan, dims: ParallelDims, recorder, s
     params = [p for c in chunks.values() for p in c.parameters()]
     if plan.zero == 1 and plan.dp > 1:
         optimizer = ZeroOneAdamW(params, dims.dp_group, dims.dp_rank, [dims.dp_peer(d) for d in range(plan.dp)],
-                                 recorder)
+                                 recorder, plan.dp_bucket_bytes)
     else:
         optimizer = make_adamw(params)
     if restore is not None:

@@ -69,7 +69,8 @@ def gather_full_gradients(chunks: dict[int, StageModule], spec: ModelSpec, dims:
             grad = p.grad if p.grad is not None else torch.zeros_like(p)
             full = full_tensor(grad, name, spec, dims)
             if _is_writer_of_model(dims, name, spec):
-                out[canonical_name(name, spec)] = full.cpu()
+                # a copy: .grad may be a view into a DDP bucket that the next step zeroes
+                out[canonical_name(name, spec)] = full.detach().to("cpu", copy=True)
     return out
 
 

@@ -1,10 +1,13 @@
 """Data-parallel gradient all-reduce in buckets (PyTorch DDP's scheme, Li et al. 2020, VLDB:
 "PyTorch Distributed", Sec. 3.2.3).
 
-Gradients are packed into flat buckets of at most ``bucket_bytes``; a bucket's all-reduce is
-launched asynchronously as soon as all of its gradients are final (their last microbatch's
-backward has accumulated into ``.grad``), overlapping the rest of the backward pass. ``finish``
-launches what is left, waits, averages over the replicas and copies back into ``.grad``.
+Gradients live in flat buckets of at most ``bucket_bytes``: each parameter's ``.grad`` is a view
+into its bucket's persistent buffer, so backward accumulates straight into the buffer that is
+all-reduced (DDP's ``gradient_as_bucket_view=True``; Megatron-LM's contiguous gradient buffer)
+and no second copy of the gradients exists. A bucket's all-reduce is launched asynchronously as
+soon as all of its gradients are final (their last microbatch's backward has accumulated into
+``.grad``), overlapping the rest of the backward pass. ``finish`` launches what is left, waits
+and averages over the replicas in place.
 """
 from __future__ import annotations
 
@@ -18,8 +21,21 @@ import torch.distributed as dist
 class GradientBucket:
     params: list[torch.nn.Parameter]
     ready: int = 0
-    flat: torch.Tensor | None = None
+    flat: torch.Tensor | None = None   # the persistent gradient buffer (``attach``)
     op: object = None   # timeline.AsyncOp
+
+    def attach(self) -> None:
+        """Allocate the bucket's buffer and make every parameter's ``.grad`` a view into it."""
+        p0 = self.params[0]
+        self.flat = torch.zeros(sum(p.numel() for p in self.params), dtype=p0.dtype, device=p0.device)
+        self.views()
+
+    def views(self) -> None:
+        """(Re)point every ``.grad`` at its slice of the buffer (after ``zero_grad(set_to_none)``)."""
+        offset = 0
+        for p in self.params:
+            p.grad = self.flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
 
     @property
     def nbytes(self) -> int:
@@ -53,9 +69,6 @@ class BucketAllReduce:
     launched: list[GradientBucket] = field(default_factory=list)
 
     def launch(self, bucket: GradientBucket) -> None:
-        with self.recorder.memory.phase("other"):
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params]
-            bucket.flat = torch.cat([g.reshape(-1) for g in grads])
         work = dist.all_reduce(bucket.flat, group=self.group, async_op=True)
         bucket.op = self.recorder.async_comm("dp", "dp_allreduce", bucket.flat.numel() * bucket.flat.element_size(),
                                              work, name=f"dp_allreduce {len(bucket.params)} grads")
@@ -65,14 +78,5 @@ class BucketAllReduce:
         for bucket in self.launched:
             bucket.op.wait()
             bucket.flat.div_(self.dp)
-            offset = 0
-            for p in bucket.params:
-                n = p.numel()
-                chunk = bucket.flat[offset:offset + n].view_as(p)
-                if p.grad is None:
-                    p.grad = chunk.clone()
-                else:
-                    p.grad.copy_(chunk)
-                offset += n
-            bucket.flat, bucket.op = None, None
+            bucket.op = None
         self.launched = []

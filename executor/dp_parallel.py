@@ -28,15 +28,22 @@ class DataParallelGradients:
         for chunk in chunks:
             params = [p for p in chunk.parameters() if p.requires_grad]
             for bucket in make_buckets(list(reversed(params)), bucket_bytes):
+                bucket.attach()
                 self.buckets.append(bucket)
                 for p in bucket.params:
                     self.bucket_of[p] = bucket
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._on_accumulated))
 
     def begin_step(self) -> None:
+        """Zero the gradient buffers (Megatron-LM's ``zero_grad_buffer``) and re-attach the views."""
         self.count = {p: 0 for p in self.bucket_of}
         for bucket in self.buckets:
             bucket.ready = 0
+            bucket.flat.zero_()
+            bucket.views()
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [b.flat for b in self.buckets]
 
     def _on_accumulated(self, p: torch.nn.Parameter) -> None:
         self.count[p] += 1

@@ -55,8 +55,6 @@ def check_executable(model: ModelSpec, plan: Plan, config: ExecutorConfig | None
         raise SpecError("offload", plan.offload, f"none ({where}; use offload=none)")
     if plan.dp_impl != "allreduce":
         raise SpecError("dp_impl", plan.dp_impl, "allreduce (the executor has no parameter server)")
-    if plan.tp_overlap != "none":
-        raise SpecError("tp_overlap", plan.tp_overlap, "none (sub-pipelined TP is not executed)")
     if config is not None and config.inject_fault is not None and config.inject_fault.rank >= plan.world_size:
         raise SpecError("inject_fault", config.inject_fault.rank, f"a rank below world size {plan.world_size}")
     return warnings

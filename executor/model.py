@@ -10,7 +10,8 @@ parity tests key on. Layers are addressed by their global index.
 
 Parallelism is added from outside (``tp_parallel.apply_tp``, ``recompute.apply_ac``); the
 modules only call their region's ``enter``/``exit`` around the tensor-parallel blocks, which
-is the identity on one device.
+is the identity on one device. With sub-pipelined TP a ``Block`` issues the same collectives
+asynchronously for two halves of its microbatch (``Block._subpipe``).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from parsim.specs import ModelSpec
 
+from .tp_communications import AsyncCollective
 from .tp_parallel import NoParallelRegion
 
 # GPT-2 / GPT-3 residual and attention dropout probability (Radford et al. 2019).
@@ -90,7 +92,11 @@ class Attention(nn.Module):
                                               enable_gqa=self.heads != self.kv_heads)
 
     def forward(self, x):
-        x = self.tp.enter(x)
+        return self.add_bias(self.tp.exit(self.body(self.tp.enter(x))))
+
+    def body(self, x):
+        """The block between its entry and exit collectives: ``x`` has entered, the result is
+        this rank's partial sum before the exit (the row-parallel bias not yet added)."""
         b, s, _ = x.shape
         q = self.q(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k = self.k(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -103,7 +109,9 @@ class Attention(nn.Module):
         else:
             out = self.core(q, k, v)
         out = out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
-        y = self.tp.exit(F.linear(out, self.o.weight))
+        return F.linear(out, self.o.weight)
+
+    def add_bias(self, y):
         return y if self.o.bias is None else y + self.o.bias
 
 
@@ -121,14 +129,28 @@ class MLP(nn.Module):
         self.tp = region
 
     def forward(self, x):
-        x = self.tp.enter(x)
+        return self.add_bias(self.tp.exit(self.body(self.tp.enter(x))))
+
+    def body(self, x):
+        """Between the entry and exit collectives (see ``Attention.body``)."""
         h = F.silu(self.gate(x)) * self.up(x) if self.swiglu else F.gelu(self.up(x))
-        y = self.tp.exit(F.linear(h, self.down.weight))
+        return F.linear(h, self.down.weight)
+
+    def add_bias(self, y):
         return y if self.down.bias is None else y + self.down.bias
 
 
 class Block(nn.Module):
-    """Pre-norm transformer layer."""
+    """Pre-norm transformer layer.
+
+    Sub-pipelined TP (``subpipe``; Merak, Lai et al. 2023): the layer splits its input along
+    the batch into two halves (``b - b // 2`` and ``b // 2`` rows) and runs them interleaved,
+    each half a generator that yields its TP collectives (``_half``). ``_subpipe`` issues a
+    half's collective asynchronously and runs the other half until it is needed, so in
+    forward -- and, by autograd's order (highest sequence number first), in backward -- one
+    half's collective overlaps the other half's compute. The halves meet again at the end of
+    the layer. With full recomputation the checkpoint wraps the whole two-half layer and is
+    replayed without early stop, so every collective it launches is also waited for."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -138,15 +160,52 @@ class Block(nn.Module):
         self.mlp = MLP(spec)
         self.dropout_p = DROPOUT_P if spec.dropout else 0.0
         self.recompute_full = False   # full recomputation: keep only the layer input
+        self.subpipe = False          # sub-pipelined TP (set by tp_parallel.apply_tp)
 
     def _forward(self, x):
         x = x + F.dropout(self.attn(self.attn_norm(x)), self.dropout_p, self.training)
         return x + F.dropout(self.mlp(self.mlp_norm(x)), self.dropout_p, self.training)
 
+    def _half(self, x):
+        """One half of the layer; yields (region, "enter"|"exit", tensor) and is sent the
+        collective's result."""
+        a = yield self.attn.tp, "enter", self.attn_norm(x)
+        y = yield self.attn.tp, "exit", self.attn.body(a)
+        x = x + F.dropout(self.attn.add_bias(y), self.dropout_p, self.training)
+        m = yield self.mlp.tp, "enter", self.mlp_norm(x)
+        y = yield self.mlp.tp, "exit", self.mlp.body(m)
+        return x + F.dropout(self.mlp.add_bias(y), self.dropout_p, self.training)
+
+    def _subpipe(self, x):
+        first = x.shape[0] - x.shape[0] // 2
+        halves = [self._half(part) for part in x.split([first, x.shape[0] - first])]
+        pending: list = [None, None]   # (cell, token) of each half's collective in flight
+        outputs: list = [None, None]
+
+        def advance(h: int, value) -> None:
+            """Run half ``h`` to its next collective and start it (or to its end)."""
+            try:
+                region, where, t = halves[h].send(value)
+            except StopIteration as done:
+                outputs[h], pending[h] = done.value, None
+                return
+            cell = AsyncCollective(region, where)
+            pending[h] = (cell, cell.start(t))
+
+        advance(0, None)
+        advance(1, None)
+        while pending[0] is not None or pending[1] is not None:
+            for h in (0, 1):
+                if pending[h] is not None:
+                    cell, token = pending[h]
+                    advance(h, cell.wait(token))
+        return torch.cat(outputs, dim=0)
+
     def forward(self, x):
+        body = self._subpipe if self.subpipe else self._forward
         if self.recompute_full:
-            return checkpoint(self._forward, x, use_reentrant=False)
-        return self._forward(x)
+            return checkpoint(body, x, use_reentrant=False, early_stop=not self.subpipe)
+        return body(x)
 
 
 class Embedding(nn.Module):

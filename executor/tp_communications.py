@@ -11,6 +11,14 @@ scatter_sequence       reduce-scatter along seq.     all-gather along sequence
 Activations are ``[batch, sequence, hidden]``; the sequence dimension is 1. Every collective
 is recorded on the ``tp`` stream of the step recorder (kind ``tp_allreduce`` /
 ``tp_allgather`` / ``tp_reducescatter``) with the layer it belongs to.
+
+Sub-pipelined TP (Merak, Lai et al. 2023) issues the same four mappings asynchronously, each as a
+pair of autograd functions around an ``AsyncCollective`` cell: ``start`` launches the forward
+collective (``async_op=True``) and returns a zero-storage token of the output's shape, ``wait``
+completes it and returns the real output. In backward the roles swap: ``wait``'s backward
+launches the backward collective and passes a token on, ``start``'s backward completes it and
+returns the real input gradient. Whatever autograd runs between the two (the other half of the
+microbatch, see ``model.Block``) overlaps the collective.
 """
 from __future__ import annotations
 
@@ -94,6 +102,116 @@ class _ScatterSequence(Function):
     @staticmethod
     def backward(ctx, grad):
         return all_gather_sequence(grad, ctx.region), None
+
+
+class AsyncCollective:
+    """One asynchronous TP mapping of one sub-pipelined half: ``enter`` ("f" / all-gather of the
+    sequence) or ``exit`` ("g" / reduce-scatter of the sequence) of ``region``. Create one per
+    use; ``start(x)`` then ``wait(token)``. The cell carries the in-flight work between the two
+    autograd functions, in forward and again in backward."""
+
+    def __init__(self, region: "TensorParallelRegion", where: str):
+        if where not in ("enter", "exit"):
+            raise ValueError(where)
+        self.region, self.where = region, where
+        sp = region.sequence_parallel
+        # forward collective: exit ("g" all-reduce / reduce-scatter), SP enter (all-gather)
+        self.forward_op = ("reduce_scatter" if sp else "all_reduce") if where == "exit" else \
+            ("all_gather" if sp else None)
+        # backward collective: enter ("f" all-reduce / reduce-scatter), SP exit (all-gather)
+        self.backward_op = ("reduce_scatter" if sp else "all_reduce") if where == "enter" else \
+            ("all_gather" if sp else None)
+        self.pending = None    # (finish, AsyncOp, inputs) of the collective in flight, or None
+        self.output = None     # forward output when there is no forward collective
+
+    def start(self, x: torch.Tensor) -> torch.Tensor:
+        return _StartCollective.apply(x, self)
+
+    def wait(self, token: torch.Tensor) -> torch.Tensor:
+        return _WaitCollective.apply(token, self)
+
+    def output_shape(self, shape) -> tuple[int, ...]:
+        """Shape after the forward collective (the backward one maps it back)."""
+        shape = list(shape)
+        if self.forward_op == "all_gather":
+            shape[SEQ_DIM] *= self.region.size
+        elif self.forward_op == "reduce_scatter":
+            shape[SEQ_DIM] //= self.region.size
+        return tuple(shape)
+
+    def launch(self, op: str, x: torch.Tensor) -> None:
+        """Start collective ``op`` on ``x`` (async_op=True); ``finish`` completes it."""
+        region = self.region
+        if op == "all_reduce":
+            buf = x.contiguous()
+            work = dist.all_reduce(buf, group=region.group, async_op=True)
+            kind, nbytes, inputs = "tp_allreduce", _nbytes(buf), buf
+
+            def finish():
+                return buf
+        elif op == "all_gather":
+            x = x.contiguous()
+            parts = [torch.empty_like(x) for _ in range(region.size)]
+            work = dist.all_gather(parts, x, group=region.group, async_op=True)
+            kind, nbytes, inputs = "tp_allgather", _nbytes(x) * region.size, x
+
+            def finish():
+                return torch.cat(parts, dim=SEQ_DIM)
+        else:
+            parts = [p.contiguous() for p in x.chunk(region.size, dim=SEQ_DIM)]
+            out = torch.empty_like(parts[0])
+            work = dist.reduce_scatter(out, parts, group=region.group, async_op=True)
+            kind, nbytes, inputs = "tp_reducescatter", _nbytes(x), parts
+
+            def finish():
+                return out
+        handle = region.recorder.async_comm("tp", kind, nbytes, work, layer=region.layer)
+        self.pending = (finish, handle, inputs)   # inputs: alive until the collective is done
+
+    def complete(self) -> torch.Tensor:
+        finish, handle, _ = self.pending
+        self.pending = None
+        handle.wait()
+        return finish()
+
+
+def _token(like: torch.Tensor, shape) -> torch.Tensor:
+    """A stand-in of ``shape`` with one element of storage (every stride 0)."""
+    return torch.empty_strided(tuple(shape), (0,) * len(shape), dtype=like.dtype, device=like.device)
+
+
+class _StartCollective(Function):
+    @staticmethod
+    def forward(ctx, x, cell):
+        ctx.cell = cell
+        if cell.forward_op is None:
+            cell.output = x.detach()     # "f": the identity in forward
+        else:
+            cell.launch(cell.forward_op, x if cell.forward_op != "all_reduce" else x.clone())
+        return _token(x, cell.output_shape(x.shape))
+
+    @staticmethod
+    def backward(ctx, grad):
+        cell = ctx.cell
+        return (cell.complete() if cell.pending is not None else grad), None
+
+
+class _WaitCollective(Function):
+    @staticmethod
+    def forward(ctx, token, cell):
+        ctx.cell = cell
+        if cell.forward_op is None:
+            out, cell.output = cell.output, None
+            return out
+        return cell.complete()
+
+    @staticmethod
+    def backward(ctx, grad):
+        cell = ctx.cell
+        if cell.backward_op is None:
+            return grad, None             # "g": the identity in backward
+        cell.launch(cell.backward_op, grad)
+        return _token(grad, grad.shape), None
 
 
 def copy_to_tp(x, region):

@@ -63,7 +63,9 @@ def shard_tensor(full: torch.Tensor, name: str, tp: int, tp_rank: int) -> torch.
     rows = padded_rows(full.shape[0], name, tp)
     if rows != full.shape[0]:
         full = torch.cat([full, full.new_zeros(rows - full.shape[0], *full.shape[1:])])
-    return full.chunk(tp, dim=dim)[tp_rank].contiguous()
+    # clone: a dim-0 chunk is already contiguous, and .contiguous() would keep the whole
+    # full-size storage alive behind the shard
+    return full.chunk(tp, dim=dim)[tp_rank].clone(memory_format=torch.contiguous_format)
 
 
 def unshard_tensor(parts: list[torch.Tensor], name: str, full_rows: int) -> torch.Tensor:
@@ -125,8 +127,9 @@ class TensorParallelRegion:
 
 
 def apply_tp(stage: nn.Module, group: dist.ProcessGroup, tp: int, tp_rank: int, sequence_parallel: bool,
-             recorder) -> None:
-    """Shard ``stage`` (a ``model.StageModule`` holding full-size, initialised weights) in place."""
+             recorder, subpipe: bool = False) -> None:
+    """Shard ``stage`` (a ``model.StageModule`` holding full-size, initialised weights) in place.
+    ``subpipe``: sub-pipelined TP in every transformer layer (``model.Block``; Merak)."""
     with torch.no_grad():
         for name, module in list(stage.named_modules()):
             for pname, param in list(module.named_parameters(recurse=False)):
@@ -142,6 +145,7 @@ def apply_tp(stage: nn.Module, group: dist.ProcessGroup, tp: int, tp_rank: int, 
     for index, block in stage.layers.items():
         block.attn.set_parallel(region(int(index)))
         block.mlp.set_parallel(region(int(index)))
+        block.subpipe = subpipe
     if stage.embed is not None:
         stage.embed.set_parallel(region(-1))
     if stage.head is not None:

@@ -89,6 +89,8 @@ def run_step(training: Training, spec: ModelSpec, plan: Plan, dims: ParallelDims
     with tracker if tracker is not None else contextlib.nullcontext():
         if tracker is not None:
             tracker.classify(params, "params")
+            if training.dp_gradients is not None:
+                tracker.classify(training.dp_gradients.buffers(), "grads")
             tracker.classify([t for s in training.optimizer.state.values() for t in s.values()
                               if isinstance(t, torch.Tensor)], "optimizer")
         recorder.memory = tracker if tracker is not None else NullMemory()

@@ -3,7 +3,8 @@
 * Stage 1 (``ZeroOneAdamW``, P_os): gradients are all-reduced as in plain DP; each replica
   keeps AdamW state only for the parameters it owns (a greedy, size-balanced partition of
   whole parameters, like torch's ``ZeroRedundancyOptimizer``), updates them, and then every
-  owner broadcasts its updated parameters to the others as one flat buffer.
+  owner broadcasts its updated parameters to the others in flat buffers of at most
+  ``dp_bucket_bytes``.
 * Stages 2 and 3 (``apply_fsdp``): FSDP2 ``fully_shard`` per transformer layer and per model
   chunk, over the mesh's ``dp`` dimension. Gradients are reduce-scattered after every
   microbatch's backward and accumulated sharded; parameters and optimizer state are sharded.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .dp_communications import make_buckets
 from .model import StageModule
 from .optimizer import make_adamw
 
@@ -34,8 +36,10 @@ def partition_parameters(params: list[torch.nn.Parameter], dp: int) -> list[int]
 class ZeroOneAdamW:
     """AdamW with optimizer state sharded over the DP group (ZeRO stage 1)."""
 
-    def __init__(self, params: list[torch.nn.Parameter], group, dp_rank: int, dp_peers: list[int], recorder):
+    def __init__(self, params: list[torch.nn.Parameter], group, dp_rank: int, dp_peers: list[int], recorder,
+                 bucket_bytes: int):
         self.params = params
+        self.bucket_bytes = bucket_bytes
         self.group = group
         self.dp_rank = dp_rank
         self.dp_peers = dp_peers          # global rank of each DP replica
@@ -54,18 +58,21 @@ class ZeroOneAdamW:
             self.inner.step()
         for r, src in enumerate(self.dp_peers):
             mine = [p for p, o in zip(self.params, self.owner) if o == r]
-            if not mine:
-                continue
-            with self.recorder.memory.phase("other"):
-                flat = torch.cat([p.detach().reshape(-1) for p in mine])
-            with self.recorder.comm("dp", "dp_allgather", flat.numel() * flat.element_size(), name=f"zero1 params of dp{r}"):
-                dist.broadcast(flat, src=src, group=self.group)
-            if r != self.dp_rank:
-                offset = 0
-                with torch.no_grad():
-                    for p in mine:
-                        p.copy_(flat[offset:offset + p.numel()].view_as(p))
-                        offset += p.numel()
+            # one flat buffer of at most ``bucket_bytes`` in flight at a time (the simulator's
+            # one parameter bucket in ``costs.memory``), freed before the next is built
+            for bucket in make_buckets(mine, self.bucket_bytes):
+                with self.recorder.memory.phase("other"):
+                    flat = torch.cat([p.detach().reshape(-1) for p in bucket.params])
+                with self.recorder.comm("dp", "dp_allgather", flat.numel() * flat.element_size(),
+                                        name=f"zero1 params of dp{r}"):
+                    dist.broadcast(flat, src=src, group=self.group)
+                if r != self.dp_rank:
+                    offset = 0
+                    with torch.no_grad():
+                        for p in bucket.params:
+                            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                            offset += p.numel()
+                del flat
 
 
 def apply_fsdp(chunk: StageModule, dp_mesh, reshard_after_forward: bool, recorder=None) -> None:

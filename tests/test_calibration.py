@@ -112,7 +112,7 @@ def test_quick_profile_all_reduce_bandwidth_is_near_what_gloo_reaches_here(quick
 @pytest.mark.slow
 def test_simulator_timing_reads_the_measured_tables_exactly(quick_profile):
     from parsim.costs import layer_ops
-    from parsim.costs.timing import collective_time, gemm_time, membound_time
+    from parsim.costs.timing import collective_time, gemm_time, membound_time, op_time
 
     path, _ = quick_profile
     cluster = load_cluster("cpu:2", profile=path)
@@ -126,7 +126,14 @@ def test_simulator_timing_reads_the_measured_tables_exactly(quick_profile):
                 assert key in rows, (op.name, key)
                 expected = 2 * m * n * k / rows[key] + dev.kernel_overhead_s
                 assert gemm_time(dev, *key, "fp32") == pytest.approx(expected)
-        if op.kind == "membound":
+        if op.grad_accumulation:
+            # the executor's autograd accumulates gradients with a separate kernel: priced at
+            # the measured grad += new rate, in the weight-gradient pass only
+            assert dev.extra["grad_accumulation"] == "unfused"
+            rate = dev.extra["membound_table"]["grad_accumulate"]
+            assert op_time(dev, op, "bwd_weight", "fp32") == pytest.approx(op.bwd_bytes / rate + dev.kernel_overhead_s)
+            assert op_time(dev, op, "bwd_input", "fp32") == 0.0
+        elif op.kind == "membound":
             assert op.name in dev.extra["membound_table"] or op.name == "attn_dropout", op.name
     ab = cluster.network.collectives["all_reduce"]["2"]
     assert collective_time(cluster, "all_reduce", 2**20, [0, 1]) == pytest.approx(ab["alpha"] + ab["beta"] * 2**20)

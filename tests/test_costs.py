@@ -4,7 +4,7 @@ import pytest
 from parsim.costs import (eq2_params, eq3_flops, hardware_flops_per_step, inflight_microbatches,
                           layer_activation_bytes, layer_ops, memory_by_stage, model_flops_per_step, p2p_bytes,
                           state_bytes, stage_params, total_params, tp_collectives_per_layer, zero_model_state_bytes)
-from parsim.costs import timing
+from parsim.costs import params as costs_params, timing
 from parsim.specs import ModelSpec, Plan, load_cluster, load_model
 
 GB = 1e9
@@ -212,3 +212,35 @@ def test_host_contention_reads_measured_table_and_extrapolates_per_core(tmp_path
     assert timing.host_contention(c, 1) == 1.0
     assert timing.host_contention(c, 4) == pytest.approx(2.3)
     assert timing.host_contention(c, 8) == pytest.approx(4.6)    # 2x the ranks of the largest measured count
+    # between measured counts (an average number of ranks computing): linear
+    assert timing.host_contention(c, 3) == pytest.approx(1.7)
+    assert timing.host_contention(c, 1.5) == pytest.approx(1.05)
+
+
+def _cpu_cluster(tmp_path, n: int, **extra):
+    import yaml
+    from parsim.specs import load_profile_dict
+    d = load_profile_dict("cpu")
+    d["device"]["extra"] = {"cores": 2, **extra}
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(d))
+    return load_cluster(f"cpu:{n}", profile=str(f))
+
+
+def test_gradient_accumulation_costs_time_only_where_the_profile_says_unfused(tmp_path):
+    from parsim.costs import head_ops, layer_ops
+    model, plan = load_model("cpu-small"), Plan(dp=2, gbs=8, dtype="fp32")
+    acc = [op for op in layer_ops(model, plan) if op.grad_accumulation]
+    assert len(acc) == 1
+    # grad += new: read 2 and write 1 fp32 gradient per parameter of the layer
+    assert acc[0].bwd_bytes == pytest.approx(3 * 4 * costs_params.layer_params(model, 1))
+    fused = load_cluster("a100-80g:8")          # Megatron-LM: fused into the wgrad GEMM
+    assert timing.op_time(fused.device, acc[0], "bwd", "fp32") == 0.0
+    unfused = _cpu_cluster(tmp_path, 2, grad_accumulation="unfused")
+    t = timing.op_time(unfused.device, acc[0], "bwd", "fp32")
+    assert t == pytest.approx(timing.membound_time(unfused.device, acc[0].bwd_bytes, "grad_accumulate")) and t > 0
+    assert timing.op_time(unfused.device, acc[0], "fwd", "fp32") == 0.0
+    # ZeRO-2/3 accumulate the reduce-scattered 1/dp shard
+    z2 = [op for op in layer_ops(model, plan.replace(zero=2)) if op.grad_accumulation][0]
+    assert z2.bwd_bytes == pytest.approx(acc[0].bwd_bytes / 2)
+    assert any(op.grad_accumulation for op in head_ops(model, plan))

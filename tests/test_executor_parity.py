@@ -50,12 +50,19 @@ TWO_RANKS = [
     ("dp2-bf16", "gpt", "dp=2 gbs=4 dtype=bf16"),
     ("tp2-sp-bf16", "llama", "tp=2 sp=true gbs=2 dtype=bf16"),
     ("pp2-bf16", "llama", "pp=2 gbs=4 dtype=bf16"),
+    # sub-pipelined TP (Merak): each layer runs two halves of the microbatch (dropout is off in
+    # both test models, so splitting the batch does not change what the RNG draws)
+    ("tp2-subpipe", "gpt", "tp=2 mbs=2 gbs=4 tp_overlap=subpipe"),
+    ("tp2-sp-subpipe", "llama", "tp=2 sp=true mbs=2 gbs=4 tp_overlap=subpipe"),
+    ("tp2-subpipe-recompute-full", "gpt", "tp=2 mbs=3 gbs=6 tp_overlap=subpipe recompute=full"),   # halves 2 + 1
 ]
 FOUR_RANKS = [
     ("dp2-tp2-sp-zero1", "gpt", "dp=2 tp=2 sp=true zero=1 gbs=4"),
     ("tp2-pp2-interleaved-sp-full", "llama", "tp=2 pp=2 vpp=2 schedule=interleaved sp=true recompute=full gbs=4"),
     ("dp2-pp2-zero2-gpipe", "llama", "dp=2 pp=2 zero=2 schedule=gpipe gbs=4"),
     ("dp4-zero3", "gpt", "dp=4 zero=3 gbs=4"),
+    ("tp2-pp2-subpipe-sp-selective", "llama",
+     "tp=2 pp=2 sp=true mbs=2 gbs=8 schedule=1f1b tp_overlap=subpipe recompute=selective"),
 ]
 EIGHT_RANKS = [
     ("dp2-tp2-pp2-interleaved-sp-zero1", "llama",

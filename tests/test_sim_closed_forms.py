@@ -140,6 +140,36 @@ def test_sub_pipelined_tp_hides_part_of_the_collectives_behind_the_other_half():
     assert subpipe.step_time_s >= compute
 
 
+def _segments(plan: Plan, pass_: str) -> list[float]:
+    """Compute time of one layer between its TP collectives (ops cut where a collective follows)."""
+    dev = ideal_cluster(1).device
+    ops = layer_ops(MODEL, plan) if pass_ == "fwd" else list(reversed(layer_ops(MODEL, plan)))
+    cuts = {c.after for c in tp_collectives_per_layer(MODEL, plan, pass_)}
+    out, t = [], 0.0
+    for op in ops:
+        t += op_time(dev, op, pass_, plan.dtype)
+        if op.name in cuts:
+            out.append(t)
+            t = 0.0
+    return out + [t]
+
+
+def test_sub_pipelined_halves_join_at_every_layer_end():
+    # each layer: half 0 and half 1 alternate on the compute and tp streams, so with collectives
+    # shorter than every compute run only the last half's last collective of the layer is
+    # exposed: 2 (c_attn + c_mlp) + a per layer and pass; the halves meet at every layer's end
+    # (the executor concatenates them), so the layers do not pipeline into each other
+    cluster = ideal_cluster(2, intra=LINK)
+    half = Plan(tp=2, mbs=1)
+    (a,) = {collective_time(cluster, c.op, c.nbytes, [0, 1])
+            for phase in ("fwd", "bwd") for c in tp_collectives_per_layer(MODEL, half, phase)}
+    assert a < min(t for pass_ in ("fwd", "bwd") for t in _segments(half, pass_) if t > 0)
+    per_layer = 2 * layer_time(half, "fwd") + a + 2 * layer_time(half, "bwd") + a
+    r = simulate(MODEL, cluster, Plan(tp=2, mbs=2, gbs=4, tp_overlap="subpipe"))
+    assert r.step_time_s == pytest.approx(2 * MODEL.layers * per_layer, rel=1e-12)
+    assert r.exposed_comm_s["tp"] == pytest.approx(2 * MODEL.layers * 2 * a, rel=1e-9)
+
+
 def _dp_replay(grad_ready: list[tuple[float, float]], bucket_bytes: int, t_bucket) -> float:
     """End of the last DP bucket: buckets filled in the order gradients become ready, each
     all-reduced as soon as it is full and the previous one is done (DDP, Li et al. 2020)."""

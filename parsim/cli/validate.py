@@ -13,7 +13,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--matrix", default="studies/validation_cpu/matrix.yaml", help="matrix YAML (model, plans, steps)")
     p.add_argument("--profile", default="cpu-calibrated", help="calibration profile (name or YAML) [cpu-calibrated]")
     p.add_argument("--out", default="studies/validation_cpu", help="output folder (CSV, plots, traces); resumable")
-    p.add_argument("--fresh", action="store_true", help="discard finished rows in --out and start over")
+    p.add_argument("--fresh", action="store_true", help="discard finished rows and rounds in --out and start over")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="executor runs per plan, interleaved over the matrix; the median counts [matrix's rounds, 1]")
     p.add_argument("--worst", type=int, default=3, help="side-by-side timelines for the N worst plans [3]")
     add_json_argument(p)
 
@@ -22,16 +24,21 @@ def run(args: argparse.Namespace) -> int:
     from parsim.plots import plot_timeline_pair
     from parsim.plots.validation import plot_validation
     from parsim.specs import load_profile_dict
-    from parsim.study.validate import CSV_NAME, load_matrix, run_validation
+    from parsim.specs import SpecError
+    from parsim.study.validate import CSV_NAME, ROUNDS_NAME, load_matrix, run_validation
     from parsim.trace.io import load_trace
 
     matrix = load_matrix(args.matrix)
     load_profile_dict(args.profile)            # fail early on a bad profile name
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.fresh and (out / CSV_NAME).exists():
-        (out / CSV_NAME).unlink()
-    report = run_validation(matrix, args.profile, out, progress=True)
+    if args.rounds is not None and args.rounds < 1:
+        raise SpecError("rounds", args.rounds, "an integer >= 1")
+    if args.fresh:
+        for name in (CSV_NAME, ROUNDS_NAME):
+            if (out / name).exists():
+                (out / name).unlink()
+    report = run_validation(matrix, args.profile, out, progress=True, rounds=args.rounds)
     rows, s = report.rows, report.summary
     plot_validation(rows, out / "validation.png",
                     title=f"{matrix.model.name}: simulator ({args.profile}) vs torch executor, {len(rows)} plans")

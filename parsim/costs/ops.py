@@ -31,6 +31,7 @@ class Op:
     shape: tuple[int, int, int] | None = None
     batch: int = 1                 # batched GEMMs (attention): number of (m, n, k) products
     attention_core: bool = False   # re-run by selective recompute (Korthikanti 2022 Sec. 5)
+    grad_accumulation: bool = False  # adds this microbatch's weight gradients into .grad (bwd_weight)
 
     @property
     def bwd_flops(self) -> float:
@@ -94,14 +95,36 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
         ops.append(_membound("gelu", tokens * f, e))
     ops.append(_gemm("mlp_down", tokens, h, f))
     ops.append(_membound("mlp_residual", tok_sp * h, e, reads=2.0))
+    from .params import layer_params   # params imports this module
+    ops.append(_grad_accumulation("layer_grad_accumulate", layer_params(model, t), plan))
     return ops
+
+
+# Bytes per gradient element of the accumulated (main) gradient: fp32, except fp16 training
+# that keeps fp16 gradients (``costs.memory.state_bytes``).
+GRAD_BYTES = {"fp32": 4, "bf16": 4, "fp16": 2}
+
+
+def _grad_accumulation(name: str, params: float, plan: Plan) -> Op:
+    """Accumulating a microbatch's weight gradients into the step's gradient buffer:
+    ``grad += new`` reads two and writes one gradient-sized tensor (3 x bytes per parameter;
+    ZeRO-2/3 accumulate the 1/dp reduce-scattered shard). It is a separate memory-bound
+    kernel in PyTorch's autograd (AccumulateGrad); Megatron-LM fuses it into the weight-gradient
+    GEMM (``--gradient-accumulation-fusion``, the wgrad GEMM writes with beta = 1), so
+    ``timing.op_time`` charges it only on devices whose profile says
+    ``extra.grad_accumulation: unfused`` (the calibrated CPU profiles)."""
+    shard = params / plan.dp if plan.zero >= 2 else params
+    return Op(name, "membound", 0.0, 0.0, 0.0, bwd_bytes=3.0 * GRAD_BYTES[plan.dtype] * shard,
+              grad_accumulation=True)
 
 
 def embedding_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     """First stage: vocab-parallel embedding lookup (+ learned positions): memory bound."""
     e = DTYPE_BYTES[plan.dtype]
     tokens = plan.mbs * model.seq_len
-    return [_membound("embedding", tokens * model.hidden, e)]
+    from .params import embedding_params
+    return [_membound("embedding", tokens * model.hidden, e),
+            _grad_accumulation("embedding_grad_accumulate", embedding_params(model, plan), plan)]
 
 
 def head_ops(model: ModelSpec, plan: Plan) -> list[Op]:
@@ -116,7 +139,13 @@ def head_ops(model: ModelSpec, plan: Plan) -> list[Op]:
         _membound("final_norm", tok_sp * model.hidden, e),
         _gemm("logits", tokens, vocab_shard, model.hidden),
         _membound("cross_entropy", tokens * vocab_shard, 4),
+        _grad_accumulation("head_grad_accumulate", _head_params(model, plan), plan),
     ]
+
+
+def _head_params(model: ModelSpec, plan: Plan) -> float:
+    from .params import head_params
+    return head_params(model, plan)
 
 
 def padded_vocab(model: ModelSpec, plan: Plan) -> int:

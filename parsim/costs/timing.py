@@ -85,6 +85,10 @@ def op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
     """Duration of ``op`` in pass "fwd", "bwd_input", "bwd_weight" or "bwd" (both)."""
     if pass_ == "bwd":
         return op_time(device, op, "bwd_input", dtype) + op_time(device, op, "bwd_weight", dtype)
+    if op.grad_accumulation:
+        if pass_ != "bwd_weight" or device.extra.get("grad_accumulation", "fused") != "unfused":
+            return 0.0
+        return membound_time(device, op.bwd_bytes, "grad_accumulate")
     if op.kind == "membound":
         if pass_ == "bwd_weight":
             return 0.0
@@ -203,24 +207,25 @@ def optimizer_time(cluster: ClusterSpec, num_params: float, dtype: str, on_host:
     return membound_time(dev, nbytes, "adamw")
 
 
-def host_contention(cluster: ClusterSpec, ranks: int) -> float:
-    """Compute slowdown when ``ranks`` processes of one plan share a host's cores.
+def host_contention(cluster: ClusterSpec, ranks: float) -> float:
+    """Compute slowdown when ``ranks`` processes of one plan compute at once on a host's cores.
 
     Calibrated CPU profiles carry ``device.extra.contention``: {concurrent ranks: measured
     per-rank GEMM slowdown when that many ranks multiply at once} (``parsim calibrate``).
-    Ranks beyond the measured counts scale with ranks per core (processor sharing). GPUs and
-    uncalibrated profiles: 1 (each rank owns its device)."""
+    Between measured counts the slowdown is interpolated linearly (``ranks`` may be a
+    fraction: the average number of ranks computing, see ``sim.engine.simulate``); beyond the
+    largest it scales with ranks per core (processor sharing). GPUs and uncalibrated
+    profiles: 1 (each rank owns its device)."""
     table = cluster.device.extra.get("contention")
-    on_host = min(ranks, cluster.devices_per_node)
+    on_host = min(float(ranks), float(cluster.devices_per_node))
     if not table or on_host <= 1:
         return 1.0
-    measured = {int(k): float(v) for k, v in table.items()}
-    if on_host in measured:
-        return max(measured[on_host], 1.0)
-    below = max((k for k in measured if k < on_host), default=None)
-    if below is None:
-        return 1.0
-    return max(measured[below] * on_host / below, 1.0)
+    points = sorted({1: 1.0, **{int(k): float(v) for k, v in table.items()}}.items())
+    for (k0, v0), (k1, v1) in zip(points, points[1:]):
+        if on_host <= k1:
+            return max(v0 + (v1 - v0) * (on_host - k0) / (k1 - k0), 1.0)
+    k, v = points[-1]
+    return max(v * on_host / k, 1.0)
 
 
 def parameter_server_time(cluster: ClusterSpec, nbytes: float, group: list[int]) -> float:

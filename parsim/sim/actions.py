@@ -54,14 +54,15 @@ class ActionRun:
 
 
 def run_stepped(env: simpy.Environment, run: ActionRun):
-    """The action's segments as SimPy events: prologue, the layers (two concurrent halves with
-    sub-pipelined TP), epilogue."""
+    """The action's segments as SimPy events: prologue, the layers (with sub-pipelined TP, per
+    layer two concurrent halves that join at the layer's end), epilogue."""
     cost = run.cost
     yield from _walk(env, run, cost.prologue, None)
     if len(cost.halves) == 1:
         yield from _walk(env, run, cost.halves[0], None)
-    elif cost.halves:
-        yield env.all_of([env.process(_walk(env, run, chain, h)) for h, chain in enumerate(cost.halves)])
+    else:
+        for group in cost.layers:
+            yield env.all_of([env.process(_walk(env, run, chain, h)) for h, chain in enumerate(group)])
     yield from _walk(env, run, cost.epilogue, None)
     run.sim.recorder.expose(run.dev.rank, "tp", uncovered(run.comm, run.cover))
 

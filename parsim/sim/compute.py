@@ -5,10 +5,13 @@ An action is a chain of *segments* on two streams of one device: ``compute`` (ru
 ``tp`` (the Megatron-LM TP collectives of ``tp_collectives_per_layer``, placed after the op
 their ``after`` names; Shoeybi et al. 2019 Fig. 3, Korthikanti et al. 2022 Sec. 4.2.2).
 Megatron runs TP collectives synchronously, so a plain chain is serial: its length is the
-action's duration. With ``tp_overlap=subpipe`` (Merak, Lai et al. 2023, "sub-pipelined TP")
-the microbatch is split into two halves whose chains share the two streams, so one half's
-collective overlaps the other half's compute; ``place`` schedules them (two SimPy processes
-on capacity-1 stream Resources, FIFO).
+action's duration. With ``tp_overlap=subpipe`` (Merak, Lai et al., IEEE TPDS 2023,
+"sub-pipelined TP") every transformer layer splits the microbatch into two halves (``mbs -
+mbs // 2`` and ``mbs // 2`` sequences) whose chains share the two streams, so one half's
+collective overlaps the other half's compute; ``place`` schedules one layer's two half-chains
+(two SimPy processes on capacity-1 stream Resources, FIFO). The halves join again at the end
+of each layer -- the executor's ``Block`` concatenates them -- so the layers are placed one
+after another (``layer_groups``); a layer's recompute (R) runs with its backward, per layer.
 
 Backward order is the forward ops reversed. ``B`` = bwd_input + bwd_weight; zero-bubble ``I``
 (input grad, with the backward collectives) and ``W`` (weight grad, no collectives).
@@ -64,6 +67,7 @@ class ActionCost:
     stage: int
     prologue: tuple[Segment, ...]            # whole-microbatch segments before the layers (embedding / head)
     halves: tuple[tuple[Segment, ...], ...]  # the layers: one chain, or two with sub-pipelined TP
+    layers: tuple[tuple[tuple[Segment, ...], ...], ...]   # the halves cut per layer (layer_groups)
     epilogue: tuple[Segment, ...]            # whole-microbatch segments after the layers
     placed: tuple[Placed, ...]               # every segment, in start order
     duration: float                          # seconds, action start to end
@@ -206,6 +210,21 @@ def place(chains: list[list[Segment]]) -> list[Placed]:
     return out
 
 
+def layer_groups(chains) -> list[list[list[Segment]]]:
+    """The chains cut per transformer layer: one group per layer, in the order the chains visit
+    them, holding that layer's segments of every chain (two with sub-pipelined TP, whose halves
+    meet at every layer's end; a chain with nothing on a layer contributes an empty list)."""
+    order: dict[int, None] = {}
+    by_layer: list[dict[int, list[Segment]]] = []
+    for chain in chains:
+        parts: dict[int, list[Segment]] = {}
+        for s in chain:
+            order.setdefault(s.layer)
+            parts.setdefault(s.layer, []).append(s)
+        by_layer.append(parts)
+    return [[parts.get(layer, []) for parts in by_layer] for layer in order]
+
+
 def uncovered(comm: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
     """Seconds of the union of ``comm`` intervals outside the union of ``cover`` intervals."""
     def union(iv):
@@ -291,15 +310,20 @@ def action_cost(model: ModelSpec, cluster: ClusterSpec, plan: Plan, shape: Stage
         (last if kind == "F" else first).extend(head)
     # embedding / head run on the whole microbatch, before and after the (sub-pipelined) layers
     placed_first = place([first])
-    t0 = placed_first[-1].end if placed_first else 0.0
-    middle = [Placed(p.start + t0, p.end + t0, p.half, p.segment) for p in place(chains)]
-    t1 = max((p.end for p in middle), default=t0)
+    t1 = placed_first[-1].end if placed_first else 0.0
+    groups = layer_groups(chains)
+    middle = []
+    for group in groups:       # layer after layer; the halves of one layer share the streams
+        layer = place(group)
+        middle += [Placed(p.start + t1, p.end + t1, p.half, p.segment) for p in layer]
+        t1 = max((p.end for p in middle), default=t1)
     placed_last = [Placed(p.start + t1, p.end + t1, p.half, p.segment) for p in place([last])]
     placed = tuple(placed_first + middle + placed_last)
     duration = max((p.end for p in placed), default=0.0)
     comm = [(p.start, p.end) for p in placed if p.segment.stream == "tp"]
     cover = [(p.start, p.end) for p in placed if p.segment.stream == "compute"]
     return ActionCost(kind=kind, stage=shape.stage, prologue=tuple(first), halves=tuple(tuple(c) for c in chains),
+                      layers=tuple(tuple(tuple(c) for c in g) for g in groups),
                       epilogue=tuple(last),
                       placed=placed, duration=duration, exposed_tp=uncovered(comm, cover),
                       flops=sum(p.segment.flops for p in placed),

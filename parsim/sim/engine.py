@@ -75,8 +75,10 @@ class Simulation:
     """Everything one simulated step shares: specs, derived costs, devices, deliveries."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule, mode: str,
-                 slowdown: dict[int, float], recorder: Recorder):
+                 slowdown: dict[int, float], recorder: Recorder, contention: float | None = None):
         self.env = simpy.Environment(initial_time=0.0)
+        # ranks sharing a host's cores (calibrated CPU profiles) compute slower; GPUs: 1
+        self.contention = host_contention(cluster, plan.world_size) if contention is None else contention
         self.model, self.cluster, self.plan, self.schedule, self.mode = model, cluster, plan, schedule, mode
         self.recorder = recorder
         self.layout = RankLayout(plan.dp, plan.tp, plan.pp)
@@ -125,8 +127,7 @@ class Simulation:
             return comms[key]
 
         devices = {}
-        # ranks sharing a host's cores (calibrated CPU profiles) compute slower; GPUs: 1
-        contention = host_contention(self.cluster, plan.world_size)
+        contention = self.contention
         for r in ranks:
             p, d, t = layout.coords(r)
             tp = communicator("tp", [layout.rank(p, d, x) for x in range(plan.tp)])
@@ -310,6 +311,29 @@ def device(env: simpy.Environment, sim: Simulation, dev: Device):
     yield from finish_step(env, sim, dev)
 
 
+def _run(model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule, mode: str, slowdown: dict,
+         record_events: bool, detail: bool, contention: float | None) -> "Simulation":
+    sim = Simulation(model, cluster, plan, schedule, mode, slowdown, Recorder(record_events, detail), contention)
+    sim.start()
+    # A step allocates ~10 short-lived objects per SimPy event; the cyclic collector would
+    # re-scan the growing trace again and again, so it waits until the run is over.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        sim.env.run()
+    finally:
+        if collecting:
+            gc.enable()
+    # SimPy numbers every event it schedules (the tie-break counter of its event queue, an
+    # itertools.count); a run to completion processes them all. -1 if a SimPy release drops it.
+    counter = getattr(sim.env, "_eid", None)
+    sim.num_events = next(counter) if counter is not None else -1
+    stuck = [r for r in sim.devices if r not in sim.recorder.finish]
+    if stuck:
+        raise SpecError("schedule", schedule.name, f"deadlocks: ranks {stuck[:8]} never finish their actions")
+    return sim
+
+
 def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | str, *, mode: str = "representative",
              slowdown: dict[int, float] | None = None, schedule: Schedule | None = None,
              record_events: bool = True, detail: bool = False) -> SimResult:
@@ -338,22 +362,21 @@ def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | st
     elif (schedule.pp, schedule.vpp, schedule.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):
         raise SpecError("schedule", schedule.name, f"must have pp={plan.pp}, vpp={plan.vpp} and "
                         f"{plan.num_microbatches} microbatches to match the plan")
-    sim = Simulation(model, cluster, plan, schedule, mode, slowdown, Recorder(record_events, detail))
-    sim.start()
-    # A step allocates ~10 short-lived objects per SimPy event; the cyclic collector would
-    # re-scan the growing trace again and again, so it waits until the run is over.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        sim.env.run()
-    finally:
-        if collecting:
-            gc.enable()
-    # SimPy numbers every event it schedules (the tie-break counter of its event queue, an
-    # itertools.count); a run to completion processes them all. -1 if a SimPy release drops it.
-    counter = getattr(sim.env, "_eid", None)
-    sim.num_events = next(counter) if counter is not None else -1
-    stuck = [r for r in sim.devices if r not in sim.recorder.finish]
-    if stuck:
-        raise SpecError("schedule", schedule.name, f"deadlocks: ranks {stuck[:8]} never finish their actions")
+    sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, None)
+    if host_contention(cluster, plan.world_size) > 1.0:
+        # Ranks sharing a host's cores slow each other down only while they compute at once:
+        # a pipeline rank idle in a bubble leaves its core to the others (processor sharing).
+        # Mean-field fixed point: the slowdown at the average number of ranks computing,
+        # sum of busy time / step time, until it moves by less than 1%.
+        for _ in range(6):
+            busy = sum(sim.recorder.busy[r] for r in sim.devices) * plan.world_size / len(sim.devices)
+            finish = max(sim.recorder.finish.values(), default=0.0)
+            if finish <= 0:
+                break
+            target = host_contention(cluster, max(busy / finish, 1.0))
+            if abs(target - sim.contention) <= 0.01 * sim.contention:
+                break
+            # damped: the busy fraction itself grows with the slowdown
+            sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail,
+                       0.5 * (sim.contention + target))
     return assemble(sim, warnings, wall)

@@ -1,7 +1,12 @@
 """Validation: run a matrix of plans on the torch executor and on the simulator, compare.
 
-Rows are appended to a CSV as they finish, so an interrupted run resumes where it stopped
-(finished plans are kept and skipped). Errors are relative to the measurement:
+A shared, noisy machine drifts in speed from one minute to the next, so every plan can be
+measured in several *rounds*: round 1 runs every plan once, round 2 again, and so on
+(consecutive plans of one world size share one set of executor processes), and a plan's
+measured step time is the median over its rounds; its memory, busy time, losses and trace
+come from the round closest to that median. Each finished run is appended to ``rounds.csv``
+and each finished plan to the CSV, so an interrupted run resumes where it stopped (finished
+plans and rounds are kept and skipped). Errors are relative to the measurement:
 ``(predicted - measured) / measured``. Ranking agreement is Spearman's rho between the
 predicted and measured step times (Spearman 1904; ties get average ranks).
 """
@@ -19,7 +24,12 @@ import yaml
 from parsim.specs import ModelSpec, Plan, SpecError, load_cluster, load_model, parse_plan
 
 CSV_NAME = "validation.csv"
-COLUMNS = ["plan", "model", "world_size", "measured_step_s", "predicted_step_s", "step_error",
+ROUNDS_NAME = "rounds.csv"
+ROUND_COLUMNS = ["plan", "round", "world_size", "step_time_s", "step_times_s", "peak_bytes_by_rank", "losses",
+                 "trace_file"]
+# consecutive plans of one world size run in one set of executor processes (start-up is seconds)
+PLANS_PER_LAUNCH = 4
+COLUMNS = ["plan", "model", "world_size", "measured_step_s", "measured_rounds_s", "predicted_step_s", "step_error",
            "measured_peak_bytes", "predicted_peak_bytes", "peak_memory_error", "max_rank_memory_error",
            "measured_bubble", "predicted_bubble", "measured_busy_s_by_rank", "predicted_busy_s_by_rank",
            "measured_peak_bytes_by_rank", "predicted_peak_bytes_by_rank", "losses", "trace_file"]
@@ -31,6 +41,7 @@ class Matrix:
     plans: list[Plan]
     steps: int = 4
     warmup: int = 1
+    rounds: int = 1
 
 
 def load_matrix(path: str | Path) -> Matrix:
@@ -40,15 +51,20 @@ def load_matrix(path: str | Path) -> Matrix:
     data = yaml.safe_load(p.read_text())
     if not isinstance(data, dict) or "plans" not in data:
         raise SpecError("matrix", str(path), "a YAML mapping with 'model' and a list 'plans'")
-    unknown = set(data) - {"model", "plans", "steps", "warmup", "description"}
+    unknown = set(data) - {"model", "plans", "steps", "warmup", "rounds", "description"}
     if unknown:
         k = sorted(unknown)[0]
-        raise SpecError(f"matrix.{k}", data[k], "unknown key; allowed: model, plans, steps, warmup, description")
+        raise SpecError(f"matrix.{k}", data[k], "unknown key; allowed: model, plans, steps, warmup, rounds, "
+                        "description")
+    for key, low in (("steps", 1), ("warmup", 0), ("rounds", 1)):
+        if key in data and (not isinstance(data[key], int) or isinstance(data[key], bool) or data[key] < low):
+            raise SpecError(f"matrix.{key}", data[key], f"an integer >= {low}")
     plans = [parse_plan(t) for t in data["plans"]]
     if not plans:
         raise SpecError("matrix.plans", [], "at least one plan")
     return Matrix(model=load_model(data.get("model", "cpu-small")), plans=plans,
-                  steps=int(data.get("steps", 4)), warmup=int(data.get("warmup", 1)))
+                  steps=int(data.get("steps", 4)), warmup=int(data.get("warmup", 1)),
+                  rounds=int(data.get("rounds", 1)))
 
 
 def spearman_rho(a: list[float], b: list[float]) -> float:
@@ -78,8 +94,10 @@ def _ranks(xs: list[float]) -> list[float]:
     return ranks
 
 
-def compare(model: ModelSpec, plan: Plan, measured, predicted, trace_file: str = "") -> dict[str, Any]:
-    """One CSV row from an ExecutionResult and a SimResult of the same plan."""
+def compare(model: ModelSpec, plan: Plan, measured, predicted, trace_file: str = "",
+            rounds: list[float] | None = None) -> dict[str, Any]:
+    """One CSV row from an ExecutionResult (or a ``MeasuredRound``) and a SimResult of the
+    same plan; ``rounds``: the step time of every round (the row's is their median)."""
     from parsim.specs import RankLayout
     from parsim.trace.metrics import bubble_fraction, busy_time
 
@@ -92,7 +110,9 @@ def compare(model: ModelSpec, plan: Plan, measured, predicted, trace_file: str =
     pred_busy = busy_time(predicted.trace)
     return {
         "plan": plan.to_string(), "model": model.name, "world_size": plan.world_size,
-        "measured_step_s": measured.step_time_s, "predicted_step_s": predicted.step_time_s,
+        "measured_step_s": measured.step_time_s,
+        "measured_rounds_s": json.dumps([round(x, 6) for x in (rounds or [measured.step_time_s])]),
+        "predicted_step_s": predicted.step_time_s,
         "step_error": (predicted.step_time_s - measured.step_time_s) / measured.step_time_s,
         "measured_peak_bytes": max(meas_by_rank), "predicted_peak_bytes": max(pred_by_rank),
         "peak_memory_error": (max(pred_by_rank) - max(meas_by_rank)) / max(meas_by_rank),
@@ -157,43 +177,139 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+@dataclass
+class MeasuredRound:
+    """What validation keeps of one executor run of one plan (a row of ``rounds.csv``)."""
+    plan: str
+    round: int
+    step_time_s: float
+    step_times_s: list[float]
+    peak_memory_bytes_by_rank: list[int]
+    losses: list[float]
+    trace_file: str
+    trace: Any = None
+
+    @classmethod
+    def from_csv(cls, r: dict[str, str]) -> "MeasuredRound":
+        return cls(plan=r["plan"], round=int(r["round"]), step_time_s=float(r["step_time_s"]),
+                   step_times_s=json.loads(r["step_times_s"]), peak_memory_bytes_by_rank=json.loads(r["peak_bytes_by_rank"]),
+                   losses=json.loads(r["losses"]), trace_file=r["trace_file"])
+
+
+def read_rounds(out_dir: Path) -> list[MeasuredRound]:
+    path = out_dir / ROUNDS_NAME
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        return [MeasuredRound.from_csv(r) for r in csv.DictReader(f)]
+
+
+def _append_round(out_dir: Path, m: MeasuredRound, world_size: int) -> None:
+    path = out_dir / ROUNDS_NAME
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=ROUND_COLUMNS)
+        if new:
+            w.writeheader()
+        w.writerow({"plan": m.plan, "round": m.round, "world_size": world_size, "step_time_s": m.step_time_s,
+                    "step_times_s": json.dumps([round(x, 6) for x in m.step_times_s]),
+                    "peak_bytes_by_rank": json.dumps(list(m.peak_memory_bytes_by_rank)),
+                    "losses": json.dumps([round(x, 6) for x in m.losses]), "trace_file": m.trace_file})
+
+
+def launches(plans: list[Plan], per_launch: int = PLANS_PER_LAUNCH) -> list[list[Plan]]:
+    """Consecutive plans of one world size, at most ``per_launch`` per executor launch."""
+    out: list[list[Plan]] = []
+    for p in plans:
+        if out and out[-1][0].world_size == p.world_size and len(out[-1]) < per_launch:
+            out[-1].append(p)
+        else:
+            out.append([p])
+    return out
+
+
+def median_round(rounds: list[MeasuredRound]) -> MeasuredRound:
+    """The round whose step time is closest to the median over the rounds (ties: earlier)."""
+    med = statistics.median(r.step_time_s for r in rounds)
+    return min(rounds, key=lambda r: (abs(r.step_time_s - med), r.round))
+
+
 def run_validation(matrix: Matrix, profile: str, out_dir: str | Path, *, progress: bool = True,
-                   on_row: Callable[[dict[str, Any]], None] | None = None) -> ValidationReport:
-    """Run every plan not yet in ``out_dir/validation.csv`` on both engines; resumable."""
+                   on_row: Callable[[dict[str, Any]], None] | None = None, rounds: int | None = None) -> ValidationReport:
+    """Run every plan not yet in ``out_dir/validation.csv`` on both engines, ``rounds`` times
+    on the executor (default: the matrix's); resumable."""
     from parsim.executor import run_plans
     from parsim.executor.config import ExecutorConfig
     from parsim.executor.worker import RunSpec
     from parsim.sim import simulate
-    from parsim.trace.io import save_trace
+    from parsim.trace.io import load_trace, save_trace
 
+    rounds = matrix.rounds if rounds is None else rounds
     out = Path(out_dir)
     (out / "traces").mkdir(parents=True, exist_ok=True)
     done = {r["plan"] for r in read_rows(out)}
     todo = [p for p in matrix.plans if p.to_string() not in done]
-    bar = _progress(len(matrix.plans), len(matrix.plans) - len(todo), progress)
+    measured: dict[tuple[str, int], MeasuredRound] = {(m.plan, m.round): m for m in read_rounds(out)}
+    runs_left = sum(1 for k in range(rounds) for p in todo if (p.to_string(), k) not in measured)
+    bar = _progress(runs_left, 0, progress, unit="run")
+    config = ExecutorConfig(steps=matrix.steps, warmup=matrix.warmup)
+    for k in range(rounds):
+        for group in launches([p for p in todo if (p.to_string(), k) not in measured]):
+            results = run_plans([RunSpec(matrix.model, plan, config) for plan in group])
+            for plan, res in zip(group, results):
+                idx = matrix.plans.index(plan)
+                trace_file = f"traces/plan{idx:02d}.round{k + 1}.measured.json"
+                save_trace(res.trace, out / trace_file)
+                m = MeasuredRound(plan.to_string(), k, res.step_time_s, list(res.step_times),
+                                  list(res.peak_memory_bytes_by_rank), list(res.losses), trace_file, res.trace)
+                _append_round(out, m, plan.world_size)
+                measured[(m.plan, k)] = m
+                bar.set_postfix_str(f"round {k + 1}/{rounds} {plan.to_string()[:40]} {res.step_time_s:.2f} s")
+                bar.update(1)
+    bar.close()
     for plan in todo:
+        name = plan.to_string()
+        mine = sorted((m for (p, _), m in measured.items() if p == name and _ < rounds), key=lambda m: m.round)
+        chosen = median_round(mine)
+        if chosen.trace is None:
+            chosen.trace = load_trace(out / chosen.trace_file)
         cluster = load_cluster(f"cpu:{plan.world_size}", profile=profile)
         # every rank simulated, so the simulated trace lines up rank by rank with the measured one
         predicted = simulate(matrix.model, cluster, plan, mode="full")
-        config = ExecutorConfig(steps=matrix.steps, warmup=matrix.warmup)
-        measured = run_plans([RunSpec(matrix.model, plan, config)])[0]
-        idx = matrix.plans.index(plan)
-        trace_file = f"traces/plan{idx:02d}"
-        save_trace(measured.trace, out / f"{trace_file}.measured.json")
+        step = statistics.median(m.step_time_s for m in mine)
+        trace_file = f"traces/plan{matrix.plans.index(plan):02d}"
+        save_trace(chosen.trace, out / f"{trace_file}.measured.json")
         save_trace(predicted.trace, out / f"{trace_file}.predicted.json")
-        row = compare(matrix.model, plan, measured, predicted, trace_file)
+        row = compare(matrix.model, plan, _Measured(step, chosen), predicted, trace_file,
+                      rounds=[m.step_time_s for m in mine])
         append_row(out, row)
         if on_row:
             on_row(row)
-        bar.set_postfix_str(f"{plan.to_string()[:40]} err {row['step_error']:+.1%}")
-        bar.update(1)
-    bar.close()
     rows = [r for r in read_rows(out) if r["plan"] in {p.to_string() for p in matrix.plans}]
     return ValidationReport(rows=rows, summary=summarise(rows))
 
 
-def _progress(total: int, initial: int, enabled: bool):
+@dataclass
+class _Measured:
+    """The median step time over the rounds, with the median round's other measurements."""
+    step_time_s: float
+    round: MeasuredRound
+
+    @property
+    def peak_memory_bytes_by_rank(self) -> list[int]:
+        return self.round.peak_memory_bytes_by_rank
+
+    @property
+    def trace(self):
+        return self.round.trace
+
+    @property
+    def losses(self) -> list[float]:
+        return self.round.losses
+
+
+def _progress(total: int, initial: int, enabled: bool, unit: str = "plan"):
     from tqdm import tqdm
     import sys
-    return tqdm(total=total, initial=initial, unit="plan", desc="validate", file=sys.stderr, disable=not enabled,
+    return tqdm(total=total, initial=initial, unit=unit, desc="validate", file=sys.stderr, disable=not enabled,
                 dynamic_ncols=True)

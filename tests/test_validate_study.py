@@ -1,0 +1,91 @@
+"""``parsim validate``: the matrix file, rank correlation, rounds, and a real resumable run."""
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+
+import pytest
+
+from parsim.cli import main
+from parsim.specs import SpecError, parse_plan
+from parsim.study.validate import (MeasuredRound, launches, load_matrix, median_round, read_rounds, run_validation,
+                                   spearman_rho)
+
+
+def test_spearman_rho_is_one_for_the_same_order_and_minus_one_reversed():
+    assert spearman_rho([1, 2, 3, 4], [10, 20, 30, 45]) == pytest.approx(1.0)
+    assert spearman_rho([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # ties take average ranks: [1, 2.5, 2.5, 4] against [1, 2, 3, 4]
+    assert spearman_rho([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486833, abs=1e-6)
+
+
+@pytest.mark.parametrize("text, field", [
+    ("model: tiny\nplans: ['dp=2']\nrepeat: 3\n", "matrix.repeat"),
+    ("model: tiny\nplans: ['dp=2']\nrounds: 0\n", "matrix.rounds"),
+    ("model: tiny\nplans: ['dp=2']\nsteps: two\n", "matrix.steps"),
+    ("model: tiny\nplans: ['dp=2']\nwarmup: -1\n", "matrix.warmup"),
+    ("model: tiny\nplans: []\n", "matrix.plans"),
+])
+def test_bad_matrix_is_rejected_naming_the_key(tmp_path, text, field):
+    f = tmp_path / "m.yaml"
+    f.write_text(text)
+    with pytest.raises(SpecError) as e:
+        load_matrix(f)
+    assert e.value.field == field
+
+
+def test_cli_rejects_zero_rounds_with_exit_2(capsys, tmp_path):
+    f = tmp_path / "m.yaml"
+    f.write_text("model: tiny\nplans: ['dp=2 gbs=2']\n")
+    rc = main(["validate", "--matrix", str(f), "--out", str(tmp_path / "out"), "--rounds", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "rounds=0" in err and err.count("\n") == 1
+
+
+def test_launches_group_consecutive_plans_of_one_world_size():
+    plans = [parse_plan(t) for t in ["dp=2", "tp=2", "dp=4", "pp=2", "dp=2 zero=1", "pp=2 gbs=2", "tp=2 gbs=2",
+                                     "dp=2 gbs=4"]]
+    groups = launches(plans, per_launch=3)
+    assert [[p.to_string() for p in g] for g in groups] == [[plans[0].to_string(), plans[1].to_string()],
+                                                            [plans[2].to_string()],
+                                                            [p.to_string() for p in plans[3:6]],
+                                                            [p.to_string() for p in plans[6:]]]
+    assert all(len({p.world_size for p in g}) == 1 for g in groups)
+
+
+def test_median_round_is_the_round_closest_to_the_median():
+    def r(k, t):
+        return MeasuredRound("dp=2", k, t, [t], [1], [0.0], f"r{k}")
+    assert median_round([r(0, 3.0), r(1, 1.0), r(2, 2.2)]).round == 2
+    # even count: median 2.0 lies between 1.5 and 2.5; the earlier round wins the tie
+    assert median_round([r(0, 2.5), r(1, 1.5)]).round == 0
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.timeout(600)
+def test_validation_runs_rounds_on_real_processes_and_resumes_without_rerunning(tmp_path):
+    f = tmp_path / "m.yaml"
+    f.write_text("model: tiny\nsteps: 2\nwarmup: 1\nrounds: 2\n"
+                 "plans: ['dp=2 gbs=4 dtype=fp32', 'pp=2 gbs=4 schedule=1f1b dtype=fp32']\n")
+    matrix = load_matrix(f)
+    out = tmp_path / "out"
+    report = run_validation(matrix, "cpu-calibrated", out, progress=False)
+    assert len(report.rows) == 2
+    rounds = read_rounds(out)
+    assert sorted((m.plan, m.round) for m in rounds) == sorted((p.to_string(), k) for p in matrix.plans for k in (0, 1))
+    for row in report.rows:
+        mine = [m.step_time_s for m in rounds if m.plan == row["plan"]]
+        assert json.loads(row["measured_rounds_s"]) == pytest.approx(mine, abs=1e-6)
+        assert row["measured_step_s"] == pytest.approx(statistics.median(mine))
+        assert row["predicted_step_s"] > 0 and row["measured_peak_bytes"] > 0
+        assert (out / f"{row['trace_file']}.measured.json").exists()
+    # the table is lost but the rounds are kept: the rows come back without running the executor again
+    (out / "validation.csv").unlink()
+    before = (out / "rounds.csv").read_text()
+    again = run_validation(matrix, "cpu-calibrated", out, progress=False)
+    assert (out / "rounds.csv").read_text() == before
+    assert [r["measured_step_s"] for r in again.rows] == pytest.approx([r["measured_step_s"] for r in report.rows])
+    with (out / "validation.csv").open() as fh:
+        assert len(list(csv.DictReader(fh))) == 2
