@@ -158,7 +158,7 @@ def test_host_contention_applies_to_ranks_computing_at_once_not_to_idle_ones():
     """4 ranks on a 2-core host: with every rank busy (dp=4) the step runs at the measured
     4-rank slowdown; a pipeline with big bubbles (pp=4, 4 microbatches) computes at a
     smaller mean-field slowdown, so it is faster than with the 4-rank slowdown throughout."""
-    from parsim.costs.timing import host_contention
+    from parsim.costs.timing import host_contention, host_scale
     from parsim.schedules import build_schedule
     from parsim.sim.engine import _run
     from parsim.specs import load_cluster, load_model, parse_plan
@@ -170,7 +170,7 @@ def test_host_contention_applies_to_ranks_computing_at_once_not_to_idle_ones():
     for text, busy in (("dp=4 gbs=8 dtype=fp32", True), ("pp=4 gbs=4 dtype=fp32", False)):
         plan = parse_plan(text)
         fixed = _run(model, cluster, plan, build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp),
-                     "representative", {}, False, False, c4)
+                     "representative", {}, False, False, host_scale(cluster, 4))
         step_fixed = max(fixed.recorder.finish.values())
         step = simulate(model, cluster, plan).step_time_s
         if busy:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from dataclasses import dataclass
 
 from parsim.specs import ClusterSpec, DeviceProfile
 
@@ -207,16 +208,39 @@ def optimizer_time(cluster: ClusterSpec, num_params: float, dtype: str, on_host:
     return membound_time(dev, nbytes, "adamw")
 
 
-def host_contention(cluster: ClusterSpec, ranks: float) -> float:
+@dataclass(frozen=True)
+class ComputeScale:
+    """Factors on a rank's compute time: GEMMs and attention, and memory-bound ops (which
+    slow down more when ranks share a host's memory bandwidth than GEMMs do)."""
+    gemm: float = 1.0
+    membound: float = 1.0
+
+    def of(self, op: Op) -> float:
+        return self.membound if op.kind == "membound" else self.gemm
+
+    def times(self, factor: float) -> "ComputeScale":
+        return ComputeScale(self.gemm * factor, self.membound * factor)
+
+
+def host_scale(cluster: ClusterSpec, ranks: float) -> ComputeScale:
+    """``host_contention`` of both op kinds for ``ranks`` ranks computing at once."""
+    return ComputeScale(host_contention(cluster, ranks, "gemm"), host_contention(cluster, ranks, "membound"))
+
+
+def host_contention(cluster: ClusterSpec, ranks: float, kind: str = "gemm") -> float:
     """Compute slowdown when ``ranks`` processes of one plan compute at once on a host's cores.
 
     Calibrated CPU profiles carry ``device.extra.contention``: {concurrent ranks: measured
-    per-rank GEMM slowdown when that many ranks multiply at once} (``parsim calibrate``).
+    per-rank GEMM slowdown when that many ranks multiply at once} and
+    ``contention_membound`` (the same for a streaming add: memory bandwidth is shared even
+    when cores are not) (``parsim calibrate``); ``kind`` picks "gemm" or "membound" (which
+    falls back to the GEMM table).
     Between measured counts the slowdown is interpolated linearly (``ranks`` may be a
     fraction: the average number of ranks computing, see ``sim.engine.simulate``); beyond the
     largest it scales with ranks per core (processor sharing). GPUs and uncalibrated
     profiles: 1 (each rank owns its device)."""
-    table = cluster.device.extra.get("contention")
+    extra = cluster.device.extra
+    table = (extra.get("contention_membound") if kind == "membound" else None) or extra.get("contention")
     on_host = min(float(ranks), float(cluster.devices_per_node))
     if not table or on_host <= 1:
         return 1.0

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import simpy
 
 from parsim.costs import (embedding_ops, head_ops, layer_ops, stage_recompute, tp_collectives_per_layer)
-from parsim.costs.timing import op_time
+from parsim.costs.timing import ComputeScale, op_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 
 # trace kind of a TP collective op (parsim.trace.events.COMM_KINDS)
@@ -87,8 +87,12 @@ class GradPart:
 
 # ----------------------------------------------------------------------- op chains
 
-def _chain(ops, pass_: str, kind: str, layer: int, collectives, device, dtype: str, scale: float) -> list[Segment]:
-    """Ops in the given order, cut after each op a collective follows (``Collective.after``)."""
+def _chain(ops, pass_: str, kind: str, layer: int, collectives, device, dtype: str,
+           scale: "float | ComputeScale") -> list[Segment]:
+    """Ops in the given order, cut after each op a collective follows (``Collective.after``);
+    each op's time times ``scale`` (one factor, or one per op kind: ``ComputeScale``)."""
+    if not isinstance(scale, ComputeScale):
+        scale = ComputeScale(scale, scale)
     after: dict[str, list] = {}
     for c in collectives:
         after.setdefault(c.after, []).append(c)
@@ -98,7 +102,7 @@ def _chain(ops, pass_: str, kind: str, layer: int, collectives, device, dtype: s
     def flush():
         nonlocal run_t, run_f, names
         if names:
-            out.append(Segment("compute", kind, layer, run_t * scale, run_f, name="+".join(names)))
+            out.append(Segment("compute", kind, layer, run_t, run_f, name="+".join(names)))
         run_t, run_f, names = 0.0, 0.0, []
 
     for c in after.get("", []):
@@ -106,7 +110,7 @@ def _chain(ops, pass_: str, kind: str, layer: int, collectives, device, dtype: s
     flop_of = {"fwd": lambda o: o.fwd_flops, "bwd": lambda o: o.bwd_flops,
                "bwd_input": lambda o: o.bwd_input_flops, "bwd_weight": lambda o: o.bwd_weight_flops}[pass_]
     for op in ops:
-        run_t += op_time(device, op, pass_, dtype)
+        run_t += op_time(device, op, pass_, dtype) * scale.of(op)
         run_f += flop_of(op)
         names.append(op.name)
         if op.name in after:

@@ -108,7 +108,8 @@ def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
         rec.event(rank, -1, "host", "offload_h2d", -1, -1, start, env.now, nbytes=shard * sb.param)
     else:
         start = env.now
-        yield env.timeout(optimizer_time(cluster, shard, plan.dtype))
+        # AdamW is memory-bound: on a shared host it slows down like the other memory-bound ops
+        yield env.timeout(optimizer_time(cluster, shard, plan.dtype) * dev.scale.membound)
         rec.compute(rank, -1, "optimizer", -1, start, env.now, name="optimizer")
     waited = env.now
 

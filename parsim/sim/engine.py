@@ -29,7 +29,8 @@ import simpy
 
 from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, stage_params, state_bytes,
                           zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
-from parsim.costs.timing import collective_time, host_contention, host_transfer_time, p2p_time
+from parsim.costs.timing import (ComputeScale, collective_time, host_scale, host_transfer_time,
+                                 p2p_time)
 from parsim.schedules import Action, Schedule, build_schedule
 from parsim.specs import (ClusterSpec, ModelSpec, Plan, RankLayout, SpecError, load_cluster, load_model, parse_plan,
                           validate)
@@ -52,7 +53,7 @@ class Device:
     pp_rank: int
     replica: tuple[int, int]              # (dp_rank, tp_rank)
     actions: tuple[Action, ...]
-    scale: float                          # compute slowdown factor
+    scale: ComputeScale                   # compute slowdown factors (stragglers x host contention)
     stepped: bool                         # run actions segment by segment
     ports: Ports
     tp: Communicator
@@ -75,10 +76,10 @@ class Simulation:
     """Everything one simulated step shares: specs, derived costs, devices, deliveries."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule, mode: str,
-                 slowdown: dict[int, float], recorder: Recorder, contention: float | None = None):
+                 slowdown: dict[int, float], recorder: Recorder, contention: ComputeScale | None = None):
         self.env = simpy.Environment(initial_time=0.0)
         # ranks sharing a host's cores (calibrated CPU profiles) compute slower; GPUs: 1
-        self.contention = host_contention(cluster, plan.world_size) if contention is None else contention
+        self.contention = host_scale(cluster, plan.world_size) if contention is None else contention
         self.model, self.cluster, self.plan, self.schedule, self.mode = model, cluster, plan, schedule, mode
         self.recorder = recorder
         self.layout = RankLayout(plan.dp, plan.tp, plan.pp)
@@ -139,7 +140,7 @@ class Simulation:
                     last_bwd[stage] = i
             self.recorder.add_rank(r)
             devices[r] = Device(
-                rank=r, pp_rank=p, replica=(d, t), actions=actions, scale=float(slowdown.get(r, 1.0)) * contention,
+                rank=r, pp_rank=p, replica=(d, t), actions=actions, scale=contention.times(float(slowdown.get(r, 1.0))),
                 stepped=self._needs_steps(r, tp, dp), ports=ports[r], tp=tp, dp=dp,
                 memory=MemoryTimeline.starting_with(static_bytes(self.model, plan, p)),
                 compute=simpy.Resource(env, 1), tp_stream=simpy.Resource(env, 1), dp_stream=simpy.Resource(env, 1),
@@ -312,7 +313,7 @@ def device(env: simpy.Environment, sim: Simulation, dev: Device):
 
 
 def _run(model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule, mode: str, slowdown: dict,
-         record_events: bool, detail: bool, contention: float | None) -> "Simulation":
+         record_events: bool, detail: bool, contention: ComputeScale | None) -> "Simulation":
     sim = Simulation(model, cluster, plan, schedule, mode, slowdown, Recorder(record_events, detail), contention)
     sim.start()
     # A step allocates ~10 short-lived objects per SimPy event; the cyclic collector would
@@ -363,7 +364,7 @@ def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | st
         raise SpecError("schedule", schedule.name, f"must have pp={plan.pp}, vpp={plan.vpp} and "
                         f"{plan.num_microbatches} microbatches to match the plan")
     sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, None)
-    if host_contention(cluster, plan.world_size) > 1.0:
+    if host_scale(cluster, plan.world_size) != ComputeScale():
         # Ranks sharing a host's cores slow each other down only while they compute at once:
         # a pipeline rank idle in a bubble leaves its core to the others (processor sharing).
         # Mean-field fixed point: the slowdown at the average number of ranks computing,
@@ -373,10 +374,10 @@ def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | st
             finish = max(sim.recorder.finish.values(), default=0.0)
             if finish <= 0:
                 break
-            target = host_contention(cluster, max(busy / finish, 1.0))
-            if abs(target - sim.contention) <= 0.01 * sim.contention:
+            target, now = host_scale(cluster, max(busy / finish, 1.0)), sim.contention
+            if abs(target.gemm - now.gemm) <= 0.01 * now.gemm and abs(target.membound - now.membound) <= 0.01 * now.membound:
                 break
             # damped: the busy fraction itself grows with the slowdown
             sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail,
-                       0.5 * (sim.contention + target))
+                       ComputeScale(0.5 * (now.gemm + target.gemm), 0.5 * (now.membound + target.membound)))
     return assemble(sim, warnings, wall)
