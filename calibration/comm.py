@@ -7,12 +7,16 @@ CUDA), on 127.0.0.1 with a free port, one thread per rank (OMP_NUM_THREADS=1 and
 1. runs the same GEMM (and a streaming add) back to back for a fixed time, all ranks at once
    after a barrier: its achieved rate over the solo rate is the compute contention when
    ``world`` ranks share the cores;
-2. times every collective over the message sizes. Following the OSU micro-benchmarks and
+2. measures how much a background all-reduce slows the compute it overlaps
+   (``_interference``);
+3. times every collective over the message sizes. Following the OSU micro-benchmarks and
    nccl-tests, a sample is the mean of ``inner`` back-to-back calls between barriers (the
    calls synchronise the ranks themselves, so the barrier's exit skew is paid once per
    sample); ``inner`` and the number of samples come from one timed call, max-reduced over
    the ranks so every rank runs the same number of collectives. Point-to-point is a
-   ping-pong between ranks 0 and 1: half the round trip (OSU ``osu_latency``).
+   ping-pong between ranks 0 and 1: half the round trip (OSU ``osu_latency``);
+4. on CPU, times the TP collectives *in situ*, each after a block of compute as a Megatron
+   layer calls them (``insitu``): they cost more there than back to back.
 
 The parent gathers every rank's samples; a sample of the group is the max over ranks (the
 collective is done when its slowest member is).
@@ -62,6 +66,13 @@ class CommJob:
     contention_dtype: str
     contention_s: float
     timeout_s: float = 60.0
+    # in-situ TP collectives (``insitu``, CPU only): full TP buffers (bytes), and per TP group
+    # size the compute block's GEMM as (group size, m, n, k); a size without one is skipped
+    insitu_sizes: tuple[int, ...] = ()
+    insitu_blocks: tuple[tuple[int, int, int, int], ...] = ()
+
+    def insitu_block(self, n: int) -> tuple[int, int, int] | None:
+        return next(((m, c, k) for g, m, c, k in self.insitu_blocks if g == n), None)
 
     @property
     def backend(self) -> str:
@@ -167,6 +178,7 @@ def _run_rank(rank: int, port: int, job: CommJob, results) -> dict:
             stream, nbytes = stream_callable(2**22, "fp32", device)
             dist.barrier()
             out["stream_rate"] = throughput(stream, nbytes, clock, job.contention_s / 2)
+            out["interference"] = _interference(fn, job, clock, dist, torch, device)
         out["collectives"] = {}
         for op in job.ops:
             if op == "send_recv" and rank > 1:
@@ -177,10 +189,75 @@ def _run_rank(rank: int, port: int, job: CommJob, results) -> dict:
             out["collectives"][op] = dict(zip(job.sizes, samples))
             if rank == 0:
                 results.put(("progress", 0, f"{op} {job.world} ranks"))
+        if job.insitu_sizes and job.insitu_block(job.world) and job.device_type == "cpu":
+            from .insitu import measure_insitu, measure_subgroups
+
+            def block_for(n: int):
+                shape = job.insitu_block(n)
+                return shape and gemm_callable(GemmPoint(shape, 1, "linear", "in-situ block"),
+                                               job.contention_dtype, device)
+            with torch.no_grad():
+                out["insitu"] = measure_insitu(block_for(job.world),
+                                               lambda op, x: _collective(op, x, rank, device, dist, torch),
+                                               job.insitu_sizes, job.repeats, clock, dist, torch, device)
+                out["insitu_groups"] = measure_subgroups(block_for, job.insitu_sizes, job.repeats, clock, dist,
+                                                         torch, device)
+            if rank == 0:
+                results.put(("progress", 0, f"in-situ TP collectives {job.world} ranks"))
         dist.barrier()
         return out
     finally:
         dist.destroy_process_group()
+
+
+INTERFERENCE_BYTES = 4 * 2**20     # a DP gradient bucket's order of magnitude (fp32, 1M elements)
+
+
+def _interference(gemm: Callable[[], object], job: CommJob, clock, dist, torch, device) -> list[float]:
+    """Compute lost to an overlapped collective, per second of collective: every rank runs
+    ``n`` GEMMs alone (T0), ``k`` all-reduces of 4 MiB alone (C), then the same ``k``
+    all-reduces issued asynchronously while it runs the ``n`` GEMMs (T1); a sample is
+    (T1 - T0) / C, 0 when the collective costs the compute nothing (its own engines), about
+    1 when they share one core. ``k`` keeps the collectives to about half of T0 so they end
+    inside the compute. Three samples."""
+    x = torch.zeros(INTERFERENCE_BYTES // 4, dtype=torch.float32, device=device)
+
+    def timed(fn, calls: int) -> float:
+        clock.sync()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        clock.sync()
+        return time.perf_counter() - t0
+
+    def slowest(value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    gemm()
+    dist.all_reduce(x)
+    per_gemm = slowest(timed(gemm, 4) / 4)
+    per_reduce = slowest(timed(lambda: dist.all_reduce(x), 4) / 4)
+    n = max(4, int(job.contention_s / 2 / per_gemm))
+    k = max(1, int(0.5 * n * per_gemm / per_reduce))
+    samples = []
+    for _ in range(3):
+        alone = timed(gemm, n)
+        comm = timed(lambda: dist.all_reduce(x), k)
+        clock.sync()
+        dist.barrier()
+        t0 = time.perf_counter()
+        works = [dist.all_reduce(x, async_op=True) for _ in range(k)]
+        for _ in range(n):
+            gemm()
+        clock.sync()
+        both = time.perf_counter() - t0
+        for w in works:
+            w.wait()
+        samples.append(max(both - alone, 0.0) / comm)
+    return samples
 
 
 def _collective(op: str, nbytes: int, rank: int, device, dist, torch) -> Callable[[], object]:

@@ -95,9 +95,15 @@ def build_profile(m: Measurements, name: str) -> dict[str, Any]:
         "op_overhead_s": {k: s.median for k, s in m.op_overhead.items()},
         "contention": _contention(m, "gemm_rate", m.solo_gemm_rate),
         "contention_membound": _contention(m, "stream_rate", m.solo_stream_rate),
+        "comm_interference": _interference(m),
         # the executor accumulates microbatch gradients with autograd's separate
         # AccumulateGrad kernel (costs.ops._grad_accumulation)
         "grad_accumulation": "unfused",
+        # ZeRO-2/3 run as FSDP2 (executor/zero.py): flat-buffer copy-in / copy-out around every
+        # collective; FSDP2 overlaps its collectives through CUDA side streams only, so on a CPU
+        # they are waited for where they are issued (parsim.sim.actions.fsdp_copy, engine)
+        "zero_copies": "fsdp2",
+        "zero_overlap": m.device_type != "cpu",
     }
     prov = dict(m.provenance)
     prov["spread"] = _spreads(m, collectives)
@@ -173,7 +179,33 @@ def _collectives(comm: dict[int, list[dict]]) -> dict[str, dict[str, dict]]:
                 "fit_rms_rel": ab.rms_rel,
                 "points": [[s, pts[s].median, pts[s].p10, pts[s].p90] for s in sizes],
             }
+            insitu = ranks[0].get("insitu", {}).get(op)
+            if insitu and key == str(world):
+                table[op][key].update(insitu_entry(insitu, ab.beta))
+    # smaller TP groups measured in situ while all ``world`` ranks share the host
+    for world, ranks in sorted(comm.items()):
+        for n, per_op in sorted(ranks[0].get("insitu_groups", {}).items()):
+            for op, samples in per_op.items():
+                entry = table.get(op, {}).get(str(n))
+                if entry is None:
+                    continue
+                shared = insitu_entry(samples, entry["beta"])
+                entry.setdefault("alpha_insitu_shared", {})[str(world)] = shared["alpha_insitu"]
+                entry.setdefault("insitu_shared_points", {})[str(world)] = shared["insitu_points"]
     return table
+
+
+def insitu_entry(samples: dict, beta: float) -> dict[str, Any]:
+    """``alpha_insitu`` of one collective and group size from the in-situ samples
+    {per-rank bytes: [seconds per collective]} (``insitu.measure_insitu``; every rank holds
+    the same, already reduced over the group): the latency that, with the back-to-back
+    ``beta`` (the bytes cost the same), gives the in-situ time, alpha_insitu + beta * x [s].
+    The median over every sample of (t - beta * x), so a few slow samples do not move it."""
+    pts = {int(x): summarize(v) for x, v in samples.items()}
+    alpha = float(np.median([t - beta * int(x) for x, v in samples.items() for t in v]))
+    return {"alpha_insitu": max(alpha, 0.0),
+            "insitu_call": "after a compute block of two model-shaped MLP GEMMs per call (calibration.insitu)",
+            "insitu_points": [[x, pts[x].median, pts[x].p10, pts[x].p90] for x in sorted(pts)]}
 
 
 def _network(m: Measurements, collectives: dict) -> dict[str, Any]:
@@ -205,6 +237,13 @@ def _contention(m: Measurements, key: str, solo: float) -> dict[str, float]:
         rates = [r[key] for r in ranks]
         out[str(world)] = float(solo / np.median(rates)) if solo > 0 else 1.0
     return out
+
+
+def _interference(m: Measurements) -> dict[str, float]:
+    """Compute seconds lost per second of overlapped all-reduce (``comm._interference``), per
+    group size: the median over ranks and samples."""
+    return {str(world): float(np.median([x for r in ranks for x in r.get("interference", [])]))
+            for world, ranks in sorted(m.comm.items()) if any(r.get("interference") for r in ranks)}
 
 
 def _spreads(m: Measurements, collectives: dict) -> dict[str, float]:

@@ -176,7 +176,8 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     gemms = gemm_points(spec, list(opts.tps), list(s.mbs), opts.dtype)
     attns = attention_points(spec, list(opts.tps), list(s.mbs))
     mems = membound_points(spec, list(opts.tps), list(s.mbs), opts.dtype)
-    bar = tqdm(total=s.repeats + 2 * len(attns) + len(mems) + 4 + sum(len(o) for o in ops.values()),
+    insitu_jobs = len(worlds) if device.type == "cpu" else 0      # one in-situ probe per CPU job
+    bar = tqdm(total=s.repeats + 2 * len(attns) + len(mems) + 4 + sum(len(o) for o in ops.values()) + insitu_jobs,
                file=sys.stderr, disable=not progress, desc="calibrate", unit="pt", dynamic_ncols=True)
 
     def step(label: str) -> None:
@@ -258,8 +259,27 @@ def _measure_comm(m, opts: CalibrationOptions, device, ops: dict[int, tuple[str,
     for world, world_ops in ops.items():
         job = CommJob(world=world, device_type=device.type, sizes=s.comm_sizes, ops=world_ops, repeats=s.repeats,
                       point_budget_s=s.comm_budget_s, min_sample_s=s.comm_min_sample_s,
-                      contention_gemm=contention_shape, contention_dtype=opts.dtype, contention_s=s.contention_s)
+                      contention_gemm=contention_shape, contention_dtype=opts.dtype, contention_s=s.contention_s,
+                      insitu_sizes=insitu_sizes(opts.model, opts.dtype, s.mbs),
+                      insitu_blocks=tuple((n, *g) for n in range(2, world + 1) if world % n == 0
+                                          for g in [insitu_gemm(opts.model, n, min(s.mbs))] if g))
         m.comm[world] = run_comm_job(job, on_progress=step)
+
+
+def insitu_sizes(spec: ModelSpec, dtype: str, mbs: Iterable[int]) -> tuple[int, ...]:
+    """Bytes of the TP activation buffer b*s*h (``parsim.costs.tp_collectives_per_layer``)
+    for each micro-batch size: what the in-situ TP collectives carry."""
+    from parsim.costs.ops import DTYPE_BYTES
+    return tuple(sorted({b * spec.seq_len * spec.hidden * DTYPE_BYTES[dtype] for b in mbs}))
+
+
+def insitu_gemm(spec: ModelSpec, tp: int, mbs: int) -> tuple[int, int, int] | None:
+    """The in-situ compute block's GEMM for a TP group of ``tp``: the model's MLP-up GEMM
+    (b*s tokens, ffn/tp, hidden), Megatron's column-parallel split (``costs.ops.layer_ops``);
+    None when the FFN does not split ``tp`` ways."""
+    if spec.ffn_hidden % tp:
+        return None
+    return (spec.seq_len * mbs, spec.ffn_hidden // tp, spec.hidden)
 
 
 def _device_totals(m, device) -> None:

@@ -97,8 +97,14 @@ def build_training(model: ModelSpec, plan: Plan, dims: ParallelDims, recorder, s
     def classify_grads(stage: int) -> None:
         recorder.memory.classify([p.grad for p in chunks[stage].parameters()], "grads")
 
+    def keep_gathered(stage: int, last: bool) -> None:
+        # ZeRO-2: the parameters stay gathered from the step's first forward to the stage's last
+        # backward, resharded only then, before the optimizer step (``zero`` module docstring)
+        chunks[stage].set_reshard_after_backward(last)
+
     runtime = PipelineRuntime(schedule, dims.pp_rank, chunks, p2p, recorder, autocast_factory(plan.dtype, dims.device),
-                              on_backward_done=classify_grads)
+                              on_backward_done=classify_grads,
+                              before_backward=keep_gathered if fsdp and plan.zero == 2 else None)
     scaler = LossScaler(enabled=plan.dtype == "fp16")
     if restore is not None and restore.scaler:
         scaler.load_state_dict(restore.scaler)

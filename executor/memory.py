@@ -14,7 +14,8 @@ up front; gradients are re-labelled from ``activations`` to ``grads`` as soon as
 accumulated into ``.grad``. The breakdown is taken at the moment of the peak.
 
 Known limit: FSDP (ZeRO-2/3) all-gathers full parameters inside the actions, so at the peak
-they count as ``activations`` rather than ``params`` (one or two layers' worth).
+they count as ``activations`` rather than ``params``: one or two layers' worth with ZeRO-3, the
+whole chunk with ZeRO-2 (gathered in the step's first forward, kept to its last backward).
 
 On CUDA the total peak reported is ``torch.cuda.max_memory_allocated`` (it also sees the
 caching allocator's rounding); the breakdown still comes from this tracker.

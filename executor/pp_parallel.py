@@ -6,6 +6,9 @@ run the stage; send the output to stage s+1, or keep the loss (last stage).
 ``B s.j``: backward from the loss (last stage; scaled by ``loss_multiplier``) or from the
 gradient received from stage s+1; send the input gradient to stage s-1.
 
+``before_backward(stage, last)`` runs just before each backward, ``last`` telling whether it is
+the step's last backward of that stage (ZeRO-2 keeps FSDP's gathered parameters until then).
+
 Loss scaling: each microbatch's mean token loss is multiplied by ``1 / num_microbatches``
 (and the fp16 loss scale), so the accumulated gradient is the gradient of the mean loss of
 the rank's batch; data parallelism then averages over replicas.
@@ -28,7 +31,8 @@ from .pp_communications import Message, PipelineP2P
 class PipelineRuntime:
     def __init__(self, schedule: Schedule, pp_rank: int, chunks: dict[int, StageModule], p2p: PipelineP2P | None,
                  recorder, autocast: Callable[[], contextlib.AbstractContextManager],
-                 on_backward_done: Callable[[int], None] | None = None):
+                 on_backward_done: Callable[[int], None] | None = None,
+                 before_backward: Callable[[int, bool], None] | None = None):
         self.after_action: Callable[[object], None] = lambda action: None   # fault-injection point
         self.schedule = schedule
         self.actions = schedule.actions[pp_rank]
@@ -38,6 +42,9 @@ class PipelineRuntime:
         self.autocast = autocast
         self.last_stage = schedule.num_stages - 1
         self.on_backward_done = on_backward_done or (lambda stage: None)
+        self.before_backward = before_backward or (lambda stage, last: None)
+        # index of each stage's last backward in the action list (interleaving: several stages)
+        self.last_backward = {a.stage: i for i, a in enumerate(self.actions) if a.kind == "B"}
         unsupported = {a.kind for a in self.actions} - {"F", "B"}
         if unsupported:
             raise NotImplementedError(f"actions {sorted(unsupported)} (split backward) are not executed yet")
@@ -49,7 +56,7 @@ class PipelineRuntime:
             self.p2p.begin_step()
         stash: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         losses: dict[int, float] = {}
-        for action in self.actions:
+        for idx, action in enumerate(self.actions):
             s, j = action.stage, action.microbatch
             if action.kind == "F":
                 x = self._forward_input(s, j, microbatches[j])
@@ -64,6 +71,7 @@ class PipelineRuntime:
             else:
                 x, out = stash.pop((s, j))
                 grad = None if s == self.last_stage else self.p2p.recv(Message("grad", s + 1, j)).float()
+                self.before_backward(s, idx == self.last_backward[s])
                 with self.recorder.action("B", s, j):
                     if grad is None:
                         (out * loss_multiplier).backward()

@@ -6,11 +6,17 @@
   owner broadcasts its updated parameters to the others in flat buffers of at most
   ``dp_bucket_bytes``.
 * Stages 2 and 3 (``apply_fsdp``): FSDP2 ``fully_shard`` per transformer layer and per model
-  chunk, over the mesh's ``dp`` dimension. Gradients are reduce-scattered after every
-  microbatch's backward and accumulated sharded; parameters and optimizer state are sharded.
-  ZeRO-2 keeps the gathered parameters from forward to backward
-  (``reshard_after_forward=False``); ZeRO-3 frees them after forward and gathers them again in
-  backward (``reshard_after_forward=True``).
+  chunk, over the mesh's ``dp`` dimension. Gradients are reduce-scattered unit by unit in every
+  microbatch's backward and accumulated as 1/dp shards; optimizer state is sharded.
+* ZeRO-2 (P_os+g, Rajbhandari et al. 2020 Sec. 5.2; DeepSpeed stage 2): the parameters are
+  replicated for the whole step. At rest between steps they are FSDP shards; the step's first
+  forward all-gathers each unit once (``reshard_after_forward=False``), and they stay gathered
+  across the gradient accumulation (``set_reshard_after_backward(False)``) until the stage's
+  last backward of the step, which reshards them for the sharded optimizer step
+  (``build.build_training`` -> ``PipelineRuntime.before_backward``). Per step: one all-gather
+  per unit, one reduce-scatter per unit and microbatch.
+* ZeRO-3 (P_os+g+p, Sec. 5.3): the parameters are freed after forward and gathered again in
+  backward (``reshard_after_forward=True``), every microbatch.
 """
 from __future__ import annotations
 

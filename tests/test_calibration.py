@@ -151,6 +151,7 @@ def test_quick_profile_records_provenance_and_contention(quick_profile):
     assert prov["backend"] == "gloo" and prov["cores"] >= 1 and prov["duration_s"] > 0
     contention = data["device"]["extra"]["contention"]
     assert contention["1"] == 1.0 and contention["2"] > 0
+    assert data["device"]["extra"]["comm_interference"]["2"] >= 0
     assert data["device"]["extra"]["attention_table"]["fp32"]
 
 
@@ -164,6 +165,8 @@ def test_list_forms_the_executor_calls_run_on_a_real_gloo_group():
                   contention_dtype="fp32", contention_s=0.05)
     ranks = run_comm_job(job)
     assert len(ranks) == 2 and all(r["gemm_rate"] > 0 and r["stream_rate"] > 0 for r in ranks)
+    # compute lost per second of overlapped all-reduce: 3 finite samples, never negative
+    assert all(len(r["interference"]) == 3 and all(0 <= x < 10 for x in r["interference"]) for r in ranks)
     for r in ranks:
         for op in LIST_VARIANTS:
             assert set(r["collectives"][op]) == {4096, 2**18}
@@ -194,3 +197,94 @@ def test_python_api_rejects_bad_input_with_spec_error():
     with pytest.raises(SpecError) as e:
         calibrate(ranks=[2, 0])
     assert e.value.field == "ranks"
+
+
+# ----------------------------------------------------------------------------- in-situ TP collectives
+
+def test_in_situ_alpha_is_the_median_latency_over_the_back_to_back_bandwidth_term():
+    from parsim.calibration.profile import insitu_entry
+    beta = 1e-9
+    samples = {262144: [3.0e-3, 3.4e-3, 2.6e-3], 524288: [3.3e-3, 3.1e-3, 9.0e-3]}   # one slow sample
+    entry = insitu_entry(samples, beta)
+    expected = np.median([t - beta * x for x, v in samples.items() for t in v])
+    assert entry["alpha_insitu"] == pytest.approx(expected)
+    assert [p[0] for p in entry["insitu_points"]] == [262144, 524288]
+    assert all(p10 <= med <= p90 for _, med, p10, p90 in entry["insitu_points"])
+    assert insitu_entry({4096: [1e-6]}, 1e-6)["alpha_insitu"] == 0.0       # never a negative latency
+
+
+def test_profile_records_alpha_insitu_only_for_the_collectives_measured_in_situ():
+    from parsim.calibration.profile import _collectives
+    sizes = [4096, 65536, 2**20]
+    b2b = {s: [1e-3 + 1e-9 * s] * 3 for s in sizes}
+    rank = {"collectives": {"all_reduce": b2b, "all_gather": b2b}, "insitu": {"all_reduce": {262144: [2e-3] * 3}}}
+    table = _collectives({2: [rank, rank]})
+    ar = table["all_reduce"]["2"]
+    assert ar["alpha"] == pytest.approx(1e-3) and ar["beta"] == pytest.approx(1e-9)
+    assert ar["alpha_insitu"] == pytest.approx(2e-3 - 1e-9 * 262144)
+    assert "alpha_insitu" not in table["all_gather"]["2"]
+
+
+def test_in_situ_sizes_and_block_follow_the_model_tp_shapes():
+    from parsim.calibration.runner import insitu_gemm, insitu_sizes
+    m = load_model("cpu-small")
+    bsh = m.seq_len * m.hidden
+    assert insitu_sizes(m, "fp32", (1, 2)) == (4 * bsh, 8 * bsh)      # b*s*h activations, 4 bytes each
+    assert insitu_sizes(m, "bf16", (1,)) == (2 * bsh,)
+    # the MLP-up GEMM of a TP group of t: (b*s, ffn/t, h), column-parallel (Megatron)
+    assert insitu_gemm(m, 2, 1) == (m.seq_len, m.ffn_hidden // 2, m.hidden)
+    assert insitu_gemm(m, 3, 1) is None or m.ffn_hidden % 3 == 0
+
+
+@pytest.mark.slow
+def test_in_situ_probe_runs_on_a_real_gloo_group():
+    pytest.importorskip("torch")
+    from parsim.calibration.comm import CommJob, run_comm_job
+    from parsim.calibration.insitu import INSITU_OPS
+
+    job = CommJob(world=2, device_type="cpu", sizes=(4096,), ops=("all_reduce",), repeats=3,
+                  point_budget_s=0.05, min_sample_s=1e-3, contention_gemm=(64, 64, 64),
+                  contention_dtype="fp32", contention_s=0.05, insitu_sizes=(8192,), insitu_blocks=((2, 32, 64, 32),))
+    ranks = run_comm_job(job)
+    # every TP op at the per-rank tensor size (all-gather: the shard), one value per sample,
+    # reduced over the group so both ranks hold the same numbers
+    for op in INSITU_OPS:
+        per = ranks[0]["insitu"][op]
+        assert set(per) == ({4096} if op == "all_gather" else {8192})
+        assert all(len(v) == 3 and all(x >= 0 for x in v) for v in per.values())
+    assert ranks[0]["insitu"] == ranks[1]["insitu"]
+    assert ranks[0]["insitu_groups"] == {}            # no TP group smaller than the world of 2
+
+
+@pytest.mark.slow
+def test_in_situ_probe_measures_smaller_tp_groups_sharing_the_host():
+    pytest.importorskip("torch")
+    from parsim.calibration.comm import CommJob, run_comm_job
+    from parsim.calibration.profile import _collectives
+
+    job = CommJob(world=4, device_type="cpu", sizes=(4096, 65536), ops=("all_reduce",), repeats=3,
+                  point_budget_s=0.05, min_sample_s=1e-3, contention_gemm=(64, 64, 64), contention_dtype="fp32",
+                  contention_s=0.05, insitu_sizes=(8192,), insitu_blocks=((2, 32, 64, 32), (4, 32, 32, 32)))
+    ranks = run_comm_job(job)
+    groups = ranks[0]["insitu_groups"]
+    assert set(groups) == {2} and set(groups[2]["all_reduce"]) == {8192}
+    # two TP groups of 2 at once on the 4-rank host: recorded on the 2-rank entry, keyed by host ranks
+    two = [{"collectives": {"all_reduce": {4096: [1e-3] * 3, 65536: [1.1e-3] * 3}}}] * 2
+    entry = _collectives({2: two, 4: ranks})["all_reduce"]["2"]
+    assert set(entry["alpha_insitu_shared"]) == {"4"} and entry["alpha_insitu_shared"]["4"] >= 0
+    assert "alpha_insitu" not in entry                 # the 2-rank job measured no in-situ here
+
+
+@pytest.mark.slow
+def test_quick_profile_prices_tp_collectives_in_situ(quick_profile):
+    from parsim.costs.timing import collective_time
+    path, _ = quick_profile
+    cluster = load_cluster("cpu:2", profile=path)
+    m = load_model("cpu-small")
+    full = m.seq_len * m.hidden * 4                  # the TP buffer of cpu-small, mbs=1, fp32
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        entry = cluster.network.collectives[op]["2"]
+        assert entry["alpha_insitu"] >= 0 and entry["insitu_points"], op
+        x = full / 2 if op == "all_gather" else full
+        assert collective_time(cluster, op, full, [0, 1], in_situ=True) == \
+            pytest.approx(entry["alpha_insitu"] + entry["beta"] * x)

@@ -150,6 +150,31 @@ def test_sp_replaces_each_allreduce_with_reduce_scatter_and_all_gather():
     assert sorted(ops) == ["all_gather", "all_gather", "reduce_scatter", "reduce_scatter"]
 
 
+def test_vocab_parallel_embedding_head_and_loss_collectives_follow_megatron():
+    from parsim.costs import embedding_ops, head_ops, tp_collectives_edge
+    m = load_model("cpu-small")
+    p = Plan(tp=2, mbs=2, dtype="fp32")
+    bsh, tokens = 2 * m.seq_len * m.hidden * 4, 2 * m.seq_len
+    assert tp_collectives_edge(m, Plan(tp=1), "head", "fwd") == []
+    emb_f, emb_b = (tp_collectives_edge(m, p, "embedding", ph) for ph in ("fwd", "bwd"))
+    head_f, head_b = (tp_collectives_edge(m, p, "head", ph) for ph in ("fwd", "bwd"))
+    # the partial lookups are summed over TP; the output layer's input gradient too (identity forward)
+    assert [(c.op, c.nbytes) for c in emb_f] == [("all_reduce", bsh)] and emb_b == []
+    assert [(c.op, c.nbytes) for c in head_b] == [("all_reduce", bsh)]
+    # vocab-parallel cross-entropy: max, then (target logit, sum of exp), fp32 per token
+    assert [(c.op, c.nbytes) for c in head_f] == [("all_reduce", 4 * tokens), ("all_reduce", 8 * tokens)]
+    # SP: reduce-scatter / all-gather along the sequence instead
+    sp = p.replace(sp=True)
+    assert [c.op for c in tp_collectives_edge(m, sp, "embedding", "fwd")] == ["reduce_scatter"]
+    assert [c.op for c in tp_collectives_edge(m, sp, "embedding", "bwd")] == ["all_gather"]
+    assert [c.op for c in tp_collectives_edge(m, sp, "head", "fwd")] == ["all_gather", "all_reduce", "all_reduce"]
+    assert [c.op for c in tp_collectives_edge(m, sp, "head", "bwd")] == ["reduce_scatter"]
+    # every collective follows an op of the embedding / head (or starts its chain)
+    names = {o.name for o in embedding_ops(m, sp) + head_ops(m, sp)} | {""}
+    assert all(c.after in names for part in ("embedding", "head") for ph in ("fwd", "bwd")
+               for c in tp_collectives_edge(m, sp, part, ph))
+
+
 def test_p2p_bytes_are_bsh_over_t():
     m = load_model("gpt3-13b")
     assert p2p_bytes(m, Plan(tp=4, mbs=2)) == 2 * m.seq_len * m.hidden * 2 / 4
@@ -190,6 +215,30 @@ def test_calibrated_alpha_beta_takes_precedence(tmp_path):
     assert timing.collective_time(c, "all_reduce", 1e6, [0, 1]) == pytest.approx(1e-3 + 2e-9 * 1e6)
 
 
+def test_in_situ_collectives_take_alpha_insitu_where_the_profile_has_it(tmp_path):
+    import yaml
+    from parsim.specs import load_profile_dict
+    d = load_profile_dict("cpu")
+    d["network"]["collectives"] = {
+        "all_reduce": {"2": {"alpha": 1e-3, "beta": 2e-9, "alpha_insitu": 1.8e-3}},
+        "all_gather": {"2": {"alpha": 1e-3, "beta": 2e-9}}}          # measured back to back only
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(d))
+    c = load_cluster("cpu:2", profile=str(f))
+    x = 2.0**18
+    # in situ: the in-situ latency with the back-to-back bandwidth term
+    assert timing.collective_time(c, "all_reduce", x, [0, 1], in_situ=True) == pytest.approx(1.8e-3 + 2e-9 * x)
+    assert timing.collective_time(c, "all_reduce", x, [0, 1]) == pytest.approx(1e-3 + 2e-9 * x)
+    # no alpha_insitu: both alike (all-gather's x is the per-rank shard)
+    assert timing.collective_time(c, "all_gather", x, [0, 1], in_situ=True) == \
+        timing.collective_time(c, "all_gather", x, [0, 1]) == pytest.approx(1e-3 + 2e-9 * x / 2)
+    # GPU profiles (analytic ring/tree, no calibrated table): unchanged
+    g = load_cluster("a100-80g:8")
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        assert timing.collective_time(g, op, 1e8, list(range(8)), in_situ=True) == \
+            timing.collective_time(g, op, 1e8, list(range(8)))
+
+
 def test_skinny_gemms_run_at_lower_efficiency():
     dev = load_cluster("a100-80g:8").device
     fat = 2 * 4096 ** 3 / timing.gemm_time(dev, 4096, 4096, 4096, "bf16")
@@ -225,6 +274,16 @@ def _cpu_cluster(tmp_path, n: int, **extra):
     f = tmp_path / "p.yaml"
     f.write_text(yaml.safe_dump(d))
     return load_cluster(f"cpu:{n}", profile=str(f))
+
+
+def test_comm_interference_reads_measured_table_linear_between_counts_and_held_beyond(tmp_path):
+    assert timing.comm_interference(load_cluster("a100-80g:8"), 8) == 0.0     # GPUs: not modelled
+    c = _cpu_cluster(tmp_path, 8, comm_interference={"2": 0.6, "4": 1.0})
+    assert timing.comm_interference(c, 1) == 0.0
+    assert timing.comm_interference(c, 2) == pytest.approx(0.6)
+    assert timing.comm_interference(c, 3) == pytest.approx(0.8)
+    assert timing.comm_interference(c, 8) == pytest.approx(1.0)
+    assert timing.comm_interference(c, 1.5) == pytest.approx(0.3)
 
 
 def test_gradient_accumulation_costs_time_only_where_the_profile_says_unfused(tmp_path):

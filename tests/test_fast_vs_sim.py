@@ -19,6 +19,9 @@ PIPELINE_AND_TP = [
     "pp=8 gbs=16 dtype=fp32", "tp=8 gbs=4 mbs=2 recompute=full sp=true",
 ]
 ZERO3 = ["dp=8 gbs=32 zero=3", "dp=4 tp=2 gbs=16 zero=3 recompute=full", "dp=8 gbs=16 zero=3 offload=optimizer+params"]
+# ZeRO-2: per-layer gradient reduce-scatters in every backward, one parameter all-gather per step
+ZERO2 = ["dp=8 gbs=32 zero=2", "dp=2 pp=4 gbs=32 zero=2", "dp=2 pp=4 vpp=2 gbs=32 schedule=interleaved zero=2",
+         "dp=2 pp=4 gbs=32 zero=2 schedule=gpipe", "dp=8 gbs=32 zero=2 offload=optimizer", "dp=4 tp=2 gbs=16 zero=2"]
 DATA_PARALLEL = ["dp=8 gbs=32", "dp=8 gbs=32 zero=1", "dp=2 tp=2 pp=2 gbs=32", "dp=2 pp=4 gbs=32",
                  "dp=8 gbs=32 zero=1 offload=optimizer", "dp=2 pp=4 vpp=2 gbs=32 schedule=interleaved",
                  "dp=8 gbs=32 dp_impl=ps"]
@@ -41,6 +44,11 @@ def test_pipeline_and_tensor_parallel_plans_agree_within_2_percent(plan):
 
 @pytest.mark.parametrize("plan", ZERO3)
 def test_zero3_plans_agree_within_2_percent(plan):
+    _agree([plan])
+
+
+@pytest.mark.parametrize("plan", ZERO2)
+def test_zero2_plans_agree_within_2_percent(plan):
     _agree([plan])
 
 

@@ -2,11 +2,13 @@
 GEMM runs at one rate and everything else (memory-bound ops, the output head, links unless a
 test gives them a bandwidth) takes no time, so stage times are exactly t_f and t_b."""
 import math
+from collections import Counter
 from fractions import Fraction
 
 import pytest
 
-from parsim.costs import dp_buckets, layer_ops, layer_params, state_bytes, tp_collectives_per_layer
+from parsim.costs import (dp_buckets, embedding_params, head_params, layer_ops, layer_params, stage_params,
+                          state_bytes, tp_collectives_edge, tp_collectives_per_layer)
 from parsim.costs.ops import head_ops
 from parsim.costs.timing import collective_time, op_time, p2p_time
 from parsim.schedules import build_schedule, dry_run, textbook_bubble_fraction
@@ -117,14 +119,23 @@ def test_pipeline_sends_delay_the_step_as_the_dependency_dry_run_says():
 def test_blocking_tp_collectives_add_their_time_to_every_layer():
     # Megatron-LM TP: 2 all-reduces per layer forward, 2 backward, on the critical path
     # (Shoeybi et al. 2019 Fig. 3)
+    # (Shoeybi et al. 2019 Fig. 3), and the vocabulary-parallel embedding's, output layer's
+    # and loss's per microbatch (costs.tp_collectives_edge; the ideal device prices their ops at 0)
     plan = Plan(tp=2, gbs=4)
     cluster = ideal_cluster(2, intra=LINK)
     comm = sum(collective_time(cluster, c.op, c.nbytes, [0, 1])
                for phase in ("fwd", "bwd") for c in tp_collectives_per_layer(MODEL, plan, phase))
+    edge = _edge_comm(cluster, plan)
     compute = layer_time(plan, "fwd") + layer_time(plan, "bwd")
     r = simulate(MODEL, cluster, plan)
-    assert r.step_time_s == pytest.approx(4 * MODEL.layers * (compute + comm), rel=1e-12)
-    assert r.exposed_comm_s["tp"] == pytest.approx(4 * MODEL.layers * comm, rel=1e-12)
+    assert r.step_time_s == pytest.approx(4 * (MODEL.layers * (compute + comm) + edge), rel=1e-12)
+    assert r.exposed_comm_s["tp"] == pytest.approx(4 * (MODEL.layers * comm + edge), rel=1e-12)
+
+
+def _edge_comm(cluster, plan: Plan) -> float:
+    """Seconds of the embedding's, output layer's and loss's TP collectives, one microbatch."""
+    return sum(collective_time(cluster, c.op, c.nbytes, [0, 1]) for part in ("embedding", "head")
+               for phase in ("fwd", "bwd") for c in tp_collectives_edge(MODEL, plan, part, phase))
 
 
 def test_sub_pipelined_tp_hides_part_of_the_collectives_behind_the_other_half():
@@ -165,9 +176,11 @@ def test_sub_pipelined_halves_join_at_every_layer_end():
             for phase in ("fwd", "bwd") for c in tp_collectives_per_layer(MODEL, half, phase)}
     assert a < min(t for pass_ in ("fwd", "bwd") for t in _segments(half, pass_) if t > 0)
     per_layer = 2 * layer_time(half, "fwd") + a + 2 * layer_time(half, "bwd") + a
-    r = simulate(MODEL, cluster, Plan(tp=2, mbs=2, gbs=4, tp_overlap="subpipe"))
-    assert r.step_time_s == pytest.approx(2 * MODEL.layers * per_layer, rel=1e-12)
-    assert r.exposed_comm_s["tp"] == pytest.approx(2 * MODEL.layers * 2 * a, rel=1e-9)
+    plan = Plan(tp=2, mbs=2, gbs=4, tp_overlap="subpipe")
+    edge = _edge_comm(cluster, plan)     # on the whole microbatch, before and after the halves
+    r = simulate(MODEL, cluster, plan)
+    assert r.step_time_s == pytest.approx(2 * (MODEL.layers * per_layer + edge), rel=1e-12)
+    assert r.exposed_comm_s["tp"] == pytest.approx(2 * (MODEL.layers * 2 * a + edge), rel=1e-9)
 
 
 def _dp_replay(grad_ready: list[tuple[float, float]], bucket_bytes: int, t_bucket) -> float:
@@ -232,6 +245,48 @@ def test_zero3_adds_the_first_gather_of_every_action_and_the_last_reduce_scatter
     assert r.step_time_s == pytest.approx(m * (MODEL.layers * (c + b) + 2 * t_gather + t_scatter), rel=1e-12)
     gathers = [e for e in r.trace.events if e.kind == "zero_allgather"]
     assert len(gathers) == 2 * m * MODEL.layers
+
+
+def test_zero2_reduce_scatters_every_backward_layer_by_layer_and_gathers_the_parameters_once():
+    # ZeRO-2 (Rajbhandari et al. 2020 Sec. 5.2; DeepSpeed stage 2): every microbatch's backward
+    # reduce-scatters each layer's gradients as it completes them (and the head's and the
+    # embedding's), so they accumulate as 1/dp shards; the parameters stay replicated and are
+    # all-gathered once per step, in buckets, after the sharded optimizer step. With compute
+    # longer than the reduce-scatters, only the last backward's queue and the gather show.
+    m, L = 4, MODEL.layers
+    plan = Plan(dp=2, gbs=2 * m, zero=2, dp_bucket_bytes=2 * 2**20)
+    cluster = ideal_cluster(2, intra=LINK)
+    sb = state_bytes("bf16")
+    t_f, t_b = stage_times(Plan())
+    layer_b = t_b / L
+    step_end = m * (t_f + t_b)
+    b_start = step_end - t_b
+
+    def t_rs(params):
+        return collective_time(cluster, "reduce_scatter", params * sb.grad, [0, 1])
+
+    # backward order: head (free on the ideal device), layers last to first, embedding (free)
+    parts = ([(b_start, head_params(MODEL, plan))] + [(b_start + (i + 1) * layer_b, layer_params(MODEL))
+                                                      for i in range(L)] + [(step_end, embedding_params(MODEL, plan))])
+    assert t_rs(layer_params(MODEL)) < layer_b and sum(t_rs(n) for _, n in parts) < t_f
+    drained = 0.0
+    for ready, n in parts:
+        drained = max(drained, ready) + t_rs(n)
+    n_rank = stage_params(MODEL, plan)[0]
+    assert sum(n for _, n in parts) == pytest.approx(n_rank, rel=1e-12)
+    buckets = dp_buckets(n_rank * sb.param, plan.dp_bucket_bytes)
+    gather = sum(collective_time(cluster, "all_gather", b, [0, 1]) for b in buckets)
+
+    r = simulate(MODEL, cluster, plan)
+    assert r.step_time_s == pytest.approx(drained + gather, rel=1e-12)
+    assert r.exposed_comm_s["dp"] == pytest.approx(drained - step_end + gather, rel=1e-9)
+    scatters = [e for e in r.trace.events if e.kind == "zero_reducescatter"]
+    assert len(scatters) == (L + 2) * m                    # (layers + head + embedding) x microbatches
+    assert Counter(e.microbatch for e in scatters) == {j: L + 2 for j in range(m)}
+    assert sorted(e.layer for e in scatters if e.microbatch == 0) == [-1, -1] + list(range(L))
+    assert sum(e.bytes for e in scatters) == pytest.approx(m * n_rank * sb.grad, rel=1e-12)
+    assert len([e for e in r.trace.events if e.kind == "dp_allgather"]) == len(buckets) > 1
+    assert not {"dp_reducescatter", "dp_allreduce", "zero_allgather"} & {e.kind for e in r.trace.events}
 
 
 def test_unit_costs_reproduce_the_schedules_dry_run_exactly():

@@ -177,3 +177,150 @@ def test_host_contention_applies_to_ranks_computing_at_once_not_to_idle_ones():
             assert step == pytest.approx(step_fixed, rel=0.05)
         else:
             assert step < 0.85 * step_fixed
+
+
+def _with_interference(cluster, value):
+    from dataclasses import replace
+    extra = {k: v for k, v in cluster.device.extra.items() if k != "comm_interference"}
+    if value is not None:
+        extra["comm_interference"] = {"2": value}
+    return replace(cluster, device=replace(cluster.device, extra=extra))
+
+
+def _overlap(intervals, others):
+    return sum(max(0.0, min(e, f) - max(s, g)) for s, e in intervals for g, f in others)
+
+
+def test_comm_interference_delays_compute_by_the_overlapped_collective_time():
+    """CPU host: a DP all-reduce overlapping the backward takes interference x overlap seconds
+    from the rank's compute, paid before the optimizer step (one microbatch: nothing else)."""
+    from parsim.specs import load_cluster, load_model, parse_plan
+
+    model = load_model("cpu-small")
+    base = load_cluster("cpu:2", profile="cpu-calibrated")
+    plan = parse_plan("dp=2 gbs=2 mbs=1 dtype=fp32 dp_bucket_bytes=4000000")
+    plain = simulate(model, _with_interference(base, None), plan)
+    r0 = [e for e in plain.trace.events if e.rank == 0]
+    backward = [(e.start, e.end) for e in r0 if e.kind == "B"]
+    buckets = [(e.start, e.end) for e in r0 if e.kind == "dp_allreduce"]
+    overlap = _overlap(buckets, backward)
+    assert len(buckets) > 1 and overlap > 0
+    hit = simulate(model, _with_interference(base, 0.6), plan)
+    # (1% : the mean-field host contention moves a little with the longer step)
+    assert hit.step_time_s - plain.step_time_s == pytest.approx(0.6 * overlap, rel=0.01)
+
+
+def test_comm_interference_costs_nothing_when_the_collective_overlaps_no_compute():
+    from parsim.specs import load_cluster, load_model, parse_plan
+
+    model = load_model("cpu-small")
+    base = load_cluster("cpu:2", profile="cpu-calibrated")
+    plan = parse_plan("dp=2 gbs=4 mbs=1 dtype=fp32 dp_overlap=false")
+    plain = simulate(model, _with_interference(base, None), plan)
+    hit = simulate(model, _with_interference(base, 0.9), plan)
+    assert hit.step_time_s == pytest.approx(plain.step_time_s, rel=1e-9)
+
+
+def test_comm_interference_slows_zero3_whose_gathers_overlap_every_layer():
+    from parsim.specs import load_cluster, load_model, parse_plan
+
+    model = load_model("cpu-small")
+    base = load_cluster("cpu:2", profile="cpu-calibrated")
+    plan = parse_plan("dp=2 gbs=4 mbs=1 zero=3 dtype=fp32")
+    plain = simulate(model, _with_interference(base, None), plan)
+    hit = simulate(model, _with_interference(base, 0.5), plan)
+    r0 = [e for e in plain.trace.events if e.rank == 0]
+    comm = [(e.start, e.end) for e in r0 if e.stream == "dp"]
+    compute = [(e.start, e.end) for e in r0 if e.kind in ("F", "B")]
+    overlap = _overlap(comm, compute)
+    # the delays shift later collectives, so the total is near, not exactly, 0.5 x overlap
+    assert 0.3 * overlap < hit.step_time_s - plain.step_time_s < 0.7 * overlap
+
+
+def test_processor_sharing_host_slows_jobs_only_while_they_overlap():
+    """Two 1-second GEMM jobs, the second starting at 0.5 s, on a host where two at once run
+    at half speed: the first is half done alone, then both progress at 1/2 per second, so
+    the first ends at 1.5 s and the second (half done by then) alone at 2.0 s."""
+    import simpy
+
+    from parsim.sim.host import Host
+
+    env = simpy.Environment()
+    host = Host(env, lambda n: (float(n), 1.0))
+    ends = {}
+
+    def job(name, at, fixed=0.0, gemm=1.0):
+        yield env.timeout(at)
+        yield host.run(fixed, gemm, 0.0)
+        ends[name] = env.now
+
+    env.process(job("a", 0.0))
+    env.process(job("b", 0.5))
+    env.run()
+    assert ends["a"] == pytest.approx(1.5) and ends["b"] == pytest.approx(2.0)
+    # a fixed (not shared) part is not slowed
+    env = simpy.Environment()
+    host = Host(env, lambda n: (float(n), 1.0))
+    ends.clear()
+    env.process(job("a", 0.0, fixed=1.0, gemm=0.0))
+    env.process(job("b", 0.0, fixed=1.0, gemm=0.0))
+    env.run()
+    assert ends["a"] == pytest.approx(1.0) and ends["b"] == pytest.approx(1.0)
+
+
+def test_pipeline_ranks_on_a_shared_host_compute_faster_in_the_bubbles_than_in_the_steady_state():
+    """pp=4 on 2 cores: rank 0's first forward runs alone (fast); in the steady state all four
+    ranks compute at once and its forwards take about the 4-rank slowdown longer."""
+    from parsim.costs.timing import host_contention
+    from parsim.specs import load_cluster, load_model, parse_plan
+
+    cluster = load_cluster("cpu:4", profile="cpu-calibrated")
+    res = simulate(load_model("cpu-small"), cluster, parse_plan("pp=4 gbs=8 dtype=fp32"))
+    forwards = [e.end - e.start for e in res.trace.events if e.rank == 0 and e.kind == "F"]
+    assert len(forwards) == 8
+    assert max(forwards) > 1.3 * forwards[0]
+    worst = max(host_contention(cluster, 4, "gemm"), host_contention(cluster, 4, "membound"))
+    assert max(forwards) <= worst * forwards[0] * 1.01
+
+
+def _cpu_with(**extra):
+    from dataclasses import replace
+
+    from parsim.specs import load_cluster
+    base = load_cluster("cpu:2")          # no contention table: no host sharing to move times
+    return replace(base, device=replace(base.device, extra={**base.device.extra, **extra}))
+
+
+def test_blocking_zero_collectives_never_overlap_compute():
+    """FSDP2 without side streams (CPU): every ZeRO-3 gather and reduce-scatter runs while
+    the rank's compute waits, so no per-layer compute segment overlaps a DP collective."""
+    from parsim.specs import load_model, parse_plan
+
+    model, plan = load_model("cpu-small"), parse_plan("dp=2 gbs=4 mbs=1 zero=3 dtype=fp32")
+    blocking = simulate(model, _cpu_with(zero_overlap=False), plan, detail=True)
+    overlapped = simulate(model, _cpu_with(), plan, detail=True)
+    for res, expect_overlap in ((blocking, False), (overlapped, True)):
+        r0 = [e for e in res.trace.events if e.rank == 0]
+        comm = [(e.start, e.end) for e in r0 if e.stream == "dp"]
+        compute = [(e.start, e.end) for e in r0 if e.stream == "compute" and e.layer >= 0]
+        assert comm and compute
+        assert (_overlap(comm, compute) > 1e-6) == expect_overlap
+    assert blocking.step_time_s > overlapped.step_time_s
+
+
+def test_fsdp_copies_add_one_streaming_pass_per_collective_when_blocking():
+    """zero_copies=fsdp2: each all-gather is followed and each reduce-scatter preceded by a
+    copy of 2 x its bytes at the streaming bandwidth; with blocking collectives they add up."""
+    from parsim.costs.timing import membound_time
+    from parsim.specs import load_model, parse_plan
+
+    model, plan = load_model("cpu-small"), parse_plan("dp=2 gbs=4 mbs=1 zero=3 dtype=fp32")
+    plain = simulate(model, _cpu_with(zero_overlap=False), plan)
+    cluster = _cpu_with(zero_overlap=False, zero_copies="fsdp2")
+    copied = simulate(model, cluster, plan)
+    dp = [e for e in plain.trace.events if e.rank == 0 and e.stream == "dp"]
+    expect = sum(membound_time(cluster.device, 2 * e.bytes, "fsdp_copy") for e in dp)
+    assert len(dp) > 10
+    assert copied.step_time_s - plain.step_time_s == pytest.approx(expect, rel=1e-6)
+    kinds = {e.kind for e in copied.trace.events if e.rank == 0 and e.stream == "compute"}
+    assert {"fsdp_copy_in", "fsdp_copy_out"} <= kinds

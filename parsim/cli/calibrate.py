@@ -53,7 +53,8 @@ def summary(profile: dict) -> dict:
         "gemm": dev["gemm"],
         "attention_efficiency": dev["attention_efficiency"],
         "contention": dev["extra"]["contention"],
-        "collectives": {op: {n: {"alpha": e["alpha"], "beta": e["beta"]} for n, e in per.items()}
+        "collectives": {op: {n: {k: e[k] for k in ("alpha", "beta", "alpha_insitu", "alpha_insitu_shared") if k in e}
+                             for n, e in per.items()}
                         for op, per in net.get("collectives", {}).items()},
     }
 
@@ -68,10 +69,10 @@ def render(profile: dict, path: Path) -> str:
              f"attention eff {dev['attention_efficiency']:.2f}",
              "contention (ranks: slowdown) " + ", ".join(f"{k}: {v:.2f}" for k, v in dev["extra"]["contention"].items()),
              ""]
-    rows = [[op, n, f"{e['alpha'] * 1e3:.3f}", f"{1 / e['beta'] / 1e9:.3f}" if e["beta"] > 0 else "inf",
-             f"{e['spread']:.2f}", f"{e['fit_rms_rel']:.2f}"]
+    rows = [[op, n, f"{e['alpha'] * 1e3:.3f}", f"{e['alpha_insitu'] * 1e3:.3f}" if "alpha_insitu" in e else "-",
+             f"{1 / e['beta'] / 1e9:.3f}" if e["beta"] > 0 else "inf", f"{e['spread']:.2f}", f"{e['fit_rms_rel']:.2f}"]
             for op, per in net.get("collectives", {}).items() for n, e in per.items()]
     if rows:
-        lines.append(table(rows, ["collective", "ranks", "alpha ms", "1/beta GB/s", "spread", "fit rms"]))
+        lines.append(table(rows, ["collective", "ranks", "alpha ms", "in situ ms", "1/beta GB/s", "spread", "fit rms"]))
     lines.append(f"wrote {path}")
     return "\n".join(lines)

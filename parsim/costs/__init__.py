@@ -1,8 +1,8 @@
 """Costs: pure functions of (model, plan[, cluster]) -> FLOPs, bytes, seconds. SI units."""
 from .activations import (embedding_activation_bytes, head_activation_bytes, inflight_microbatches,
                           interleaved_peak_bytes, interleaved_warmup, layer_activation_bytes)
-from .comm import (Collective, dp_buckets, dp_grad_bytes, dp_param_bytes, p2p_bytes, tp_collectives_per_layer,
-                   zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
+from .comm import (Collective, dp_buckets, dp_grad_bytes, dp_param_bytes, p2p_bytes, tp_collectives_edge,
+                   tp_collectives_per_layer, zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
 from .flops import eq3_flops, hardware_flops_per_step, model_flops_per_step
 from .memory import (CATEGORIES, StageMemory, StateBytes, device_capacity, fits, memory_by_stage,
                      rank_recompute, stage_recompute, state_bytes, zero_model_state_bytes)

@@ -54,6 +54,40 @@ def tp_collectives_per_layer(model: ModelSpec, plan: Plan, phase: str) -> list[C
             Collective("reduce_scatter", nbytes, "tp", "attn_in_grad_reducescatter", after="qkv")]
 
 
+def tp_collectives_edge(model: ModelSpec, plan: Plan, part: str, phase: str) -> list[Collective]:
+    """TP collectives of the vocabulary-parallel embedding (``part`` "embedding") or output
+    layer and loss ("head"), one microbatch, phase "fwd" or "bwd"; ``after`` names the
+    ``costs.ops.embedding_ops`` / ``head_ops`` op they follow.
+
+    Megatron-LM (Shoeybi et al. 2019 Sec. 3; ``tensor_parallel.layers.VocabParallelEmbedding``,
+    ``vocab_parallel_cross_entropy``): each rank looks up only its vocabulary rows, so the
+    embedding output is all-reduced over TP (with SP reduce-scattered along the sequence,
+    Korthikanti et al. 2022 Sec. 4.2.2; backward: identity / all-gather). The output layer's
+    input enters the TP region: identity forward and all-reduce of its gradient backward (SP:
+    all-gather forward, reduce-scatter backward); buffers b*s*h. The vocab-parallel
+    cross-entropy all-reduces the per-token logit max, then the target logit and the sum of
+    exponentials, fp32 (4 bytes) per token: Megatron issues the last two as two calls of b*s,
+    ``parsim.executor`` stacks them into one of 2*b*s, as modelled here."""
+    if plan.tp == 1:
+        return []
+    act = float(plan.mbs * model.seq_len * model.hidden * DTYPE_BYTES[plan.dtype])
+    tokens = float(plan.mbs * model.seq_len)
+    fwd = phase == "fwd"
+    if part == "embedding":
+        if fwd:
+            op = "reduce_scatter" if plan.sp else "all_reduce"
+            return [Collective(op, act, "tp", "embedding_reduce", after="embedding")]
+        return [Collective("all_gather", act, "tp", "embedding_grad_allgather")] if plan.sp else []
+    if part != "head":
+        raise ValueError(f"part must be 'embedding' or 'head', not {part!r}")
+    if fwd:
+        enter = [Collective("all_gather", act, "tp", "head_in_allgather", after="final_norm")] if plan.sp else []
+        return enter + [Collective("all_reduce", 4.0 * tokens, "tp", "loss_max_allreduce", after="logits"),
+                        Collective("all_reduce", 8.0 * tokens, "tp", "loss_sum_allreduce", after="cross_entropy")]
+    op = "reduce_scatter" if plan.sp else "all_reduce"
+    return [Collective(op, act, "tp", "head_in_grad_reduce", after="logits")]
+
+
 def p2p_bytes(model: ModelSpec, plan: Plan) -> float:
     """Bytes one device sends to the next pipeline stage per microbatch (activations forward,
     their gradients backward): b*s*h*e, divided by t with TP (the scatter/gather optimisation

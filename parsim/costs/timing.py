@@ -16,7 +16,8 @@
   Your Deep Learning Training with NCCL 2.4", NVIDIA blog 2019).
   A calibrated profile's ``collectives`` (alpha + beta*x per op and group size) takes
   precedence, where x is the per-rank tensor passed to the call (input of all_gather,
-  input of reduce_scatter, the buffer of all_reduce, the message of send/recv).
+  input of reduce_scatter, the buffer of all_reduce, the message of send/recv); TP
+  collectives (``in_situ``) take its ``alpha_insitu`` where the profile has one.
 * GPU GEMMs: optional tile/wave quantisation (``device.extra["gemm_waves"]``), and fused
   causal attention (FlashAttention) skips the masked half of the score blocks.
 """
@@ -129,23 +130,39 @@ _CAL_KEYS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_sca
              "send_recv": "send_recv"}
 
 
-def _calibrated(cluster: ClusterSpec, op: str, n: int, x: float) -> float | None:
+def _calibrated(cluster: ClusterSpec, op: str, n: int, x: float, in_situ: bool = False,
+                host_ranks: int | None = None) -> float | None:
     table = cluster.network.collectives.get(_CAL_KEYS.get(op, op))
     if not table:
         return None
     sizes = sorted(int(k) for k in table)
     key = str(n) if str(n) in table else str(sizes[min(bisect.bisect_left(sizes, n), len(sizes) - 1)])
     ab = table[key]
-    return float(ab["alpha"]) + float(ab["beta"]) * x
+    alpha = ab["alpha"]
+    if in_situ:
+        alpha = ab.get("alpha_insitu", alpha)
+        if host_ranks is not None and host_ranks > n:
+            alpha = ab.get("alpha_insitu_shared", {}).get(str(host_ranks), alpha)
+    return float(alpha) + float(ab["beta"]) * x
 
 
-def collective_time(cluster: ClusterSpec, op: str, nbytes: float, group: list[int]) -> float:
-    """Seconds for one collective over ``group`` (global ranks) with full buffer ``nbytes``."""
+def collective_time(cluster: ClusterSpec, op: str, nbytes: float, group: list[int], in_situ: bool = False,
+                    host_ranks: int | None = None) -> float:
+    """Seconds for one collective over ``group`` (global ranks) with full buffer ``nbytes``.
+
+    ``in_situ``: the collective is called synchronously right after compute, as Megatron's
+    TP collectives are (Shoeybi et al. 2019, Fig. 3). A calibrated entry's ``alpha_insitu``
+    (``calibration.insitu``: seconds one such call adds to a chain of compute on the
+    calibrated host, the wait for the slowest peer included, less beta * x) then replaces
+    its back-to-back ``alpha``: time = alpha_insitu + beta * x [s]; and where ``host_ranks``
+    ranks share the host (more than the group: several TP groups at once) and the entry
+    measured that count (``alpha_insitu_shared``), that latency. Entries without the keys,
+    and the analytic ring/tree model, price in-situ and back-to-back calls alike."""
     n = len(group)
     if n <= 1 or nbytes <= 0:
         return 0.0
     x = nbytes / n if op == "all_gather" else nbytes
-    cal = _calibrated(cluster, op, n, x)
+    cal = _calibrated(cluster, op, n, x, in_situ, host_ranks)
     if cal is not None:
         return cal
     net = cluster.network
@@ -244,12 +261,38 @@ def host_contention(cluster: ClusterSpec, ranks: float, kind: str = "gemm") -> f
     on_host = min(float(ranks), float(cluster.devices_per_node))
     if not table or on_host <= 1:
         return 1.0
-    points = sorted({1: 1.0, **{int(k): float(v) for k, v in table.items()}}.items())
+    return max(_per_ranks(table, on_host, 1.0, beyond="scale"), 1.0)
+
+
+def comm_interference(cluster: ClusterSpec, ranks: float) -> float:
+    """Seconds of compute a rank loses per second of collective that runs while it computes.
+
+    On a CPU host the collective is CPU work: gloo's threads reduce and copy the buffers and
+    the kernel moves the loopback TCP bytes, on the same cores as the rank's GEMMs, so an
+    "overlapped" gradient all-reduce still delays the compute it overlaps. Calibrated CPU
+    profiles carry ``device.extra.comm_interference``: {ranks: measured (T_both - T_compute)
+    / T_comm} when ``ranks`` ranks compute while all-reducing 4 MiB buffers in the
+    background (``calibration.comm``), interpolated linearly between counts and held beyond
+    the largest. GPUs and uncalibrated profiles: 0 (a GPU collective runs on its own SMs and
+    copy engines; the few percent it takes from concurrent GEMMs are not modelled).
+    Dimensionless, >= 0."""
+    table = cluster.device.extra.get("comm_interference")
+    on_host = min(float(ranks), float(cluster.devices_per_node))
+    if not table or on_host <= 1:
+        return 0.0
+    return max(_per_ranks(table, on_host, 0.0, beyond="hold"), 0.0)
+
+
+def _per_ranks(table: dict, ranks: float, at_one: float, beyond: str) -> float:
+    """A per-rank-count table {count: value} at ``ranks`` (may be fractional): linear between
+    measured counts (``at_one`` at 1 rank); past the largest, ``beyond`` = "scale" (grows
+    with ranks: processor sharing) or "hold" (the last value)."""
+    points = sorted({1: at_one, **{int(k): float(v) for k, v in table.items()}}.items())
     for (k0, v0), (k1, v1) in zip(points, points[1:]):
-        if on_host <= k1:
-            return max(v0 + (v1 - v0) * (on_host - k0) / (k1 - k0), 1.0)
+        if ranks <= k1:
+            return v0 + (v1 - v0) * (ranks - k0) / (k1 - k0)
     k, v = points[-1]
-    return max(v * on_host / k, 1.0)
+    return v * ranks / k if beyond == "scale" else v
 
 
 def parameter_server_time(cluster: ClusterSpec, nbytes: float, group: list[int]) -> float:

@@ -7,9 +7,11 @@ fast path and the SimPy engine price a collective with the very same function.
 
 Per rank, in seconds (buckets back to back on one DP stream, ``costs.dp_buckets``):
     all-reduce of the gradients (all buckets, last bucket)     ZeRO-0 (PyTorch DDP)
-    reduce-scatter of the gradients (all, last)                ZeRO-1/2
+    reduce-scatter of the gradients (all, last)                ZeRO-1
     all-gather of the parameters (all buckets)                 ZeRO-1/2 after the step
     ZeRO-3 per-layer all-gather / reduce-scatter               (Rajbhandari et al. 2020 Sec. 7)
+    reduce-scatter of the embedding's / the head's gradients   ZeRO-2, every backward (with the
+                                                               per-layer one: Sec. 5.2)
     parameter server: gradient buckets in (all, last), parameters out    (``dp_impl=ps``)
     whether the TP and the DP groups leave the device on the same link (both NVLink inside a
     node, or both the NIC): then their transfers queue for one port, as in the SimPy engine
@@ -20,7 +22,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from parsim.costs import dp_buckets, state_bytes, zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer
+from parsim.costs import (dp_buckets, embedding_params, head_params, state_bytes, zero3_gather_bytes_per_layer,
+                          zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs import timing
 from parsim.costs.timing import parameter_server_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
@@ -28,7 +31,7 @@ from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
 from .plans import WORDS
 
 (C_AR_ALL, C_AR_LAST, C_RS_ALL, C_RS_LAST, C_AG_ALL, C_PS_ALL, C_PS_LAST, C_PS_BCAST, C_Z3_GATHER, C_Z3_SCATTER,
- C_SHARED_LINK, C_WIDTH) = range(12)
+ C_SHARED_LINK, C_Z2_EMB, C_Z2_HEAD, C_WIDTH) = range(14)
 
 
 def dp_group_ranks(dp: int, tp: int, pp: int, pp_rank: int = 0) -> list[int]:
@@ -97,8 +100,9 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
     for r in range(pp):
         group = pricer.dp_group(dp, tp, pp, r)
         n = rank_params[r]
-        if (n, group) in done:          # middle ranks repeat: same size, same group shape
-            out[r] = done[(n, group)]
+        key = (n, group, r == 0, r == pp - 1)
+        if key in done:                 # middle ranks repeat: same size, same group shape
+            out[r] = done[key]
             continue
         row = out[r]
         row[C_AR_ALL], row[C_AR_LAST] = pricer.bucketed("all_reduce", n * sb.grad, bucket_bytes, group)
@@ -109,9 +113,13 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
             row[C_PS_BCAST] = parameter_server_time(pricer.cluster, n * sb.param, list(group))
         row[C_Z3_GATHER] = pricer("all_gather", z3_gather, group)
         row[C_Z3_SCATTER] = pricer("reduce_scatter", z3_scatter, group)
+        if r == 0:
+            row[C_Z2_EMB] = pricer("reduce_scatter", embedding_params(model, plan) * sb.grad, group)
+        if r == pp - 1:
+            row[C_Z2_HEAD] = pricer("reduce_scatter", head_params(model, plan) * sb.grad, group)
         dp_nodes = len({cluster.node_of(x) for x in group})
         row[C_SHARED_LINK] = float(tp > 1 and (tp_nodes > 1) == (dp_nodes > 1))
-        done[(n, group)] = row.copy()
+        done[key] = row.copy()
     return out
 
 

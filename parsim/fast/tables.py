@@ -23,7 +23,7 @@ import numpy as np
 from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_params, head_activation_bytes,
                           head_ops, head_params,
                           layer_activation_bytes, layer_ops, layer_params, p2p_bytes, stage_params, state_bytes,
-                          tp_collectives_per_layer)
+                          tp_collectives_edge, tp_collectives_per_layer)
 from parsim.costs import timing
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 
@@ -80,10 +80,20 @@ def _ops_time(cluster: ClusterSpec, ops, pass_: str, dtype: str, core_only: bool
     return sum(timing.op_time(cluster.device, op, pass_, dtype) for op in ops if op.attention_core or not core_only)
 
 
-def _tp_seconds(cluster: ClusterSpec, model: ModelSpec, plan: Plan, phase: str) -> float:
+def _tp_seconds(cluster: ClusterSpec, model: ModelSpec, plan: Plan, phase: str, host_ranks: int | None = None,
+                part: str | None = None) -> float:
+    """Seconds of a layer's TP collectives (or, with ``part``, the embedding's / head's:
+    ``tp_collectives_edge``), priced in situ (timing.collective_time) as the SimPy engine does."""
     group = tp_group_ranks(1, plan.tp, 1)
-    return sum(timing.collective_time(cluster, c.op, c.nbytes, group)
-               for c in tp_collectives_per_layer(model, plan, phase))
+    colls = tp_collectives_per_layer(model, plan, phase) if part is None else tp_collectives_edge(model, plan, part, phase)
+    return sum(timing.collective_time(cluster, c.op, c.nbytes, group, in_situ=True, host_ranks=host_ranks)
+               for c in colls)
+
+
+def _prices_by_host_ranks(cluster: ClusterSpec) -> bool:
+    """Does a calibrated collective price in-situ calls by the ranks sharing the host
+    (``alpha_insitu_shared``)? Then the layer rows depend on the plan's ranks per node."""
+    return any("alpha_insitu_shared" in e for per in cluster.network.collectives.values() for e in per.values())
 
 
 def _compute_before_first_collective(cluster: ClusterSpec, model: ModelSpec, plan: Plan, phase: str, ops) -> float:
@@ -105,9 +115,10 @@ def _compute_before_first_collective(cluster: ClusterSpec, model: ModelSpec, pla
     return total
 
 
-def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> np.ndarray:
+def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ranks: int | None = None) -> np.ndarray:
     """Per-layer, per-microbatch costs on one device for a layer shape (tp, sp, mbs, dtype),
-    every recompute policy's extra left at zero (``with_recompute`` fills it in)."""
+    every recompute policy's extra left at zero (``with_recompute`` fills it in);
+    ``host_ranks``: ranks sharing the host, for in-situ TP prices that depend on it."""
     row = np.zeros(L_WIDTH)
     ops = layer_ops(model, plan)
     dt = plan.dtype
@@ -115,8 +126,8 @@ def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> np.nd
     row[L_BWD] = _ops_time(cluster, ops, "bwd", dt)
     # the attention-core forward, kept in L_RECOMPUTE until a policy is applied
     row[L_RECOMPUTE] = _ops_time(cluster, ops, "fwd", dt, core_only=True)
-    row[L_TP_FWD] = _tp_seconds(cluster, model, plan, "fwd")
-    row[L_TP_BWD] = _tp_seconds(cluster, model, plan, "bwd")
+    row[L_TP_FWD] = _tp_seconds(cluster, model, plan, "fwd", host_ranks)
+    row[L_TP_BWD] = _tp_seconds(cluster, model, plan, "bwd", host_ranks)
     row[L_ACT_NONE] = layer_activation_bytes(model, plan, "none")
     row[L_ACT_FULL] = layer_activation_bytes(model, plan, "full")
     row[L_PARAMS] = layer_params(model, plan.tp)
@@ -149,14 +160,16 @@ def layer_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> np.ndarray:
     return with_recompute(model, plan, layer_shape_row(model, cluster, plan))
 
 
-def head_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> np.ndarray:
+def head_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ranks: int | None = None) -> np.ndarray:
     row = np.zeros(H_WIDTH)
     dt = plan.dtype
     emb, head = embedding_ops(model, plan), head_ops(model, plan)
-    row[H_EMB_FWD] = _ops_time(cluster, emb, "fwd", dt)
-    row[H_EMB_BWD] = _ops_time(cluster, emb, "bwd", dt)
-    row[H_HEAD_FWD] = _ops_time(cluster, head, "fwd", dt)
-    row[H_HEAD_BWD] = _ops_time(cluster, head, "bwd", dt)
+    # the embedding's / head's TP collectives run in series with their ops (sim.compute chains):
+    # folded into their times
+    row[H_EMB_FWD] = _ops_time(cluster, emb, "fwd", dt) + _tp_seconds(cluster, model, plan, "fwd", host_ranks, "embedding")
+    row[H_EMB_BWD] = _ops_time(cluster, emb, "bwd", dt) + _tp_seconds(cluster, model, plan, "bwd", host_ranks, "embedding")
+    row[H_HEAD_FWD] = _ops_time(cluster, head, "fwd", dt) + _tp_seconds(cluster, model, plan, "fwd", host_ranks, "head")
+    row[H_HEAD_BWD] = _ops_time(cluster, head, "bwd", dt) + _tp_seconds(cluster, model, plan, "bwd", host_ranks, "head")
     row[H_EMB_ACT] = embedding_activation_bytes(model, plan)
     row[H_HEAD_ACT] = head_activation_bytes(model, plan)
     row[H_P2P_BYTES] = p2p_bytes(model, plan)
@@ -199,16 +212,21 @@ def uneven_chunks(model: ModelSpec, pp: int, vpp: int) -> list[bool]:
 
 def build_tables(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable) -> CostTables:
     c = plans.cols
-    lkeys, layer_id = key_ids(c["tp"], c["sp"], c["mbs"], c["dtype"], c["recompute"])
+    # ranks per node: a key of the layer rows only where in-situ TP prices depend on it
+    host = (np.minimum(c["dp"] * c["tp"] * c["pp"], cluster.devices_per_node) if _prices_by_host_ranks(cluster)
+            else np.zeros_like(c["tp"]))
+    lkeys, layer_id = key_ids(c["tp"], c["sp"], c["mbs"], c["dtype"], c["recompute"], host)
     shapes: dict[tuple[int, ...], np.ndarray] = {}
     rows = []
     for k in lkeys.tolist():
-        if tuple(k[:4]) not in shapes:
-            shapes[tuple(k[:4])] = layer_shape_row(model, cluster, _plan(*k[:4]))
-        rows.append(with_recompute(model, _plan(*k), shapes[tuple(k[:4])]))
+        shape_key = (*k[:4], k[5])
+        if shape_key not in shapes:
+            shapes[shape_key] = layer_shape_row(model, cluster, _plan(*k[:4]), k[5] or None)
+        rows.append(with_recompute(model, _plan(*k[:5]), shapes[shape_key]))
     layer = np.array(rows).reshape(-1, L_WIDTH)
-    hkeys, head_id = key_ids(c["tp"], c["sp"], c["mbs"], c["dtype"])
-    head = np.array([head_row(model, cluster, _plan(*map(int, k))) for k in hkeys]).reshape(-1, H_WIDTH)
+    hkeys, head_id = key_ids(c["tp"], c["sp"], c["mbs"], c["dtype"], host)
+    head = np.array([head_row(model, cluster, _plan(*map(int, k[:4])), int(k[4]) or None)
+                     for k in hkeys]).reshape(-1, H_WIDTH)
     rkeys, rank_id = key_ids(c["dp"], c["tp"], c["pp"], c["vpp"], c["dtype"])
     with_ps = bool((c["dp_impl"] == WORDS["dp_impl"].index("ps")).any())
     max_vpp = int(c["vpp"].max(initial=1))

@@ -16,6 +16,12 @@ reduce-scatter), then a layer takes max(compute, DP stream work): the gather, an
 also the reduce-scatter; with parameter offload each gather is preceded by the shard's
 host-to-device copy (ZeRO-Infinity, Rajbhandari et al. 2021).
 
+ZeRO-2 (Rajbhandari et al. 2020 Sec. 5.2): every backward reduce-scatters each layer's (and
+the head's, the embedding's) gradients on the DP stream as it completes them, hidden behind
+compute except after the rank's last backward: the step's gradients are reduced when that
+backward's queue of reduce-scatters drains (or, if the DP stream cannot keep up, when all m of
+them are through), then the sharded step and the once-per-step parameter all-gather.
+
 End of the step, per rank (PyTorch DDP bucketing, Li et al. 2020 Sec. 3.2.3): the gradient
 buckets of a stage are reduced one after another on the DP link as its last backward
 produces them (head first, layers from the last, embedding last); with interleaving the
@@ -35,7 +41,7 @@ from .codes import (GPIPE, INTERLEAVED, K_DPN, K_HOST_A, K_HOST_BW, K_HOST_MEM_B
                     K_INTRA_BW, K_MEMBOUND_BW, K_OVERHEAD, K_P2P_A, K_P2P_B, K_P2P_CAL, NAIVE, O_BUBBLE, O_DP, O_PIPE,
                     O_PP, O_STEP, O_TP, OFF_NONE, OFF_OPT_PARAMS, ONE_F_ONE_B, PS)
 from .comm import (C_AG_ALL, C_AR_ALL, C_AR_LAST, C_PS_ALL, C_PS_BCAST, C_PS_LAST, C_RS_ALL, C_RS_LAST,
-                   C_SHARED_LINK, C_Z3_GATHER, C_Z3_SCATTER)
+                   C_SHARED_LINK, C_Z2_EMB, C_Z2_HEAD, C_Z3_GATHER, C_Z3_SCATTER)
 from .tables import (D_ADAM_BYTES, D_GRAD, D_PARAM, H_EMB_BWD, H_EMB_FWD, H_EMB_PARAMS, H_HEAD_BWD, H_HEAD_FWD,
                      H_HEAD_PARAMS_PP1, H_HEAD_PARAMS_PPN, H_P2P_BYTES, L_BWD, L_PRE_BWD, L_PRE_FWD,
                      L_FWD, L_PARAMS, L_RECOMPUTE, L_TP_BWD, L_TP_FWD, L_TP_RECOMPUTE, R_CHUNK, R_COMM, R_LAYERS,
@@ -98,7 +104,7 @@ def _sync_rounds(c, zero, dp_impl):
         return c[C_PS_ALL], c[C_PS_LAST], c[C_PS_BCAST]
     if zero == 0:
         return c[C_AR_ALL], c[C_AR_LAST], 0.0
-    return c[C_RS_ALL], c[C_RS_LAST], c[C_AG_ALL]     # ZeRO-1/2: reduce-scatter, then all-gather
+    return c[C_RS_ALL], c[C_RS_LAST], c[C_AG_ALL]     # ZeRO-1: reduce-scatter, then all-gather
 
 
 @numba.njit(cache=True)
@@ -112,6 +118,7 @@ def plan_time(out, dp, tp, pp, vpp, m, schedule, zero, offload, dp_impl, lrow, h
     b_layer = lrow[L_BWD] + lrow[L_TP_BWD] + lrow[L_RECOMPUTE] + lrow[L_TP_RECOMPUTE]
     tp_layer = lrow[L_TP_FWD] + lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE]
     zero3 = zero >= 3 and dp > 1
+    zero2 = zero == 2 and dp > 1 and dp_impl != PS
     # TP and DP on one port: the DP stream's transfers queue with the TP collectives
     shared = ranks[0, R_COMM + C_SHARED_LINK] > 0
     # a layer's first TP collective queues behind the DP transfers issued at its start, so on
@@ -135,6 +142,7 @@ def plan_time(out, dp, tp, pp, vpp, m, schedule, zero, offload, dp_impl, lrow, h
     sum_x, max_x, sends, tp_total = 0.0, 0.0, 0.0, 0.0
     rank_x = np.zeros(pp)
     queued_tp = 0.0        # TP collectives waiting behind ZeRO-3 transfers on a shared port
+    max_b = 0.0            # the slowest rank's backward (GPipe's backwards run at its pace)
     for r in range(pp):
         L = ranks[r, R_LAYERS]
         if zero3:
@@ -146,6 +154,8 @@ def plan_time(out, dp, tp, pp, vpp, m, schedule, zero, offload, dp_impl, lrow, h
         else:
             x = L * (f_layer + b_layer)
         x += _edges(r, last, hrow)
+        max_b = max(max_b, L * b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0)
+                    + (hrow[H_HEAD_BWD] if r == last else 0.0))
         rank_x[r] = x
         sum_x += x
         max_x = max(max_x, x)
@@ -177,7 +187,14 @@ def plan_time(out, dp, tp, pp, vpp, m, schedule, zero, offload, dp_impl, lrow, h
         on_host = offload != OFF_NONE
         ready = end_r
         post = 0.0
-        if dp > 1 and not zero3:
+        if zero2:
+            # from the rank's first backward to its last one's end: m backwards at the pipeline's pace
+            pace = t_pipe / m if schedule == NAIVE else (max_b if schedule == GPIPE else max_x)
+            window = (m - 1.0 / vpp) * pace + b_rank / vpp
+            ready = _scatter_end(r, last, vpp, L, L if vpp == 1 else ranks[r, R_CHUNK], end_r, b_layer, hrow,
+                                 ranks[r, R_COMM:R_CHUNK], m, window)
+            post = ranks[r, R_COMM + C_AG_ALL]
+        elif dp > 1 and not zero3:
             sync_all, sync_last, post = _sync_rounds(ranks[r, R_COMM:R_CHUNK], zero, dp_impl)
             ready = _sync_end(r, last, L, n, lp, vpp, pp, end_r, b_rank, b_layer, hrow, ranks, sync_all, sync_last,
                               dp_overlap)
@@ -192,8 +209,8 @@ def plan_time(out, dp, tp, pp, vpp, m, schedule, zero, offload, dp_impl, lrow, h
                 ready = max(ready + d2h, ready - sync_all + d2h_all)
         elif zero3:
             ready = end_r + scatter                   # the last layer's gradient reduce-scatter
-        if on_host and zero3:
-            ready += host_copy(k, shard * gb)
+        if on_host and (zero3 or zero2):
+            ready += host_copy(k, shard * gb)          # the accumulated gradient shard
         exposed = ready - end_r + post
         opt = optimizer_seconds(k, shard, drow[D_ADAM_BYTES], on_host)
         if on_host:
@@ -213,6 +230,29 @@ def plan_time(out, dp, tp, pp, vpp, m, schedule, zero, offload, dp_impl, lrow, h
     out[O_DP] = (exposed_dp - m * queued_tp) / pp
     # each rank waits one send per microbatch on the wire, and once more in the fill
     out[O_PP] = (2.0 * m if schedule == NAIVE else m + 1.0) * sends / pp
+
+
+@numba.njit(cache=True)
+def _scatter_end(r, last, vpp, L, layers, end_r, b_layer, hrow, c, m, window):
+    """ZeRO-2: when the reduce-scatters of the rank's last backward (model chunk 0: ``layers``
+    layers, the embedding on rank 0, the head on the last rank without interleaving) are
+    through, each starting when backward completes its gradients and the one before it is done;
+    and no earlier than the step's whole DP stream work (m backwards of the rank's ``L`` layers
+    and edges) fits after the rank's first backward, ``window`` before ``end_r``."""
+    emb = hrow[H_EMB_BWD] if r == 0 else 0.0
+    head = hrow[H_HEAD_BWD] if r == last and vpp == 1 else 0.0
+    t = end_r - layers * b_layer - emb - head          # the last backward's start
+    end = -1e300
+    if r == last and vpp == 1:
+        t += head
+        end = t + c[C_Z2_HEAD]
+    for _ in range(int(layers)):
+        t += b_layer
+        end = max(end, t) + c[C_Z3_SCATTER]
+    if r == 0:
+        end = max(end, end_r) + c[C_Z2_EMB]
+    per_microbatch = L * c[C_Z3_SCATTER] + (c[C_Z2_EMB] if r == 0 else 0.0) + (c[C_Z2_HEAD] if r == last else 0.0)
+    return max(max(end, end_r), end_r - window + m * per_microbatch)
 
 
 @numba.njit(cache=True)

@@ -34,10 +34,11 @@ def _tp_times(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> tuple[float
     if plan.tp == 1:
         return 0.0, 0.0, 0.0
     group = RankLayout(plan.dp, plan.tp, plan.pp).tp_groups()[0]
-    fwd, bwd = (sum(collective_time(cluster, c.op, c.nbytes, group) for c in tp_collectives_per_layer(model, plan, p))
-                for p in ("fwd", "bwd"))
+    # synchronous TP collectives: priced in situ (timing.collective_time)
+    fwd, bwd = (sum(collective_time(cluster, c.op, c.nbytes, group, in_situ=True)
+                    for c in tp_collectives_per_layer(model, plan, p)) for p in ("fwd", "bwd"))
     edge = collective_time(cluster, "all_reduce", plan.mbs * model.seq_len * model.hidden * DTYPE_BYTES[plan.dtype],
-                           group)
+                           group, in_situ=True)
     return fwd, bwd, edge
 
 

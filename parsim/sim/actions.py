@@ -2,6 +2,8 @@
 other processes: TP collectives that wait for their peers (``full`` mode) or share a link
 with other traffic, and ZeRO-3 parameter gathers (prefetched one layer ahead) and gradient
 reduce-scatters (Rajbhandari et al. 2020, Sec. 7; DeepSpeed ``stage3`` prefetching).
+ZeRO-2's per-microbatch gradient reduce-scatters (``zero2_scatters``) run beside any action,
+stepped or not.
 
 Actions with nothing to interleave take one ``env.timeout`` of their precomputed duration
 (``engine.device``); this module is the slow, exact path for the rest.
@@ -13,8 +15,10 @@ from typing import TYPE_CHECKING
 
 import simpy
 
+from parsim.costs.timing import membound_time
+
 from .compute import ActionCost, Segment, segment_key, uncovered
-from .network import collective, transfer
+from .network import collective, transfer, until
 
 if TYPE_CHECKING:
     from .engine import Device, Simulation
@@ -78,14 +82,16 @@ def _walk(env: simpy.Environment, run: ActionRun, chain: tuple[Segment, ...], ha
             yield from _enter_layer(env, run, layer)
         if s.stream == "compute":
             if half is None:
-                start = env.now
+                start = dev.busy_since = env.now
                 yield env.timeout(s.duration)
             else:
                 with dev.compute.request() as req:
                     yield req
-                    start = env.now
+                    start = dev.busy_since = env.now
                     yield env.timeout(s.duration)
             run.cover.append((start, env.now))
+            if sim.interference > 0:
+                dev.computed(start, env.now)
             if rec.detail:
                 rec.event(dev.rank, stage, "compute", s.kind, mb, s.layer, start, env.now, flops=s.flops, name=s.name)
             _segment_done(env, run, s)
@@ -125,7 +131,8 @@ def _enter_layer(env: simpy.Environment, run: ActionRun, layer: int):
     """ZeRO-3: make sure this layer's parameters are (being) gathered, prefetch the next
     layer's, and wait for this one's."""
     i = run.layer_order.index(layer)
-    for target in run.layer_order[i:i + 2]:
+    ahead = 1 if run.sim.zero_blocking else 2         # prefetch the next layer's unless blocking
+    for target in run.layer_order[i:i + ahead]:
         if target not in run.gathers:
             run.gathers[target] = env.process(zero3_collective(
                 env, run.sim, run.dev, "all_gather", run.sim.zero3_gather_bytes, "zero_allgather",
@@ -147,5 +154,42 @@ def zero3_collective(env: simpy.Environment, sim: "Simulation", dev: "Device", o
         if h2d > 0:
             start = yield from transfer(env, dev.ports.pcie, h2d)
             rec.event(dev.rank, stage, "host", "offload_h2d", mb, layer, start, env.now, nbytes=sim.param_shard_bytes)
+        if sim.zero_copies and op == "reduce_scatter":
+            yield from fsdp_copy(env, sim, dev, nbytes, "fsdp_copy_in", stage, mb, layer)
         start = yield from collective(env, dev.dp, dev.rank, sim.comm_time(dev.dp, op, nbytes))
         rec.event(dev.rank, stage, "dp", kind, mb, layer, start, env.now, nbytes=nbytes)
+        sim.interfere(dev, start, env.now)
+        if sim.zero_copies and op == "all_gather":
+            yield from fsdp_copy(env, sim, dev, nbytes, "fsdp_copy_out", stage, mb, layer)
+
+
+def fsdp_copy(env: simpy.Environment, sim: "Simulation", dev: "Device", nbytes: float, kind: str,
+              stage: int, mb: int, layer: int):
+    """FSDP2's copy of a unit's tensors into its flat reduce-scatter input (``copy-in``) or out
+    of the gathered flat buffer into the unsharded parameters (``copy-out``): ``nbytes`` read
+    and written once, a memory-bound op at the device's streaming bandwidth (PyTorch FSDP2
+    ``foreach_reduce`` / ``foreach_all_gather_copy_out``; Zhao et al. 2023, Sec. 4.2 on the
+    flat-parameter layout), then the collective (copy-in) or the layer (copy-out) goes on.
+    With side streams (GPUs) the copy is compute the device owes (``Simulation.interfere``)."""
+    seconds = membound_time(sim.cluster.device, 2 * nbytes, "fsdp_copy") * dev.scale.membound
+    if not sim.zero_blocking:       # a side stream runs the collective: the compute pays later
+        dev.debt += seconds
+        return
+    start = env.now
+    yield env.timeout(seconds)
+    sim.recorder.event(dev.rank, stage, "compute", kind, mb, layer, start, env.now, nbytes=nbytes)
+
+
+def zero2_scatters(env: simpy.Environment, sim: "Simulation", dev: "Device", stage: int, mb: int, parts, ready):
+    """ZeRO-2 (P_os+g; Rajbhandari et al. 2020 Sec. 5.2, DeepSpeed stage 2, FSDP with the
+    parameters kept gathered across gradient accumulation): in every microbatch's backward (W for
+    split backward) each layer's gradients, and the head's and the embedding's, are
+    reduce-scattered over DP as soon as backward completes them, on the DP stream, and
+    accumulate as the rank's 1/dp shard. ``parts``: the action's ``GradPart``s; ``ready``: when
+    each is complete (an event, or a time)."""
+    grad = sim.state.grad
+    for gp, when in zip(parts, ready):
+        yield from until(env, when)
+        layer = gp.key if isinstance(gp.key, int) else -1
+        yield from zero3_collective(env, sim, dev, "reduce_scatter", gp.params * grad, "zero_reducescatter",
+                                    stage, mb, layer)

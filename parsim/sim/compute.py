@@ -19,7 +19,9 @@ Recompute runs before a layer's backward: ``full`` re-runs the layer forward wit
 collectives (Korthikanti et al. 2022 Sec. 3; Megatron-LM checkpointed forward), ``selective``
 re-runs the ``attention_core`` ops only (Korthikanti et al. 2022 Sec. 5). Embedding ops run
 at the start of stage 0's forward (end of its backward); the output head at the end of the
-last stage's forward (start of its backward: the loss is computed in the forward).
+last stage's forward (start of its backward: the loss is computed in the forward), each with
+its TP collectives (``costs.tp_collectives_edge``: vocabulary-parallel embedding, output
+layer and cross-entropy).
 
 Everything here is a pure function of (model, cluster, plan); the engine prices each distinct
 (stage, kind, slowdown) once and reuses it for every microbatch.
@@ -30,7 +32,8 @@ from dataclasses import dataclass
 
 import simpy
 
-from parsim.costs import (embedding_ops, head_ops, layer_ops, stage_recompute, tp_collectives_per_layer)
+from parsim.costs import (embedding_ops, head_ops, layer_ops, stage_recompute, tp_collectives_edge,
+                          tp_collectives_per_layer)
 from parsim.costs.timing import ComputeScale, op_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 
@@ -83,6 +86,7 @@ class GradPart:
                                 # "embedding"), or None: ready at the action's start
     offset: float               # seconds from the action's start
     params: float               # parameters whose gradients are ready
+    key: int | str | None = None  # what they belong to: the layer, "head" or "embedding"
 
 
 # ----------------------------------------------------------------------- op chains
@@ -147,12 +151,16 @@ def layer_chain(model: ModelSpec, cluster: ClusterSpec, plan: Plan, kind: str, p
     return out
 
 
-def _edge_chain(ops, kind: str, action: str, cluster: ClusterSpec, plan: Plan, scale: float) -> list[Segment]:
-    """Embedding or head ops of an action (no TP collectives modelled on them)."""
+def _edge_chain(model: ModelSpec, ops, kind: str, action: str, cluster: ClusterSpec, plan: Plan,
+                scale: float) -> list[Segment]:
+    """Embedding or head ops of an action, with their TP collectives (``tp_collectives_edge``:
+    the vocabulary-parallel lookup's reduction, the output layer's input, the loss's all-reduces;
+    the input-gradient ones in B / I, none in W)."""
     pass_ = {"F": "fwd", "B": "bwd", "I": "bwd_input", "W": "bwd_weight"}[action]
     if action != "F":
         ops = list(reversed(ops))
-    return _chain(ops, pass_, kind, -1, [], cluster.device, plan.dtype, scale)
+    collectives = [] if action == "W" else tp_collectives_edge(model, plan, kind, "fwd" if action == "F" else "bwd")
+    return _chain(ops, pass_, kind, -1, collectives, cluster.device, plan.dtype, scale)
 
 
 def with_tp_times(chain: list[Segment], tp_time) -> list[Segment]:
@@ -307,10 +315,11 @@ def action_cost(model: ModelSpec, cluster: ClusterSpec, plan: Plan, shape: Stage
         chains.append(with_tp_times(chain, tp_time))
     first, last = [], []
     if shape.is_first:
-        emb = with_tp_times(_edge_chain(embedding_ops(model, plan), "embedding", kind, cluster, plan, scale), tp_time)
+        emb = with_tp_times(_edge_chain(model, embedding_ops(model, plan), "embedding", kind, cluster, plan, scale),
+                            tp_time)
         (first if kind == "F" else last).extend(emb)
     if shape.is_last:
-        head = with_tp_times(_edge_chain(head_ops(model, plan), "head", kind, cluster, plan, scale), tp_time)
+        head = with_tp_times(_edge_chain(model, head_ops(model, plan), "head", kind, cluster, plan, scale), tp_time)
         (last if kind == "F" else first).extend(head)
     # embedding / head run on the whole microbatch, before and after the (sub-pipelined) layers
     placed_first = place([first])
@@ -358,7 +367,7 @@ def _grads_ready(placed, shape: StageShape, kind: str, layer_params: float, edge
         if key in done and done[key] >= t:
             t, trigger = done[key], key
         if n > 0:
-            out.append(GradPart(trigger, t, n))
+            out.append(GradPart(trigger, t, n, key))
     return tuple(out)
 
 

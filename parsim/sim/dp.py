@@ -4,14 +4,18 @@
   et al. 2020, Sec. 3.2.3), filled in the order backward produces gradients and all-reduced
   as soon as the last microbatch's backward completes them (``dp_overlap``), else after the
   rank's last backward; then the AdamW step on the device.
-* ZeRO-1/2: the buckets are reduce-scattered, each rank steps its 1/dp shard, then the
-  updated parameters are all-gathered in buckets (Rajbhandari et al. 2020, Sec. 5; Megatron-LM
+* ZeRO-1: the buckets are reduce-scattered, each rank steps its 1/dp shard, then the
+  updated parameters are all-gathered in buckets (Rajbhandari et al. 2020, Sec. 5.1; Megatron-LM
   distributed optimizer).
+* ZeRO-2: gradients were reduce-scattered layer by layer in every microbatch's backward
+  (``actions.zero2_scatters``; Sec. 5.2: a 1/dp gradient shard cannot accumulate over
+  microbatches otherwise); each rank steps its shard, then the parameters are all-gathered in
+  buckets once per step, as for ZeRO-1 (parameters stay replicated through the step).
 * ZeRO-3: gradients were reduce-scattered layer by layer in every backward (``actions``);
   only the sharded step remains.
 * ZeRO-Offload (``offload``): each reduced gradient shard goes to the host over PCIe as its
-  bucket finishes, the optimizer steps on the CPU, the parameter shard comes back over PCIe
-  (Ren et al. 2021, Sec. 4).
+  bucket finishes (ZeRO-1; ZeRO-2/3: the accumulated shard, before the step), the optimizer
+  steps on the CPU, the parameter shard comes back over PCIe (Ren et al. 2021, Sec. 4).
 * ``dp_impl=ps`` (parameter server / single-process ``torch.nn.DataParallel``): the buckets'
   gradients are gathered to one device, which steps and broadcasts the parameters back; the
   server's link carries (n - 1) copies each way (``network.ps_time``).
@@ -71,6 +75,7 @@ def gradient_sync(env: simpy.Environment, sim: "Simulation", dev: "Device"):
             seconds = sim.ps_time(dev.dp, nbytes) if ps else sim.comm_time(dev.dp, op, nbytes)
             start = yield from collective(env, dev.dp, dev.rank, seconds)
             rec.event(dev.rank, stage, "dp", kind, -1, -1, start, env.now, nbytes=nbytes)
+            sim.interfere(dev, start, env.now)
             if plan.offload != "none":
                 # ZeRO-Offload: the reduced shard goes to the host as soon as it is there
                 copies.append(env.process(_to_host(env, sim, dev, stage, nbytes / plan.dp, env.now)))
@@ -98,7 +103,7 @@ def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     n = sim.rank_params[dev.pp_rank]
     shard = n / plan.dp if plan.zero >= 1 else n
     if plan.offload != "none":
-        if plan.zero >= 3:
+        if plan.zero >= 2:
             start = yield from transfer(env, dev.ports.pcie, host_transfer_time(cluster, shard * sb.grad))
             rec.event(rank, -1, "host", "offload_d2h", -1, -1, start, env.now, nbytes=shard * sb.grad)
         start = env.now
@@ -109,7 +114,11 @@ def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     else:
         start = env.now
         # AdamW is memory-bound: on a shared host it slows down like the other memory-bound ops
-        yield env.timeout(optimizer_time(cluster, shard, plan.dtype) * dev.scale.membound)
+        # (after the compute that collectives overlapping the last backward took: ``interfere``)
+        if sim.host is not None:   # ranks sharing the host's cores (``host``)
+            yield sim.host.run(dev.pay_debt(), 0.0, optimizer_time(cluster, shard, plan.dtype) * dev.scale.membound)
+        else:
+            yield env.timeout(dev.pay_debt() + optimizer_time(cluster, shard, plan.dtype) * dev.scale.membound)
         rec.compute(rank, -1, "optimizer", -1, start, env.now, name="optimizer")
     waited = env.now
 

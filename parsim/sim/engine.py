@@ -4,7 +4,8 @@
 pipeline rank's actions in order; an action waits for its input (activations of the previous
 stage for F, gradients of the next stage for B/I), sent (``Simulation.send``) over the
 sender's NVLink port (same node) or NIC; after the rank's last backward of each stage its
-gradients are synchronised over DP (``dp``), then the optimizer steps.
+gradients are synchronised over DP (``dp``; ZeRO-2 and ZeRO-3 reduce-scatter them in every
+backward instead, ``actions``), then the optimizer steps.
 
 Speed: an action whose inside touches nothing shared takes a single ``env.timeout`` of its
 duration (and of the wait for its input, when that input's arrival is already known), priced
@@ -13,6 +14,12 @@ microbatch; the weight-gradient readiness times of the last backward are timeout
 precomputed offsets; links are FIFO reservations (``network``). Only actions with something to interleave inside (TP
 collectives that wait for peers or share a link, ZeRO-3 gathers) are stepped segment by
 segment (``actions``).
+
+CPU hosts (calibrated profiles with a contention table): ranks share the host's cores. When
+no action is stepped, actions and optimizer steps are jobs of a processor-sharing ``host``
+whose speed follows how many ranks compute at that instant; otherwise every rank computes at
+a mean-field slowdown (``simulate``). Collectives that run while a rank computes take
+``comm_interference`` x the overlap from its compute, paid before its next action.
 
 Modes: ``representative`` simulates one device per pipeline rank (DP rank 0, TP rank 0: DP
 replicas and TP peers do identical work; DESIGN.md) with collectives costed for the full
@@ -29,14 +36,15 @@ import simpy
 
 from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, stage_params, state_bytes,
                           zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
-from parsim.costs.timing import (ComputeScale, collective_time, host_scale, host_transfer_time,
-                                 p2p_time)
+from parsim.costs.timing import (ComputeScale, collective_time, comm_interference, host_contention, host_scale,
+                                 host_transfer_time, p2p_time)
 from parsim.schedules import Action, Schedule, build_schedule
 from parsim.specs import (ClusterSpec, ModelSpec, Plan, RankLayout, SpecError, load_cluster, load_model, parse_plan,
                           validate)
 
-from .actions import ActionRun, run_stepped
+from .actions import ActionRun, run_stepped, zero2_scatters
 from .compute import ActionCost, action_cost, stage_shapes
+from .host import Host
 from .dp import finish_step, gradient_sync
 from .memory import ACTIVATIONS, OTHER, MemoryTimeline, stage_footprints, static_bytes
 from .network import Arrival, Communicator, Ports, device_ports, group_link, group_shape, link_between, ps_time
@@ -61,7 +69,7 @@ class Device:
     memory: MemoryTimeline
     compute: simpy.Resource               # compute stream (sub-pipelined TP halves share it)
     tp_stream: simpy.Resource
-    dp_stream: simpy.Resource             # ZeRO-3 gathers / reduce-scatters, in issue order
+    dp_stream: simpy.Resource             # ZeRO-3 gathers, ZeRO-2/3 reduce-scatters, in issue order
     compute_done: simpy.Event
     last_backward: dict[int, int]         # action index -> stage whose gradients it completes
     sync_order: list[int]                 # stages in the order their gradients complete
@@ -70,6 +78,28 @@ class Device:
     pending_dp: list = field(default_factory=list)
     costs: dict = field(default_factory=dict)             # (stage, kind) -> ActionCost
     routes: dict = field(default_factory=dict)            # stage sent to -> (port, seconds)
+    # CPU hosts (``Simulation.interference`` > 0): recent compute intervals, the running
+    # action's start, and compute seconds owed to collectives that ran during compute
+    busy_log: list = field(default_factory=list)
+    busy_since: float | None = None
+    debt: float = 0.0
+
+    def busy_between(self, t0: float, t1: float) -> float:
+        """Seconds this device computed in [t0, t1] (recent intervals only)."""
+        total = sum(max(0.0, min(e, t1) - max(s, t0)) for s, e in self.busy_log)
+        if self.busy_since is not None:
+            total += max(0.0, t1 - max(t0, self.busy_since))
+        return total
+
+    def computed(self, start: float, end: float) -> None:
+        self.busy_since = None
+        self.busy_log.append((start, end))
+        if len(self.busy_log) > 64:
+            del self.busy_log[:32]
+
+    def pay_debt(self) -> float:
+        owed, self.debt = self.debt, 0.0
+        return owed
 
 
 class Simulation:
@@ -80,6 +110,8 @@ class Simulation:
         self.env = simpy.Environment(initial_time=0.0)
         # ranks sharing a host's cores (calibrated CPU profiles) compute slower; GPUs: 1
         self.contention = host_scale(cluster, plan.world_size) if contention is None else contention
+        # CPU hosts: collectives running while a rank computes take compute time from it
+        self.interference = comm_interference(cluster, plan.world_size)
         self.model, self.cluster, self.plan, self.schedule, self.mode = model, cluster, plan, schedule, mode
         self.recorder = recorder
         self.layout = RankLayout(plan.dp, plan.tp, plan.pp)
@@ -94,8 +126,15 @@ class Simulation:
                             for s in range(self.num_stages)]
         self.p2p_nbytes = p2p_bytes(model, plan)
         self.zero3_gathers = plan.zero >= 3 and plan.dp > 1
+        # ZeRO-2: every backward reduce-scatters its gradients part by part (``actions.zero2_scatters``)
+        self.zero2_scatters = plan.zero == 2 and plan.dp > 1 and plan.dp_impl != "ps"
         self.zero3_gather_bytes = zero3_gather_bytes_per_layer(model, plan)
         self.zero3_scatter_bytes = zero3_reduce_scatter_bytes_per_layer(model, plan)
+        # ZeRO-2/3 as the reference executor runs them (FSDP2, profile keys; ``actions``):
+        # collectives waited for in place where FSDP2 has no side streams (CPU), and the
+        # copy-in / copy-out of its flat communication buffers on the compute stream
+        self.zero_blocking = cluster.device.extra.get("zero_overlap", True) is False
+        self.zero_copies = cluster.device.extra.get("zero_copies") == "fsdp2"
         self.param_shard_bytes = self.layer_params * self.state.param / plan.dp
         self.param_h2d_s = (host_transfer_time(cluster, self.param_shard_bytes)
                             if plan.offload == "optimizer+params" else 0.0)
@@ -103,7 +142,24 @@ class Simulation:
         self.deliveries: dict[tuple, Arrival | tuple[float, float]] = {}   # sent, not yet received
         self._costs: dict[tuple, ActionCost] = {}
         self._comm: dict[tuple, float] = {}
+        self.host: Host | None = None
+        shared = contention is None and self.contention != ComputeScale()
+        if shared:
+            self.contention = ComputeScale()
+        self._solo: dict[tuple, tuple[float, float, float]] = {}
         self.devices = self._build_devices(slowdown)
+        if shared:
+            # ranks share the host's cores: processor sharing (``host``) when no action is
+            # stepped; else the slowdown at all ranks computing (``simulate`` then iterates a
+            # mean-field one)
+            if any(d.stepped for d in self.devices.values()):
+                self.contention = host_scale(cluster, plan.world_size)
+                for d in self.devices.values():
+                    d.scale = self.contention.times(float(slowdown.get(d.rank, 1.0)))
+            else:
+                per_device = plan.world_size / len(self.devices)   # identical ranks a device stands for
+                self.host = Host(self.env, lambda n: (host_contention(cluster, n * per_device, "gemm"),
+                                                      host_contention(cluster, n * per_device, "membound")))
 
     # ------------------------------------------------------------------ set-up
 
@@ -168,7 +224,7 @@ class Simulation:
 
     def start(self) -> None:
         for dev in self.devices.values():
-            if self.plan.dp > 1 and not self.zero3_gathers:
+            if self.plan.dp > 1 and not (self.zero3_gathers or self.zero2_scatters):
                 dev.grads_started = {s: self.env.event() for s in dev.sync_order}
                 dev.sync = self.env.process(gradient_sync(self.env, self, dev))
             self.env.process(device(self.env, self, dev))
@@ -181,22 +237,46 @@ class Simulation:
             key = (stage, kind, dev.scale, dev.tp.shape)
             c = self._costs.get(key)
             if c is None:
-                c = self._costs[key] = action_cost(
-                    self.model, self.cluster, self.plan, self.shapes[stage], kind,
-                    lambda op, nbytes: self.comm_time(dev.tp, op, nbytes), self.layer_params,
-                    self.edge_params[stage], dev.scale)
+                c = self._costs[key] = self._price(dev, stage, kind, dev.scale)
             dev.costs[(stage, kind)] = c
         return c
 
-    def comm_time(self, comm: Communicator, op: str, nbytes: float) -> float:
-        key = (comm.shape, op, nbytes)
+    def _price(self, dev: Device, stage: int, kind: str, scale: ComputeScale) -> ActionCost:
+        return action_cost(self.model, self.cluster, self.plan, self.shapes[stage], kind,
+                           lambda op, nbytes: self.comm_time(dev.tp, op, nbytes, in_situ=True), self.layer_params,
+                           self.edge_params[stage], scale)
+
+    def solo_seconds(self, dev: Device, stage: int, kind: str) -> tuple[float, float, float]:
+        """(fixed, GEMM, memory-bound) seconds of an action computing alone on the host: the
+        action priced with each kind's compute doubled in turn gives that kind's share."""
+        key = (stage, kind, dev.scale, dev.tp.shape)
+        out = self._solo.get(key)
+        if out is None:
+            base, g, m = self.cost(dev, stage, kind).duration, dev.scale.gemm, dev.scale.membound
+            gemm = self._price(dev, stage, kind, ComputeScale(2 * g, m)).duration - base
+            membound = self._price(dev, stage, kind, ComputeScale(g, 2 * m)).duration - base
+            out = self._solo[key] = (max(base - gemm - membound, 0.0), gemm, membound)
+        return out
+
+    def comm_time(self, comm: Communicator, op: str, nbytes: float, in_situ: bool = False) -> float:
+        """``collective_time`` memoised; ``in_situ`` for the synchronous TP collectives (with
+        the plan's ranks per node sharing the host)."""
+        key = (comm.shape, op, nbytes, in_situ)
         t = self._comm.get(key)
         if t is None:
-            t = self._comm[key] = collective_time(self.cluster, op, nbytes, list(comm.ranks))
+            host = min(self.plan.world_size, self.cluster.devices_per_node) if in_situ else None
+            t = self._comm[key] = collective_time(self.cluster, op, nbytes, list(comm.ranks), in_situ, host)
         return t
 
     def ps_time(self, comm: Communicator, nbytes: float) -> float:
         return ps_time(self.cluster, nbytes, list(comm.ranks))
+
+    def interfere(self, dev: Device, start: float, end: float) -> None:
+        """A collective of ``dev`` ran over [start, end]: on a CPU host the compute it overlapped
+        is delayed by ``interference`` x the overlap, owed until the device's next compute
+        (``comm_interference``)."""
+        if self.interference > 0 and end > start:
+            dev.debt += self.interference * dev.busy_between(start, end)
 
     # ------------------------------------------------------------------ pipeline p2p
 
@@ -233,6 +313,7 @@ def device(env: simpy.Environment, sim: Simulation, dev: Device):
     deliveries, footprints, keep = sim.deliveries, sim.footprints, rec.keep_events
     exposed = rec.exposed[rank]
     last_stage = sim.num_stages - 1
+    interfered = sim.interference > 0
     for idx, (kind, stage, mb) in enumerate(dev.actions):
         forward, backward = kind == "F", kind in ("B", "I")
         # input: activations of the previous stage (F), gradients of the next stage (B, I)
@@ -256,6 +337,12 @@ def device(env: simpy.Environment, sim: Simulation, dev: Device):
         else:
             start = now
         now = env.now                              # start >= now: the wait may be folded into the action
+        begin = start
+        if dev.debt:
+            # compute owed to collectives (interference, FSDP copies) runs first
+            start += dev.pay_debt()
+        if interfered and not dev.stepped:  # stepped actions log their compute segments
+            dev.busy_since = begin
         cost = dev.costs.get((stage, kind)) or sim.cost(dev, stage, kind)
         fp = footprints[stage]
         if forward:
@@ -265,6 +352,8 @@ def device(env: simpy.Environment, sim: Simulation, dev: Device):
         if fp.gathered_params:
             mem.change(start, OTHER, fp.gathered_params)
         completes = dev.sync is not None and idx in dev.last_backward
+        scatters = sim.zero2_scatters and (kind == "B" or kind == "W")
+        issued = len(dev.pending_dp)
         if dev.stepped:
             if start > now:
                 yield env.timeout(start - now)
@@ -275,22 +364,50 @@ def device(env: simpy.Environment, sim: Simulation, dev: Device):
                     ev = env.timeout(0) if gp.trigger is None else run.grad_events.setdefault(gp.trigger, env.event())
                     parts.append((ev, gp.params))
                 dev.grads_started[stage].succeed(parts)
+            if scatters:
+                ready = [env.timeout(0) if gp.trigger is None else run.grad_events.setdefault(gp.trigger, env.event())
+                         for gp in cost.grads_ready]
+                dev.pending_dp.append(env.process(zero2_scatters(env, sim, dev, stage, mb, cost.grads_ready, ready)))
             yield from run_stepped(env, run)
         else:
-            # the action's end is scheduled before the gradient-ready times it contains, so at
-            # equal times its pipeline send queues before the DP bucket it completes
-            done = env.timeout(start - now + cost.duration)
+            if sim.host is not None:
+                # ranks sharing the host's cores: the action's speed follows how many compute
+                # (``host``); its gradients complete at the offsets stretched by the sharing at
+                # its start
+                if start > now:
+                    yield env.timeout(start - now)
+                    now = env.now
+                solo = sim.solo_seconds(dev, stage, kind)
+                stretch = sim.host.estimate(*solo) / cost.duration if cost.duration > 0 else 1.0
+                done = sim.host.run(*solo)
+            else:
+                # the action's end is scheduled before the gradient-ready times it contains, so at
+                # equal times its pipeline send queues before the DP bucket it completes
+                stretch = 1.0
+                done = env.timeout(start - now + cost.duration)
             if completes:
-                dev.grads_started[stage].succeed([(env.timeout(start - now + gp.offset), gp.params)
+                dev.grads_started[stage].succeed([(env.timeout(start - now + gp.offset * stretch), gp.params)
                                                   for gp in cost.grads_ready])
+            if scatters:
+                ready = [start + gp.offset * stretch for gp in cost.grads_ready]
+                dev.pending_dp.append(env.process(zero2_scatters(env, sim, dev, stage, mb, cost.grads_ready, ready)))
             yield done
             if cost.exposed_tp:
                 exposed["tp"] += cost.exposed_tp
             if rec.detail:
                 for p in cost.placed:
                     s = p.segment
-                    rec.event(rank, stage, s.stream, s.kind, mb, s.layer, start + p.start, start + p.end,
-                              nbytes=s.nbytes, flops=s.flops, name=s.name)
+                    rec.event(rank, stage, s.stream, s.kind, mb, s.layer, start + p.start * stretch,
+                              start + p.end * stretch, nbytes=s.nbytes, flops=s.flops, name=s.name)
+        released = False
+        if sim.zero_blocking and len(dev.pending_dp) > issued:
+            # the action's ZeRO reduce-scatters are waited for before it ends (no side stream)
+            if dev.stepped:
+                run.release_final_gradients()
+                released = True
+            waited = env.now
+            yield env.all_of(dev.pending_dp[issued:])
+            rec.expose(rank, "dp", env.now - waited)
         end = env.now
         if fp.gathered_params:
             mem.change(end, OTHER, -fp.gathered_params)
@@ -298,15 +415,17 @@ def device(env: simpy.Environment, sim: Simulation, dev: Device):
             mem.change(end, OTHER, -fp.recompute)
         if kind == "B" or kind == "W":
             mem.change(end, ACTIVATIONS, -fp.activations)
-        rec.busy[rank] += end - start
+        rec.busy[rank] += end - begin
+        if interfered and not dev.stepped:
+            dev.computed(begin, end)
         if keep:
-            rec.rows.append((rank, stage, "compute", kind, mb, -1, start, end, 0.0, cost.flops, ACTION))
+            rec.rows.append((rank, stage, "compute", kind, mb, -1, begin, end, 0.0, cost.flops, ACTION))
         # output: to the next stage (F) or the previous one (B, I)
         if forward and stage < last_stage:
             sim.send(dev, ("act", stage, mb), stage + 1, mb)
         elif backward and stage > 0:
             sim.send(dev, ("grad", stage, mb), stage - 1, mb)
-        if dev.stepped:
+        if dev.stepped and not released:
             run.release_final_gradients()
     dev.compute_done.succeed(env.now)
     yield from finish_step(env, sim, dev)
@@ -364,7 +483,7 @@ def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | st
         raise SpecError("schedule", schedule.name, f"must have pp={plan.pp}, vpp={plan.vpp} and "
                         f"{plan.num_microbatches} microbatches to match the plan")
     sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, None)
-    if host_scale(cluster, plan.world_size) != ComputeScale():
+    if sim.host is None and host_scale(cluster, plan.world_size) != ComputeScale():
         # Ranks sharing a host's cores slow each other down only while they compute at once:
         # a pipeline rank idle in a bubble leaves its core to the others (processor sharing).
         # Mean-field fixed point: the slowdown at the average number of ranks computing,

@@ -119,8 +119,15 @@ def containing_interval(env_s: np.ndarray, env_e: np.ndarray, fine_s: np.ndarray
 
 def working_intervals(starts: np.ndarray, ends: np.ndarray, layers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One rank's compute intervals at the finest level: whole-action events (layer -1) that
-    hold per-layer events are replaced by them."""
+    hold per-layer events are replaced by them. A layer -1 event inside another one (the
+    simulator's embedding / head segments of a detailed trace) is a fine event, not an action."""
     env = layers < 0
+    idx = np.flatnonzero(env)
+    order = np.lexsort((-ends[idx], starts[idx]))          # by start, the longer first on ties
+    idx = idx[order]
+    if idx.size:
+        before = np.maximum.accumulate(np.concatenate(([-np.inf], ends[idx][:-1])))
+        env[idx[ends[idx] <= before + 1e-12]] = False      # nested in an earlier action event
     env_s, env_e = starts[env], ends[env]
     order = np.argsort(env_s, kind="stable")
     env_s, env_e = env_s[order], env_e[order]

@@ -1,0 +1,68 @@
+"""Synchronous TP collectives are priced in situ (``alpha_insitu``) where a calibrated profile
+measured it, in both engines; DP collectives and profiles without the key keep their prices."""
+import copy
+
+import pytest
+
+from parsim.fast import PlanTable, evaluate
+from parsim.sim import simulate
+from parsim.specs import cluster_from_dict, load_model, load_profile_dict, parse_plan
+
+EXTRA = 1e-3      # seconds of in-situ latency added to every calibrated entry
+
+
+def _clusters(world: int, shared: dict | None = None):
+    """The shipped CPU profile without in-situ keys, and with alpha_insitu = alpha + EXTRA
+    everywhere (and ``shared``: {ranks on the host: extra seconds} as alpha_insitu_shared)."""
+    base = load_profile_dict("cpu-calibrated")
+    for per in base["network"]["collectives"].values():
+        for entry in per.values():
+            for key in ("alpha_insitu", "alpha_insitu_shared"):
+                entry.pop(key, None)
+    insitu = copy.deepcopy(base)
+    for per in insitu["network"]["collectives"].values():
+        for entry in per.values():
+            entry["alpha_insitu"] = entry["alpha"] + EXTRA
+            if shared:
+                entry["alpha_insitu_shared"] = {k: entry["alpha"] + v for k, v in shared.items()}
+    return cluster_from_dict(base, num_devices=world), cluster_from_dict(insitu, num_devices=world)
+
+
+def _step_times(model, plan, clusters):
+    table = PlanTable.from_plans([plan])
+    sim = [simulate(model, c, plan, record_events=False).step_time_s for c in clusters]
+    fast = [float(evaluate(model, c, table).step_time_s[0]) for c in clusters]
+    return sim, fast
+
+
+@pytest.mark.parametrize("text, collectives", [
+    # microbatches x (layers x (2 fwd + 2 bwd all-reduces) + embedding, output layer and loss: 4)
+    ("tp=2 gbs=8 dtype=fp32", 8 * (8 * 4 + 4)),
+    # with SP each all-reduce is a reduce-scatter + all-gather (the loss's two stay all-reduces)
+    ("tp=2 gbs=8 sp=true dtype=fp32", 8 * (8 * 8 + 6)),
+])
+def test_in_situ_latency_adds_once_per_serial_tp_collective_in_both_engines(text, collectives):
+    model, plan = load_model("cpu-small"), parse_plan(text)
+    sim, fast = _step_times(model, plan, _clusters(plan.world_size))
+    # one rank computes and communicates in one serial chain (Megatron's synchronous TP)
+    assert sim[1] - sim[0] == pytest.approx(collectives * EXTRA, rel=1e-3)
+    assert fast[1] - fast[0] == pytest.approx(collectives * EXTRA, rel=1e-3)
+
+
+def test_tp_groups_sharing_a_host_with_more_ranks_take_the_shared_in_situ_latency():
+    # dp=2 x tp=2 on one 4-rank host: the TP group of 2 is priced at alpha_insitu_shared["4"]
+    model, plan = load_model("cpu-small"), parse_plan("dp=2 tp=2 gbs=8 dtype=fp32")
+    sim, fast = _step_times(model, plan, _clusters(4, shared={"4": 3 * EXTRA}))
+    collectives = 4 * (8 * 4 + 4)                    # microbatches per replica x (layers x 4 + edges)
+    assert sim[1] - sim[0] == pytest.approx(collectives * 3 * EXTRA, rel=2e-2)
+    assert fast[1] - fast[0] == pytest.approx(collectives * 3 * EXTRA, rel=2e-2)
+    # a host count that was not measured: alpha_insitu
+    sim, fast = _step_times(model, plan, _clusters(4, shared={"8": 3 * EXTRA}))
+    assert sim[1] - sim[0] == pytest.approx(collectives * EXTRA, rel=2e-2)
+
+
+def test_dp_collectives_are_not_priced_in_situ():
+    model, plan = load_model("cpu-small"), parse_plan("dp=2 gbs=8 dtype=fp32")
+    b2b, insitu = _clusters(2)
+    assert simulate(model, insitu, plan, record_events=False).step_time_s == \
+        simulate(model, b2b, plan, record_events=False).step_time_s
