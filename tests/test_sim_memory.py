@@ -71,3 +71,28 @@ def test_gpipe_holds_every_microbatch_and_1f1b_at_most_p_minus_rank():
     per_mb = gpipe.memory_by_stage[1]["activations"] / 8
     for i in (1, 2):
         assert ofob.memory_by_stage[i]["activations"] == pytest.approx((4 - i) * per_mb, rel=1e-12)
+
+
+def test_fsdp2_memory_keeps_the_sharded_copy_under_zero2_and_the_layer_gradients_in_backward():
+    """Profiles with zero_copies=fsdp2 (the executor's ZeRO-2/3): ZeRO-2 holds the gathered
+    parameters plus the 1/dp sharded storage; every backward adds 2 x one layer's gradient
+    bytes (unsharded gradients + reduce-scatter input). The SimPy timeline and the analytic
+    model agree on it."""
+    from dataclasses import replace
+
+    from parsim.costs import layer_params, memory_by_stage, stage_params, state_bytes
+    from parsim.sim import simulate
+    from parsim.specs import load_cluster, load_model, parse_plan
+
+    model = load_model("cpu-small")
+    base = load_cluster("cpu:2")
+    fsdp = replace(base, device=replace(base.device, extra={**base.device.extra, "zero_copies": "fsdp2"}))
+    sb = state_bytes("fp32")
+    for text in ("dp=2 gbs=4 zero=2 dtype=fp32", "dp=2 gbs=4 zero=3 dtype=fp32"):
+        plan = parse_plan(text)
+        plain, with_fsdp = memory_by_stage(model, plan, base)[0], memory_by_stage(model, plan, fsdp)[0]
+        sharded = stage_params(model, plan)[0] * sb.param / 2 if plan.zero == 2 else 0.0
+        assert with_fsdp.params - plain.params == pytest.approx(sharded)
+        assert with_fsdp.other - plain.other == pytest.approx(2 * layer_params(model, 1) * sb.grad)
+        sim = simulate(model, fsdp, plan)
+        assert sim.peak_memory_bytes == pytest.approx(with_fsdp.total, rel=1e-6)

@@ -99,6 +99,26 @@ def stage_recompute(model: ModelSpec, plan: Plan, vstage: int) -> list[tuple[int
     return [(n, plan.recompute)]
 
 
+def fsdp2_bytes(model: ModelSpec, plan: Plan, n_params: float) -> tuple[float, float]:
+    """ZeRO-2/3 run as FSDP2 (profiles with ``zero_copies: fsdp2``, the reference executor):
+    (bytes held for the whole step, bytes held during a backward) beyond the ZeRO model.
+
+    * ZeRO-2: FSDP2 keeps the sharded parameters (``n_params`` / dp) as the parameters' storage
+      while the gathered ones stay resident across the step (reshard after the last backward).
+    * ZeRO-2/3 backward: a layer's unsharded gradients and the flat reduce-scatter input they
+      are copied into (FSDP2 ``foreach_reduce``) exist together until the collective ends:
+      2 x the layer's gradient bytes."""
+    if plan.zero < 2 or plan.dp <= 1:
+        return 0.0, 0.0
+    sb = state_bytes(plan.dtype)
+    step = n_params * sb.param / plan.dp if plan.zero == 2 else 0.0
+    return step, 2 * layer_params(model, plan.tp) * sb.grad
+
+
+def uses_fsdp2(cluster: ClusterSpec | None) -> bool:
+    return cluster is not None and cluster.device.extra.get("zero_copies") == "fsdp2"
+
+
 def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = None) -> list[StageMemory]:
     """Peak memory of every pipeline rank (per device; TP and DP peers are identical)."""
     sb = state_bytes(plan.dtype)
@@ -121,6 +141,10 @@ def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = 
         if plan.zero >= 3 or plan.offload == "optimizer+params":
             # ZeRO-3 materialises the full parameters of the current and the prefetched layer.
             other += 2 * layer_params(model, plan.tp) * sb.param
+        if uses_fsdp2(cluster):
+            held, in_backward = fsdp2_bytes(model, plan, n)
+            params += held
+            other += in_backward
         # The layer being recomputed briefly holds its full activations again.
         transient = layer_activation_bytes(model, plan, "none") - layer_activation_bytes(model, plan, "full")
         if plan.schedule == "interleaved":

@@ -94,7 +94,9 @@ def _walk(env: simpy.Environment, run: ActionRun, chain: tuple[Segment, ...], ha
                 dev.computed(start, env.now)
             if rec.detail:
                 rec.event(dev.rank, stage, "compute", s.kind, mb, s.layer, start, env.now, flops=s.flops, name=s.name)
-            _segment_done(env, run, s)
+            scatter = _segment_done(env, run, s)
+            if scatter is not None and sim.zero_blocking:
+                yield scatter               # no side stream: the layer's reduce-scatter runs in place
         else:
             req = dev.tp_stream.request() if half is not None else None
             if req is not None:
@@ -108,12 +110,13 @@ def _walk(env: simpy.Environment, run: ActionRun, chain: tuple[Segment, ...], ha
                 dev.tp_stream.release(req)
 
 
-def _segment_done(env: simpy.Environment, run: ActionRun, s: Segment) -> None:
+def _segment_done(env: simpy.Environment, run: ActionRun, s: Segment):
+    """Book-keeping after a compute segment; returns the ZeRO-3 reduce-scatter it started, if any."""
     key = segment_key(s)
     run.remaining[key] -= 1
     run.left -= 1
     if run.remaining[key]:
-        return
+        return None
     ev = run.grad_events.get(key)
     if ev is not None:
         if run.left:
@@ -123,8 +126,11 @@ def _segment_done(env: simpy.Environment, run: ActionRun, s: Segment) -> None:
     if run.sim.zero3_gathers and s.layer >= 0 and run.cost.kind in ("B", "W"):
         # the layer's weight gradients are complete: reduce-scatter them over DP
         nbytes = run.sim.zero3_scatter_bytes
-        run.dev.pending_dp.append(env.process(zero3_collective(
-            env, run.sim, run.dev, "reduce_scatter", nbytes, "zero_reducescatter", run.cost.stage, run.microbatch, s.layer)))
+        scatter = env.process(zero3_collective(
+            env, run.sim, run.dev, "reduce_scatter", nbytes, "zero_reducescatter", run.cost.stage, run.microbatch, s.layer))
+        run.dev.pending_dp.append(scatter)
+        return scatter
+    return None
 
 
 def _enter_layer(env: simpy.Environment, run: ActionRun, layer: int):
@@ -156,7 +162,9 @@ def zero3_collective(env: simpy.Environment, sim: "Simulation", dev: "Device", o
             rec.event(dev.rank, stage, "host", "offload_h2d", mb, layer, start, env.now, nbytes=sim.param_shard_bytes)
         if sim.zero_copies and op == "reduce_scatter":
             yield from fsdp_copy(env, sim, dev, nbytes, "fsdp_copy_in", stage, mb, layer)
-        start = yield from collective(env, dev.dp, dev.rank, sim.comm_time(dev.dp, op, nbytes))
+        # blocking (no side stream): called right after compute, priced in situ like TP's
+        seconds = sim.comm_time(dev.dp, op, nbytes, in_situ=sim.zero_blocking)
+        start = yield from collective(env, dev.dp, dev.rank, seconds)
         rec.event(dev.rank, stage, "dp", kind, mb, layer, start, env.now, nbytes=nbytes)
         sim.interfere(dev, start, env.now)
         if sim.zero_copies and op == "all_gather":

@@ -117,7 +117,7 @@ class Simulation:
         self.layout = RankLayout(plan.dp, plan.tp, plan.pp)
         self.num_stages = plan.pp * plan.vpp
         self.shapes = stage_shapes(model, plan)
-        self.footprints = stage_footprints(model, plan)
+        self.footprints = stage_footprints(model, plan, cluster.device.extra.get("zero_copies") == "fsdp2")
         self.state = state_bytes(plan.dtype)
         self.rank_params = stage_params(model, plan)
         self.layer_params = layer_params(model, plan.tp)
@@ -198,7 +198,7 @@ class Simulation:
             devices[r] = Device(
                 rank=r, pp_rank=p, replica=(d, t), actions=actions, scale=contention.times(float(slowdown.get(r, 1.0))),
                 stepped=self._needs_steps(r, tp, dp), ports=ports[r], tp=tp, dp=dp,
-                memory=MemoryTimeline.starting_with(static_bytes(self.model, plan, p)),
+                memory=MemoryTimeline.starting_with(static_bytes(self.model, plan, p, self.zero_copies)),
                 compute=simpy.Resource(env, 1), tp_stream=simpy.Resource(env, 1), dp_stream=simpy.Resource(env, 1),
                 compute_done=env.event(), last_backward={i: s for s, i in last_bwd.items()},
                 sync_order=sorted(last_bwd, key=last_bwd.get))
@@ -364,11 +364,16 @@ def device(env: simpy.Environment, sim: Simulation, dev: Device):
                     ev = env.timeout(0) if gp.trigger is None else run.grad_events.setdefault(gp.trigger, env.event())
                     parts.append((ev, gp.params))
                 dev.grads_started[stage].succeed(parts)
-            if scatters:
+            if scatters and not sim.zero_blocking:
                 ready = [env.timeout(0) if gp.trigger is None else run.grad_events.setdefault(gp.trigger, env.event())
                          for gp in cost.grads_ready]
                 dev.pending_dp.append(env.process(zero2_scatters(env, sim, dev, stage, mb, cost.grads_ready, ready)))
             yield from run_stepped(env, run)
+            if scatters and sim.zero_blocking:
+                # no side stream: the reduce-scatters run one after the other, compute waiting
+                # (each FSDP2 post-backward waits for its collective); their sum follows the action
+                dev.pending_dp.append(env.process(zero2_scatters(env, sim, dev, stage, mb, cost.grads_ready,
+                                                                 [env.now] * len(cost.grads_ready))))
         else:
             if sim.host is not None:
                 # ranks sharing the host's cores: the action's speed follows how many compute
@@ -389,9 +394,13 @@ def device(env: simpy.Environment, sim: Simulation, dev: Device):
                 dev.grads_started[stage].succeed([(env.timeout(start - now + gp.offset * stretch), gp.params)
                                                   for gp in cost.grads_ready])
             if scatters:
-                ready = [start + gp.offset * stretch for gp in cost.grads_ready]
+                # no side stream (blocking): the reduce-scatters follow the compute one after the other
+                ready = ([done] * len(cost.grads_ready) if sim.zero_blocking else
+                         [start + gp.offset * stretch for gp in cost.grads_ready])
                 dev.pending_dp.append(env.process(zero2_scatters(env, sim, dev, stage, mb, cost.grads_ready, ready)))
             yield done
+            if interfered:
+                dev.computed(begin, env.now)
             if cost.exposed_tp:
                 exposed["tp"] += cost.exposed_tp
             if rec.detail:
@@ -416,8 +425,6 @@ def device(env: simpy.Environment, sim: Simulation, dev: Device):
         if kind == "B" or kind == "W":
             mem.change(end, ACTIVATIONS, -fp.activations)
         rec.busy[rank] += end - begin
-        if interfered and not dev.stepped:
-            dev.computed(begin, end)
         if keep:
             rec.rows.append((rank, stage, "compute", kind, mb, -1, begin, end, 0.0, cost.flops, ACTION))
         # output: to the next stage (F) or the previous one (B, I)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from parsim.costs import (CATEGORIES, embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
                           layer_params, stage_params, stage_recompute, state_bytes)
+from parsim.costs.memory import fsdp2_bytes
 from parsim.specs import ModelSpec, Plan
 
 PARAMS, GRADS, OPTIMIZER, ACTIVATIONS, OTHER = range(len(CATEGORIES))
@@ -34,12 +35,15 @@ PARAMS, GRADS, OPTIMIZER, ACTIVATIONS, OTHER = range(len(CATEGORIES))
 class StageFootprint:
     """Bytes one virtual stage allocates per microbatch, on one device."""
     activations: float        # stored from forward start to backward (or W) end
-    recompute: float          # extra during a backward that recomputes a layer fully
+    recompute: float          # extra during a backward: a fully recomputed layer's activations,
+                              # FSDP2's unsharded layer gradients + reduce-scatter input
     gathered_params: float    # ZeRO-3: full parameters of two layers during every action
 
 
-def stage_footprints(model: ModelSpec, plan: Plan) -> list[StageFootprint]:
+def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[StageFootprint]:
+    """``fsdp2``: ZeRO-2/3 as FSDP2 runs them (``costs.memory.fsdp2_bytes``)."""
     last = plan.pp * plan.vpp - 1
+    in_backward = fsdp2_bytes(model, plan, 0.0)[1] if fsdp2 else 0.0
     sb = state_bytes(plan.dtype)
     gathered = 2 * layer_params(model, plan.tp) * sb.param if (plan.zero >= 3 or plan.offload == "optimizer+params") else 0.0
     out = []
@@ -52,12 +56,13 @@ def stage_footprints(model: ModelSpec, plan: Plan) -> list[StageFootprint]:
             act += head_activation_bytes(model, plan)
         full = any(policy == "full" and n for n, policy in groups)
         extra = (layer_activation_bytes(model, plan, "none") - layer_activation_bytes(model, plan, "full")) if full else 0.0
-        out.append(StageFootprint(act, extra, gathered))
+        out.append(StageFootprint(act, extra + in_backward, gathered))
     return out
 
 
-def static_bytes(model: ModelSpec, plan: Plan, pp_rank: int) -> tuple[float, ...]:
-    """(params, grads, optimizer, activations, other) a rank holds for the whole step."""
+def static_bytes(model: ModelSpec, plan: Plan, pp_rank: int, fsdp2: bool = False) -> tuple[float, ...]:
+    """(params, grads, optimizer, activations, other) a rank holds for the whole step
+    (``fsdp2``: plus what FSDP2 keeps, ``costs.memory.fsdp2_bytes``)."""
     sb = state_bytes(plan.dtype)
     n = stage_params(model, plan)[pp_rank]
     dp = plan.dp
@@ -70,6 +75,8 @@ def static_bytes(model: ModelSpec, plan: Plan, pp_rank: int) -> tuple[float, ...
         other = float(plan.dp_bucket_bytes)
     if plan.offload == "optimizer+params":
         params = 0.0
+    if fsdp2:
+        params += fsdp2_bytes(model, plan, n)[0]
     return (params, grads, optimizer, 0.0, other)
 
 
