@@ -179,11 +179,12 @@ def test_host_contention_applies_to_ranks_computing_at_once_not_to_idle_ones():
             assert step < 0.85 * step_fixed
 
 
-def _with_interference(cluster, value):
+def _with_interference(cluster, value, **keys):
     from dataclasses import replace
     extra = {k: v for k, v in cluster.device.extra.items() if k != "comm_interference"}
     if value is not None:
         extra["comm_interference"] = {"2": value}
+    extra.update(keys)
     return replace(cluster, device=replace(cluster.device, extra=extra))
 
 
@@ -227,8 +228,9 @@ def test_comm_interference_slows_zero3_whose_gathers_overlap_every_layer():
     model = load_model("cpu-small")
     base = load_cluster("cpu:2", profile="cpu-calibrated")
     plan = parse_plan("dp=2 gbs=4 mbs=1 zero=3 dtype=fp32")
-    plain = simulate(model, _with_interference(base, None), plan)
-    hit = simulate(model, _with_interference(base, 0.5), plan)
+    # collectives on a side stream (overlapping), no FSDP2 copies
+    plain = simulate(model, _with_interference(base, None, zero_overlap=True, zero_copies="none"), plan)
+    hit = simulate(model, _with_interference(base, 0.5, zero_overlap=True, zero_copies="none"), plan)
     r0 = [e for e in plain.trace.events if e.rank == 0]
     comm = [(e.start, e.end) for e in r0 if e.stream == "dp"]
     compute = [(e.start, e.end) for e in r0 if e.kind in ("F", "B")]
@@ -324,3 +326,20 @@ def test_fsdp_copies_add_one_streaming_pass_per_collective_when_blocking():
     assert copied.step_time_s - plain.step_time_s == pytest.approx(expect, rel=1e-6)
     kinds = {e.kind for e in copied.trace.events if e.rank == 0 and e.stream == "compute"}
     assert {"fsdp_copy_in", "fsdp_copy_out"} <= kinds
+
+
+def test_sub_pipelined_tp_collectives_under_compute_take_interference_on_a_cpu_host():
+    """tp_overlap=subpipe hides one half's TP collectives under the other half's compute; on a
+    CPU host the hidden collectives still take interference x their time from the compute."""
+    from parsim.specs import load_cluster, load_model, parse_plan
+
+    model = load_model("cpu-small")
+    base = load_cluster("cpu:2", profile="cpu-calibrated")
+    plan = parse_plan("tp=2 mbs=2 gbs=4 dtype=fp32 tp_overlap=subpipe")
+    plain = simulate(model, _with_interference(base, None), plan)
+    hit = simulate(model, _with_interference(base, 0.5), plan)
+    assert hit.step_time_s > plain.step_time_s
+    # nothing overlapped without sub-pipelining: no charge
+    flat = parse_plan("tp=2 mbs=2 gbs=4 dtype=fp32")
+    assert simulate(model, _with_interference(base, 0.5), flat).step_time_s == pytest.approx(
+        simulate(model, _with_interference(base, None), flat).step_time_s, rel=1e-9)

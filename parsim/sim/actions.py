@@ -104,6 +104,8 @@ def _walk(env: simpy.Environment, run: ActionRun, chain: tuple[Segment, ...], ha
             asked = env.now
             start = yield from collective(env, dev.tp, dev.rank, s.duration)
             run.comm.append((asked, env.now))
+            if half is not None:        # sub-pipelined: the other half computes meanwhile
+                sim.interfere(dev, start, env.now)
             if rec.detail:
                 rec.event(dev.rank, stage, "tp", s.kind, mb, s.layer, start, env.now, nbytes=s.nbytes, name=s.name)
             if req is not None:

@@ -147,6 +147,7 @@ class Simulation:
         if shared:
             self.contention = ComputeScale()
         self._solo: dict[tuple, tuple[float, float, float]] = {}
+        self._overlapped: dict[int, float] = {}
         self.devices = self._build_devices(slowdown)
         if shared:
             # ranks share the host's cores: processor sharing (``host``) when no action is
@@ -270,6 +271,15 @@ class Simulation:
 
     def ps_time(self, comm: Communicator, nbytes: float) -> float:
         return ps_time(self.cluster, nbytes, list(comm.ranks))
+
+    def overlapped_tp(self, cost: ActionCost) -> float:
+        """Seconds of an action's TP collectives that its compute covers (placed actions)."""
+        key = id(cost)
+        out = self._overlapped.get(key)
+        if out is None:
+            comm = sum(p.end - p.start for p in cost.placed if p.segment.stream != "compute")
+            out = self._overlapped[key] = max(comm - cost.exposed_tp, 0.0)
+        return out
 
     def interfere(self, dev: Device, start: float, end: float) -> None:
         """A collective of ``dev`` ran over [start, end]: on a CPU host the compute it overlapped
@@ -401,6 +411,10 @@ def device(env: simpy.Environment, sim: Simulation, dev: Device):
             yield done
             if interfered:
                 dev.computed(begin, env.now)
+                # sub-pipelined TP: collectives the action overlaps with its other half's compute
+                overlapped = sim.overlapped_tp(cost)
+                if overlapped > 0:
+                    dev.debt += sim.interference * overlapped
             if cost.exposed_tp:
                 exposed["tp"] += cost.exposed_tp
             if rec.detail:
