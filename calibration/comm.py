@@ -6,7 +6,8 @@ CUDA), on 127.0.0.1 with a free port, one thread per rank (OMP_NUM_THREADS=1 and
 
 1. runs the same GEMM (and a streaming add) back to back for a fixed time, all ranks at once
    after a barrier: its achieved rate over the solo rate is the compute contention when
-   ``world`` ranks share the cores;
+   ``world`` ranks share the cores; the same for one real layer's forward + backward (the
+   executor's ``Block``), whose slowdown is what a training step sees;
 2. measures how much a background all-reduce slows the compute it overlaps
    (``_interference``);
 3. times every collective over the message sizes. Following the OSU micro-benchmarks and
@@ -23,6 +24,7 @@ collective is done when its slowest member is).
 """
 from __future__ import annotations
 
+import math
 import os
 import queue as queue_mod
 import socket
@@ -31,7 +33,7 @@ import traceback
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable
+from typing import Any, Callable
 
 from .fit import sampling_plan
 
@@ -70,6 +72,10 @@ class CommJob:
     # size the compute block's GEMM as (group size, m, n, k); a size without one is skipped
     insitu_sizes: tuple[int, ...] = ()
     insitu_blocks: tuple[tuple[int, int, int, int], ...] = ()
+    # the layer contention probe: every rank runs one real layer's forward + backward at once
+    # (``compute.layer_step``); None skips it
+    layer_model: Any = None
+    layer_mbs: int = 1
 
     def insitu_block(self, n: int) -> tuple[int, int, int] | None:
         return next(((m, c, k) for g, m, c, k in self.insitu_blocks if g == n), None)
@@ -153,7 +159,7 @@ def _run_rank(rank: int, port: int, job: CommJob, results) -> dict:
     import torch
     import torch.distributed as dist
 
-    from .compute import gemm_callable, stream_callable, throughput
+    from .compute import gemm_callable, layer_step, stream_callable, throughput
     from .shapes import GemmPoint
     from .timer import Clock
 
@@ -179,6 +185,9 @@ def _run_rank(rank: int, port: int, job: CommJob, results) -> dict:
             dist.barrier()
             out["stream_rate"] = throughput(stream, nbytes, clock, job.contention_s / 2)
             out["interference"] = _interference(fn, job, clock, dist, torch, device)
+        if job.layer_model is not None:
+            forward, backward, _ = layer_step(job.layer_model, job.layer_mbs, job.contention_dtype, device)
+            out["layer_rounds"] = _layer_rounds(lambda: (forward(), backward()), job, clock, dist, torch, device)
         out["collectives"] = {}
         for op in job.ops:
             if op == "send_recv" and rank > 1:
@@ -208,6 +217,41 @@ def _run_rank(rank: int, port: int, job: CommJob, results) -> dict:
         return out
     finally:
         dist.destroy_process_group()
+
+
+LAYER_ROUNDS = 3
+
+
+def _layer_rounds(step: Callable[[], object], job: CommJob, clock, dist, torch, device) -> list[list]:
+    """Per round, [seconds per layer step of rank 0 alone (None on other ranks), seconds per
+    step of this rank while every rank steps at once]. Rank 0's solo phase and the concurrent
+    phase alternate within each round (the others wait in a barrier, which does not spin), so
+    a slow minute of a shared machine moves both sides of a round's ratio alike. Every rank
+    runs the same number of steps per phase: enough for about ``contention_s / 2`` alone."""
+    step()
+    clock.sync()
+    t0 = time.perf_counter()
+    step()
+    clock.sync()
+    first = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+    dist.all_reduce(first, op=dist.ReduceOp.MAX)
+    calls = max(2, math.ceil(job.contention_s / 2 / max(float(first.item()), 1e-6)))
+
+    def timed() -> float:
+        clock.sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            step()
+        clock.sync()
+        return (time.perf_counter() - t0) / calls
+
+    out = []
+    for _ in range(LAYER_ROUNDS):
+        dist.barrier()
+        solo = timed() if dist.get_rank() == 0 else None
+        dist.barrier()
+        out.append([solo, timed()])
+    return out
 
 
 INTERFERENCE_BYTES = 4 * 2**20     # a DP gradient bucket's order of magnitude (fp32, 1M elements)

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .fit import Summary
+from .fit import Summary, summarize
 from .shapes import AttentionPoint, GemmPoint, MemboundPoint
 from .timer import Clock, measure, measure_many
 
@@ -82,6 +82,54 @@ def stream_callable(numel: int, dtype: str, device: torch.device) -> tuple[Calla
     dt = TORCH_DTYPES[dtype]
     a, b, c = _rand((numel,), dt, device), _rand((numel,), dt, device), torch.empty(numel, dtype=dt, device=device)
     return (lambda: torch.add(a, b, out=c)), 3.0 * numel * a.element_size()
+
+
+# ----------------------------------------------------------------------------- a whole layer
+
+def layer_step(spec, mbs: int, dtype: str, device: torch.device) -> tuple[Callable[[], torch.Tensor],
+                                                                          Callable[[], None], torch.nn.Module]:
+    """(forward, backward, module) of one real transformer layer: the executor's own ``Block``
+    (``parsim.executor.model``, a one-layer stage, tp=1) on an (mbs, seq, hidden) input.
+    ``forward()`` runs the layer and keeps its output; ``backward()`` back-propagates a fixed
+    output gradient through it. Gradients are not zeroed, so every backward accumulates into
+    ``.grad`` as a microbatch of a step with gradient accumulation does."""
+    from parsim.executor.model import StageModule, init_stage
+
+    dt = TORCH_DTYPES[dtype]
+    stage = StageModule(spec, 0, 1, is_first=False, is_last=False)
+    init_stage(stage, seed=0)
+    stage.to(device=device, dtype=dt)
+    x = _rand((mbs, spec.seq_len, spec.hidden), dt, device, grad=True)
+    dy = _rand((mbs, spec.seq_len, spec.hidden), dt, device)
+    held: list[torch.Tensor] = []
+
+    def forward() -> torch.Tensor:
+        held[:] = [stage(x)]
+        return held[0]
+
+    def backward() -> None:
+        held.pop().backward(dy)
+
+    return forward, backward, stage
+
+
+def bench_layer(spec, mbs: int, dtype: str, clock: Clock, repeats: int, warmup: int = 2) -> tuple[Summary, Summary]:
+    """Forward and backward seconds of one real layer (``layer_step``), ``repeats`` samples
+    after ``warmup`` unrecorded ones (the first backward allocates ``.grad``)."""
+    forward, backward, _ = layer_step(spec, mbs, dtype, clock.device)
+    fwd, bwd = [], []
+    for i in range(warmup + repeats):
+        clock.sync()
+        t0 = time.perf_counter()
+        forward()
+        clock.sync()
+        t1 = time.perf_counter()
+        backward()
+        clock.sync()
+        if i >= warmup:
+            fwd.append(t1 - t0)
+            bwd.append(time.perf_counter() - t1)
+    return summarize(fwd), summarize(bwd)
 
 
 # ----------------------------------------------------------------------------- attention

@@ -45,6 +45,8 @@ class Measurements:
     host_copy: list[tuple[int, Summary]] = field(default_factory=list)
     solo_gemm_rate: float = 0.0                        # FLOP/s, one rank alone
     solo_stream_rate: float = 0.0                      # bytes/s, one rank alone
+    model: Any = None                                  # the ModelSpec whose shapes were measured
+    layer: tuple[int, Summary, Summary] | None = None  # (mbs, forward, backward) of one real layer, solo
     comm: dict[int, list[dict]] = field(default_factory=dict)   # world -> per-rank results of comm.run_comm_job
     memory_bytes: float = 0.0
     devices_per_node: int = 64
@@ -105,6 +107,7 @@ def build_profile(m: Measurements, name: str) -> dict[str, Any]:
         "zero_copies": "fsdp2",
         "zero_overlap": m.device_type != "cpu",
     }
+    _layer_calibration(m, device, name)
     prov = dict(m.provenance)
     prov["spread"] = _spreads(m, collectives)
     return {
@@ -236,6 +239,67 @@ def _contention(m: Measurements, key: str, solo: float) -> dict[str, float]:
     for world, ranks in sorted(m.comm.items()):
         rates = [r[key] for r in ranks]
         out[str(world)] = float(solo / np.median(rates)) if solo > 0 else 1.0
+    return out
+
+
+def _layer_calibration(m: Measurements, device: dict[str, Any], name: str) -> None:
+    """From the real-layer probe (``compute.bench_layer``; the concurrent ``layer_rate`` of
+    ``comm``), into ``device["extra"]``:
+
+    * ``layer_composition`` {fwd, bwd}: the measured layer time over the sum of its ops priced
+      by this profile's tables (``costs.layer_ops`` at tp=1 and the probe's mbs, through
+      ``timing.op_time``). It is what composing the ops costs beyond the ops timed alone --
+      autograd's graph and engine, bias-gradient reductions, layout copies, allocation,
+      caches that a layer's working set evicts -- and ``timing.op_time`` multiplies every
+      compute op by it (per pass). Dimensionless; 1 = the per-op sum is exact.
+    * ``contention``: the per-rank GEMM slowdown when N ranks compute at once, fitted to the
+      real layer's slowdown L(N) (solo rate / concurrent rate) instead of one GEMM repeated
+      (kept as ``contention_gemm_probe``): the layer's op sum is G (GEMMs and attention) + M
+      (memory-bound ops, whose slowdown c_m(N) the streaming probe measures), so
+      L(N) (G + M) = c_g(N) G + c_m(N) M gives c_g(N) = (L(N) (G + M) - c_m(N) M) / G
+      (>= 1). ``contention_layer`` keeps L(N).
+
+    Nothing changes when the probe did not run (older measurements, ``model`` unknown)."""
+    if m.layer is None or m.model is None:
+        return
+    from parsim.costs import layer_ops
+    from parsim.costs.timing import op_time
+    from parsim.specs import Plan
+    from parsim.specs.parse import device_from_dict
+
+    mbs, fwd, bwd = m.layer
+    dev = device_from_dict(device, name)
+    ops = layer_ops(m.model, Plan(mbs=mbs, gbs=mbs, dtype=m.dtype))
+    pred = {p: {kind: sum(op_time(dev, op, p, m.dtype) for op in ops if (op.kind == "membound") == (kind == "m"))
+                for kind in ("g", "m")} for p in ("fwd", "bwd")}
+    ops_fwd, ops_bwd = sum(pred["fwd"].values()), sum(pred["bwd"].values())
+    extra = device["extra"]
+    extra["layer_composition"] = {"fwd": fwd.median / ops_fwd, "bwd": bwd.median / ops_bwd}
+    extra["layer_probe"] = {
+        "call": "parsim.executor.model Block (tp=1): forward, then backward of a fixed output gradient",
+        "mbs": mbs, "tp": 1, "fwd_s": fwd.median, "bwd_s": bwd.median, "ops_fwd_s": ops_fwd, "ops_bwd_s": ops_bwd,
+        "spread": [fwd.rel_spread, bwd.rel_spread]}
+    layer = _layer_contention(m)
+    if len(layer) > 1:
+        g = pred["fwd"]["g"] + pred["bwd"]["g"]
+        mem = pred["fwd"]["m"] + pred["bwd"]["m"]
+        membound = extra["contention_membound"]
+        extra["contention_gemm_probe"] = extra["contention"]
+        extra["contention_layer"] = layer
+        extra["contention"] = {n: max(1.0, (slow * (g + mem) - float(membound.get(n, 1.0)) * mem) / g)
+                               for n, slow in layer.items()}
+
+
+def _layer_contention(m: Measurements) -> dict[str, float]:
+    """L(N): per round of ``comm._layer_rounds``, the median over ranks of the concurrent
+    seconds per layer step over rank 0's solo seconds; the median over rounds."""
+    out = {"1": 1.0}
+    for world, ranks in sorted(m.comm.items()):
+        if not all(r.get("layer_rounds") for r in ranks):
+            continue
+        ratios = [float(np.median([r["layer_rounds"][i][1] for r in ranks])) / ranks[0]["layer_rounds"][i][0]
+                  for i in range(len(ranks[0]["layer_rounds"]))]
+        out[str(world)] = float(np.median(ratios))
     return out
 
 

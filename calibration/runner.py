@@ -1,8 +1,10 @@
 """``calibrate``: run every micro-benchmark for a model on this machine and return the profile.
 
 Order: per-op overhead (the membound and attention fits subtract it), GEMMs, attention,
-memory-bound ops, host copies, other-dtype probes, solo rates, then one process group per
-group size (contention + collectives). Compute benchmarks run in this process with one
+memory-bound ops, host copies, other-dtype probes, solo rates, one real layer's forward and
+backward (the per-op sum's composition factor), then one process group per group size
+(contention of a GEMM, a streaming add and a real layer; interference; collectives; in-situ
+TP collectives). Compute benchmarks run in this process with one
 thread, as one executor rank does.
 """
 from __future__ import annotations
@@ -177,7 +179,7 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     attns = attention_points(spec, list(opts.tps), list(s.mbs))
     mems = membound_points(spec, list(opts.tps), list(s.mbs), opts.dtype)
     insitu_jobs = len(worlds) if device.type == "cpu" else 0      # one in-situ probe per CPU job
-    bar = tqdm(total=s.repeats + 2 * len(attns) + len(mems) + 4 + sum(len(o) for o in ops.values()) + insitu_jobs,
+    bar = tqdm(total=s.repeats + 2 * len(attns) + len(mems) + 5 + sum(len(o) for o in ops.values()) + insitu_jobs,
                file=sys.stderr, disable=not progress, desc="calibrate", unit="pt", dynamic_ncols=True)
 
     def step(label: str) -> None:
@@ -185,7 +187,7 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
         bar.update(1)
 
     is_cuda = device.type == "cuda"
-    m = Measurements(dtype=opts.dtype, device_type=device.type, norm=spec.norm, base=opts.base,
+    m = Measurements(dtype=opts.dtype, device_type=device.type, norm=spec.norm, base=opts.base, model=spec,
                      device_name=torch.cuda.get_device_name(device) if is_cuda else f"cpu-rank ({cpu_model()})")
     threads = torch.get_num_threads()
     if not is_cuda:
@@ -248,6 +250,12 @@ def _measure_compute(m, opts: CalibrationOptions, device, gemms, attns, mems, st
         stream, nbytes = compute.stream_callable(2**22, "fp32", device)
         m.solo_stream_rate = compute.throughput(stream, nbytes, clock, s.contention_s / 2)
     step("solo rates")
+    # one real layer (the executor's Block) right after the per-op tables: how far the per-op
+    # sum is from the composed layer (profile.layer_composition)
+    mbs = min(s.mbs)
+    fwd, bwd = compute.bench_layer(spec, mbs, dtype, clock, s.repeats)
+    m.layer = (mbs, fwd, bwd)
+    step("layer probe")
     return shape
 
 
@@ -260,6 +268,7 @@ def _measure_comm(m, opts: CalibrationOptions, device, ops: dict[int, tuple[str,
         job = CommJob(world=world, device_type=device.type, sizes=s.comm_sizes, ops=world_ops, repeats=s.repeats,
                       point_budget_s=s.comm_budget_s, min_sample_s=s.comm_min_sample_s,
                       contention_gemm=contention_shape, contention_dtype=opts.dtype, contention_s=s.contention_s,
+                      layer_model=opts.model, layer_mbs=min(s.mbs),
                       insitu_sizes=insitu_sizes(opts.model, opts.dtype, s.mbs),
                       insitu_blocks=tuple((n, *g) for n in range(2, world + 1) if world % n == 0
                                           for g in [insitu_gemm(opts.model, n, min(s.mbs))] if g))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from parsim.costs.ops import GRAD_BYTES
+from parsim.costs.ops import GRAD_BYTES, embedding_bwd_bytes
 from parsim.costs import DTYPE_BYTES, head_ops, layer_ops, padded_vocab
 from parsim.specs import ModelSpec, Plan
 
@@ -134,7 +134,9 @@ def membound_points(model: ModelSpec, tps: list[int], mbss: list[int], dtype: st
             add("swiglu", (tok, f), 3 * tok * f * e, tag)             # ops: swiglu, reads=2
             add("softmax", (mbs * heads, s, s), 2 * mbs * heads * s * s * e, tag)
             add("cross_entropy", (tok, vocab), 2 * tok * vocab * 4, tag)   # ops: fp32 logits
-            add("embedding", (tok, vocab, h), 2 * tok * h * e, tag)
+            # ops.embedding_ops: backward also writes the local table's dense gradient
+            out.append(MemboundPoint("embedding", (tok, vocab, h), 2 * tok * h * e,
+                                     embedding_bwd_bytes(2 * tok * h * e, vocab * h, e), tag))
         tensors = tuple(adamw_param_shapes(model, tp))
         params = sum(math.prod(shape) for shape in tensors)
         per_param = ADAMW_BYTES_PER_PARAM + (0.0 if dtype == "fp32" else 4.0)

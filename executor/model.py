@@ -79,6 +79,7 @@ class Attention(nn.Module):
         self.dropout_p = DROPOUT_P if spec.dropout else 0.0
         self.tp = NoParallelRegion()
         self.recompute_core = False   # selective recomputation (Korthikanti et al. 2022, Sec. 5)
+        self.flash = spec.flash_attention
 
     def set_parallel(self, region) -> None:
         self.tp = region
@@ -86,10 +87,23 @@ class Attention(nn.Module):
         self.kv_heads //= region.size
 
     def core(self, q, k, v):
-        """softmax(q k^T / sqrt(d)) v, causal: the part selective recomputation drops."""
+        """softmax(q k^T / sqrt(d)) v, causal: the part selective recomputation drops.
+
+        ``flash_attention`` models run the fused kernel (``F.scaled_dot_product_attention``:
+        it keeps only the log-sum-exp for backward); the others the explicit products, which
+        keep the (b, heads, s, s) softmax output (and dropout mask) as the cost model counts
+        them (``parsim.costs.activations.layer_activation_bytes``)."""
         p = self.dropout_p if self.training else 0.0
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p,
-                                              enable_gqa=self.heads != self.kv_heads)
+        if self.flash:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p,
+                                                  enable_gqa=self.heads != self.kv_heads)
+        if self.heads != self.kv_heads:
+            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
+            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+        causal = torch.ones_like(scores[0, 0], dtype=torch.bool).triu(1)     # (s, s): traceable by torch.fx
+        probs = torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1)
+        return (F.dropout(probs, p, self.training) if p > 0 else probs) @ v
 
     def forward(self, x):
         return self.add_bias(self.tp.exit(self.body(self.tp.enter(x))))

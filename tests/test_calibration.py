@@ -131,7 +131,9 @@ def test_simulator_timing_reads_the_measured_tables_exactly(quick_profile):
             # the measured grad += new rate, in the weight-gradient pass only
             assert dev.extra["grad_accumulation"] == "unfused"
             rate = dev.extra["membound_table"]["grad_accumulate"]
-            assert op_time(dev, op, "bwd_weight", "fp32") == pytest.approx(op.bwd_bytes / rate + dev.kernel_overhead_s)
+            composed = dev.extra["layer_composition"]["bwd"]     # the real-layer probe's factor
+            assert op_time(dev, op, "bwd_weight", "fp32") == pytest.approx(
+                (op.bwd_bytes / rate + dev.kernel_overhead_s) * composed)
             assert op_time(dev, op, "bwd_input", "fp32") == 0.0
         elif op.kind == "membound":
             assert op.name in dev.extra["membound_table"] or op.name == "attn_dropout", op.name
@@ -171,6 +173,113 @@ def test_list_forms_the_executor_calls_run_on_a_real_gloo_group():
         for op in LIST_VARIANTS:
             assert set(r["collectives"][op]) == {4096, 2**18}
             assert all(len(v) >= 3 and min(v) > 0 for v in r["collectives"][op].values())
+
+
+@pytest.mark.slow
+def test_layer_composition_makes_the_simulated_layer_equal_the_measured_one(quick_profile):
+    """The per-op sum at the probe's shape (tp=1), scaled by ``layer_composition``, gives back
+    the real layer's measured forward and backward seconds."""
+    from parsim.costs import layer_ops
+    from parsim.costs.timing import op_time
+
+    path, _ = quick_profile
+    dev = load_cluster("cpu:2", profile=path).device
+    probe = dev.extra["layer_probe"]
+    assert probe["tp"] == 1 and probe["fwd_s"] > 0 and probe["bwd_s"] > probe["fwd_s"]   # backward ~2x forward
+    ops = layer_ops(load_model("cpu-small"), Plan(mbs=probe["mbs"], gbs=probe["mbs"], dtype="fp32"))
+    for pass_ in ("fwd", "bwd"):
+        simulated = sum(op_time(dev, op, pass_, "fp32") for op in ops)
+        assert simulated == pytest.approx(probe[f"{pass_}_s"], rel=1e-5), pass_   # YAML keeps 6 digits
+        # ops timed alone and composed into a layer: within a factor of 2 on any sane machine
+        assert 0.5 < dev.extra["layer_composition"][pass_] < 2.0
+
+
+@pytest.mark.slow
+def test_gemm_contention_is_fitted_to_the_real_layer_slowdown(quick_profile):
+    """c_g(N) G + c_m(N) M = L(N) (G + M): the GEMM-kind contention the host model uses
+    reproduces the measured slowdown of a real layer with N ranks computing at once."""
+    from dataclasses import replace
+
+    from parsim.costs import layer_ops
+    from parsim.costs.timing import op_time
+
+    path, _ = quick_profile
+    dev = load_cluster("cpu:2", profile=path).device
+    extra = dev.extra
+    assert extra["contention_layer"]["1"] == 1.0 and extra["contention_layer"]["2"] > 0
+    assert "2" in extra["contention_gemm_probe"]
+    raw = replace(dev, extra={k: v for k, v in extra.items() if k != "layer_composition"})
+    ops = layer_ops(load_model("cpu-small"), Plan(mbs=extra["layer_probe"]["mbs"], dtype="fp32"))
+    g = sum(op_time(raw, op, p, "fp32") for op in ops if op.kind != "membound" for p in ("fwd", "bwd"))
+    m = sum(op_time(raw, op, p, "fp32") for op in ops if op.kind == "membound" for p in ("fwd", "bwd"))
+    c_g, c_m, slow = extra["contention"]["2"], extra["contention_membound"]["2"], extra["contention_layer"]["2"]
+    if c_g > 1.0:                    # not clamped
+        assert c_g * g + c_m * m == pytest.approx(slow * (g + m), rel=1e-5)
+    else:
+        assert slow * (g + m) <= g + c_m * m
+
+
+def test_layer_rounds_alternate_rank0_alone_and_all_ranks_on_a_real_gloo_group():
+    pytest.importorskip("torch")
+    from parsim.calibration.comm import LAYER_ROUNDS, CommJob, run_comm_job
+
+    job = CommJob(world=2, device_type="cpu", sizes=(4096,), ops=("all_reduce",), repeats=3,
+                  point_budget_s=0.05, min_sample_s=1e-3, contention_gemm=(64, 64, 64),
+                  contention_dtype="fp32", contention_s=0.05, layer_model=load_model("tiny"), layer_mbs=1)
+    ranks = run_comm_job(job)
+    for rank, r in enumerate(ranks):
+        rounds = r["layer_rounds"]
+        assert len(rounds) == LAYER_ROUNDS
+        for solo, together in rounds:
+            assert together > 0
+            assert (solo > 0) if rank == 0 else (solo is None)
+
+
+def test_layer_probe_times_the_executor_layer_and_accumulates_gradients():
+    torch = pytest.importorskip("torch")
+    from parsim.calibration.compute import bench_layer, layer_step
+    from parsim.calibration.timer import Clock
+
+    spec = load_model("tiny")
+    fwd, bwd = bench_layer(spec, 2, "fp32", Clock(torch.device("cpu")), repeats=3)
+    assert fwd.n == bwd.n == 3 and fwd.median > 0 and bwd.median > 0
+    forward, backward, layer = layer_step(spec, 1, "fp32", torch.device("cpu"))
+    assert tuple(forward().shape) == (1, spec.seq_len, spec.hidden)
+    backward()
+    first = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    forward()
+    backward()
+    # not zeroed: the second microbatch's gradient (the same input) is added to the first
+    for n, p in layer.named_parameters():
+        assert torch.allclose(p.grad, 2 * first[n], rtol=1e-5, atol=1e-7), n
+
+
+def test_malformed_layer_composition_in_a_profile_is_a_spec_error():
+    from parsim.specs import cluster_from_dict, load_profile_dict
+
+    for bad in ({"fwd": "fast", "bwd": 1.0}, {"fwd": 1.0}, {"fwd": 0.0, "bwd": 1.0}, [1.0, 1.0]):
+        data = load_profile_dict("cpu")
+        data["device"].setdefault("extra", {})["layer_composition"] = bad
+        with pytest.raises(SpecError) as e:
+            cluster_from_dict(data, 2)
+        assert e.value.field == "profile.device.extra.layer_composition"
+    with pytest.raises(SpecError) as e:
+        load_cluster("cpu:2", profile=str(_write_profile_with({"fwd": -1, "bwd": 1})))
+    assert e.value.field == "profile.device.extra.layer_composition"
+
+
+def _write_profile_with(composition) -> "Path":
+    import tempfile
+    from pathlib import Path
+
+    import yaml
+
+    from parsim.specs import load_profile_dict
+    data = load_profile_dict("cpu")
+    data["device"].setdefault("extra", {})["layer_composition"] = composition
+    path = Path(tempfile.mkdtemp()) / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
 
 
 # ----------------------------------------------------------------------------- bad input

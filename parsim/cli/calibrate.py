@@ -53,6 +53,7 @@ def summary(profile: dict) -> dict:
         "gemm": dev["gemm"],
         "attention_efficiency": dev["attention_efficiency"],
         "contention": dev["extra"]["contention"],
+        **{k: dev["extra"][k] for k in ("layer_composition", "contention_layer") if k in dev["extra"]},
         "collectives": {op: {n: {k: e[k] for k in ("alpha", "beta", "alpha_insitu", "alpha_insitu_shared") if k in e}
                              for n, e in per.items()}
                         for op, per in net.get("collectives", {}).items()},
@@ -67,8 +68,16 @@ def render(profile: dict, path: Path) -> str:
              + f"; gemm curve max_eff {dev['gemm']['max_efficiency']:.2f} half_dim {dev['gemm']['half_dim']:.0f}",
              f"memory-bound {dev['memory_bandwidth'] / 1e9:.2f} GB/s; op overhead {dev['kernel_overhead_s'] * 1e6:.1f} us; "
              f"attention eff {dev['attention_efficiency']:.2f}",
-             "contention (ranks: slowdown) " + ", ".join(f"{k}: {v:.2f}" for k, v in dev["extra"]["contention"].items()),
-             ""]
+             "contention (ranks: slowdown) " + ", ".join(f"{k}: {v:.2f}" for k, v in dev["extra"]["contention"].items())]
+    extra = dev["extra"]
+    if "layer_composition" in extra:
+        probe, comp = extra["layer_probe"], extra["layer_composition"]
+        lines.append(f"real layer (mbs={probe['mbs']}, tp=1): forward {probe['fwd_s'] * 1e3:.1f} ms "
+                     f"(x{comp['fwd']:.3f} the per-op sum), backward {probe['bwd_s'] * 1e3:.1f} ms (x{comp['bwd']:.3f})"
+                     + ("; slowdown with N ranks at once " + ", ".join(f"{k}: {v:.2f}" for k, v in
+                                                                      extra["contention_layer"].items())
+                        if "contention_layer" in extra else ""))
+    lines.append("")
     rows = [[op, n, f"{e['alpha'] * 1e3:.3f}", f"{e['alpha_insitu'] * 1e3:.3f}" if "alpha_insitu" in e else "-",
              f"{1 / e['beta'] / 1e9:.3f}" if e["beta"] > 0 else "inf", f"{e['spread']:.2f}", f"{e['fit_rms_rel']:.2f}"]
             for op, per in net.get("collectives", {}).items() for n, e in per.items()]

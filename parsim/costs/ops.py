@@ -119,12 +119,27 @@ def _grad_accumulation(name: str, params: float, plan: Plan) -> Op:
 
 
 def embedding_ops(model: ModelSpec, plan: Plan) -> list[Op]:
-    """First stage: vocab-parallel embedding lookup (+ learned positions): memory bound."""
+    """First stage: vocab-parallel embedding lookup (+ learned positions): memory bound.
+    Forward reads and writes b*s*h rows; backward reads the output gradient (1.5x forward,
+    as every elementwise op) and also writes the whole local table's gradient: the dense
+    embedding backward (PyTorch ``embedding_dense_backward``, which Megatron-LM's
+    VocabParallelEmbedding runs on its shard through ``F.embedding``) zero-fills a (V/t) x h
+    gradient and adds the looked-up rows into it, so (V/t) * h * bytes more per microbatch,
+    however few tokens there are."""
     e = DTYPE_BYTES[plan.dtype]
     tokens = plan.mbs * model.seq_len
     from .params import embedding_params
-    return [_membound("embedding", tokens * model.hidden, e),
+    table = padded_vocab(model, plan) // plan.tp * model.hidden
+    lookup = _membound("embedding", tokens * model.hidden, e)
+    return [Op("embedding", "membound", 0.0, 0.0, 0.0, fwd_bytes=lookup.fwd_bytes,
+               bwd_bytes=embedding_bwd_bytes(lookup.fwd_bytes, table, e)),
             _grad_accumulation("embedding_grad_accumulate", embedding_params(model, plan), plan)]
+
+
+def embedding_bwd_bytes(fwd_bytes: float, table_elements: float, act_bytes: int) -> float:
+    """Backward bytes of the embedding lookup: 1.5x the forward's (``_membound``) plus the
+    dense gradient of the local table written once (``embedding_ops``)."""
+    return 1.5 * fwd_bytes + table_elements * act_bytes
 
 
 def head_ops(model: ModelSpec, plan: Plan) -> list[Op]:

@@ -84,9 +84,22 @@ def membound_time(device: DeviceProfile, nbytes: float, op_name: str = "") -> fl
 
 
 def op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
-    """Duration of ``op`` in pass "fwd", "bwd_input", "bwd_weight" or "bwd" (both)."""
+    """Duration of ``op`` in pass "fwd", "bwd_input", "bwd_weight" or "bwd" (both), seconds.
+
+    Profiles calibrated with the real-layer probe carry ``device.extra.layer_composition``
+    {fwd, bwd}: a real layer's measured forward / backward time over the sum of its ops
+    priced from the per-op tables, on the same machine in the same run (``parsim calibrate``;
+    ``calibration.profile._layer_calibration``). Ops timed alone miss what composing them
+    costs (autograd's engine, bias-gradient reductions, layout copies, allocation, evicted
+    caches), so every op of a pass is scaled by its pass's factor. Other profiles: 1."""
     if pass_ == "bwd":
         return op_time(device, op, "bwd_input", dtype) + op_time(device, op, "bwd_weight", dtype)
+    composition = device.extra.get("layer_composition")
+    factor = float(composition["fwd" if pass_ == "fwd" else "bwd"]) if composition else 1.0
+    return _op_time(device, op, pass_, dtype) * factor
+
+
+def _op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
     if op.grad_accumulation:
         if pass_ != "bwd_weight" or device.extra.get("grad_accumulation", "fused") != "unfused":
             return 0.0

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 from parsim.costs import Op
+from parsim.costs.ops import embedding_bwd_bytes
 
 GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution")
 FREE_OPS = {"detach", "alias", "lift_fresh", "_unsafe_view", "view", "_reshape_alias", "t", "transpose",
@@ -76,6 +77,10 @@ def aten_op(func, args, kwargs, out) -> Op | None:
         fwd = sum(_nbytes(t) for t in ins) + out_bytes
     if fwd <= 0:
         return None
+    if label == "embedding" and grad:     # the table's dense gradient is written too (ops.embedding_ops)
+        table = ins[0]
+        return Op(label, "membound", 0.0, 0.0, 0.0, fwd_bytes=fwd,
+                  bwd_bytes=embedding_bwd_bytes(fwd, table.numel(), table.element_size()))
     return Op(label, "membound", 0.0, 0.0, 0.0, fwd_bytes=fwd, bwd_bytes=BWD_BYTES_FACTOR * fwd if grad else 0.0)
 
 

@@ -101,8 +101,9 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     for m in [
         ModelSpec(name="tiny", layers=4, hidden=64, heads=4, kv_heads=2, ffn_hidden=128,
                   vocab=128, seq_len=32, dropout=False),
+        # fused attention, as torch's CPU SDPA (a flash kernel) runs it in the executor
         ModelSpec(name="cpu-small", layers=8, hidden=512, heads=8, ffn_hidden=2048,
-                  vocab=2048, seq_len=128, dropout=False),
+                  vocab=2048, seq_len=128, dropout=False, flash_attention=True),
         _gpt("gpt3-125m", 12, 768, 12),
         _gpt("gpt3-350m", 24, 1024, 16),
         _gpt("gpt3-760m", 24, 1536, 16),

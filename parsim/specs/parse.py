@@ -137,19 +137,8 @@ def load_profile_dict(source: str | Path) -> dict[str, Any]:
 
 def cluster_from_dict(data: dict[str, Any], num_devices: int) -> ClusterSpec:
     try:
-        dev = data["device"]
+        device = device_from_dict(data["device"], str(data.get("name", "device")))
         net = data["network"]
-        gemm = GemmEfficiency(**{k: float(v) for k, v in dev.get("gemm", {}).items()})
-        device = DeviceProfile(
-            name=str(dev.get("name", data.get("name", "device"))),
-            peak_flops={k: float(v) for k, v in dev["peak_flops"].items()},
-            memory_bytes=float(dev["memory_bytes"]),
-            memory_bandwidth=float(dev["memory_bandwidth"]),
-            gemm=gemm,
-            **{k: float(dev[k]) for k in ("membound_efficiency", "attention_efficiency", "kernel_overhead_s",
-                                           "host_flops", "host_memory_bandwidth", "usable_memory_fraction") if k in dev},
-            extra=dict(dev.get("extra", {})),
-        )
         network = NetworkProfile(
             intra_node=_link(net["intra_node"]),
             inter_node=_link(net["inter_node"]),
@@ -159,10 +148,36 @@ def cluster_from_dict(data: dict[str, Any], num_devices: int) -> ClusterSpec:
         )
         return ClusterSpec(name=str(data.get("name", device.name)), device=device, network=network,
                            devices_per_node=int(data.get("devices_per_node", 8)), num_devices=int(num_devices))
+    except SpecError:
+        raise
     except KeyError as e:
         raise SpecError(f"profile.{e.args[0]}", None, "required key missing in the profile") from None
     except (TypeError, ValueError) as e:
         raise SpecError("profile", data.get("name", "?"), f"malformed number or section ({e})") from None
+
+
+def device_from_dict(dev: dict[str, Any], default_name: str = "device") -> DeviceProfile:
+    """A profile's ``device`` section (KeyError / TypeError / ValueError when malformed:
+    ``cluster_from_dict`` turns them into a SpecError)."""
+    gemm = GemmEfficiency(**{k: float(v) for k, v in dev.get("gemm", {}).items()})
+    composition = dev.get("extra", {}).get("layer_composition")
+    if composition is not None:
+        ok = isinstance(composition, dict) and all(
+            isinstance(composition.get(k), (int, float)) and not isinstance(composition.get(k), bool)
+            and 0 < composition[k] < 10 for k in ("fwd", "bwd"))
+        if not ok:
+            raise SpecError("profile.device.extra.layer_composition", composition,
+                            "{fwd: x, bwd: y} with 0 < x, y < 10 (measured layer time / per-op sum)")
+    return DeviceProfile(
+        name=str(dev.get("name", default_name)),
+        peak_flops={k: float(v) for k, v in dev["peak_flops"].items()},
+        memory_bytes=float(dev["memory_bytes"]),
+        memory_bandwidth=float(dev["memory_bandwidth"]),
+        gemm=gemm,
+        **{k: float(dev[k]) for k in ("membound_efficiency", "attention_efficiency", "kernel_overhead_s",
+                                       "host_flops", "host_memory_bandwidth", "usable_memory_fraction") if k in dev},
+        extra=dict(dev.get("extra", {})),
+    )
 
 
 def _link(d: dict[str, Any]) -> LinkProfile:
