@@ -262,32 +262,65 @@ def _layer_calibration(m: Measurements, device: dict[str, Any], name: str) -> No
     Nothing changes when the probe did not run (older measurements, ``model`` unknown)."""
     if m.layer is None or m.model is None:
         return
+    mbs, fwd, bwd = m.layer
+    device["extra"]["layer_probe"] = {
+        "call": "parsim.executor.model Block (tp=1): forward, then backward of a fixed output gradient",
+        "mbs": mbs, "tp": 1, "fwd_s": fwd.median, "bwd_s": bwd.median,
+        "spread": [fwd.rel_spread, bwd.rel_spread]}
+    layer = _layer_contention(m)
+    if len(layer) > 1:
+        device["extra"]["contention_gemm_probe"] = device["extra"]["contention"]
+        device["extra"]["contention_layer"] = layer
+    fit_layer_terms(device, m.model, m.dtype, name)
+
+
+def fit_layer_terms(device: dict[str, Any], model, dtype: str, name: str = "device") -> None:
+    """``layer_composition`` and the layer-fitted ``contention`` (``_layer_calibration``) from
+    the measurements a profile keeps (``extra.layer_probe``, ``contention_layer``,
+    ``contention_gemm_probe``, ``contention_membound``) and the per-op tables, priced by the
+    current ``timing.op_time``. ``parsim calibrate`` calls it once; it can be re-run on a
+    profile after a change to how ops are priced, without measuring again
+    (``python -m parsim.calibration.refit PROFILE``)."""
     from parsim.costs import layer_ops
     from parsim.costs.timing import op_time
     from parsim.specs import Plan
     from parsim.specs.parse import device_from_dict
 
-    mbs, fwd, bwd = m.layer
-    dev = device_from_dict(device, name)
-    ops = layer_ops(m.model, Plan(mbs=mbs, gbs=mbs, dtype=m.dtype))
-    pred = {p: {kind: sum(op_time(dev, op, p, m.dtype) for op in ops if (op.kind == "membound") == (kind == "m"))
+    extra = device["extra"]
+    probe = extra.get("layer_probe")
+    if not probe:
+        return
+    raw = {**device, "extra": {k: v for k, v in extra.items() if k != "layer_composition"}}
+    dev = device_from_dict(raw, name)
+    ops = layer_ops(model, Plan(mbs=int(probe["mbs"]), gbs=int(probe["mbs"]), dtype=dtype))
+    pred = {p: {kind: sum(op_time(dev, op, p, dtype) for op in ops if (op.kind == "membound") == (kind == "m"))
                 for kind in ("g", "m")} for p in ("fwd", "bwd")}
     ops_fwd, ops_bwd = sum(pred["fwd"].values()), sum(pred["bwd"].values())
-    extra = device["extra"]
-    extra["layer_composition"] = {"fwd": fwd.median / ops_fwd, "bwd": bwd.median / ops_bwd}
-    extra["layer_probe"] = {
-        "call": "parsim.executor.model Block (tp=1): forward, then backward of a fixed output gradient",
-        "mbs": mbs, "tp": 1, "fwd_s": fwd.median, "bwd_s": bwd.median, "ops_fwd_s": ops_fwd, "ops_bwd_s": ops_bwd,
-        "spread": [fwd.rel_spread, bwd.rel_spread]}
-    layer = _layer_contention(m)
+    extra["layer_composition"] = {"fwd": float(probe["fwd_s"]) / ops_fwd, "bwd": float(probe["bwd_s"]) / ops_bwd}
+    probe.update(ops_fwd_s=ops_fwd, ops_bwd_s=ops_bwd)
+    layer = extra.get("contention_layer", {})
     if len(layer) > 1:
         g = pred["fwd"]["g"] + pred["bwd"]["g"]
         mem = pred["fwd"]["m"] + pred["bwd"]["m"]
         membound = extra["contention_membound"]
-        extra["contention_gemm_probe"] = extra["contention"]
-        extra["contention_layer"] = layer
-        extra["contention"] = {n: max(1.0, (slow * (g + mem) - float(membound.get(n, 1.0)) * mem) / g)
+        extra["contention"] = {n: max(1.0, (float(slow) * (g + mem) - float(membound.get(n, 1.0)) * mem) / g)
                                for n, slow in layer.items()}
+
+
+def refit_profile(path: str) -> dict[str, float]:
+    """Re-derive a calibrated profile's layer terms in place (``fit_layer_terms``); the
+    measurements and the header comment are kept. Returns the new composition factors."""
+    from parsim.specs import load_model
+
+    text = Path(path).read_text()
+    data = yaml.safe_load(text)
+    prov = data.get("provenance", {})
+    fit_layer_terms(data["device"], load_model(prov.get("model", "cpu-small")), prov.get("dtype", "fp32"),
+                    data.get("name", "device"))
+    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
+    note = "# Layer terms re-derived from the stored measurements by `python -m parsim.calibration.refit`.\n"
+    write_profile_text(path, header + ("" if note in header else note), data)
+    return data["device"]["extra"].get("layer_composition", {})
 
 
 def _layer_contention(m: Measurements) -> dict[str, float]:
@@ -365,6 +398,11 @@ def write_profile(profile: dict[str, Any], path: str | Path) -> Path:
     header = (f"# Measured by `parsim calibrate` on {prov.get('host', '?')} ({prov.get('cpu', '?')}), "
               f"{prov.get('date', '?')}.\n# Numbers are medians of repeated runs; re-run the command to "
               f"refresh them rather than editing by hand. SI units: s, bytes, FLOP/s, bytes/s.\n")
+    return write_profile_text(path, header, profile)
+
+
+def write_profile_text(path: str | Path, header: str, profile: dict[str, Any]) -> Path:
+    path = Path(path)
     body = yaml.dump(_plain(profile), Dumper=_ProfileDumper, sort_keys=False, width=140)
     path.write_text(header + body)
     return path
@@ -403,3 +441,4 @@ def _plain(x: Any) -> Any:
     if isinstance(x, np.generic):
         return x.item()
     return x
+

@@ -397,3 +397,43 @@ def test_quick_profile_prices_tp_collectives_in_situ(quick_profile):
         x = full / 2 if op == "all_gather" else full
         assert collective_time(cluster, op, full, [0, 1], in_situ=True) == \
             pytest.approx(entry["alpha_insitu"] + entry["beta"] * x)
+
+
+def test_fused_attention_is_priced_from_the_row_of_its_own_batch_heads_and_pass():
+    """Rows [batch_heads, seq, head_dim, fwd_s, bwd_s]: an op of 8 batch-heads takes the
+    bh=8 row (not the first row of the same seq), forward and backward from their own times."""
+    from parsim.costs.ops import Op
+    from parsim.costs.timing import op_time
+    from parsim.specs import DeviceProfile
+
+    table = [[2, 128, 64, 1e-3, 9e-3], [8, 128, 64, 2e-3, 5e-3], [8, 128, 64, 4e-3, 7e-3]]
+    dev = DeviceProfile("t", {"fp32": 1e10}, 1e9, 1e9, kernel_overhead_s=0.0,
+                        extra={"attention_table": {"fp32": table}})
+    fwd = 4.0 * 8 * 128 * 128 * 64
+    op = Op("flash_attention", "attention", fwd, 2.5 * fwd, 0.0, shape=(128, 128, 64), batch=8, attention_core=True)
+    assert op_time(dev, op, "fwd", "fp32") == pytest.approx(3e-3)      # mean of the two bh=8 rows
+    assert op_time(dev, op, "bwd", "fp32") == pytest.approx(6e-3)
+    half = Op("flash_attention", "attention", fwd / 2, 1.25 * fwd, 0.0, shape=(128, 128, 64), batch=4)
+    assert op_time(dev, half, "fwd", "fp32") == pytest.approx(1.5e-3)  # nearest row, scaled by FLOPs
+
+
+@pytest.mark.slow
+def test_refit_rederives_the_layer_terms_and_is_idempotent(quick_profile, tmp_path):
+    import shutil
+
+    import yaml
+
+    from parsim.calibration.refit import main as refit_main
+    path, _ = quick_profile
+    copy = tmp_path / "p.yaml"
+    shutil.copy(path, copy)
+    before = yaml.safe_load(copy.read_text())["device"]["extra"]
+    assert refit_main([str(copy)]) == 0
+    once = yaml.safe_load(copy.read_text())["device"]["extra"]
+    assert refit_main([str(copy)]) == 0
+    twice = yaml.safe_load(copy.read_text())["device"]["extra"]
+    for k in ("fwd", "bwd"):
+        assert once["layer_composition"][k] == pytest.approx(before["layer_composition"][k], rel=1e-4)
+        assert twice["layer_composition"][k] == pytest.approx(once["layer_composition"][k], rel=1e-6)
+    assert once["layer_probe"]["fwd_s"] == before["layer_probe"]["fwd_s"]      # measurements untouched
+    assert refit_main([str(tmp_path / "missing.yaml")]) == 2

@@ -114,7 +114,7 @@ def _op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
     if op.kind == "attention":
         table = device.extra.get("attention_table", {}).get(dtype)
         if table:
-            return flops / _attention_rate(table, op) + device.kernel_overhead_s
+            return flops / _attention_rate(table, op, pass_) + device.kernel_overhead_s
         # Causal FlashAttention skips the score blocks above the diagonal: it executes about
         # half of the 4 b s^2 h FLOPs counted (Dao 2023, FlashAttention-2, Sec. 3.1.1; its
         # benchmarks count causal FLOPs as half). attention_efficiency is the achieved
@@ -129,12 +129,23 @@ def _op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
     return gemm_time(device, *shape, dtype, batch=op.batch) * gemms
 
 
-def _attention_rate(table: list, op: Op) -> float:
-    # rows: [batch_heads, seq, head_dim, fwd_s, bwd_s]; use the nearest seq, scale per batch-head
-    s = op.shape[0]
-    row = min(table, key=lambda r: abs(math.log(r[1]) - math.log(s)) + abs(math.log(r[2]) - math.log(op.shape[2])))
-    flops_row = 4.0 * row[0] * row[1] * row[1] * row[2]
-    return flops_row / float(row[3])
+def _attention_rate(table: list, op: Op, pass_: str = "fwd") -> float:
+    """FLOP/s of a fused attention op in ``pass_`` from the measured table, rows
+    [batch_heads, seq, head_dim, fwd_s, bwd_s] (``parsim calibrate``): the row nearest in log
+    space over all three (an exact hit for the model's own shapes; rows of equal key, e.g. MHA
+    and GQA splits, are averaged), with the op's counted FLOPs per pass (backward = 2.5x
+    forward, ``costs.ops``) over the row's measured seconds of that pass."""
+    bh, s, d = op.batch, op.shape[0], op.shape[2]
+
+    def dist(r) -> float:
+        return sum((math.log(a) - math.log(b)) ** 2 for a, b in ((r[0], bh), (r[1], s), (r[2], d)))
+    best = min(dist(r) for r in table)
+    rows = [r for r in table if dist(r) == best]
+    r0 = rows[0]
+    fwd_flops = 4.0 * r0[0] * r0[1] * r0[1] * r0[2]
+    if pass_ == "fwd":
+        return fwd_flops / (sum(float(r[3]) for r in rows) / len(rows))
+    return op.bwd_input_flops / op.fwd_flops * fwd_flops / (sum(float(r[4]) for r in rows) / len(rows))
 
 
 # ------------------------------------------------------------------------ communication
