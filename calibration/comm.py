@@ -233,9 +233,8 @@ def _layer_rounds(step: Callable[[], object], job: CommJob, clock, dist, torch, 
     t0 = time.perf_counter()
     step()
     clock.sync()
-    first = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
-    dist.all_reduce(first, op=dist.ReduceOp.MAX)
-    calls = max(2, math.ceil(job.contention_s / 2 / max(float(first.item()), 1e-6)))
+    first, = _slowest([time.perf_counter() - t0], dist, torch, device)
+    calls = max(2, math.ceil(job.contention_s / 2 / max(first, 1e-6)))
 
     def timed() -> float:
         clock.sync()
@@ -275,15 +274,10 @@ def _interference(gemm: Callable[[], object], job: CommJob, clock, dist, torch, 
         clock.sync()
         return time.perf_counter() - t0
 
-    def slowest(value: float) -> float:
-        t = torch.tensor([value], dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
-
     gemm()
     dist.all_reduce(x)
-    per_gemm = slowest(timed(gemm, 4) / 4)
-    per_reduce = slowest(timed(lambda: dist.all_reduce(x), 4) / 4)
+    per_gemm, = _slowest([timed(gemm, 4) / 4], dist, torch, device)
+    per_reduce, = _slowest([timed(lambda: dist.all_reduce(x), 4) / 4], dist, torch, device)
     n = max(4, int(job.contention_s / 2 / per_gemm))
     k = max(1, int(0.5 * n * per_gemm / per_reduce))
     samples = []
@@ -337,12 +331,18 @@ def _collective(op: str, nbytes: int, rank: int, device, dist, torch) -> Callabl
     raise ValueError(f"unknown collective {op!r}")
 
 
+def _slowest(values: list[float], dist, torch, device) -> list[float]:
+    """Each value's maximum over the ranks (every rank gets the same list back)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [float(x) for x in t.tolist()]
+
+
 def _plans(firsts: list[float], job: CommJob, dist, torch, device) -> list[tuple[int, int]]:
     """(calls per sample, samples) per size from one timed call each, max-reduced over the
     ranks so every rank runs the same collectives."""
-    t = torch.tensor(firsts, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [sampling_plan(float(x), job.repeats, job.point_budget_s, job.min_sample_s) for x in t.tolist()]
+    return [sampling_plan(x, job.repeats, job.point_budget_s, job.min_sample_s)
+            for x in _slowest(firsts, dist, torch, device)]
 
 
 def _time_sizes(fns: list, job: CommJob, clock, dist, torch, device) -> list[list[float]]:

@@ -243,8 +243,8 @@ def _contention(m: Measurements, key: str, solo: float) -> dict[str, float]:
 
 
 def _layer_calibration(m: Measurements, device: dict[str, Any], name: str) -> None:
-    """From the real-layer probe (``compute.bench_layer``; the concurrent ``layer_rate`` of
-    ``comm``), into ``device["extra"]``:
+    """From the real-layer probe (``compute.bench_layer``; the concurrent ``layer_rounds`` of
+    ``comm._layer_rounds``), into ``device["extra"]``:
 
     * ``layer_composition`` {fwd, bwd}: the measured layer time over the sum of its ops priced
       by this profile's tables (``costs.layer_ops`` at tp=1 and the probe's mbs, through
@@ -441,4 +441,3 @@ def _plain(x: Any) -> Any:
     if isinstance(x, np.generic):
         return x.item()
     return x
-

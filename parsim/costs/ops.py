@@ -10,7 +10,7 @@ memory-bound ops (read + write), both per device per microbatch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from parsim.specs import ModelSpec, Plan
 
@@ -131,8 +131,7 @@ def embedding_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     from .params import embedding_params
     table = padded_vocab(model, plan) // plan.tp * model.hidden
     lookup = _membound("embedding", tokens * model.hidden, e)
-    return [Op("embedding", "membound", 0.0, 0.0, 0.0, fwd_bytes=lookup.fwd_bytes,
-               bwd_bytes=embedding_bwd_bytes(lookup.fwd_bytes, table, e)),
+    return [replace(lookup, bwd_bytes=embedding_bwd_bytes(lookup.fwd_bytes, table, e)),
             _grad_accumulation("embedding_grad_accumulate", embedding_params(model, plan), plan)]
 
 

@@ -135,17 +135,13 @@ def _attention_rate(table: list, op: Op, pass_: str = "fwd") -> float:
     space over all three (an exact hit for the model's own shapes; rows of equal key, e.g. MHA
     and GQA splits, are averaged), with the op's counted FLOPs per pass (backward = 2.5x
     forward, ``costs.ops``) over the row's measured seconds of that pass."""
-    bh, s, d = op.batch, op.shape[0], op.shape[2]
-
-    def dist(r) -> float:
-        return sum((math.log(a) - math.log(b)) ** 2 for a, b in ((r[0], bh), (r[1], s), (r[2], d)))
-    best = min(dist(r) for r in table)
-    rows = [r for r in table if dist(r) == best]
-    r0 = rows[0]
-    fwd_flops = 4.0 * r0[0] * r0[1] * r0[1] * r0[2]
-    if pass_ == "fwd":
-        return fwd_flops / (sum(float(r[3]) for r in rows) / len(rows))
-    return op.bwd_input_flops / op.fwd_flops * fwd_flops / (sum(float(r[4]) for r in rows) / len(rows))
+    key = (op.batch, op.shape[0], op.shape[2])
+    dists = [sum((math.log(a) - math.log(b)) ** 2 for a, b in zip(r[:3], key)) for r in table]
+    rows = [r for r, x in zip(table, dists) if x == min(dists)]
+    bh, s, d = rows[0][:3]
+    row_flops = 4.0 * bh * s * s * d
+    column, flops_per_fwd = (3, 1.0) if pass_ == "fwd" else (4, op.bwd_input_flops / op.fwd_flops)
+    return flops_per_fwd * row_flops / (sum(float(r[column]) for r in rows) / len(rows))
 
 
 # ------------------------------------------------------------------------ communication
