@@ -78,9 +78,7 @@ def run_step(training: Training, spec: ModelSpec, plan: Plan, dims: ParallelDims
     torch.manual_seed(seed * 1_000_003 + step * 10_007 + dims.pp_rank * 101 + dims.dp_rank)
     for chunk in training.chunks.values():
         chunk.train()
-    training.optimizer.zero_grad(set_to_none=True)
-    if training.dp_gradients is not None:
-        training.dp_gradients.begin_step()
+    zero_gradients(training)
     params = training.parameters()
     tracker = MemoryTracker() if track_memory else None
     if tracker is not None and dims.device.type == "cuda":
@@ -91,6 +89,7 @@ def run_step(training: Training, spec: ModelSpec, plan: Plan, dims: ParallelDims
             tracker.classify(params, "params")
             if training.dp_gradients is not None:
                 tracker.classify(training.dp_gradients.buffers(), "grads")
+            tracker.classify([p.grad for p in params], "grads")   # kept from the last step (zero_gradients)
             tracker.classify([t for s in training.optimizer.state.values() for t in s.values()
                               if isinstance(t, torch.Tensor)], "optimizer")
         recorder.memory = tracker if tracker is not None else NullMemory()
@@ -113,6 +112,25 @@ def run_step(training: Training, spec: ModelSpec, plan: Plan, dims: ParallelDims
             peak = torch.cuda.max_memory_allocated(dims.device)
         memory = (int(peak), {k: int(v) for k, v in breakdown.items()})
     return seconds, events, losses, finite, memory
+
+
+def zero_gradients(training: Training) -> None:
+    """Gradients live for the whole step, as Megatron-LM's persistent main-grad buffer: the DP
+    path zeroes its flat buckets (``zero_grad_buffer``); without DP, existing ``.grad`` tensors
+    are zeroed in place (only the first step creates them). Freeing them instead
+    (``set_to_none``) would let a GPipe step's first backward run without gradients, a peak the
+    simulator does not model (``costs.memory``: gradients are held from the step's start).
+    FSDP (ZeRO-2/3) owns its sharded gradients and starts every step from none."""
+    if training.dp_gradients is not None:
+        training.optimizer.zero_grad(set_to_none=True)
+        training.dp_gradients.begin_step()
+    elif training.fsdp:
+        training.optimizer.zero_grad(set_to_none=True)
+    else:
+        with torch.no_grad():
+            for p in training.parameters():
+                if p.grad is not None:
+                    p.grad.zero_()
 
 
 def finish_gradients(training: Training, spec: ModelSpec, plan: Plan, dims: ParallelDims, recorder) -> None:

@@ -75,6 +75,71 @@ def head_activation_bytes(model: ModelSpec, plan: Plan) -> float:
     return 2 * e * sb * model.hidden / sp + 4 * sb * padded_vocab(model, plan) / plan.tp
 
 
+def stage_output_bytes(model: ModelSpec, plan: Plan) -> float:
+    """A non-last pipeline stage keeps the output it sent until that microbatch's backward
+    (``autograd.backward(output, grad)`` needs it; torch.distributed.pipelining's
+    ``fwd_cache``, the reference executor): e*s*b*h per microbatch, sequence-sharded with SP.
+    Megatron-LM can free it right after the send (``deallocate_pipeline_outputs``); that
+    option is not modelled, so this overstates a Megatron run by e*s*b*h per microbatch in flight
+    (about 1/(34 L) of a stage of L layers without recomputation)."""
+    sp = plan.tp if plan.sp else 1
+    return DTYPE_BYTES[plan.dtype] * model.seq_len * plan.mbs * model.hidden / sp
+
+
+def logits_grad_bytes(model: ModelSpec, plan: Plan) -> float:
+    """The cross-entropy backward's peak beside the stored logits: the gradient of the
+    log-probabilities and of the logits exist together, fp32, 2 x 4*s*b*V/t bytes (torch's
+    ``F.cross_entropy`` = log_softmax + nll_loss, the executor). Megatron-LM's vocab-parallel
+    cross entropy writes its gradient into the saved softmax in place (one copy, not modelled)."""
+    return 2 * 4 * model.seq_len * plan.mbs * padded_vocab(model, plan) / plan.tp
+
+
+def backward_working_bytes(model: ModelSpec, plan: Plan, first: bool, last: bool, stash: float,
+                           weight_grads: bool = True) -> float:
+    """Bytes a stage's backward holds beyond its stored activations at the backward's peak
+    (``other``), on one device; ``stash`` = the bytes one microbatch stores in the stage (freed as
+    the backward goes). The largest of:
+
+    * a layer: the gradient of its largest weight, max(f, h) x h / t elements (autograd builds each
+      weight's gradient as a new tensor, then adds it into the existing ``.grad`` or gradient
+      buffer), plus the activation gradients alive in the MLP backward, e*s*b*(f/t + h/sp) (GeLU:
+      the gradients of the down projection's input and of the layer output);
+    * the last stage starts with the head: the output weight's gradient (V/t x h) plus the
+      gradient of the final norm's output (e*s*b*h/sp), or the cross-entropy's two fp32 logits
+      gradients (``logits_grad_bytes``), while a layer's backward comes after the head's stored
+      bytes are freed;
+    * the first stage ends with the embedding, whose backward writes a dense V/t x h gradient
+      (``embedding_dense_backward``) when the microbatch's stash is gone (beside the gradient
+      received from the next stage and the embedding output's);
+    * one stage holding both ends of tied embeddings (pp = 1): autograd keeps the head's weight
+      gradient until the embedding's arrives to sum them (its input buffer), so the layers run
+      their backward beside it, and at the end the two and their sum exist together.
+
+    ``weight_grads=False``: weight gradients are counted elsewhere (FSDP2's unsharded layer
+    gradients, ``memory.fsdp2_bytes``). Not modelled: Megatron-LM's fused weight-gradient
+    accumulation (``gradient_accumulation_fusion`` writes them into the fp32 main grad; this then
+    overstates by the weight-gradient term), (SwiGLU: measured equal to the GeLU terms with its f.)
+    Measured on the executor's stages (CPU fp32, tp = 1, tests/test_memory_model.py): exact to
+    0.01 MiB for cpu-small's middle, first, last and single stages at b = 1, 2."""
+    e = DTYPE_BYTES[plan.dtype]
+    t = plan.tp
+    sp = t if plan.sp else 1
+    sbh = e * model.seq_len * plan.mbs * model.hidden / sp
+    wg = 1.0 if weight_grads else 0.0
+    vocab_grad = e * padded_vocab(model, plan) * model.hidden / t
+    layer = e * model.seq_len * plan.mbs * model.ffn_hidden / t + sbh + wg * e * max(model.ffn_hidden, model.hidden) * model.hidden / t
+    out = [layer]
+    tied_here = first and last and model.tied_embeddings
+    if last:
+        out += [layer - head_activation_bytes(model, plan) + wg * vocab_grad * tied_here, sbh + wg * vocab_grad,
+                logits_grad_bytes(model, plan)]
+        out.remove(layer)
+    if first:
+        # + the gradient received from stage 1 and the embedding output's (none from a loss)
+        out.append(wg * vocab_grad * (3 if tied_here else 1) + (0.0 if last else 2 * sbh) - stash)
+    return max(out)
+
+
 def inflight_microbatches(schedule: str, pp: int, m: int, pp_rank: int, vpp: int = 1) -> float:
     """Microbatches whose activations a pipeline rank holds at its peak, in units of the
     rank's full set of layers (so interleaving counts chunks / vpp).

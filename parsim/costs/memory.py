@@ -11,6 +11,11 @@ Model states per parameter (bytes), Megatron-LM conventions (docs, "distributed 
 ZeRO (Rajbhandari et al. 2020, Sec. 5): stage 1 shards the optimizer over the dp ranks,
 stage 2 also the gradients, stage 3 also the parameters. ZeRO-Offload (Ren et al. 2021)
 keeps optimizer states (and with "optimizer+params", parameters) in host memory.
+
+Activations: stored bytes per microbatch (``activations``, Korthikanti et al. 2022) times the
+microbatches in flight, plus the output a non-last stage keeps (``stage_output_bytes``); a
+backward's working set on top (``rank_backward_working``: weight and activation gradients,
+measured against the executor in tests/test_memory_model.py).
 """
 from __future__ import annotations
 
@@ -18,8 +23,8 @@ from dataclasses import asdict, dataclass
 
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 
-from .activations import (embedding_activation_bytes, head_activation_bytes, inflight_microbatches,
-                          interleaved_peak_bytes, layer_activation_bytes)
+from .activations import (backward_working_bytes, embedding_activation_bytes, head_activation_bytes,
+                          inflight_microbatches, interleaved_peak_bytes, layer_activation_bytes, stage_output_bytes)
 from .params import layer_params, stage_params
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
@@ -141,18 +146,20 @@ def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = 
         if plan.zero >= 3 or plan.offload == "optimizer+params":
             # ZeRO-3 materialises the full parameters of the current and the prefetched layer.
             other += 2 * layer_params(model, plan.tp) * sb.param
+        in_backward = 0.0
         if uses_fsdp2(cluster):
             held, in_backward = fsdp2_bytes(model, plan, n)
             params += held
             other += in_backward
         # The layer being recomputed briefly holds its full activations again.
         transient = layer_activation_bytes(model, plan, "none") - layer_activation_bytes(model, plan, "full")
+        working = rank_backward_working(model, plan, r, weight_grads=in_backward == 0.0)
         if plan.schedule == "interleaved":
             # chunks differ (layers, recompute, embedding / head): count each one's microbatches
             chunks = [plan.pp * c + r for c in range(plan.vpp)]
             act, extra = interleaved_peak_bytes(
                 plan.pp, m, plan.vpp, r, [_chunk_activation_bytes(model, plan, s) for s in chunks],
-                [transient if _recomputes_fully(model, plan, s) else 0.0 for s in chunks])
+                [(transient if _recomputes_fully(model, plan, s) else 0.0) + working for s in chunks])
             other += extra
             out.append(StageMemory(stage=r, params=params, grads=grads, optimizer=optimizer,
                                    activations=act, other=other))
@@ -166,8 +173,11 @@ def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = 
             other += transient
         if r == 0:
             act += embedding_activation_bytes(model, plan) * inflight
-        if r == (plan.pp * plan.vpp - 1) % plan.pp:
+        if r == plan.pp - 1:
             act += head_activation_bytes(model, plan) * (m if plan.schedule == "gpipe" else 1)
+        else:
+            act += stage_output_bytes(model, plan) * inflight
+        other += working
         out.append(StageMemory(stage=r, params=params, grads=grads, optimizer=optimizer,
                                activations=act, other=other))
     return out
@@ -175,13 +185,29 @@ def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = 
 
 def _chunk_activation_bytes(model: ModelSpec, plan: Plan, vstage: int) -> float:
     """Bytes one microbatch leaves stored in one virtual stage (its layers; the embedding's
-    dropout mask on the first, the head's on the last)."""
+    dropout mask on the first, the head's on the last, the output sent on the others)."""
     act = sum(n * layer_activation_bytes(model, plan, policy) for n, policy in stage_recompute(model, plan, vstage))
     if vstage == 0:
         act += embedding_activation_bytes(model, plan)
     if vstage == plan.pp * plan.vpp - 1:
         act += head_activation_bytes(model, plan)
+    else:
+        act += stage_output_bytes(model, plan)
     return act
+
+
+def rank_backward_working(model: ModelSpec, plan: Plan, pp_rank: int, weight_grads: bool = True) -> float:
+    """What a backward on this pipeline rank holds beyond the stored activations (``other``):
+    ``activations.backward_working_bytes`` of its virtual stages, the largest of them (a chunk's
+    stash is freed as its backward goes). One value per rank, so the SimPy timeline, this
+    analytic model and the fast path count it alike under interleaving, where it overstates the
+    first and last ranks' other chunks by at most the head's or embedding's extra."""
+    last = plan.pp * plan.vpp - 1
+    out = 0.0
+    for vstage in range(pp_rank, plan.pp * plan.vpp, plan.pp):
+        stash = _chunk_activation_bytes(model, plan, vstage) - (0.0 if vstage == last else stage_output_bytes(model, plan))
+        out = max(out, backward_working_bytes(model, plan, vstage == 0, vstage == last, stash, weight_grads))
+    return out
 
 
 def _recomputes_fully(model: ModelSpec, plan: Plan, vstage: int) -> bool:

@@ -16,8 +16,8 @@ import numba
 
 from .codes import (GPIPE, INTERLEAVED, NAIVE, O_ACT, O_GRADS, O_OPT, O_OTHER, O_PARAMS, O_PEAK, O_PEAK_STAGE,
                     OFF_NONE, OFF_OPT_PARAMS, ONE_F_ONE_B)
-from .tables import (D_GRAD, D_OPT, D_PARAM, H_EMB_ACT, H_HEAD_ACT, L_ACT, L_ACT_FULL, L_ACT_NONE, L_PARAMS, R_CHUNK,
-                     R_LAYERS, R_PARAMS)
+from .tables import (D_GRAD, D_OPT, D_PARAM, H_EMB_ACT, H_HEAD_ACT, H_LOGITS_GRAD, H_SBH, H_TIED, H_VOCAB_GRAD,
+                     L_ACT, L_ACT_FULL, L_ACT_NONE, L_PARAMS, L_WORK, R_CHUNK, R_LAYERS, R_PARAMS)
 
 
 @numba.njit(cache=True)
@@ -67,23 +67,26 @@ def plan_memory(out, dp, pp, vpp, m, schedule, zero, offload, full_rc, lrow, hro
             params = 0.0
         if zero >= 3 or offload == OFF_OPT_PARAMS:
             other += 2 * lp * pb          # the current and the prefetched layer, gathered
+        working = rank_working(r, last, vpp, lrow, hrow, ranks)
         if schedule == INTERLEAVED and mcount[r] > 0:
-            act, transient = _interleaved_peak(r, last, vpp, lrow, hrow, ranks, moments, mstart[r], mcount[r], rc_extra)
+            act, transient = _interleaved_peak(r, last, vpp, lrow, hrow, ranks, moments, mstart[r], mcount[r],
+                                               rc_extra, working)
             other += transient
         elif schedule == INTERLEAVED:
-            # equal chunks: the most chunks in flight, each 1/v of the rank's layers
-            act = L / vpp * lrow[L_ACT] * warmup_chunks(pp, m, vpp, r)
-            if L > 0:
-                other += rc_extra
+            # equal chunks (none holds the embedding or the head): the most chunks in flight,
+            # each 1/v of the rank's layers and the output it sent
+            act = (L / vpp * lrow[L_ACT] + hrow[H_SBH]) * warmup_chunks(pp, m, vpp, r)
+            other += working + (rc_extra if L > 0 else 0.0)
         else:
             fl = inflight(schedule, pp, m, r, vpp)
             act = L * lrow[L_ACT] * fl
-            if L > 0:
-                other += rc_extra
+            other += working + (rc_extra if L > 0 else 0.0)
             if r == 0:
                 act += hrow[H_EMB_ACT] * fl
             if r == last:
                 act += hrow[H_HEAD_ACT] * (m if schedule == GPIPE else 1)
+            else:
+                act += hrow[H_SBH] * fl
         total = params + grads + opt + act + other
         if total > peak:
             peak = total
@@ -93,22 +96,52 @@ def plan_memory(out, dp, pp, vpp, m, schedule, zero, offload, full_rc, lrow, hro
 
 
 @numba.njit(cache=True)
-def _interleaved_peak(r, last, vpp, lrow, hrow, ranks, moments, start, count, rc_extra):
-    """(activations, recompute transient) at the rank's heaviest moment: chunk c holds
-    layers(r, c) x per-layer bytes, plus the embedding's on virtual stage 0 (rank 0, chunk 0)
-    and the head's on the last one (last rank, chunk v - 1)."""
+def _chunk_stash(r, c, last, vpp, lrow, hrow, ranks):
+    """Bytes one microbatch stores in chunk c of rank r (its layers; the embedding's on virtual
+    stage 0, the head's on the last), without the output it sends."""
+    chunk = ranks[r, R_CHUNK + c] * lrow[L_ACT]
+    if r == 0 and c == 0:
+        chunk += hrow[H_EMB_ACT]
+    if r == last and c == vpp - 1:
+        chunk += hrow[H_HEAD_ACT]
+    return chunk
+
+
+@numba.njit(cache=True)
+def rank_working(r, last, vpp, lrow, hrow, ranks):
+    """``costs.memory.rank_backward_working``: the largest backward working set of the rank's
+    chunks (``costs.activations.backward_working_bytes``)."""
+    best = 0.0
+    for c in range(vpp):
+        first_v = r == 0 and c == 0
+        last_v = r == last and c == vpp - 1
+        w = lrow[L_WORK]
+        if last_v:
+            tied = hrow[H_VOCAB_GRAD] if (hrow[H_TIED] > 0 and first_v) else 0.0
+            w = max(w - hrow[H_HEAD_ACT] + tied, hrow[H_SBH] + hrow[H_VOCAB_GRAD], hrow[H_LOGITS_GRAD])
+        if first_v:
+            k = 3.0 if (hrow[H_TIED] > 0 and last_v) else 1.0
+            w = max(w, k * hrow[H_VOCAB_GRAD] + (0.0 if last_v else 2 * hrow[H_SBH])
+                    - _chunk_stash(r, c, last, vpp, lrow, hrow, ranks))
+        best = max(best, w)
+    return best
+
+
+@numba.njit(cache=True)
+def _interleaved_peak(r, last, vpp, lrow, hrow, ranks, moments, start, count, rc_extra, working):
+    """(activations, backward transient) at the rank's heaviest moment: chunk c holds
+    layers(r, c) x per-layer bytes, plus the embedding's on virtual stage 0 (rank 0, chunk 0),
+    the head's on the last one (last rank, chunk v - 1) and the sent output on the others."""
     best_act, best_extra, best = 0.0, 0.0, -1.0
     for i in range(start, start + count):
         act = 0.0
         for c in range(vpp):
             held = moments[i, 1 + c]
-            chunk = ranks[r, R_CHUNK + c] * lrow[L_ACT]
-            if r == 0 and c == 0:
-                chunk += hrow[H_EMB_ACT]
-            if r == last and c == vpp - 1:
-                chunk += hrow[H_HEAD_ACT]
+            chunk = _chunk_stash(r, c, last, vpp, lrow, hrow, ranks)
+            if not (r == last and c == vpp - 1):
+                chunk += hrow[H_SBH]
             act += held * chunk
-        extra = moments[i, 0] * rc_extra
+        extra = moments[i, 0] * (rc_extra + working)
         if act + extra > best:
             best, best_act, best_extra = act + extra, act, extra
     return best_act, best_extra

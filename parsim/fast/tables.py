@@ -25,6 +25,8 @@ from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_p
                           layer_activation_bytes, layer_ops, layer_params, p2p_bytes, stage_params, state_bytes,
                           tp_collectives_edge, tp_collectives_per_layer)
 from parsim.costs import timing
+from parsim.costs.activations import backward_working_bytes, logits_grad_bytes, stage_output_bytes
+from parsim.costs.ops import DTYPE_BYTES, padded_vocab
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 
 from .comm import C_WIDTH, CollectivePricer, rank_comm_rows, tp_group_ranks
@@ -33,10 +35,10 @@ from .plans import WORDS, PlanTable
 
 # layer table columns (seconds or bytes)
 (L_FWD, L_BWD, L_RECOMPUTE, L_TP_FWD, L_TP_BWD, L_TP_RECOMPUTE, L_ACT, L_ACT_NONE, L_ACT_FULL,
- L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WIDTH) = range(13)
+ L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WORK, L_WIDTH) = range(14)
 # head table columns
 (H_EMB_FWD, H_EMB_BWD, H_HEAD_FWD, H_HEAD_BWD, H_EMB_ACT, H_HEAD_ACT, H_P2P_BYTES, H_EMB_PARAMS, H_HEAD_PARAMS_PP1,
- H_HEAD_PARAMS_PPN, H_WIDTH) = range(11)
+ H_HEAD_PARAMS_PPN, H_SBH, H_VOCAB_GRAD, H_TIED, H_LOGITS_GRAD, H_WIDTH) = range(15)
 # rank table columns: layers, parameters, the fast.comm columns, then layers per model chunk
 R_LAYERS, R_PARAMS, R_COMM = 0, 1, 2
 R_CHUNK = R_COMM + C_WIDTH
@@ -133,6 +135,8 @@ def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ran
     row[L_PARAMS] = layer_params(model, plan.tp)
     row[L_PRE_FWD] = _compute_before_first_collective(cluster, model, plan, "fwd", ops)
     row[L_PRE_BWD] = _compute_before_first_collective(cluster, model, plan, "bwd", ops)
+    # a middle stage's backward working set (``costs.activations.backward_working_bytes``)
+    row[L_WORK] = backward_working_bytes(model, plan, False, False, 0.0)
     return row
 
 
@@ -176,6 +180,11 @@ def head_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ranks: int
     row[H_EMB_PARAMS] = embedding_params(model, plan)
     row[H_HEAD_PARAMS_PP1] = head_params(model, plan.replace(pp=1))     # tied embeddings: just the norm
     row[H_HEAD_PARAMS_PPN] = head_params(model, plan.replace(pp=2))
+    # the parts of ``backward_working_bytes`` for the first and last stages, and a stage's output
+    row[H_SBH] = stage_output_bytes(model, plan)
+    row[H_VOCAB_GRAD] = DTYPE_BYTES[plan.dtype] * padded_vocab(model, plan) * model.hidden / plan.tp
+    row[H_TIED] = float(model.tied_embeddings)
+    row[H_LOGITS_GRAD] = logits_grad_bytes(model, plan)
     return row
 
 

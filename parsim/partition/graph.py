@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,11 @@ class CostGraph:
     unit_checkpoint_bytes: dict[int, float] = field(default_factory=dict)  # kept by a recomputed unit
     layers: int | None = None                   # transformer layers (ModelSpec graphs): cuts at layer starts
     source: str = "traced"                      # "traced" | "analytic"
+    # analytic graphs: a stage's backward working set, f(first, last, stored bytes per microbatch)
+    # (costs.activations.backward_working_bytes), and the output a non-last stage keeps per
+    # microbatch; traced graphs use StageCoster's generic estimates
+    backward_working: Callable[[bool, bool, float], float] | None = None
+    output_bytes: float | None = None
 
     def last_use(self) -> list[int]:
         """Per node: the index of its last consumer (len(nodes) if the output returns it)."""

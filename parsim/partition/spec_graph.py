@@ -14,6 +14,7 @@ from __future__ import annotations
 from parsim.costs import (DTYPE_BYTES, embedding_activation_bytes, embedding_ops, embedding_params,
                           head_activation_bytes, head_ops, head_params, layer_activation_bytes, layer_ops,
                           layer_params, tp_collectives_per_layer)
+from parsim.costs.activations import backward_working_bytes, stage_output_bytes
 from parsim.costs.timing import collective_time, op_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
 
@@ -74,4 +75,6 @@ def analytic_graph(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> CostGr
         name=model.name, nodes=tuple(nodes), param_numel=numel, output_inputs=(L + 1,),
         # a fully recomputed layer keeps only its input (Korthikanti 2022 Table 2: 2sbh)
         unit_checkpoint_bytes={i: layer_activation_bytes(model, plan, "full") for i in range(L)},
-        layers=L, source="analytic")
+        layers=L, source="analytic",
+        backward_working=lambda first, last, stash: backward_working_bytes(model, plan, first, last, stash),
+        output_bytes=stage_output_bytes(model, plan))

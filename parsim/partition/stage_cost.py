@@ -81,6 +81,8 @@ class StageCoster:
         self.param_numel = UnionSum(param_uses, n)
         self.common_fwd = UnionSum(common_uses, n)
         self._cache: dict[tuple, StageCost] = {}
+        self.graph = graph
+        self.grad_bytes = state_bytes(plan.dtype).grad
 
     def inflight(self, stage: int) -> float:
         p = self.plan
@@ -92,24 +94,41 @@ class StageCoster:
         return p.recompute in ("none", "selective") or shifted
 
     def cost(self, stage: int, a: int, b: int) -> StageCost:
-        key = (self.inflight(stage), self.no_recompute(stage), a, b)
+        last = self.plan.pp * self.plan.vpp - 1
+        key = (self.inflight(stage), self.no_recompute(stage), stage == 0, stage == last, a, b)
         if key not in self._cache:
-            self._cache[key] = self._cost(key[0], key[1], a, b)
+            self._cache[key] = self._cost(*key)
         return self._cache[key]
 
-    def _cost(self, inflight: float, no_recompute: bool, a: int, b: int) -> StageCost:
+    def _working(self, first: bool, last: bool, a: int, b: int, stash: float) -> float:
+        """What the stage's backward holds beyond its stored activations: the graph's own model
+        (analytic graphs: ``costs.activations.backward_working_bytes``), else the gradient of
+        its largest weight, built before it is added into ``.grad`` (the term that dominates the
+        executor's layers, tests/test_memory_model.py)."""
+        if self.graph.backward_working is not None:
+            return self.graph.backward_working(first, last, stash)
+        names = {p for s in self.segments[a:b] for p in s.params}
+        return self.grad_bytes * max((self.graph.param_numel.get(p, 0.0) for p in names), default=0.0)
+
+    def _cost(self, inflight: float, no_recompute: bool, first: bool, last: bool, a: int, b: int) -> StageCost:
         states = self.param_numel(a, b) * self.per_param
         fwd = self.fwd[b] - self.fwd[a] + self.common_fwd(a, b)
         bwd = self.bwd[b] - self.bwd[a]
         act = self.act[b] - self.act[a]
+        # a non-last stage keeps the output it sent until that microbatch's backward
+        if last:
+            output = 0.0
+        elif self.graph.output_bytes is not None:
+            output = self.graph.output_bytes
+        else:
+            output = self.segments[b].input_bytes if b < len(self.segments) else 0.0
 
         def memory(r: int) -> tuple[float, float]:
-            if r == 0:
-                return states + inflight * act, inflight * act
-            held = inflight * (act - (self.saving[a + r] - self.saving[a]))
+            stash = act - (self.saving[a + r] - self.saving[a])
+            held = inflight * (stash + output)
             # the segment being recomputed holds its full activations again for a moment
-            transient = max(self.segments[i].recompute_saving_bytes for i in range(a, a + r))
-            return states + held + transient, held
+            transient = max((self.segments[i].recompute_saving_bytes for i in range(a, a + r)), default=0.0)
+            return states + held + transient + self._working(first, last, a, b, stash), held
 
         n_seg = b - a
         if no_recompute:

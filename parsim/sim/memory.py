@@ -13,7 +13,11 @@ What is allocated when (categories of ``parsim.costs.CATEGORIES``):
   bucket of pinned staging memory (``other``; DeepSpeed allocates it up front).
 * forward start: the stage's stored activations for one microbatch (Korthikanti et al. 2022,
   Table 2, per layer and recompute policy; embedding dropout mask on stage 0; final-norm input
-  and fp32 logits on the last stage); freed when the backward (W for zero-bubble) ends.
+  and fp32 logits on the last stage; the output sent on the others); freed when the backward
+  (W for zero-bubble) ends.
+* a backward holds its working set (``costs.activations.backward_working_bytes``: the largest
+  weight gradient and the MLP's activation gradients; the head's or the embedding's on the
+  last and first stages) (``other``) for the length of the action.
 * a backward (or I) that recomputes a layer fully briefly holds that layer's full activations
   again on top of its stored input (``other``), for the length of the action.
 * ZeRO-3 (and parameter offload): the gathered full parameters of the current and the
@@ -25,7 +29,8 @@ from dataclasses import dataclass
 
 from parsim.costs import (CATEGORIES, embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
                           layer_params, stage_params, stage_recompute, state_bytes)
-from parsim.costs.memory import fsdp2_bytes
+from parsim.costs.activations import stage_output_bytes
+from parsim.costs.memory import fsdp2_bytes, rank_backward_working
 from parsim.specs import ModelSpec, Plan
 
 PARAMS, GRADS, OPTIMIZER, ACTIVATIONS, OTHER = range(len(CATEGORIES))
@@ -35,7 +40,8 @@ PARAMS, GRADS, OPTIMIZER, ACTIVATIONS, OTHER = range(len(CATEGORIES))
 class StageFootprint:
     """Bytes one virtual stage allocates per microbatch, on one device."""
     activations: float        # stored from forward start to backward (or W) end
-    recompute: float          # extra during a backward: a fully recomputed layer's activations,
+    recompute: float          # extra during a backward: its working set (weight and activation
+                              # gradients), a fully recomputed layer's activations,
                               # FSDP2's unsharded layer gradients + reduce-scatter input
     gathered_params: float    # ZeRO-3: full parameters of two layers during every action
 
@@ -54,9 +60,12 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[
             act += embedding_activation_bytes(model, plan)
         if s == last:
             act += head_activation_bytes(model, plan)
+        working = rank_backward_working(model, plan, s % plan.pp, weight_grads=in_backward == 0.0)
+        if s != last:
+            act += stage_output_bytes(model, plan)
         full = any(policy == "full" and n for n, policy in groups)
         extra = (layer_activation_bytes(model, plan, "none") - layer_activation_bytes(model, plan, "full")) if full else 0.0
-        out.append(StageFootprint(act, extra + in_backward, gathered))
+        out.append(StageFootprint(act, extra + in_backward + working, gathered))
     return out
 
 
