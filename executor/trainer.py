@@ -121,16 +121,15 @@ def zero_gradients(training: Training) -> None:
     (``set_to_none``) would let a GPipe step's first backward run without gradients, a peak the
     simulator does not model (``costs.memory``: gradients are held from the step's start).
     FSDP (ZeRO-2/3) owns its sharded gradients and starts every step from none."""
-    if training.dp_gradients is not None:
-        training.optimizer.zero_grad(set_to_none=True)
-        training.dp_gradients.begin_step()
-    elif training.fsdp:
-        training.optimizer.zero_grad(set_to_none=True)
-    else:
+    if training.dp_gradients is None and not training.fsdp:
         with torch.no_grad():
             for p in training.parameters():
                 if p.grad is not None:
                     p.grad.zero_()
+        return
+    training.optimizer.zero_grad(set_to_none=True)
+    if training.dp_gradients is not None:
+        training.dp_gradients.begin_step()
 
 
 def finish_gradients(training: Training, spec: ModelSpec, plan: Plan, dims: ParallelDims, recorder) -> None:

@@ -94,6 +94,12 @@ def logits_grad_bytes(model: ModelSpec, plan: Plan) -> float:
     return 2 * 4 * model.seq_len * plan.mbs * padded_vocab(model, plan) / plan.tp
 
 
+def vocab_grad_bytes(model: ModelSpec, plan: Plan) -> float:
+    """One dense gradient of the embedding table or the output layer on one device, V/t x h
+    elements in the compute dtype (``embedding_dense_backward``; the head's weight gradient)."""
+    return DTYPE_BYTES[plan.dtype] * padded_vocab(model, plan) * model.hidden / plan.tp
+
+
 def backward_working_bytes(model: ModelSpec, plan: Plan, first: bool, last: bool, stash: float,
                            weight_grads: bool = True) -> float:
     """Bytes a stage's backward holds beyond its stored activations at the backward's peak
@@ -118,25 +124,25 @@ def backward_working_bytes(model: ModelSpec, plan: Plan, first: bool, last: bool
     ``weight_grads=False``: weight gradients are counted elsewhere (FSDP2's unsharded layer
     gradients, ``memory.fsdp2_bytes``). Not modelled: Megatron-LM's fused weight-gradient
     accumulation (``gradient_accumulation_fusion`` writes them into the fp32 main grad; this then
-    overstates by the weight-gradient term), (SwiGLU: measured equal to the GeLU terms with its f.)
-    Measured on the executor's stages (CPU fp32, tp = 1, tests/test_memory_model.py): exact to
-    0.01 MiB for cpu-small's middle, first, last and single stages at b = 1, 2."""
+    overstates by the weight-gradient term). SwiGLU measured equal to the GeLU terms with its f.
+    Measured on the executor's stages (CPU fp32, tp = 1): within 0.01 MiB for cpu-small's middle,
+    first, last and single stages at b = 1, 2; tests/test_memory_model.py holds them to 1%."""
     e = DTYPE_BYTES[plan.dtype]
     t = plan.tp
-    sp = t if plan.sp else 1
-    sbh = e * model.seq_len * plan.mbs * model.hidden / sp
+    sbh = stage_output_bytes(model, plan)
     wg = 1.0 if weight_grads else 0.0
-    vocab_grad = e * padded_vocab(model, plan) * model.hidden / t
-    layer = e * model.seq_len * plan.mbs * model.ffn_hidden / t + sbh + wg * e * max(model.ffn_hidden, model.hidden) * model.hidden / t
-    out = [layer]
+    vocab_grad = wg * vocab_grad_bytes(model, plan)
+    layer = (e * model.seq_len * plan.mbs * model.ffn_hidden / t + sbh
+             + wg * e * max(model.ffn_hidden, model.hidden) * model.hidden / t)
     tied_here = first and last and model.tied_embeddings
     if last:
-        out += [layer - head_activation_bytes(model, plan) + wg * vocab_grad * tied_here, sbh + wg * vocab_grad,
-                logits_grad_bytes(model, plan)]
-        out.remove(layer)
+        out = [layer - head_activation_bytes(model, plan) + vocab_grad * tied_here, sbh + vocab_grad,
+               logits_grad_bytes(model, plan)]
+    else:
+        out = [layer]
     if first:
         # + the gradient received from stage 1 and the embedding output's (none from a loss)
-        out.append(wg * vocab_grad * (3 if tied_here else 1) + (0.0 if last else 2 * sbh) - stash)
+        out.append(vocab_grad * (3 if tied_here else 1) + (0.0 if last else 2 * sbh) - stash)
     return max(out)
 
 

@@ -158,8 +158,8 @@ def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = 
             # chunks differ (layers, recompute, embedding / head): count each one's microbatches
             chunks = [plan.pp * c + r for c in range(plan.vpp)]
             act, extra = interleaved_peak_bytes(
-                plan.pp, m, plan.vpp, r, [_chunk_activation_bytes(model, plan, s) for s in chunks],
-                [(transient if _recomputes_fully(model, plan, s) else 0.0) + working for s in chunks])
+                plan.pp, m, plan.vpp, r, [chunk_activation_bytes(model, plan, s) for s in chunks],
+                [(transient if recomputes_fully(model, plan, s) else 0.0) + working for s in chunks])
             other += extra
             out.append(StageMemory(stage=r, params=params, grads=grads, optimizer=optimizer,
                                    activations=act, other=other))
@@ -183,17 +183,22 @@ def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = 
     return out
 
 
-def _chunk_activation_bytes(model: ModelSpec, plan: Plan, vstage: int) -> float:
-    """Bytes one microbatch leaves stored in one virtual stage (its layers; the embedding's
-    dropout mask on the first, the head's on the last, the output sent on the others)."""
+def chunk_stash_bytes(model: ModelSpec, plan: Plan, vstage: int) -> float:
+    """Bytes one microbatch stores for backward in one virtual stage: its layers (per recompute
+    policy), the embedding's dropout mask on the first, the head's on the last."""
     act = sum(n * layer_activation_bytes(model, plan, policy) for n, policy in stage_recompute(model, plan, vstage))
     if vstage == 0:
         act += embedding_activation_bytes(model, plan)
     if vstage == plan.pp * plan.vpp - 1:
         act += head_activation_bytes(model, plan)
-    else:
-        act += stage_output_bytes(model, plan)
     return act
+
+
+def chunk_activation_bytes(model: ModelSpec, plan: Plan, vstage: int) -> float:
+    """Bytes one microbatch holds in one virtual stage from its forward to its backward: the
+    stash, and the output sent on every stage but the last (``stage_output_bytes``)."""
+    last = vstage == plan.pp * plan.vpp - 1
+    return chunk_stash_bytes(model, plan, vstage) + (0.0 if last else stage_output_bytes(model, plan))
 
 
 def rank_backward_working(model: ModelSpec, plan: Plan, pp_rank: int, weight_grads: bool = True) -> float:
@@ -203,14 +208,12 @@ def rank_backward_working(model: ModelSpec, plan: Plan, pp_rank: int, weight_gra
     analytic model and the fast path count it alike under interleaving, where it overstates the
     first and last ranks' other chunks by at most the head's or embedding's extra."""
     last = plan.pp * plan.vpp - 1
-    out = 0.0
-    for vstage in range(pp_rank, plan.pp * plan.vpp, plan.pp):
-        stash = _chunk_activation_bytes(model, plan, vstage) - (0.0 if vstage == last else stage_output_bytes(model, plan))
-        out = max(out, backward_working_bytes(model, plan, vstage == 0, vstage == last, stash, weight_grads))
-    return out
+    return max(backward_working_bytes(model, plan, vstage == 0, vstage == last,
+                                      chunk_stash_bytes(model, plan, vstage), weight_grads)
+               for vstage in range(pp_rank, plan.pp * plan.vpp, plan.pp))
 
 
-def _recomputes_fully(model: ModelSpec, plan: Plan, vstage: int) -> bool:
+def recomputes_fully(model: ModelSpec, plan: Plan, vstage: int) -> bool:
     return any(policy == "full" and n for n, policy in stage_recompute(model, plan, vstage))
 
 

@@ -25,8 +25,7 @@ from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_p
                           layer_activation_bytes, layer_ops, layer_params, p2p_bytes, stage_params, state_bytes,
                           tp_collectives_edge, tp_collectives_per_layer)
 from parsim.costs import timing
-from parsim.costs.activations import backward_working_bytes, logits_grad_bytes, stage_output_bytes
-from parsim.costs.ops import DTYPE_BYTES, padded_vocab
+from parsim.costs.activations import backward_working_bytes, logits_grad_bytes, stage_output_bytes, vocab_grad_bytes
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 
 from .comm import C_WIDTH, CollectivePricer, rank_comm_rows, tp_group_ranks
@@ -182,7 +181,7 @@ def head_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ranks: int
     row[H_HEAD_PARAMS_PPN] = head_params(model, plan.replace(pp=2))
     # the parts of ``backward_working_bytes`` for the first and last stages, and a stage's output
     row[H_SBH] = stage_output_bytes(model, plan)
-    row[H_VOCAB_GRAD] = DTYPE_BYTES[plan.dtype] * padded_vocab(model, plan) * model.hidden / plan.tp
+    row[H_VOCAB_GRAD] = vocab_grad_bytes(model, plan)
     row[H_TIED] = float(model.tied_embeddings)
     row[H_LOGITS_GRAD] = logits_grad_bytes(model, plan)
     return row

@@ -16,6 +16,7 @@ into the layer costs). With ``shifted_critical_path`` the last pipeline rank nev
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from parsim.costs import inflight_microbatches, state_bytes
 from parsim.specs import Plan
@@ -100,15 +101,17 @@ class StageCoster:
             self._cache[key] = self._cost(*key)
         return self._cache[key]
 
-    def _working(self, first: bool, last: bool, a: int, b: int, stash: float) -> float:
-        """What the stage's backward holds beyond its stored activations: the graph's own model
-        (analytic graphs: ``costs.activations.backward_working_bytes``), else the gradient of
-        its largest weight, built before it is added into ``.grad`` (the term that dominates the
-        executor's layers, tests/test_memory_model.py)."""
+    def _working(self, first: bool, last: bool, a: int, b: int) -> Callable[[float], float]:
+        """What the stage's backward holds beyond its stored activations, as a function of the
+        bytes one microbatch stores: the graph's own model (analytic graphs:
+        ``costs.activations.backward_working_bytes``), else the gradient of its largest weight,
+        built before it is added into ``.grad`` (the term that dominates the executor's layers,
+        tests/test_memory_model.py)."""
         if self.graph.backward_working is not None:
-            return self.graph.backward_working(first, last, stash)
+            return lambda stash: self.graph.backward_working(first, last, stash)
         names = {p for s in self.segments[a:b] for p in s.params}
-        return self.grad_bytes * max((self.graph.param_numel.get(p, 0.0) for p in names), default=0.0)
+        largest = self.grad_bytes * max((self.graph.param_numel.get(p, 0.0) for p in names), default=0.0)
+        return lambda stash: largest
 
     def _cost(self, inflight: float, no_recompute: bool, first: bool, last: bool, a: int, b: int) -> StageCost:
         states = self.param_numel(a, b) * self.per_param
@@ -123,12 +126,14 @@ class StageCoster:
         else:
             output = self.segments[b].input_bytes if b < len(self.segments) else 0.0
 
+        working = self._working(first, last, a, b)
+
         def memory(r: int) -> tuple[float, float]:
             stash = act - (self.saving[a + r] - self.saving[a])
             held = inflight * (stash + output)
             # the segment being recomputed holds its full activations again for a moment
             transient = max((self.segments[i].recompute_saving_bytes for i in range(a, a + r)), default=0.0)
-            return states + held + transient + self._working(first, last, a, b, stash), held
+            return states + held + transient + working(stash), held
 
         n_seg = b - a
         if no_recompute:

@@ -27,10 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parsim.costs import (CATEGORIES, embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
-                          layer_params, stage_params, stage_recompute, state_bytes)
-from parsim.costs.activations import stage_output_bytes
-from parsim.costs.memory import fsdp2_bytes, rank_backward_working
+from parsim.costs import CATEGORIES, layer_activation_bytes, layer_params, stage_params, state_bytes
+from parsim.costs.memory import chunk_activation_bytes, fsdp2_bytes, rank_backward_working, recomputes_fully
 from parsim.specs import ModelSpec, Plan
 
 PARAMS, GRADS, OPTIMIZER, ACTIVATIONS, OTHER = range(len(CATEGORIES))
@@ -48,22 +46,14 @@ class StageFootprint:
 
 def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[StageFootprint]:
     """``fsdp2``: ZeRO-2/3 as FSDP2 runs them (``costs.memory.fsdp2_bytes``)."""
-    last = plan.pp * plan.vpp - 1
     in_backward = fsdp2_bytes(model, plan, 0.0)[1] if fsdp2 else 0.0
     sb = state_bytes(plan.dtype)
     gathered = 2 * layer_params(model, plan.tp) * sb.param if (plan.zero >= 3 or plan.offload == "optimizer+params") else 0.0
     out = []
     for s in range(plan.pp * plan.vpp):
-        groups = stage_recompute(model, plan, s)
-        act = sum(n * layer_activation_bytes(model, plan, policy) for n, policy in groups)
-        if s == 0:
-            act += embedding_activation_bytes(model, plan)
-        if s == last:
-            act += head_activation_bytes(model, plan)
+        act = chunk_activation_bytes(model, plan, s)
         working = rank_backward_working(model, plan, s % plan.pp, weight_grads=in_backward == 0.0)
-        if s != last:
-            act += stage_output_bytes(model, plan)
-        full = any(policy == "full" and n for n, policy in groups)
+        full = recomputes_fully(model, plan, s)
         extra = (layer_activation_bytes(model, plan, "none") - layer_activation_bytes(model, plan, "full")) if full else 0.0
         out.append(StageFootprint(act, extra + in_backward + working, gathered))
     return out
