@@ -32,6 +32,8 @@ class RankResult:
     memory_breakdown: dict[str, int] = field(default_factory=dict)
     params: dict[str, Any] | None = None                   # canonical full tensors this rank wrote
     grads: dict[str, Any] | None = None                    # canonical full gradients of the first step
+    layer_probes: list[Any] = field(default_factory=list)  # ExecutorConfig.layer_probe: before every timed
+                                                           # step and after the last (LayerProbe on rank 0)
 
 
 @dataclass
@@ -55,6 +57,9 @@ class ExecutionResult:
     skipped_steps: list[int] = field(default_factory=list)
     params: dict[str, Any] | None = None    # full parameters after the last step (collect_params)
     grads: dict[str, Any] | None = None     # full gradients of the first step (collect_grads)
+    # the layer probe right before every timed step and after the last (``LayerProbe.to_dict``), when
+    # ``ExecutorConfig.layer_probe`` asked for it
+    layer_probes: list[dict[str, float]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -118,4 +123,5 @@ def combine(results: list[RankResult], *, model: str, plan_text: str, backend: s
         losses=losses, step_times=step_times, timed_steps=timed, step_time_s=median, memory_step=memory_step,
         peak_memory_bytes_by_rank=[r.peak_memory_bytes for r in results],
         memory_breakdown_by_rank=[dict(r.memory_breakdown) for r in results], trace=trace, trace_step=trace_step,
-        skipped_steps=skipped, params=merged("params"), grads=merged("grads"))
+        skipped_steps=skipped, params=merged("params"), grads=merged("grads"),
+        layer_probes=[p.to_dict() for p in results[0].layer_probes if p is not None])

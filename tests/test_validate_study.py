@@ -81,6 +81,12 @@ def test_validation_runs_rounds_on_real_processes_and_resumes_without_rerunning(
         assert row["measured_step_s"] == pytest.approx(statistics.median(mine))
         assert row["predicted_step_s"] > 0 and row["measured_peak_bytes"] > 0
         assert (out / f"{row['trace_file']}.measured.json").exists()
+        # the shipped profile has a layer probe: every round re-took it, and the row is anchored to it
+        assert row["anchored_step_s"] > 0 and 0.2 < row["probe_drift"] < 5 and row["probe_contention"] > 0.5
+    for m in rounds:   # one timed step: a probe right before it and one after it
+        assert len(m.layer_probes) == 2
+        assert all(p["solo_fwd_s"] > 0 and p["solo_bwd_s"] > 0 and p["concurrent_s"] > 0 and p["world"] == 2
+                   for p in m.layer_probes)
     # the table is lost but the rounds are kept: the rows come back without running the executor again
     (out / "validation.csv").unlink()
     before = (out / "rounds.csv").read_text()
@@ -89,3 +95,47 @@ def test_validation_runs_rounds_on_real_processes_and_resumes_without_rerunning(
     assert [r["measured_step_s"] for r in again.rows] == pytest.approx([r["measured_step_s"] for r in report.rows])
     with (out / "validation.csv").open() as fh:
         assert len(list(csv.DictReader(fh))) == 2
+
+
+def _probes_like(profile, scale=1.0, contention=None, world=2):
+    """Layer probes (before, after) reading the profile's own probe times, scaled."""
+    extra = profile["device"]["extra"]
+    fwd, bwd = extra["layer_probe"]["fwd_s"] * scale, extra["layer_probe"]["bwd_s"] * scale
+    slow = extra["contention_layer"][str(world)] if contention is None else contention
+    return [{"solo_fwd_s": fwd, "solo_bwd_s": bwd, "concurrent_s": (fwd + bwd) * slow, "world": world}] * 2
+
+
+def test_anchoring_to_the_profiles_own_probe_changes_nothing_and_a_slower_layer_scales_compute():
+    import copy
+
+    from parsim.calibration.profile import fit_layer_terms
+    from parsim.sim import simulate
+    from parsim.specs import cluster_from_dict, load_model, load_profile_dict
+    from parsim.study.validate import anchored_profile, probe_drift, probe_request
+
+    prof = load_profile_dict("cpu-calibrated")
+    assert probe_request(prof) == ("cpu-small", 1, "fp32")
+    refit = copy.deepcopy(prof)
+    fit_layer_terms(refit["device"], load_model("cpu-small"), "fp32")
+    same = anchored_profile(prof, _probes_like(prof))
+    for key in ("layer_composition", "contention"):
+        for k, v in refit["device"]["extra"][key].items():
+            assert same["device"]["extra"][key][k] == pytest.approx(v, rel=1e-9), (key, k)
+    assert probe_drift(prof, _probes_like(prof)) == pytest.approx(1.0)
+    assert prof["device"]["extra"]["layer_probe"] == load_profile_dict("cpu-calibrated")["device"]["extra"]["layer_probe"]
+
+    slow = anchored_profile(prof, _probes_like(prof, scale=1.25))
+    assert probe_drift(prof, _probes_like(prof, scale=1.25)) == pytest.approx(1.25)
+    for p in ("fwd", "bwd"):
+        assert slow["device"]["extra"]["layer_composition"][p] == pytest.approx(
+            1.25 * refit["device"]["extra"]["layer_composition"][p], rel=1e-9)
+    # a 4-rank probe reading more contention raises the 4-rank GEMM contention only
+    crowded = anchored_profile(prof, _probes_like(prof, contention=2.5, world=4))
+    assert crowded["device"]["extra"]["contention"]["4"] > refit["device"]["extra"]["contention"]["4"] + 0.5
+    assert crowded["device"]["extra"]["contention"]["2"] == pytest.approx(refit["device"]["extra"]["contention"]["2"])
+
+    model, plan = load_model("cpu-small"), parse_plan("pp=2 gbs=8 schedule=1f1b dtype=fp32")
+    base = simulate(model, cluster_from_dict(same, 2), plan, mode="full").step_time_s
+    scaled = simulate(model, cluster_from_dict(slow, 2), plan, mode="full").step_time_s
+    # compute is most of a pp=2 step on this profile (communication and the bubble's wait are not scaled)
+    assert 1.15 < scaled / base <= 1.25 + 1e-9

@@ -51,15 +51,28 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(report.to_dict())
         return 0
+    anchored = "mape_step_time_anchored" in s
+
+    def anchor_cells(r) -> list[str]:
+        if not anchored:
+            return []
+        return [f"{r['probe_drift']:.2f}", f"{r['anchored_step_s'] * 1e3:.1f}", f"{r['anchored_error']:+.1%}"]
     print(table([[r["plan"], r["world_size"], f"{r['measured_step_s'] * 1e3:.1f}", f"{r['predicted_step_s'] * 1e3:.1f}",
-                  f"{r['step_error']:+.1%}", f"{r['measured_peak_bytes'] / 2**20:.1f}",
+                  f"{r['step_error']:+.1%}", *anchor_cells(r), f"{r['measured_peak_bytes'] / 2**20:.1f}",
                   f"{r['predicted_peak_bytes'] / 2**20:.1f}", f"{r['max_rank_memory_error']:.1%}"] for r in rows],
-                ["plan", "ranks", "meas ms", "pred ms", "step err", "meas MiB", "pred MiB", "mem err"]))
+                ["plan", "ranks", "meas ms", "pred ms", "step err",
+                 *(["drift", "anch ms", "anch err"] if anchored else []), "meas MiB", "pred MiB", "mem err"]))
     for w, d in s["by_world_size"].items():
         st, mem = d["step_time"], d["peak_memory"]
         print(f"{w} ranks: step-time error median {st['median']:.1%}, max {st['max']:.1%} over {st['n']} plans; "
               f"memory error max {mem['max']:.1%}")
+        if "step_time_anchored" in d:
+            a, dr = d["step_time_anchored"], d["probe_drift"]
+            print(f"{w} ranks, anchored to the layer probe around each plan: step-time error median {a['median']:.1%}, "
+                  f"max {a['max']:.1%}; layer drift vs the profile median {dr['median']:.2f}x, max {dr['max']:.2f}x")
     print(f"MAPE step time {s['mape_step_time']:.1%}, peak memory {s['mape_peak_memory']:.1%}; "
-          f"Spearman rho {s['spearman_step_time']:.3f}")
+          f"Spearman rho {s['spearman_step_time']:.3f}"
+          + (f" (anchored: MAPE {s['mape_step_time_anchored']:.1%}, rho {s['spearman_step_time_anchored']:.3f})"
+             if anchored else ""))
     print(f"wrote {out / CSV_NAME}, {out / 'validation.png'} and {len(worst)} worst-plan timelines")
     return 0

@@ -18,7 +18,10 @@ def plot_validation(rows: list[dict[str, Any]], path: str | Path, title: str = "
     ):
         xs = [r[meas_key] * scale for r in rows]
         ys = [r[pred_key] * scale for r in rows]
-        lo, hi = min(xs + ys) * 0.9, max(xs + ys) * 1.1
+        # step time: the drift-anchored predictions too, hollow (``parsim.study.validate``)
+        anchored = ("step" in meas_key and rows and all(r.get("anchored_step_s") is not None for r in rows))
+        ya = [r["anchored_step_s"] * scale for r in rows] if anchored else []
+        lo, hi = min(xs + ys + ya) * 0.9, max(xs + ys + ya) * 1.1
         band = 0.15 if "step" in meas_key else 0.03
         ax.fill_between([lo, hi], [lo * (1 - band), hi * (1 - band)], [lo * (1 + band), hi * (1 + band)],
                         color="#dddddd", label=f"±{band:.0%}")
@@ -27,6 +30,11 @@ def plot_validation(rows: list[dict[str, Any]], path: str | Path, title: str = "
             sel = [(x, y) for x, y, r in zip(xs, ys, rows) if r["world_size"] == w]
             ax.scatter([s[0] for s in sel], [s[1] for s in sel], s=28, color=colours.get(w, "#9467bd"),
                        label=f"{w} ranks", zorder=3)
+            if anchored:
+                sel = [(x, y) for x, y, r in zip(xs, ya, rows) if r["world_size"] == w]
+                ax.scatter([s[0] for s in sel], [s[1] for s in sel], s=34, facecolors="none",
+                           edgecolors=colours.get(w, "#9467bd"), label=f"{w} ranks, anchored to the layer probe",
+                           zorder=3)
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
         ax.set_xlabel(f"measured {label} ({unit})")

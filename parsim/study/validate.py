@@ -9,6 +9,18 @@ and each finished plan to the CSV, so an interrupted run resumes where it stoppe
 plans and rounds are kept and skipped). Errors are relative to the measurement:
 ``(predicted - measured) / measured``. Ranking agreement is Spearman's rho between the
 predicted and measured step times (Spearman 1904; ties get average ranks).
+
+Drift anchoring. A profile's compute prices hang on its real-layer probe (``layer_probe``,
+``contention_layer``), taken once when ``parsim calibrate`` ran. When the profile has one, the
+executor re-takes the same probe right before every timed step and after the last
+(``executor.layer_probe``), and the plan's round is also predicted with the profile anchored
+to the probes around its timed steps (their mean: the layer's solo forward and backward and
+its concurrent slowdown replace the profile's, and ``fit_layer_terms`` re-derives
+the composition and contention terms from them; nothing else changes). ``predicted_step_s``
+stays the profile's own prediction; ``anchored_step_s`` is the median over rounds of the
+anchored predictions, and ``probe_drift`` the median over rounds of the layer's solo time
+(forward + backward) over the profile's: how much slower (> 1) the machine ran the same layer
+while the plan ran than when it was calibrated.
 """
 from __future__ import annotations
 
@@ -26,13 +38,16 @@ from parsim.specs import ModelSpec, Plan, SpecError, load_cluster, load_model, p
 CSV_NAME = "validation.csv"
 ROUNDS_NAME = "rounds.csv"
 ROUND_COLUMNS = ["plan", "round", "world_size", "step_time_s", "step_times_s", "peak_bytes_by_rank", "losses",
-                 "trace_file"]
+                 "trace_file", "layer_probes"]
 # consecutive plans of one world size run in one set of executor processes (start-up is seconds)
 PLANS_PER_LAUNCH = 4
 COLUMNS = ["plan", "model", "world_size", "measured_step_s", "measured_rounds_s", "predicted_step_s", "step_error",
            "measured_peak_bytes", "predicted_peak_bytes", "peak_memory_error", "max_rank_memory_error",
            "measured_bubble", "predicted_bubble", "measured_busy_s_by_rank", "predicted_busy_s_by_rank",
-           "measured_peak_bytes_by_rank", "predicted_peak_bytes_by_rank", "losses", "trace_file"]
+           "measured_peak_bytes_by_rank", "predicted_peak_bytes_by_rank", "losses", "trace_file",
+           "anchored_step_s", "anchored_error", "probe_drift", "probe_contention"]
+# columns that stay empty when the profile has no layer probe (or rounds.csv predates it)
+ANCHOR_COLUMNS = ("anchored_step_s", "anchored_error", "probe_drift", "probe_contention")
 
 
 @dataclass(frozen=True)
@@ -95,9 +110,11 @@ def _ranks(xs: list[float]) -> list[float]:
 
 
 def compare(model: ModelSpec, plan: Plan, measured, predicted, trace_file: str = "",
-            rounds: list[float] | None = None) -> dict[str, Any]:
+            rounds: list[float] | None = None, anchor: dict[str, float] | None = None) -> dict[str, Any]:
     """One CSV row from an ExecutionResult (or a ``MeasuredRound``) and a SimResult of the
-    same plan; ``rounds``: the step time of every round (the row's is their median)."""
+    same plan; ``rounds``: the step time of every round (the row's is their median);
+    ``anchor``: the drift-anchored prediction (``anchored_step_s``, ``probe_drift``,
+    ``probe_contention``; module docstring), or None."""
     from parsim.specs import RankLayout
     from parsim.trace.metrics import bubble_fraction, busy_time
 
@@ -123,6 +140,8 @@ def compare(model: ModelSpec, plan: Plan, measured, predicted, trace_file: str =
         "measured_peak_bytes_by_rank": json.dumps(meas_by_rank),
         "predicted_peak_bytes_by_rank": json.dumps([int(x) for x in pred_by_rank]),
         "losses": json.dumps([round(x, 6) for x in measured.losses]), "trace_file": trace_file,
+        **({**anchor, "anchored_error": (anchor["anchored_step_s"] - measured.step_time_s) / measured.step_time_s}
+           if anchor else {k: "" for k in ANCHOR_COLUMNS}),
     }
 
 
@@ -136,15 +155,27 @@ def read_rows(out_dir: Path) -> list[dict[str, Any]]:
         for k in ("measured_step_s", "predicted_step_s", "step_error", "measured_peak_bytes", "predicted_peak_bytes",
                   "peak_memory_error", "max_rank_memory_error", "measured_bubble", "predicted_bubble"):
             r[k] = float(r[k])
+        for k in ANCHOR_COLUMNS:
+            r[k] = float(r[k]) if r.get(k) not in (None, "") else None
         r["world_size"] = int(r["world_size"])
     return rows
 
 
 def append_row(out_dir: Path, row: dict[str, Any]) -> None:
-    path = out_dir / CSV_NAME
+    _append_csv(out_dir / CSV_NAME, COLUMNS, row)
+
+
+def _append_csv(path: Path, columns: list[str], row: dict[str, Any]) -> None:
+    """Append ``row``; a file written before a column was added keeps its own header (the
+    new columns are left out of its rows, and read back as missing)."""
+    if path.exists():
+        with path.open(newline="") as f:
+            header = next(csv.reader(f), None)
+        if header:
+            columns = header
     new = not path.exists()
     with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         if new:
             w.writeheader()
         w.writerow(row)
@@ -168,12 +199,19 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for w in sorted({r["world_size"] for r in rows}):
         sel = [r for r in rows if r["world_size"] == w]
         by_world[str(w)] = {"step_time": stats(sel, "step_error"), "peak_memory": stats(sel, "max_rank_memory_error")}
+        if all(r.get("anchored_error") is not None for r in sel):
+            by_world[str(w)]["step_time_anchored"] = stats(sel, "anchored_error")
+            by_world[str(w)]["probe_drift"] = stats(sel, "probe_drift")
+    anchored = bool(rows) and all(r.get("anchored_step_s") is not None for r in rows)
     return {
         "num_plans": len(rows),
         "mape_step_time": statistics.fmean(abs(r["step_error"]) for r in rows) if rows else float("nan"),
         "mape_peak_memory": statistics.fmean(abs(r["max_rank_memory_error"]) for r in rows) if rows else float("nan"),
         "spearman_step_time": spearman_rho([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows]),
         "by_world_size": by_world,
+        **({"mape_step_time_anchored": statistics.fmean(abs(r["anchored_error"]) for r in rows),
+            "spearman_step_time_anchored": spearman_rho([r["anchored_step_s"] for r in rows],
+                                                        [r["measured_step_s"] for r in rows])} if anchored else {}),
     }
 
 
@@ -188,12 +226,14 @@ class MeasuredRound:
     losses: list[float]
     trace_file: str
     trace: Any = None
+    layer_probes: list[dict[str, float]] = field(default_factory=list)   # before and after (executor.layer_probe)
 
     @classmethod
     def from_csv(cls, r: dict[str, str]) -> "MeasuredRound":
         return cls(plan=r["plan"], round=int(r["round"]), step_time_s=float(r["step_time_s"]),
                    step_times_s=json.loads(r["step_times_s"]), peak_memory_bytes_by_rank=json.loads(r["peak_bytes_by_rank"]),
-                   losses=json.loads(r["losses"]), trace_file=r["trace_file"])
+                   losses=json.loads(r["losses"]), trace_file=r["trace_file"],
+                   layer_probes=json.loads(r.get("layer_probes") or "[]"))
 
 
 def read_rounds(out_dir: Path) -> list[MeasuredRound]:
@@ -205,16 +245,11 @@ def read_rounds(out_dir: Path) -> list[MeasuredRound]:
 
 
 def _append_round(out_dir: Path, m: MeasuredRound, world_size: int) -> None:
-    path = out_dir / ROUNDS_NAME
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=ROUND_COLUMNS)
-        if new:
-            w.writeheader()
-        w.writerow({"plan": m.plan, "round": m.round, "world_size": world_size, "step_time_s": m.step_time_s,
+    _append_csv(out_dir / ROUNDS_NAME, ROUND_COLUMNS, {"plan": m.plan, "round": m.round, "world_size": world_size, "step_time_s": m.step_time_s,
                     "step_times_s": json.dumps([round(x, 6) for x in m.step_times_s]),
                     "peak_bytes_by_rank": json.dumps(list(m.peak_memory_bytes_by_rank)),
-                    "losses": json.dumps([round(x, 6) for x in m.losses]), "trace_file": m.trace_file})
+                    "losses": json.dumps([round(x, 6) for x in m.losses]), "trace_file": m.trace_file,
+                    "layer_probes": json.dumps(m.layer_probes)})
 
 
 def launches(plans: list[Plan], per_launch: int = PLANS_PER_LAUNCH) -> list[list[Plan]]:
@@ -242,9 +277,11 @@ def run_validation(matrix: Matrix, profile: str, out_dir: str | Path, *, progres
     from parsim.executor.config import ExecutorConfig
     from parsim.executor.worker import RunSpec
     from parsim.sim import simulate
+    from parsim.specs import cluster_from_dict, load_profile_dict
     from parsim.trace.io import load_trace, save_trace
 
     rounds = matrix.rounds if rounds is None else rounds
+    profile_data = load_profile_dict(profile)
     out = Path(out_dir)
     (out / "traces").mkdir(parents=True, exist_ok=True)
     done = {r["plan"] for r in read_rows(out)}
@@ -252,7 +289,7 @@ def run_validation(matrix: Matrix, profile: str, out_dir: str | Path, *, progres
     measured: dict[tuple[str, int], MeasuredRound] = {(m.plan, m.round): m for m in read_rounds(out)}
     runs_left = sum(1 for k in range(rounds) for p in todo if (p.to_string(), k) not in measured)
     bar = _progress(runs_left, 0, progress, unit="run")
-    config = ExecutorConfig(steps=matrix.steps, warmup=matrix.warmup)
+    config = ExecutorConfig(steps=matrix.steps, warmup=matrix.warmup, layer_probe=probe_request(profile_data))
     for k in range(rounds):
         for group in launches([p for p in todo if (p.to_string(), k) not in measured]):
             results = run_plans([RunSpec(matrix.model, plan, config) for plan in group])
@@ -261,7 +298,8 @@ def run_validation(matrix: Matrix, profile: str, out_dir: str | Path, *, progres
                 trace_file = f"traces/plan{idx:02d}.round{k + 1}.measured.json"
                 save_trace(res.trace, out / trace_file)
                 m = MeasuredRound(plan.to_string(), k, res.step_time_s, list(res.step_times),
-                                  list(res.peak_memory_bytes_by_rank), list(res.losses), trace_file, res.trace)
+                                  list(res.peak_memory_bytes_by_rank), list(res.losses), trace_file, res.trace,
+                                  list(res.layer_probes))
                 _append_round(out, m, plan.world_size)
                 measured[(m.plan, k)] = m
                 bar.set_postfix_str(f"round {k + 1}/{rounds} {plan.to_string()[:40]} {res.step_time_s:.2f} s")
@@ -280,13 +318,71 @@ def run_validation(matrix: Matrix, profile: str, out_dir: str | Path, *, progres
         trace_file = f"traces/plan{matrix.plans.index(plan):02d}"
         save_trace(chosen.trace, out / f"{trace_file}.measured.json")
         save_trace(predicted.trace, out / f"{trace_file}.predicted.json")
+        anchor = None
+        if profile_data.get("device", {}).get("extra", {}).get("layer_probe") and all(m.layer_probes for m in mine):
+            anchored = [anchored_profile(profile_data, m.layer_probes) for m in mine]
+            anchor = {
+                "anchored_step_s": statistics.median(
+                    simulate(matrix.model, cluster_from_dict(a, num_devices=plan.world_size), plan,
+                             mode="full").step_time_s for a in anchored),
+                "probe_drift": statistics.median(probe_drift(profile_data, m.layer_probes) for m in mine),
+                "probe_contention": statistics.median(_mean_probe(m.layer_probes)["contention"] for m in mine)}
         row = compare(matrix.model, plan, _Measured(step, chosen), predicted, trace_file,
-                      rounds=[m.step_time_s for m in mine])
+                      rounds=[m.step_time_s for m in mine], anchor=anchor)
         append_row(out, row)
         if on_row:
             on_row(row)
     rows = [r for r in read_rows(out) if r["plan"] in {p.to_string() for p in matrix.plans}]
     return ValidationReport(rows=rows, summary=summarise(rows))
+
+
+def probe_request(profile_data: dict[str, Any]) -> tuple[str, int, str] | None:
+    """(model, mbs, dtype) of the profile's real-layer probe, for ``ExecutorConfig.layer_probe``;
+    None when the profile has none (GPU presets, profiles older than the probe)."""
+    probe = profile_data.get("device", {}).get("extra", {}).get("layer_probe")
+    prov = profile_data.get("provenance", {})
+    if not probe or not prov.get("model"):
+        return None
+    return str(prov["model"]), int(probe.get("mbs", 1)), str(prov.get("dtype", "fp32"))
+
+
+def _mean_probe(probes: list[dict[str, float]]) -> dict[str, float]:
+    """The mean of the probes around a run's timed steps: solo forward and backward seconds,
+    concurrent seconds per step, and the concurrent slowdown they give."""
+    fwd = statistics.fmean(p["solo_fwd_s"] for p in probes)
+    bwd = statistics.fmean(p["solo_bwd_s"] for p in probes)
+    conc = statistics.fmean(p["concurrent_s"] for p in probes)
+    return {"fwd_s": fwd, "bwd_s": bwd, "concurrent_s": conc, "contention": conc / (fwd + bwd),
+            "world": int(probes[0]["world"])}
+
+
+def probe_drift(profile_data: dict[str, Any], probes: list[dict[str, float]]) -> float:
+    """The layer's solo forward + backward seconds around a run over the profile's (1 = as calibrated)."""
+    cal = profile_data["device"]["extra"]["layer_probe"]
+    now = _mean_probe(probes)
+    return (now["fwd_s"] + now["bwd_s"]) / (float(cal["fwd_s"]) + float(cal["bwd_s"]))
+
+
+def anchored_profile(profile_data: dict[str, Any], probes: list[dict[str, float]]) -> dict[str, Any]:
+    """A copy of the profile whose layer probe is the one taken around a run: its solo forward
+    and backward seconds, and the concurrent slowdown for the run's rank count; the layer
+    composition and GEMM contention are re-derived from them (``fit_layer_terms``) exactly as
+    ``parsim calibrate`` derived the profile's. Everything else (per-op tables, collectives)
+    is the profile's."""
+    import copy
+
+    from parsim.calibration.profile import fit_layer_terms
+
+    now = _mean_probe(probes)
+    data = copy.deepcopy(profile_data)
+    extra = data["device"]["extra"]
+    extra["layer_probe"].update(fwd_s=now["fwd_s"], bwd_s=now["bwd_s"])
+    if now["world"] > 1 and "contention_layer" in extra:
+        extra["contention_layer"][str(now["world"])] = now["contention"]
+    prov = data.get("provenance", {})
+    # the probe's layer is the profile's model (``probe_request``), whatever the matrix's is
+    fit_layer_terms(data["device"], load_model(prov["model"]), prov.get("dtype", "fp32"), data.get("name", "device"))
+    return data
 
 
 @dataclass

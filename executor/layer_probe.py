@@ -1,0 +1,90 @@
+"""The calibration's real-layer probe, re-taken inside an executor launch.
+
+``parsim calibrate`` times one real transformer layer (the executor's own ``Block``, tp=1) alone
+and with every rank stepping it at once (``layer_probe``, ``contention_layer`` in the profile),
+and the simulator's compute prices are anchored to those two numbers. On a shared machine they
+drift: on this project's 2-vCPU VM the same layer ran 20-40% slower for minutes at a time, and
+the slowdown of two concurrent ranks ranged 1.06x-1.4x over one evening; the layer alone flips
+between ~33 and ~50 ms forward within seconds. ``parsim validate`` therefore has the executor
+probe the same layer again right before every timed step and after the last
+(``ExecutorConfig.layer_probe``, ``trainer.train_rank``), so the prediction can be re-anchored
+to the machine as it was while the step ran (``parsim.study.validate``) and the drift is
+reported beside the error.
+
+One probe, on every rank of the launch (a collective call; it takes ~1-2 s):
+
+1. rank 0 alone (the others wait in a barrier, which does not spin): ``PROBE_STEPS`` forward
+   and backward passes of the layer after one warm-up, each pass timed -> median forward and
+   backward seconds, as ``calibration.compute.bench_layer`` measures them;
+2. every rank at once: the same number of forward + backward steps -> the median over ranks
+   of the seconds per step, as ``calibration.comm._layer_rounds`` measures the concurrent side.
+
+The layer is built for the probe and dropped after it, so nothing of it is live while a plan
+runs (its memory is not the plan's)."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+# timed passes per phase (after one warm-up): ~0.3 s alone for the cpu-small layer on this VM
+PROBE_STEPS = 4
+
+
+@dataclass(frozen=True)
+class LayerProbe:
+    """One probe's result (seconds): rank 0 alone, forward and backward of one layer; every
+    rank at once, forward + backward per step (median over ranks)."""
+    solo_fwd_s: float
+    solo_bwd_s: float
+    concurrent_s: float
+    world: int
+
+    @property
+    def contention(self) -> float:
+        """Per-rank slowdown of the layer when every rank steps it at once (solo = 1)."""
+        return self.concurrent_s / (self.solo_fwd_s + self.solo_bwd_s)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"solo_fwd_s": self.solo_fwd_s, "solo_bwd_s": self.solo_bwd_s,
+                "concurrent_s": self.concurrent_s, "world": self.world}
+
+
+def probe_layer(model: str, mbs: int, dtype: str, device: torch.device) -> LayerProbe | None:
+    """Run the probe on every rank of the default group; the result on rank 0, None elsewhere."""
+    from parsim.calibration.compute import layer_step
+    from parsim.specs import load_model
+
+    forward, backward, module = layer_step(load_model(model), mbs, dtype, device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def timed(fn) -> float:
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - t0
+
+    try:
+        dist.barrier()
+        fwd, bwd = [], []
+        if dist.get_rank() == 0:
+            for i in range(PROBE_STEPS + 1):
+                f, b = timed(forward), timed(backward)
+                if i:
+                    fwd.append(f)
+                    bwd.append(b)
+        dist.barrier()
+        steps = [timed(lambda: (forward(), backward())) for _ in range(PROBE_STEPS + 1)][1:]
+        mine = torch.tensor([statistics.median(steps)], dtype=torch.float64)
+        every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, mine)
+    finally:
+        del forward, backward, module
+    if dist.get_rank() != 0:
+        return None
+    return LayerProbe(solo_fwd_s=statistics.median(fwd), solo_bwd_s=statistics.median(bwd),
+                      concurrent_s=statistics.median(float(t) for t in every), world=dist.get_world_size())
