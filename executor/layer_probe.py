@@ -43,11 +43,6 @@ class LayerProbe:
     concurrent_s: float
     world: int
 
-    @property
-    def contention(self) -> float:
-        """Per-rank slowdown of the layer when every rank steps it at once (solo = 1)."""
-        return self.concurrent_s / (self.solo_fwd_s + self.solo_bwd_s)
-
     def to_dict(self) -> dict[str, float]:
         return {"solo_fwd_s": self.solo_fwd_s, "solo_bwd_s": self.solo_bwd_s,
                 "concurrent_s": self.concurrent_s, "world": self.world}

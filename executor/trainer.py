@@ -24,7 +24,7 @@ from .data import make_source, rank_microbatches
 from .memory import MemoryTracker
 from .parallel_dims import ParallelDims
 from .pp_parallel import allreduce_tied_embedding_grads
-from .results import RankResult, memory_step_of
+from .results import RankResult, memory_step_of, timed_steps
 from .layer_probe import probe_layer
 from .timeline import NullMemory, StepRecorder
 from .tp_parallel import allreduce_sequence_parallel_grads
@@ -44,9 +44,10 @@ def train_rank(spec: ModelSpec, plan: Plan, config: ExecutorConfig, dims: Parall
     first = restore.step if restore is not None else 0
     result = RankResult(rank=dims.rank, coords=dims.coords)
     result.memory_step = memory_step_of(first, config.steps - 1, config.warmup) if config.track_memory else -1
+    timed = set(timed_steps(list(range(first, config.steps)), config.warmup, result.memory_step))
     for step in range(first, config.steps):
         progress(step)
-        if config.layer_probe and step >= first + config.warmup:   # right before a timed step ...
+        if config.layer_probe and step in timed:       # right before every timed step ...
             result.layer_probes.append(probe_layer(*config.layer_probe, dims.device))
         microbatches = rank_microbatches(source, step, plan, dims.dp_rank, dims.device)
         _arm_fault(training, config.inject_fault, dims.rank, step)
@@ -67,8 +68,8 @@ def train_rank(spec: ModelSpec, plan: Plan, config: ExecutorConfig, dims: Parall
             from .checkpoint import save_checkpoint
             save_checkpoint(config.save_dir, step + 1, training.chunks, training.optimizer, training.scaler, spec,
                             plan, dims)
-    if config.layer_probe:                                           # ... and after the last
-        result.layer_probes.append(probe_layer(*config.layer_probe, dims.device))
+        if config.layer_probe and step == max(timed):   # ... and after the last
+            result.layer_probes.append(probe_layer(*config.layer_probe, dims.device))
     if config.collect_params:
         from .checkpoint import gather_canonical
         result.params = gather_canonical(training.chunks, training.optimizer, spec, plan, dims,

@@ -191,3 +191,25 @@ def test_bad_inputs_name_their_field():
     with pytest.raises(SpecError) as err:
         partition(HEAVY_HEAD, "pp=2 tp=2 gbs=8", "cpu:4", graph="traced")
     assert err.value.field == "tp"
+
+
+def test_stage_times_on_a_shared_cpu_host_carry_the_measured_layer_contention():
+    """Both pipeline ranks of a calibrated 2-core CPU host run their stages at once: every stage
+    time is the uncontended one times the profile's measured layer slowdown for 2 ranks; the
+    cut does not move, and an uncalibrated host (or a GPU) keeps the times as they are."""
+    from parsim.costs.timing import layer_contention
+
+    plan = Plan(pp=2, gbs=8)
+    shared = load_cluster("cpu:2", profile="cpu-calibrated")
+    slow = shared.device.extra["contention_layer"]["2"]
+    assert layer_contention(shared, 2) == pytest.approx(slow) and layer_contention(shared, 1) == 1.0
+    assert layer_contention(CPU2, 2) == 1.0 and layer_contention(load_cluster("h100-sxm:16"), 2) == 1.0
+    free = load_cluster("cpu:2", profile="cpu-calibrated")
+    free.device.extra.pop("contention_layer")
+    free.device.extra.pop("contention")
+    with_host = partition(HEAVY_HEAD, plan, shared, graph="analytic")
+    without = partition(HEAVY_HEAD, plan, free, graph="analytic")
+    assert with_host.partition == without.partition
+    for a, b in zip(with_host.stages, without.stages):
+        assert a.time_s == pytest.approx(b.time_s * slow) and a.fwd_s == pytest.approx(b.fwd_s * slow)
+        assert a.memory_bytes == b.memory_bytes

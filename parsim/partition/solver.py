@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from parsim.costs.timing import p2p_time
+from parsim.costs.timing import layer_contention, p2p_time
 from parsim.specs import ClusterSpec, Plan, RankLayout, SpecError
 
 from .graph import CostGraph, Segment, build_segments, candidate_cuts
@@ -31,7 +31,7 @@ class StageResult:
     last: str
     segments: int             # segments (transformer layers on ModelSpec graphs) it holds
     layers: int               # recomputation units (transformer layers) it holds
-    time_s: float             # forward + backward (+ recompute) of one microbatch
+    time_s: float             # forward + backward (+ recompute) of one microbatch, host contention included
     fwd_s: float
     bwd_s: float
     memory_bytes: float
@@ -155,8 +155,13 @@ def partition_graph(graph: CostGraph, plan: Plan, cluster: ClusterSpec, memory_l
                         f"more memory per stage: no split of {graph.name} into {stages} stages fits (the "
                         f"equal split needs {need / 2**30:.2f} GiB on its largest stage); try more stages, "
                         "recompute=full or stage-aware, a smaller mbs or ZeRO")
-    auto_stages = _stage_results(graph, segments, coster, bounds)
-    uniform_stages = _stage_results(graph, segments, coster, uniform)
+    # ranks sharing a CPU host's cores run their stages at once, each slower by the host's
+    # measured layer contention (calibrated CPU profiles; 1 on GPUs). The factor is the same
+    # for every stage, so it does not move the cut: it makes the stage times those the ranks
+    # of this cluster run (1F1B's steady state has every stage computing at once).
+    scale = layer_contention(cluster, plan.world_size)
+    auto_stages = _stage_results(graph, segments, coster, bounds, scale)
+    uniform_stages = _stage_results(graph, segments, coster, uniform, scale)
     return PartitionResult(
         model=graph.name, graph=graph.source, plan=plan.to_string(), num_nodes=len(graph.nodes),
         num_candidate_cuts=len(cuts), memory_limit_bytes=memory_limit,
@@ -167,7 +172,8 @@ def partition_graph(graph: CostGraph, plan: Plan, cluster: ClusterSpec, memory_l
 
 
 def _stage_results(graph: CostGraph, segments: list[Segment], coster: StageCoster,
-                   bounds: list[int]) -> tuple[StageResult, ...]:
+                   bounds: list[int], scale: float = 1.0) -> tuple[StageResult, ...]:
+    """The stages between ``bounds``; times multiplied by the host contention ``scale``."""
     out = []
     for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
         c = coster.cost(k, a, b)
@@ -175,7 +181,8 @@ def _stage_results(graph: CostGraph, segments: list[Segment], coster: StageCoste
         out.append(StageResult(
             stage=k, first=segments[a].name, scope=segments[a].scope,
             last=graph.nodes[segments[b - 1].end - 1].name, segments=b - a,
-            layers=sum(s.layers for s in segments[a:b]), time_s=c.time_s, fwd_s=c.fwd_s, bwd_s=c.bwd_s,
+            layers=sum(s.layers for s in segments[a:b]), time_s=c.time_s * scale, fwd_s=c.fwd_s * scale,
+            bwd_s=c.bwd_s * scale,
             memory_bytes=c.memory_bytes, state_bytes=c.state_bytes, activation_bytes=c.activation_bytes,
             recompute_layers=c.recompute_layers, fits=c.fits, send_bytes=send))
     return tuple(out)

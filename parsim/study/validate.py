@@ -226,7 +226,7 @@ class MeasuredRound:
     losses: list[float]
     trace_file: str
     trace: Any = None
-    layer_probes: list[dict[str, float]] = field(default_factory=list)   # before and after (executor.layer_probe)
+    layer_probes: list[dict[str, float]] = field(default_factory=list)   # around the timed steps (executor.layer_probe)
 
     @classmethod
     def from_csv(cls, r: dict[str, str]) -> "MeasuredRound":
@@ -245,11 +245,12 @@ def read_rounds(out_dir: Path) -> list[MeasuredRound]:
 
 
 def _append_round(out_dir: Path, m: MeasuredRound, world_size: int) -> None:
-    _append_csv(out_dir / ROUNDS_NAME, ROUND_COLUMNS, {"plan": m.plan, "round": m.round, "world_size": world_size, "step_time_s": m.step_time_s,
-                    "step_times_s": json.dumps([round(x, 6) for x in m.step_times_s]),
-                    "peak_bytes_by_rank": json.dumps(list(m.peak_memory_bytes_by_rank)),
-                    "losses": json.dumps([round(x, 6) for x in m.losses]), "trace_file": m.trace_file,
-                    "layer_probes": json.dumps(m.layer_probes)})
+    _append_csv(out_dir / ROUNDS_NAME, ROUND_COLUMNS, {
+        "plan": m.plan, "round": m.round, "world_size": world_size, "step_time_s": m.step_time_s,
+        "step_times_s": json.dumps([round(x, 6) for x in m.step_times_s]),
+        "peak_bytes_by_rank": json.dumps(list(m.peak_memory_bytes_by_rank)),
+        "losses": json.dumps([round(x, 6) for x in m.losses]), "trace_file": m.trace_file,
+        "layer_probes": json.dumps(m.layer_probes)})
 
 
 def launches(plans: list[Plan], per_launch: int = PLANS_PER_LAUNCH) -> list[list[Plan]]:
@@ -319,7 +320,7 @@ def run_validation(matrix: Matrix, profile: str, out_dir: str | Path, *, progres
         save_trace(chosen.trace, out / f"{trace_file}.measured.json")
         save_trace(predicted.trace, out / f"{trace_file}.predicted.json")
         anchor = None
-        if profile_data.get("device", {}).get("extra", {}).get("layer_probe") and all(m.layer_probes for m in mine):
+        if probe_request(profile_data) and all(m.layer_probes for m in mine):
             anchored = [anchored_profile(profile_data, m.layer_probes) for m in mine]
             anchor = {
                 "anchored_step_s": statistics.median(

@@ -9,6 +9,14 @@ partitioner's split:
 * the step time predicted by the partitioner (list-scheduled 1F1B), by ``parsim.sim.simulate``,
   and measured by ``parsim.executor.run_plans`` (steps=4, warmup=1, median step).
 
+Stage times are those of this cluster: both pipeline ranks share the host's 2 cores, so the
+partitioner scales them by the profile's measured layer contention (``costs.timing.
+layer_contention``). When the profile has a real-layer probe, the executor re-takes it around
+every timed step (``ExecutorConfig.layer_probe``) and the stage times are also predicted with
+the profile anchored to those probes, as ``parsim validate`` does
+(``parsim.study.validate.anchored_profile``): the 'anchored' columns, beside the layer's drift
+(its solo time over the profile's).
+
 Profile: ``calibration/profiles/cpu-calibrated.yaml`` if present, else this study's own
 calibration ``profiles/cpu-merak.yaml`` (``parsim calibrate --model studies/merak/merak-cpu.yaml
 --tp 1 --ranks 2 --mbs 1 --out studies/merak/profiles/cpu-merak.yaml``), else ``cpu``.
@@ -78,6 +86,31 @@ def isolated_stage_cpu_time(model, partition: tuple[int, ...], repeats: int = 5)
     return out
 
 
+def anchored_stage_times(model, base, plan, results, profile_data, label: str) -> tuple[list[float], float] | None:
+    """Per stage, the median over launches of the traced partitioner's time for ``plan``'s
+    split with the profile anchored to that launch's layer probes; and the median drift."""
+    from parsim.partition import partition
+    from parsim.specs import cluster_from_dict
+    from parsim.study.validate import anchored_profile, probe_drift
+
+    if not all(r.layer_probes for r in results):
+        return None
+    per_launch = []
+    for r in results:
+        cluster = cluster_from_dict(anchored_profile(profile_data, r.layer_probes), num_devices=base.world_size)
+        res = partition(model, base, cluster, graph="traced")
+        stages = res.stages if res.partition == plan.partition else (
+            res.uniform_stages if res.uniform_partition == plan.partition else None)
+        if stages is None:      # the anchored profile cuts elsewhere: this launch has no price for the split
+            print(f"  note: a launch's anchored profile cuts at {res.partition}; {label} not anchored there")
+            continue
+        per_launch.append([s.time_s for s in stages])
+    if not per_launch:
+        return None
+    drift = statistics.median(probe_drift(profile_data, r.layer_probes) for r in results)
+    return [statistics.median(t[s] for t in per_launch) for s in range(len(per_launch[0]))], drift
+
+
 def median_busy(results, microbatches: int) -> list[float]:
     per_run = [measured_stage_busy(r, microbatches) for r in results]
     return [statistics.median(run[s] for run in per_run) for s in range(len(per_run[0]))]
@@ -88,7 +121,9 @@ def main() -> int:
     from parsim.executor import ExecutorConfig, RunSpec, run_plans
     from parsim.partition import partition
     from parsim.sim import simulate
-    from parsim.specs import load_cluster, load_model, parse_plan
+    from parsim.specs import load_cluster, load_model, load_profile_dict, parse_plan
+    from parsim.costs.timing import layer_contention
+    from parsim.study.validate import probe_request
 
     profile = pick_profile()
     cluster = load_cluster("cpu:2", profile=profile if profile != "cpu" else None)
@@ -104,11 +139,14 @@ def main() -> int:
           f"uniform {traced.uniform_partition}\n")
 
     m = base.num_microbatches
-    config = ExecutorConfig(steps=STEPS, warmup=WARMUP)
+    # the partitioner's stage times include the host's layer contention; alone, a stage runs this much faster
+    shared = layer_contention(cluster, base.world_size)
+    profile_data = load_profile_dict(profile)
+    config = ExecutorConfig(steps=STEPS, warmup=WARMUP, layer_probe=probe_request(profile_data))
     load_before = os.getloadavg()
     launches = [run_plans([RunSpec(model, uniform, config), RunSpec(model, auto, config)]) for _ in range(REPEATS)]
     rows = []
-    errors, cpu_errors = [], []
+    errors, cpu_errors, anchored_errors, drifts = [], [], [], []
     step = {}
     splits = (("uniform", uniform, traced.uniform_stages, analytic.uniform_stages),
               ("auto", auto, traced.stages, analytic.stages))
@@ -118,22 +156,30 @@ def main() -> int:
         cpu = isolated_stage_cpu_time(model, plan.partition)
         step[label] = statistics.median(r.step_time_s for r in results)
         sim = simulate(model, cluster, plan)
+        anchored = anchored_stage_times(model, base, plan, results, profile_data, label)
+        if anchored:
+            drifts.append(anchored[1])
         for s, measured in enumerate(busy):
             err_t = t_res[s].time_s / measured - 1
             err_a = a_res[s].time_s / measured - 1
             errors.append(abs(err_t))
-            cpu_errors.append(abs(t_res[s].time_s / cpu[s] - 1))
+            cpu_errors.append(abs(t_res[s].time_s / shared / cpu[s] - 1))
+            anch = anchored[0][s] if anchored else float("nan")
+            if anchored:
+                anchored_errors.append(abs(anch / measured - 1))
             rows.append((label, s, plan.partition[s], t_res[s].time_s, a_res[s].time_s, measured, err_t, err_a,
-                         cpu[s], t_res[s].time_s / cpu[s] - 1))
+                         cpu[s], t_res[s].time_s / shared / cpu[s] - 1, anch, anch / measured - 1))
         step_pred = traced.step_time_s if label == "auto" else traced.uniform_step_time_s
         rows.append((label, "step", "", step_pred, sim.step_time_s, step[label],
                      step_pred / step[label] - 1, sim.step_time_s / step[label] - 1))
         rows.append((label, "steps", "", 0, 0, 0, 0, 0, [t for r in results for t in r.step_times]))
     print(f"per-stage time per microbatch (F+B), ms, median of {REPEATS} launches; "
           "'step' rows: partitioner estimate | simulate | executor (median step), ms")
-    print("measured = executor trace (wall time of F/B events); isolated = same stage modules run alone, CPU time")
+    print("measured = executor trace (wall time of F/B events); isolated = same stage modules run alone, CPU time, "
+          f"vs the traced time alone (/ the host's layer contention {shared:.3f}); anchored = traced, with the "
+          "profile anchored to the layer probes around the timed steps")
     print(f"{'split':8} {'stage':>5} {'layers':>6} {'traced':>9} {'analytic':>9} {'measured':>9} {'err tr':>7} "
-          f"{'err an':>7} {'isolated':>9} {'err tr':>7}")
+          f"{'err an':>7} {'isolated':>9} {'err tr':>7} {'anchored':>9} {'err':>7}")
     for r in rows:
         if r[1] == "steps":
             print(f"{r[0]:8} {'':>5} {'':>6} all measured step times (warm-up included): "
@@ -142,13 +188,19 @@ def main() -> int:
         line = (f"{r[0]:8} {r[1]!s:>5} {r[2]!s:>6} {r[3] * 1e3:9.1f} {r[4] * 1e3:9.1f} {r[5] * 1e3:9.1f} "
                 f"{r[6]:+7.1%} {r[7]:+7.1%}")
         if len(r) > 8:
-            line += f" {r[8] * 1e3:9.1f} {r[9]:+7.1%}"
+            line += f" {r[8] * 1e3:9.1f} {r[9]:+7.1%} {r[10] * 1e3:9.1f} {r[11]:+7.1%}"
         print(line)
     speed_meas = step["uniform"] / step["auto"]
     sim_speedup = simulate(model, cluster, uniform).step_time_s / simulate(model, cluster, auto).step_time_s
     print(f"\nmeasured speedup auto vs uniform: {speed_meas:.3f}x "
           f"(predicted by the partitioner {traced.speedup_vs_uniform:.3f}x, by simulate {sim_speedup:.3f}x)")
-    for what, errs in (("executor trace", errors), ("isolated CPU time", cpu_errors)):
+    if drifts:
+        print(f"layer probe around the timed steps vs the profile's: drift {', '.join(f'{d:.2f}x' for d in drifts)} "
+              "(uniform, auto; median over launches)")
+    for what, errs in (("executor trace", errors), ("isolated CPU time", cpu_errors),
+                       ("executor trace, anchored to the layer probes", anchored_errors)):
+        if not errs:
+            continue
         worst = max(errs)
         print(f"largest per-stage error vs {what} (traced graph): {worst:.1%}; median {statistics.median(errs):.1%} "
               f"(target {TARGET:.0%}): {'met' if worst <= TARGET else 'NOT met'}")
