@@ -130,7 +130,8 @@ def test_anchoring_to_the_profiles_own_probe_changes_nothing_and_a_slower_layer_
         assert slow["device"]["extra"]["layer_composition"][p] == pytest.approx(
             1.25 * refit["device"]["extra"]["layer_composition"][p], rel=1e-9)
     # a 4-rank probe reading more contention raises the 4-rank GEMM contention only
-    crowded = anchored_profile(prof, _probes_like(prof, contention=2.5, world=4))
+    crowded = anchored_profile(prof, _probes_like(prof, world=4,
+                                                  contention=prof["device"]["extra"]["contention_layer"]["4"] + 1.0))
     assert crowded["device"]["extra"]["contention"]["4"] > refit["device"]["extra"]["contention"]["4"] + 0.5
     assert crowded["device"]["extra"]["contention"]["2"] == pytest.approx(refit["device"]["extra"]["contention"]["2"])
 
