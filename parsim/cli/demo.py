@@ -5,7 +5,9 @@
    and write the plots and the Chrome trace to one output folder.
 2. The same question on this machine: the best plan for a small model on 2 CPU ranks
    (predicted with the calibrated CPU profile), executed for real with the torch executor,
-   measured printed beside predicted.
+   measured printed beside predicted; with a calibrated profile also the prediction
+   re-anchored to the calibration's layer probe re-taken around the timed steps, as
+   ``parsim validate`` does (this shared machine's speed drifts; the drift is printed).
 """
 from __future__ import annotations
 
@@ -86,7 +88,8 @@ def execute_locally(out: Path, steps: int) -> None:
     from parsim.executor.config import ExecutorConfig
     from parsim.executor.worker import RunSpec
     from parsim.sim import simulate
-    from parsim.specs import parse_plan
+    from parsim.specs import cluster_from_dict, load_profile_dict, parse_plan
+    from parsim.study.validate import anchored_profile, probe_drift, probe_request
 
     profile = "cpu-calibrated" if "cpu-calibrated" in known_profiles() else "cpu"
     model = load_model(CPU_MODEL)
@@ -98,16 +101,29 @@ def execute_locally(out: Path, steps: int) -> None:
     ranked = sorted(plans, key=lambda p: predicted[p].step_time_s)
     print(f"predicted best: {ranked[0].to_string()}; executing all {len(plans)} for {steps} steps each ...",
           flush=True)
-    config = ExecutorConfig(steps=steps, warmup=1, trace_dir=str(out / "executed"))
+    profile_data = load_profile_dict(profile)
+    config = ExecutorConfig(steps=steps, warmup=1, trace_dir=str(out / "executed"),
+                            layer_probe=probe_request(profile_data))
     measured = run_plans([RunSpec(model, p, config) for p in ranked])
     width = max(len(p.to_string()) for p in ranked)
-    print(f"{'plan':{width}s} {'predicted ms':>12s} {'measured ms':>12s} {'error':>7s} {'peak MiB pred/meas':>20s}")
+    anchored = config.layer_probe is not None
+    print(f"{'plan':{width}s} {'predicted ms':>12s} {'measured ms':>12s} {'error':>7s}"
+          + (f" {'drift':>5s} {'anchored ms':>11s} {'error':>7s}" if anchored else "")
+          + f" {'peak MiB pred/meas':>20s}")
     for p, m in zip(ranked, measured):
         s = predicted[p]
         err = (s.step_time_s - m.step_time_s) / m.step_time_s
         peak_m = max(m.peak_memory_bytes_by_rank)
-        print(f"{p.to_string():{width}s} {s.step_time_s * 1e3:12.1f} {m.step_time_s * 1e3:12.1f} {err:+7.1%} "
+        anchor = ""
+        if anchored:
+            a = simulate(model, cluster_from_dict(anchored_profile(profile_data, m.layer_probes), CPU_RANKS), p)
+            anchor = (f" {probe_drift(profile_data, m.layer_probes):5.2f} {a.step_time_s * 1e3:11.1f} "
+                      f"{(a.step_time_s - m.step_time_s) / m.step_time_s:+7.1%}")
+        print(f"{p.to_string():{width}s} {s.step_time_s * 1e3:12.1f} {m.step_time_s * 1e3:12.1f} {err:+7.1%}{anchor} "
               f"{s.peak_memory_bytes / 2**20:>10.1f} / {peak_m / 2**20:<7.1f}")
+    if anchored:
+        print("drift: the calibration's layer, timed around these steps, over its time in the profile; anchored: "
+              "the prediction with the profile re-anchored to it (parsim validate does the same)")
     fastest = min(zip(ranked, measured), key=lambda pm: pm[1].step_time_s)[0]
     verdict = "agrees" if fastest == ranked[0] else "disagrees"
     print(f"measured fastest: {fastest.to_string()} (the simulator {verdict}); "
