@@ -140,3 +140,22 @@ def test_anchoring_to_the_profiles_own_probe_changes_nothing_and_a_slower_layer_
     scaled = simulate(model, cluster_from_dict(slow, 2), plan, mode="full").step_time_s
     # compute is most of a pp=2 step on this profile (communication and the bubble's wait are not scaled)
     assert 1.15 < scaled / base <= 1.25 + 1e-9
+
+
+def test_profiles_without_a_layer_probe_are_not_anchored_and_old_rounds_files_resume(tmp_path):
+    from parsim.specs import load_profile_dict
+    from parsim.study.validate import ROUND_COLUMNS, _append_round, probe_request
+
+    assert probe_request(load_profile_dict("cpu")) is None
+    assert probe_request(load_profile_dict("h100-sxm")) is None
+    # a rounds.csv written before the probes existed keeps its header; its rounds read back unprobed
+    old = [c for c in ROUND_COLUMNS if c != "layer_probes"]
+    (tmp_path / "rounds.csv").write_text(",".join(old) + "\n")
+    m = MeasuredRound("dp=2 gbs=4 dtype=fp32", 0, 1.5, [1.5], [10, 10], [2.0], "t.json",
+                      layer_probes=[{"solo_fwd_s": 0.1, "solo_bwd_s": 0.2, "concurrent_s": 0.3, "world": 2}])
+    _append_round(tmp_path, m, 2)
+    back, = read_rounds(tmp_path)
+    assert (back.plan, back.step_time_s, back.layer_probes) == (m.plan, 1.5, [])
+    (tmp_path / "rounds.csv").unlink()
+    _append_round(tmp_path, m, 2)
+    assert read_rounds(tmp_path)[0].layer_probes == m.layer_probes
