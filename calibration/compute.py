@@ -116,6 +116,13 @@ def layer_step(spec, mbs: int, dtype: str, device: torch.device) -> tuple[Callab
 def bench_layer(spec, mbs: int, dtype: str, clock: Clock, repeats: int, warmup: int = 2) -> tuple[Summary, Summary]:
     """Forward and backward seconds of one real layer (``layer_step``), ``repeats`` samples
     after ``warmup`` unrecorded ones (the first backward allocates ``.grad``)."""
+    fwd, bwd = layer_samples(spec, mbs, dtype, clock, repeats, warmup)
+    return summarize(fwd), summarize(bwd)
+
+
+def layer_samples(spec, mbs: int, dtype: str, clock: Clock, repeats: int,
+                  warmup: int = 2) -> tuple[list[float], list[float]]:
+    """``bench_layer``'s raw forward and backward samples (seconds), in the order taken."""
     forward, backward, _ = layer_step(spec, mbs, dtype, clock.device)
     fwd, bwd = [], []
     for i in range(warmup + repeats):
@@ -129,7 +136,7 @@ def bench_layer(spec, mbs: int, dtype: str, clock: Clock, repeats: int, warmup: 
         if i >= warmup:
             fwd.append(t1 - t0)
             bwd.append(time.perf_counter() - t1)
-    return summarize(fwd), summarize(bwd)
+    return fwd, bwd
 
 
 # ----------------------------------------------------------------------------- attention

@@ -47,6 +47,7 @@ class Measurements:
     solo_stream_rate: float = 0.0                      # bytes/s, one rank alone
     model: Any = None                                  # the ModelSpec whose shapes were measured
     layer: tuple[int, Summary, Summary] | None = None  # (mbs, forward, backward) of one real layer, solo
+    layer_blocks: list[tuple[float, float]] = field(default_factory=list)   # per probe block: median fwd, bwd
     comm: dict[int, list[dict]] = field(default_factory=dict)   # world -> per-rank results of comm.run_comm_job
     memory_bytes: float = 0.0
     devices_per_node: int = 64
@@ -267,6 +268,9 @@ def _layer_calibration(m: Measurements, device: dict[str, Any], name: str) -> No
         "call": "parsim.executor.model Block (tp=1): forward, then backward of a fixed output gradient",
         "mbs": mbs, "tp": 1, "fwd_s": fwd.median, "bwd_s": bwd.median,
         "spread": [fwd.rel_spread, bwd.rel_spread]}
+    if len(m.layer_blocks) > 1:
+        # the probe's blocks, spread over the run, in the order taken (the machine's drift)
+        device["extra"]["layer_probe"]["blocks"] = [[f, b] for f, b in m.layer_blocks]
     layer = _layer_contention(m)
     if len(layer) > 1:
         device["extra"]["contention_gemm_probe"] = device["extra"]["contention"]

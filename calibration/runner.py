@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -179,7 +180,8 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     attns = attention_points(spec, list(opts.tps), list(s.mbs))
     mems = membound_points(spec, list(opts.tps), list(s.mbs), opts.dtype)
     insitu_jobs = len(worlds) if device.type == "cpu" else 0      # one in-situ probe per CPU job
-    bar = tqdm(total=s.repeats + 2 * len(attns) + len(mems) + 5 + sum(len(o) for o in ops.values()) + insitu_jobs,
+    bar = tqdm(total=s.repeats + 2 * len(attns) + len(mems) + 5 + sum(len(o) for o in ops.values()) + insitu_jobs
+               + 1 + len(worlds),     # the layer probe's other blocks: at the start, after every collectives job
                file=sys.stderr, disable=not progress, desc="calibrate", unit="pt", dynamic_ncols=True)
 
     def step(label: str) -> None:
@@ -190,14 +192,26 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     m = Measurements(dtype=opts.dtype, device_type=device.type, norm=spec.norm, base=opts.base, model=spec,
                      device_name=torch.cuda.get_device_name(device) if is_cuda else f"cpu-rank ({cpu_model()})")
     threads = torch.get_num_threads()
-    if not is_cuda:
-        torch.set_num_threads(1)      # one executor rank = one process with one thread
-    try:
-        contention_shape = _measure_compute(m, opts, device, gemms, attns, mems, step, bar)
-    finally:
-        torch.set_num_threads(threads)
-    _measure_comm(m, opts, device, ops, contention_shape, step)
+    layer = LayerProbe(opts, device)
+
+    def single_thread(fn):
+        if not is_cuda:
+            torch.set_num_threads(1)      # one executor rank = one process with one thread
+        try:
+            return fn()
+        finally:
+            torch.set_num_threads(threads)
+
+    def probe_block(label: str) -> None:
+        single_thread(layer.block)
+        step(label)
+
+    probe_block("layer probe 1")
+    contention_shape = single_thread(lambda: _measure_compute(m, opts, device, gemms, attns, mems, step, bar,
+                                                             layer))
+    _measure_comm(m, opts, device, ops, contention_shape, step, probe_block)
     bar.close()
+    m.layer, m.layer_blocks = layer.result()
     _device_totals(m, device)
     wall = time.perf_counter() - t_start
     m.provenance = _provenance(opts, device, worlds, started, wall, load_before)
@@ -205,7 +219,40 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     return build_profile(m, name or default_profile_name(device.type))
 
 
-def _measure_compute(m, opts: CalibrationOptions, device, gemms, attns, mems, step, bar) -> tuple[int, int, int]:
+class LayerProbe:
+    """One real layer (the executor's Block, tp=1, the smallest mbs) timed alone in blocks of
+    ``repeats`` forward + backward passes taken at several points of the run: its start, right
+    after the per-op tables, and after every collectives job. Every compute price of the profile
+    hangs on this layer's time (``profile.layer_composition``), and a shared machine's speed
+    drifts over minutes (20-40% on a 2-vCPU VM), so one block can catch an unusually fast or
+    slow minute; the profile takes the median over all blocks' samples and keeps each block's
+    medians (``layer_probe.blocks``)."""
+
+    def __init__(self, opts: CalibrationOptions, device):
+        from .timer import Clock
+        self.opts, self.clock = opts, Clock(device)
+        self.mbs = min(opts.settings.mbs)
+        self.fwd: list[float] = []
+        self.bwd: list[float] = []
+        self.blocks: list[tuple[float, float]] = []
+
+    def block(self) -> None:
+        from . import compute
+        fwd, bwd = compute.layer_samples(self.opts.model, self.mbs, self.opts.dtype, self.clock,
+                                         self.opts.settings.repeats)
+        self.fwd += fwd
+        self.bwd += bwd
+        self.blocks.append((statistics.median(fwd), statistics.median(bwd)))
+
+    def result(self):
+        from .fit import summarize
+        if not self.fwd:
+            return None, []
+        return (self.mbs, summarize(self.fwd), summarize(self.bwd)), list(self.blocks)
+
+
+def _measure_compute(m, opts: CalibrationOptions, device, gemms, attns, mems, step, bar,
+                     layer: LayerProbe) -> tuple[int, int, int]:
     """The single-process benchmarks, into ``m``; returns the GEMM shape used for contention."""
     import torch
 
@@ -250,17 +297,15 @@ def _measure_compute(m, opts: CalibrationOptions, device, gemms, attns, mems, st
         stream, nbytes = compute.stream_callable(2**22, "fp32", device)
         m.solo_stream_rate = compute.throughput(stream, nbytes, clock, s.contention_s / 2)
     step("solo rates")
-    # one real layer (the executor's Block) right after the per-op tables: how far the per-op
-    # sum is from the composed layer (profile.layer_composition)
-    mbs = min(s.mbs)
-    fwd, bwd = compute.bench_layer(spec, mbs, dtype, clock, s.repeats)
-    m.layer = (mbs, fwd, bwd)
-    step("layer probe")
+    # the real layer again right after the per-op tables: how far the per-op sum is from the
+    # composed layer (profile.layer_composition)
+    layer.block()
+    step("layer probe 2")
     return shape
 
 
 def _measure_comm(m, opts: CalibrationOptions, device, ops: dict[int, tuple[str, ...]],
-                  contention_shape: tuple[int, int, int], step) -> None:
+                  contention_shape: tuple[int, int, int], step, probe_block) -> None:
     from .comm import CommJob, run_comm_job
 
     s = opts.settings
@@ -273,6 +318,7 @@ def _measure_comm(m, opts: CalibrationOptions, device, ops: dict[int, tuple[str,
                       insitu_blocks=tuple((n, *g) for n in range(2, world + 1) if world % n == 0
                                           for g in [insitu_gemm(opts.model, n, min(s.mbs))] if g))
         m.comm[world] = run_comm_job(job, on_progress=step)
+        probe_block(f"layer probe after {world} ranks")
 
 
 def insitu_sizes(spec: ModelSpec, dtype: str, mbs: Iterable[int]) -> tuple[int, ...]:

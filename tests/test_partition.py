@@ -193,23 +193,57 @@ def test_bad_inputs_name_their_field():
     assert err.value.field == "tp"
 
 
-def test_stage_times_on_a_shared_cpu_host_carry_the_measured_layer_contention():
-    """Both pipeline ranks of a calibrated 2-core CPU host run their stages at once: every stage
-    time is the uncontended one times the profile's measured layer slowdown for 2 ranks; the
-    cut does not move, and an uncalibrated host (or a GPU) keeps the times as they are."""
-    from parsim.costs.timing import layer_contention
+def shared_host(gemm: float, membound: float):
+    """The calibrated 2-rank CPU host with these measured slowdowns for 2 ranks computing at once."""
+    cluster = load_cluster("cpu:2", profile="cpu-calibrated")
+    cluster.device.extra["contention"] = {"2": gemm}
+    cluster.device.extra["contention_membound"] = {"2": membound}
+    return cluster
 
+
+def test_stage_times_without_a_shared_host_are_the_solo_times_and_the_list_scheduled_step():
     plan = Plan(pp=2, gbs=8)
-    shared = load_cluster("cpu:2", profile="cpu-calibrated")
-    slow = shared.device.extra["contention_layer"]["2"]
-    assert layer_contention(shared, 2) == pytest.approx(slow) and layer_contention(shared, 1) == 1.0
-    assert layer_contention(CPU2, 2) == 1.0 and layer_contention(load_cluster("h100-sxm:16"), 2) == 1.0
-    free = load_cluster("cpu:2", profile="cpu-calibrated")
-    free.device.extra.pop("contention_layer")
-    free.device.extra.pop("contention")
-    with_host = partition(HEAVY_HEAD, plan, shared, graph="analytic")
-    without = partition(HEAVY_HEAD, plan, free, graph="analytic")
-    assert with_host.partition == without.partition
-    for a, b in zip(with_host.stages, without.stages):
-        assert a.time_s == pytest.approx(b.time_s * slow) and a.fwd_s == pytest.approx(b.fwd_s * slow)
-        assert a.memory_bytes == b.memory_bytes
+    for cluster in (CPU2, load_cluster("h100-sxm:2")):
+        result = partition(HEAVY_HEAD, plan, cluster, graph="analytic")
+        for s in result.stages + result.uniform_stages:
+            assert s.time_s == pytest.approx(s.solo_s, rel=1e-12) == pytest.approx(s.fwd_s + s.bwd_s)
+        sends = [0.0, 0.0]
+        assert result.step_time_s >= pipeline_step_time(plan, [s.fwd_s for s in result.stages],
+                                                         [s.bwd_s for s in result.stages], sends)
+
+
+def test_on_a_shared_cpu_host_a_light_stage_slows_more_than_a_heavy_one():
+    """Both pipeline ranks share the host's cores: a stage runs at the contended speed only while
+    the other computes too. In the equal split of a heavy-head model the light first stage always
+    overlaps the heavy last one, which computes alone about half the time. Each stage's time lies
+    between its solo time and its solo time at the full contention, and the cut does not move."""
+    plan = Plan(pp=2, gbs=8, dtype="fp32")
+    shared = partition(HEAVY_HEAD, plan, shared_host(1.2, 1.6), graph="analytic")
+    alone = partition(HEAVY_HEAD, plan, shared_host(1.0, 1.0), graph="analytic")
+    assert shared.partition == alone.partition
+    for s, a in zip(shared.uniform_stages + shared.stages, alone.uniform_stages + alone.stages):
+        assert s.solo_s == pytest.approx(a.solo_s) and a.time_s == pytest.approx(a.solo_s)
+        assert s.solo_s < s.time_s <= s.solo_s * 1.6
+        assert s.memory_bytes == a.memory_bytes
+    light, heavy = shared.uniform_stages
+    assert light.solo_s < heavy.solo_s
+    assert light.time_s / light.solo_s > heavy.time_s / heavy.solo_s + 0.05
+    assert shared.uniform_step_time_s > alone.uniform_step_time_s
+
+
+def test_partitioner_stage_times_equal_the_simpy_engines_per_stage_busy_time_on_a_shared_host():
+    """The partitioner replays the schedule on the engine's processor-sharing host, so on the
+    analytic graph its stage times are what ``parsim simulate`` plays (both splits, 2% for the
+    p2p sends, which the engine times on its links)."""
+    from parsim.sim import simulate
+
+    cluster = shared_host(1.15, 1.7)
+    base = Plan(pp=2, gbs=8, dtype="fp32")
+    result = partition(HEAVY_HEAD, base, cluster, graph="analytic")
+    for split, stages in ((result.partition, result.stages), (result.uniform_partition, result.uniform_stages)):
+        trace = simulate(HEAVY_HEAD, cluster, base.replace(partition=split)).trace
+        busy: dict[int, float] = {}
+        for e in trace.action_events():
+            busy[e.stage] = busy.get(e.stage, 0.0) + e.duration
+        for s in stages:
+            assert s.time_s == pytest.approx(busy[s.stage] / base.num_microbatches, rel=0.02)

@@ -230,21 +230,30 @@ def test_dp_gradient_buckets_hide_behind_a_long_backward_and_are_exposed_without
 def test_zero3_adds_the_first_gather_of_every_action_and_the_last_reduce_scatter():
     # ZeRO-3 (Rajbhandari et al. 2020 Sec. 7): each layer's parameters are all-gathered before
     # its forward and again before its backward (the next layer's prefetched meanwhile), its
-    # gradients reduce-scattered after its backward, all on one DP stream. With compute longer
-    # than the collectives only the first gather of each action (and, before a forward, the
-    # previous backward's last reduce-scatter) shows: m (L (c + b) + 2 t_gather + t_scatter).
+    # gradients reduce-scattered after its backward, all on one DP stream; so are the root
+    # unit's (embedding, final norm + head: ZeRO-3 partitions every parameter), gathered before
+    # each forward and backward and reduce-scattered after each backward. With compute longer
+    # than the collectives only the root's gathers, the first layer gather of each action and,
+    # before a forward, the previous backward's last reduce-scatters show:
+    # m (L (c + b) + 2 t_gather + t_scatter + 2 t_root_gather + t_root_scatter).
     m = 4
     plan = Plan(dp=2, gbs=2 * m, zero=3)
     cluster = ideal_cluster(2, intra=LinkProfile(bandwidth=2000e9, latency=1e-6))
-    lp = layer_params(MODEL)
-    t_gather = collective_time(cluster, "all_gather", lp * state_bytes("bf16").param, [0, 1])
-    t_scatter = collective_time(cluster, "reduce_scatter", lp * state_bytes("bf16").grad, [0, 1])
+    lp, sb = layer_params(MODEL), state_bytes("bf16")
+    root = embedding_params(MODEL, plan) + head_params(MODEL, plan)
+    t_gather = collective_time(cluster, "all_gather", lp * sb.param, [0, 1])
+    t_scatter = collective_time(cluster, "reduce_scatter", lp * sb.grad, [0, 1])
+    t_root_gather = collective_time(cluster, "all_gather", root * sb.param, [0, 1])
+    t_root_scatter = collective_time(cluster, "reduce_scatter", root * sb.grad, [0, 1])
     c, b = layer_time(plan, "fwd"), layer_time(plan, "bwd")
     assert c > t_gather and b > t_gather + t_scatter
     r = simulate(MODEL, cluster, plan)
-    assert r.step_time_s == pytest.approx(m * (MODEL.layers * (c + b) + 2 * t_gather + t_scatter), rel=1e-12)
+    per_microbatch = MODEL.layers * (c + b) + 2 * t_gather + t_scatter + 2 * t_root_gather + t_root_scatter
+    assert r.step_time_s == pytest.approx(m * per_microbatch, rel=1e-12)
     gathers = [e for e in r.trace.events if e.kind == "zero_allgather"]
-    assert len(gathers) == 2 * m * MODEL.layers
+    assert len(gathers) == 2 * m * (MODEL.layers + 1)
+    root_events = [e for e in r.trace.events if e.kind.startswith("zero_") and e.layer == -1]
+    assert sorted(e.bytes for e in root_events) == sorted([root * sb.param] * 2 * m + [root * sb.grad] * m)
 
 
 def test_zero2_reduce_scatters_every_backward_layer_by_layer_and_gathers_the_parameters_once():

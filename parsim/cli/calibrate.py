@@ -77,6 +77,12 @@ def render(profile: dict, path: Path) -> str:
                      + ("; slowdown with N ranks at once " + ", ".join(f"{k}: {v:.2f}" for k, v in
                                                                       extra["contention_layer"].items())
                         if "contention_layer" in extra else ""))
+        if probe.get("blocks"):
+            sums = [(f + b) * 1e3 for f, b in probe["blocks"]]
+            lines.append(f"  the layer's forward + backward in {len(sums)} blocks over the run: "
+                         + " / ".join(f"{x:.1f}" for x in sums)
+                         + f" ms (the machine's drift: {(max(sums) - min(sums)) / min(sums):.0%}; the profile takes "
+                         "the median of all samples)")
     lines.append("")
     rows = [[op, n, f"{e['alpha'] * 1e3:.3f}", f"{e['alpha_insitu'] * 1e3:.3f}" if "alpha_insitu" in e else "-",
              f"{1 / e['beta'] / 1e9:.3f}" if e["beta"] > 0 else "inf", f"{e['spread']:.2f}", f"{e['fit_rms_rel']:.2f}"]

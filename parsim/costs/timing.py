@@ -284,19 +284,6 @@ def host_contention(cluster: ClusterSpec, ranks: float, kind: str = "gemm") -> f
     return max(_per_ranks(table, on_host, 1.0, beyond="scale"), 1.0)
 
 
-def layer_contention(cluster: ClusterSpec, ranks: float) -> float:
-    """Slowdown of a whole transformer layer (GEMMs and memory-bound ops together) when
-    ``ranks`` processes of one plan step layers at once on a host's cores: the profile's
-    measured ``contention_layer`` {ranks: the real layer's solo time over its concurrent time
-    per rank} (``parsim calibrate``'s layer probe), interpolated as ``host_contention``;
-    profiles without it: the GEMM contention. GPUs and uncalibrated profiles: 1."""
-    table = cluster.device.extra.get("contention_layer")
-    on_host = min(float(ranks), float(cluster.devices_per_node))
-    if not table or on_host <= 1:
-        return host_contention(cluster, ranks, "gemm")
-    return max(_per_ranks(table, on_host, 1.0, beyond="scale"), 1.0)
-
-
 def comm_interference(cluster: ClusterSpec, ranks: float) -> float:
     """Seconds of compute a rank loses per second of collective that runs while it computes.
 

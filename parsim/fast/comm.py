@@ -10,6 +10,7 @@ Per rank, in seconds (buckets back to back on one DP stream, ``costs.dp_buckets`
     reduce-scatter of the gradients (all, last)                ZeRO-1
     all-gather of the parameters (all buckets)                 ZeRO-1/2 after the step
     ZeRO-3 per-layer all-gather / reduce-scatter               (Rajbhandari et al. 2020 Sec. 7)
+    ZeRO-3 root unit (embedding / head) gather and scatter     per forward / backward
     reduce-scatter of the embedding's / the head's gradients   ZeRO-2, every backward (with the
                                                                per-layer one: Sec. 5.2)
     parameter server: gradient buckets in (all, last), parameters out    (``dp_impl=ps``)
@@ -31,7 +32,7 @@ from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
 from .plans import WORDS
 
 (C_AR_ALL, C_AR_LAST, C_RS_ALL, C_RS_LAST, C_AG_ALL, C_PS_ALL, C_PS_LAST, C_PS_BCAST, C_Z3_GATHER, C_Z3_SCATTER,
- C_SHARED_LINK, C_Z2_EMB, C_Z2_HEAD, C_WIDTH) = range(14)
+ C_SHARED_LINK, C_Z2_EMB, C_Z2_HEAD, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER, C_WIDTH) = range(16)
 
 
 def dp_group_ranks(dp: int, tp: int, pp: int, pp_rank: int = 0) -> list[int]:
@@ -113,10 +114,17 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
             row[C_PS_BCAST] = parameter_server_time(pricer.cluster, n * sb.param, list(group))
         row[C_Z3_GATHER] = pricer("all_gather", z3_gather, group)
         row[C_Z3_SCATTER] = pricer("reduce_scatter", z3_scatter, group)
-        if r == 0:
-            row[C_Z2_EMB] = pricer("reduce_scatter", embedding_params(model, plan) * sb.grad, group)
-        if r == pp - 1:
-            row[C_Z2_HEAD] = pricer("reduce_scatter", head_params(model, plan) * sb.grad, group)
+        emb = embedding_params(model, plan) if r == 0 else 0.0
+        head = head_params(model, plan) if r == pp - 1 else 0.0
+        if emb:
+            row[C_Z2_EMB] = pricer("reduce_scatter", emb * sb.grad, group)
+        if head:
+            row[C_Z2_HEAD] = pricer("reduce_scatter", head * sb.grad, group)
+        if emb + head:
+            # ZeRO-3: the rank's root unit (embedding and / or final norm + head), gathered before
+            # every forward and backward, reduce-scattered after every backward (sim.actions)
+            row[C_Z3_ROOT_GATHER] = pricer("all_gather", (emb + head) * sb.param, group)
+            row[C_Z3_ROOT_SCATTER] = pricer("reduce_scatter", (emb + head) * sb.grad, group)
         dp_nodes = len({cluster.node_of(x) for x in group})
         row[C_SHARED_LINK] = float(tp > 1 and (tp_nodes > 1) == (dp_nodes > 1))
         done[key] = row.copy()

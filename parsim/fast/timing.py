@@ -41,7 +41,8 @@ from .codes import (GPIPE, INTERLEAVED, K_DPN, K_HOST_A, K_HOST_BW, K_HOST_MEM_B
                     K_INTRA_BW, K_MEMBOUND_BW, K_OVERHEAD, K_P2P_A, K_P2P_B, K_P2P_CAL, NAIVE, O_BUBBLE, O_DP, O_PIPE,
                     O_PP, O_STEP, O_TP, OFF_NONE, OFF_OPT_PARAMS, ONE_F_ONE_B, PS)
 from .comm import (C_AG_ALL, C_AR_ALL, C_AR_LAST, C_PS_ALL, C_PS_BCAST, C_PS_LAST, C_RS_ALL, C_RS_LAST,
-                   C_SHARED_LINK, C_Z2_EMB, C_Z2_HEAD, C_Z3_GATHER, C_Z3_SCATTER)
+                   C_SHARED_LINK, C_Z2_EMB, C_Z2_HEAD, C_Z3_GATHER, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER,
+                   C_Z3_SCATTER)
 from .tables import (D_ADAM_BYTES, D_GRAD, D_PARAM, H_EMB_BWD, H_EMB_FWD, H_EMB_PARAMS, H_HEAD_BWD, H_HEAD_FWD,
                      H_HEAD_PARAMS_PP1, H_HEAD_PARAMS_PPN, H_P2P_BYTES, L_BWD, L_PRE_BWD, L_PRE_FWD,
                      L_FWD, L_PARAMS, L_RECOMPUTE, L_TP_BWD, L_TP_FWD, L_TP_RECOMPUTE, R_CHUNK, R_COMM, R_LAYERS,
@@ -85,6 +86,15 @@ def _edges(r: int, last: int, hrow) -> float:
     if r == last:
         x += hrow[H_HEAD_FWD] + hrow[H_HEAD_BWD]
     return x
+
+
+@numba.njit(cache=True)
+def _root_unit(zero3: bool, c, forward: bool) -> float:
+    """ZeRO-3: the rank's root unit (embedding / head), gathered before its forward, gathered
+    again and reduce-scattered around its backward, blocking (``sim.actions.run_stepped``)."""
+    if not zero3:
+        return 0.0
+    return c[C_Z3_ROOT_GATHER] + (0.0 if forward else c[C_Z3_ROOT_SCATTER])
 
 
 @numba.njit(cache=True)
@@ -153,9 +163,10 @@ def plan_time(out, dp, tp, pp, vpp, m, schedule, zero, offload, dp_impl, lrow, h
                                   + _chained(L, vpp, b_wait, b_layer, gather + scatter))
         else:
             x = L * (f_layer + b_layer)
-        x += _edges(r, last, hrow)
+        root_b = _root_unit(zero3, ranks[r, R_COMM:R_CHUNK], False)
+        x += _edges(r, last, hrow) + _root_unit(zero3, ranks[r, R_COMM:R_CHUNK], True) + root_b
         max_b = max(max_b, L * b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0)
-                    + (hrow[H_HEAD_BWD] if r == last else 0.0))
+                    + (hrow[H_HEAD_BWD] if r == last else 0.0) + root_b)
         rank_x[r] = x
         sum_x += x
         max_x = max(max_x, x)
@@ -181,6 +192,7 @@ def plan_time(out, dp, tp, pp, vpp, m, schedule, zero, offload, dp_impl, lrow, h
             b_rank += hrow[H_EMB_BWD]
         if r == last:
             b_rank += hrow[H_HEAD_BWD]
+        b_rank += _root_unit(zero3, ranks[r, R_COMM:R_CHUNK], False)
         if r > 0:
             end_r -= b_rank / vpp + p2p_seconds(k, p2p, (r - 1) * dp * tp, r * dp * tp)
         shard = n / (dp if zero >= 1 else 1)

@@ -12,7 +12,7 @@ from parsim.costs import device_capacity
 from parsim.specs import ClusterSpec, ModelSpec, Plan, SpecError, load_cluster, parse_plan, validate
 
 from .graph import CostGraph, CostNode, Segment, build_segments, candidate_cuts
-from .pipeline import pipeline_step_time
+from .pipeline import PipelineRun, pipeline_step_time, shared_host_run
 from .solver import PartitionResult, StageResult, balanced_counts, partition_graph
 from .sources import GRAPHS, ModelSource, build_graph, load_factory, resolve_source
 from .stage_cost import StageCost, StageCoster
@@ -40,4 +40,5 @@ __all__ = [
     "partition", "PartitionResult", "StageResult", "CostGraph", "CostNode", "Segment", "StageCost",
     "StageCoster", "ModelSource", "GRAPHS", "build_graph", "build_segments", "candidate_cuts",
     "balanced_counts", "load_factory", "partition_graph", "pipeline_step_time", "resolve_source",
+    "PipelineRun", "shared_host_run",
 ]

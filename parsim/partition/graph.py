@@ -34,6 +34,13 @@ class CostNode:
     unit: int = -1                 # recomputation unit (transformer layer index); -1: none
     is_tensor: bool = True         # False for shapes/ints (carried as metadata, never counted live)
     scope: str = ""                # the module it runs in (e.g. "blocks.3.attn"), "" at top level
+    # what slows the pass times down when ranks share a host's cores (``parsim.sim.host``):
+    # the memory-bound part and the synchronous collectives (not slowed) inside fwd_s / bwd_s;
+    # the rest is GEMM and attention compute
+    fwd_membound_s: float = 0.0
+    bwd_membound_s: float = 0.0
+    fwd_comm_s: float = 0.0
+    bwd_comm_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,13 @@ class Segment:
     recompute_saving_bytes: float   # activation bytes recomputing its units frees
     params: frozenset[str]
     common: frozenset[int]
+    # the memory-bound and collective shares of fwd_s / bwd_s / recompute_s (``CostNode``)
+    fwd_membound_s: float = 0.0
+    bwd_membound_s: float = 0.0
+    fwd_comm_s: float = 0.0
+    bwd_comm_s: float = 0.0
+    recompute_membound_s: float = 0.0
+    recompute_comm_s: float = 0.0
 
 
 def candidate_cuts(graph: CostGraph, min_cuts: int = 0) -> list[int]:
@@ -142,22 +156,27 @@ def build_segments(graph: CostGraph, cuts: list[int]) -> list[Segment]:
         act = sum(x.activation_bytes for x in nodes)
         if has_units:
             units = sorted({x.unit for x in nodes if x.unit >= 0})
-            unit_nodes = [x for x in nodes if x.unit >= 0]
-            recompute_s = sum(x.fwd_s for x in unit_nodes)
-            saving = (sum(x.activation_bytes for x in unit_nodes)
+            recomputed = [x for x in nodes if x.unit >= 0]
+            saving = (sum(x.activation_bytes for x in recomputed)
                       - sum(graph.unit_checkpoint_bytes.get(u, 0.0) for u in units))
             layers = len(units)
         else:
-            recompute_s = sum(x.fwd_s for x in nodes)
+            recomputed = list(nodes)
             saving = act - live_bytes[a]
             layers = 1
+        if not layers:
+            recomputed = []
         out.append(Segment(
             first=a, end=b, name=nodes[0].name, scope=nodes[0].scope,
             fwd_s=sum(x.fwd_s for x in nodes), bwd_s=sum(x.bwd_s for x in nodes),
             activation_bytes=act, input_bytes=live_bytes[a], layers=layers,
-            recompute_s=recompute_s if layers else 0.0, recompute_saving_bytes=max(saving, 0.0) if layers else 0.0,
+            recompute_s=sum(x.fwd_s for x in recomputed), recompute_saving_bytes=max(saving, 0.0) if layers else 0.0,
             params=frozenset(p for x in nodes for p in x.params),
-            common=frozenset(c for x in nodes for c in x.common_inputs)))
+            common=frozenset(c for x in nodes for c in x.common_inputs),
+            fwd_membound_s=sum(x.fwd_membound_s for x in nodes), bwd_membound_s=sum(x.bwd_membound_s for x in nodes),
+            fwd_comm_s=sum(x.fwd_comm_s for x in nodes), bwd_comm_s=sum(x.bwd_comm_s for x in nodes),
+            recompute_membound_s=sum(x.fwd_membound_s for x in recomputed),
+            recompute_comm_s=sum(x.fwd_comm_s for x in recomputed)))
     return out
 
 

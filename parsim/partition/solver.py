@@ -13,13 +13,14 @@ middle stages as ``parsim.specs.stage_layers`` does -- is priced the same way fo
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from parsim.costs.timing import layer_contention, p2p_time
+from parsim.costs.timing import ComputeScale, host_contention, host_scale, p2p_time
 from parsim.specs import ClusterSpec, Plan, RankLayout, SpecError
 
 from .graph import CostGraph, Segment, build_segments, candidate_cuts
-from .pipeline import pipeline_step_time
+from .pipeline import shared_host_run
 from .stage_cost import StageCoster
 
 
@@ -31,8 +32,8 @@ class StageResult:
     last: str
     segments: int             # segments (transformer layers on ModelSpec graphs) it holds
     layers: int               # recomputation units (transformer layers) it holds
-    time_s: float             # forward + backward (+ recompute) of one microbatch, host contention included
-    fwd_s: float
+    time_s: float             # forward + backward (+ recompute) of one microbatch as it runs in the pipeline
+    fwd_s: float              # (mean over microbatches; on a shared CPU host, with the other ranks' contention)
     bwd_s: float
     memory_bytes: float
     state_bytes: float
@@ -40,6 +41,7 @@ class StageResult:
     recompute_layers: int
     fits: bool
     send_bytes: float         # tensors it sends to the next stage per microbatch
+    solo_s: float = 0.0       # forward + backward of one microbatch alone on its device (what the DP balances)
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class PartitionResult:
             "model": self.model, "graph": self.graph, "plan": self.plan, "layered": self.layered,
             "partition": list(self.partition), "recompute_layers": list(self.recompute_layers),
             "stage_times_s": [s.time_s for s in self.stages],
+            "stage_solo_times_s": [s.solo_s for s in self.stages],
             "stage_memory_bytes": [s.memory_bytes for s in self.stages],
             "boundaries": list(self.boundaries),
             "boundary_scopes": [s.scope for s in self.stages[1:]],
@@ -155,44 +158,50 @@ def partition_graph(graph: CostGraph, plan: Plan, cluster: ClusterSpec, memory_l
                         f"more memory per stage: no split of {graph.name} into {stages} stages fits (the "
                         f"equal split needs {need / 2**30:.2f} GiB on its largest stage); try more stages, "
                         "recompute=full or stage-aware, a smaller mbs or ZeRO")
-    # ranks sharing a CPU host's cores run their stages at once, each slower by the host's
-    # measured layer contention (calibrated CPU profiles; 1 on GPUs). The factor is the same
-    # for every stage, so it does not move the cut: it makes the stage times those the ranks
-    # of this cluster run (1F1B's steady state has every stage computing at once).
-    scale = layer_contention(cluster, plan.world_size)
-    auto_stages = _stage_results(graph, segments, coster, bounds, scale)
-    uniform_stages = _stage_results(graph, segments, coster, uniform, scale)
+    auto_stages, step = _stage_results(graph, segments, coster, bounds, plan, cluster)
+    uniform_stages, uniform_step = _stage_results(graph, segments, coster, uniform, plan, cluster)
     return PartitionResult(
         model=graph.name, graph=graph.source, plan=plan.to_string(), num_nodes=len(graph.nodes),
         num_candidate_cuts=len(cuts), memory_limit_bytes=memory_limit,
-        stages=auto_stages, uniform_stages=uniform_stages,
-        step_time_s=_step_time(plan, cluster, auto_stages),
-        uniform_step_time_s=_step_time(plan, cluster, uniform_stages),
+        stages=auto_stages, uniform_stages=uniform_stages, step_time_s=step, uniform_step_time_s=uniform_step,
         layered=graph.layers is not None)
 
 
-def _stage_results(graph: CostGraph, segments: list[Segment], coster: StageCoster,
-                   bounds: list[int], scale: float = 1.0) -> tuple[StageResult, ...]:
-    """The stages between ``bounds``; times multiplied by the host contention ``scale``."""
+def _stage_results(graph: CostGraph, segments: list[Segment], coster: StageCoster, bounds: list[int], plan: Plan,
+                   cluster: ClusterSpec) -> tuple[tuple[StageResult, ...], float]:
+    """The stages between ``bounds`` and the step-time estimate: one step of the plan's schedule
+    with these stages (``shared_host_run``). The min-max cut balances solo times; the times
+    reported are those the stages take in the pipeline: on a CPU host shared by the ranks
+    (calibrated profiles) a stage computing beside others runs slower than one computing while
+    they idle (``host_factors``), which moves a light stage's time more than a heavy one's."""
+    costs = [coster.cost(k, a, b) for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+    sends = [segments[b].input_bytes if b < len(segments) else 0.0 for b in bounds[1:]]
+    layout = RankLayout(plan.dp, plan.tp, plan.pp)
+    send_s = []
+    for k, nbytes in enumerate(sends):
+        src = layout.rank(k % plan.pp, 0, 0)
+        dst = layout.rank((k + 1) % plan.pp, 0, 0)
+        send_s.append(p2p_time(cluster, nbytes, src, dst) if src != dst else 0.0)
+    jobs = [c.host_jobs() for c in costs]
+    run = shared_host_run(plan, [j[0] for j in jobs], [j[1] for j in jobs], send_s, host_factors(cluster, plan))
     out = []
-    for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
-        c = coster.cost(k, a, b)
-        send = segments[b].input_bytes if b < len(segments) else 0.0
+    for k, ((a, b), c) in enumerate(zip(zip(bounds[:-1], bounds[1:]), costs)):
         out.append(StageResult(
             stage=k, first=segments[a].name, scope=segments[a].scope,
             last=graph.nodes[segments[b - 1].end - 1].name, segments=b - a,
-            layers=sum(s.layers for s in segments[a:b]), time_s=c.time_s * scale, fwd_s=c.fwd_s * scale,
-            bwd_s=c.bwd_s * scale,
-            memory_bytes=c.memory_bytes, state_bytes=c.state_bytes, activation_bytes=c.activation_bytes,
-            recompute_layers=c.recompute_layers, fits=c.fits, send_bytes=send))
-    return tuple(out)
+            layers=sum(s.layers for s in segments[a:b]), time_s=run.fwd_s[k] + run.bwd_s[k], fwd_s=run.fwd_s[k],
+            bwd_s=run.bwd_s[k], memory_bytes=c.memory_bytes, state_bytes=c.state_bytes,
+            activation_bytes=c.activation_bytes, recompute_layers=c.recompute_layers, fits=c.fits,
+            send_bytes=sends[k], solo_s=c.time_s))
+    return tuple(out), run.step_time_s
 
 
-def _step_time(plan: Plan, cluster: ClusterSpec, stages: tuple[StageResult, ...]) -> float:
-    layout = RankLayout(plan.dp, plan.tp, plan.pp)
-    send = []
-    for s in stages:
-        src = layout.rank(s.stage % plan.pp, 0, 0)
-        dst = layout.rank((s.stage + 1) % plan.pp, 0, 0)
-        send.append(p2p_time(cluster, s.send_bytes, src, dst) if src != dst else 0.0)
-    return pipeline_step_time(plan, [s.fwd_s for s in stages], [s.bwd_s for s in stages], send)
+def host_factors(cluster: ClusterSpec, plan: Plan) -> Callable[[int], tuple[float, float]] | None:
+    """(GEMM, memory-bound) slowdown with ``n`` of the plan's pipeline ranks computing at once,
+    each standing for its dp x tp identical peers (as ``parsim.sim.engine`` builds its ``Host``):
+    the profile's measured host contention (``costs.timing.host_contention``); None on hosts
+    without it (GPUs, uncalibrated CPU profiles)."""
+    if host_scale(cluster, plan.world_size) == ComputeScale():
+        return None
+    per_rank = plan.world_size / plan.pp
+    return lambda n: (host_contention(cluster, n * per_rank, "gemm"), host_contention(cluster, n * per_rank, "membound"))

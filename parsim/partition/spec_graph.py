@@ -11,23 +11,39 @@ the logits' input; Shoeybi et al. 2019, Sec. 3), all counted as exposed (no over
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from parsim.costs import (DTYPE_BYTES, embedding_activation_bytes, embedding_ops, embedding_params,
                           head_activation_bytes, head_ops, head_params, layer_activation_bytes, layer_ops,
                           layer_params, tp_collectives_per_layer)
 from parsim.costs.activations import backward_working_bytes, stage_output_bytes
 from parsim.costs.timing import collective_time, op_time
-from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
+from parsim.specs import ClusterSpec, DeviceProfile, ModelSpec, Plan, RankLayout
 
 from .graph import CostGraph, CostNode
 
 
-def _times(ops, cluster: ClusterSpec, dtype: str, recompute_core: bool = False) -> tuple[float, float]:
-    dev = cluster.device
-    fwd = sum(op_time(dev, op, "fwd", dtype) for op in ops)
-    bwd = sum(op_time(dev, op, "bwd", dtype) for op in ops)
-    if recompute_core:   # selective recomputation re-runs the attention core in backward (Korthikanti 2022 Sec. 5)
-        bwd += sum(op_time(dev, op, "fwd", dtype) for op in ops if op.attention_core)
-    return fwd, bwd
+@dataclass(frozen=True)
+class PassTimes:
+    """Seconds of a group of ops per pass, and the memory-bound part of each (what a shared
+    host slows by its streaming contention, ``parsim.sim.host``; the rest is GEMM/attention)."""
+    fwd: float = 0.0
+    bwd: float = 0.0
+    fwd_membound: float = 0.0
+    bwd_membound: float = 0.0
+
+
+def pass_times(device: DeviceProfile, ops, dtype: str, recompute_core: bool = False) -> PassTimes:
+    """``op_time`` summed over ``ops`` per pass. ``recompute_core``: selective recomputation
+    re-runs the attention core in backward (Korthikanti et al. 2022, Sec. 5)."""
+    fwd = [(op, op_time(device, op, "fwd", dtype)) for op in ops]
+    bwd = [(op, op_time(device, op, "bwd", dtype)) for op in ops]
+    if recompute_core:
+        bwd += [(op, t) for op, t in fwd if op.attention_core]
+
+    def total(pairs, membound_only=False):
+        return sum(t for op, t in pairs if not membound_only or op.kind == "membound")
+    return PassTimes(total(fwd), total(bwd), total(fwd, True), total(bwd, True))
 
 
 def _tp_times(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> tuple[float, float, float]:
@@ -52,23 +68,23 @@ def analytic_graph(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> CostGr
     e = DTYPE_BYTES[plan.dtype]
     # the residual stream between layers: b x s x h (s/t with sequence parallelism)
     boundary = e * plan.mbs * model.seq_len * model.hidden / (plan.tp if plan.sp else 1)
-    emb_f, emb_b = _times(embedding_ops(model, plan), cluster, plan.dtype)
-    layer_f, layer_b = _times(layer_ops(model, plan), cluster, plan.dtype, recompute_core=selective)
-    head_f, head_b = _times(head_ops(model, plan), cluster, plan.dtype)
+    dev = cluster.device
+    emb = pass_times(dev, embedding_ops(model, plan), plan.dtype)
+    layer = pass_times(dev, layer_ops(model, plan), plan.dtype, recompute_core=selective)
+    head = pass_times(dev, head_ops(model, plan), plan.dtype)
     tp_f, tp_b, tp_edge = _tp_times(model, plan, cluster)
-    emb_f += tp_edge
-    layer_f += tp_f
-    layer_b += tp_b
-    head_b += tp_edge
     L = model.layers
-    nodes = [CostNode("embedding", emb_f, emb_b, boundary, embedding_activation_bytes(model, plan),
-                      params=("embedding",), unit=-1, scope="embedding")]
+    nodes = [CostNode("embedding", emb.fwd + tp_edge, emb.bwd, boundary, embedding_activation_bytes(model, plan),
+                      params=("embedding",), unit=-1, scope="embedding", fwd_membound_s=emb.fwd_membound,
+                      bwd_membound_s=emb.bwd_membound, fwd_comm_s=tp_edge)]
     act = layer_activation_bytes(model, plan, policy)
     for i in range(L):
-        nodes.append(CostNode(f"layers.{i}", layer_f, layer_b, boundary, act, params=(f"layers.{i}",),
-                              inputs=(i,), unit=i, scope=f"layers.{i}"))
-    nodes.append(CostNode("head", head_f, head_b, 0.0, head_activation_bytes(model, plan), params=("head",),
-                          inputs=(L,), unit=-1, scope="head"))
+        nodes.append(CostNode(f"layers.{i}", layer.fwd + tp_f, layer.bwd + tp_b, boundary, act, params=(f"layers.{i}",),
+                              inputs=(i,), unit=i, scope=f"layers.{i}", fwd_membound_s=layer.fwd_membound,
+                              bwd_membound_s=layer.bwd_membound, fwd_comm_s=tp_f, bwd_comm_s=tp_b))
+    nodes.append(CostNode("head", head.fwd, head.bwd + tp_edge, 0.0, head_activation_bytes(model, plan),
+                          params=("head",), inputs=(L,), unit=-1, scope="head", fwd_membound_s=head.fwd_membound,
+                          bwd_membound_s=head.bwd_membound, bwd_comm_s=tp_edge))
     numel = {"embedding": embedding_params(model, plan), "head": head_params(model, plan)}
     numel.update({f"layers.{i}": layer_params(model, plan.tp) for i in range(L)})
     return CostGraph(

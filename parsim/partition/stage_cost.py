@@ -34,6 +34,19 @@ class StageCost:
     activation_bytes: float  # in-flight activations at the peak
     recompute_layers: int
     fits: bool
+    # the memory-bound and collective shares of fwd_s / bwd_s (``CostNode``)
+    fwd_membound_s: float = 0.0
+    bwd_membound_s: float = 0.0
+    fwd_comm_s: float = 0.0
+    bwd_comm_s: float = 0.0
+
+    def host_jobs(self) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+        """Forward and backward as (fixed, GEMM, memory-bound) solo seconds: the jobs a host
+        shared by several ranks runs (``parsim.sim.host.Host.run``); collectives are fixed."""
+        def split(total: float, membound: float, comm: float) -> tuple[float, float, float]:
+            return comm, max(total - membound - comm, 0.0), membound
+        return (split(self.fwd_s, self.fwd_membound_s, self.fwd_comm_s),
+                split(self.bwd_s, self.bwd_membound_s, self.bwd_comm_s))
 
 
 def state_bytes_per_param(plan: Plan) -> float:
@@ -70,17 +83,26 @@ class StageCoster:
         self.bwd = prefix(s.bwd_s for s in segments)
         self.act = prefix(s.activation_bytes for s in segments)
         self.rec_s = prefix(s.recompute_s for s in segments)
+        self.fwd_mb = prefix(s.fwd_membound_s for s in segments)
+        self.bwd_mb = prefix(s.bwd_membound_s for s in segments)
+        self.fwd_comm = prefix(s.fwd_comm_s for s in segments)
+        self.bwd_comm = prefix(s.bwd_comm_s for s in segments)
+        self.rec_mb = prefix(s.recompute_membound_s for s in segments)
+        self.rec_comm = prefix(s.recompute_comm_s for s in segments)
         self.saving = prefix(s.recompute_saving_bytes for s in segments)
         self.layers = prefix(s.layers for s in segments)
         param_uses: dict[str, tuple[float, list[int]]] = {}
         common_uses: dict[int, tuple[float, list[int]]] = {}
+        common_mb_uses: dict[int, tuple[float, list[int]]] = {}
         for i, s in enumerate(segments):
             for p in s.params:
                 param_uses.setdefault(p, (graph.param_numel.get(p, 0.0), []))[1].append(i)
             for c in s.common:
                 common_uses.setdefault(c, (graph.common[c].fwd_s, []))[1].append(i)
+                common_mb_uses.setdefault(c, (graph.common[c].fwd_membound_s, []))[1].append(i)
         self.param_numel = UnionSum(param_uses, n)
         self.common_fwd = UnionSum(common_uses, n)
+        self.common_fwd_mb = UnionSum(common_mb_uses, n)
         self._cache: dict[tuple, StageCost] = {}
         self.graph = graph
         self.grad_bytes = state_bytes(plan.dtype).grad
@@ -154,5 +176,10 @@ class StageCoster:
         total, held = memory(r)
         bwd += self.rec_s[a + r] - self.rec_s[a]
         layers = int(round(self.layers[a + r] - self.layers[a]))
-        return StageCost(time_s=fwd + bwd, fwd_s=fwd, bwd_s=bwd, memory_bytes=total, state_bytes=states,
-                         activation_bytes=held, recompute_layers=layers, fits=total <= self.stage_limit)
+        return StageCost(
+            time_s=fwd + bwd, fwd_s=fwd, bwd_s=bwd, memory_bytes=total, state_bytes=states, activation_bytes=held,
+            recompute_layers=layers, fits=total <= self.stage_limit,
+            fwd_membound_s=self.fwd_mb[b] - self.fwd_mb[a] + self.common_fwd_mb(a, b),
+            bwd_membound_s=self.bwd_mb[b] - self.bwd_mb[a] + self.rec_mb[a + r] - self.rec_mb[a],
+            fwd_comm_s=self.fwd_comm[b] - self.fwd_comm[a],
+            bwd_comm_s=self.bwd_comm[b] - self.bwd_comm[a] + self.rec_comm[a + r] - self.rec_comm[a])

@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from parsim.costs.timing import op_time
 from parsim.specs import ClusterSpec, SpecError
 
 from .aten_costs import aten_op, attention_op, attention_saved_bytes
 from .graph import CostGraph, CostNode
+from .spec_graph import pass_times
 
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -255,11 +255,11 @@ class _Recorder:
             ins = [i for i in n.all_input_nodes if i.op != "get_attr"]
             is_common = n.op == "placeholder" or (not self.params[n.name] and all(i.name in common_idx for i in ins))
             flat = _flat_tensors(self.outputs[n.name])
-            fwd = sum(op_time(self.device, op, "fwd", self.dtype) for op in self.ops[n.name])
-            bwd = sum(op_time(self.device, op, "bwd", self.dtype) for op in self.ops[n.name])
+            times = pass_times(self.device, self.ops[n.name], self.dtype)
             unit = _unit(n, unit_of)
             node = CostNode(
-                name=n.name, fwd_s=fwd, bwd_s=0.0 if is_common else bwd,
+                name=n.name, fwd_s=times.fwd, bwd_s=0.0 if is_common else times.bwd,
+                fwd_membound_s=times.fwd_membound, bwd_membound_s=0.0 if is_common else times.bwd_membound,
                 output_bytes=sum(float(t.numel() * t.element_size()) for t in flat),
                 activation_bytes=0.0 if is_common else self.saved_bytes.get(n.name, 0.0),
                 params=self.params[n.name],

@@ -59,8 +59,17 @@ class ActionRun:
 
 def run_stepped(env: simpy.Environment, run: ActionRun):
     """The action's segments as SimPy events: prologue, the layers (with sub-pipelined TP, per
-    layer two concurrent halves that join at the layer's end), epilogue."""
+    layer two concurrent halves that join at the layer's end), epilogue; under ZeRO-3 wrapped in
+    the stage's root unit's gather and reduce-scatter (``_root_unit_params``)."""
     cost = run.cost
+    root = _root_unit_params(run)
+    if root:
+        # the root unit (embedding / final norm + head) is gathered before anything runs: FSDP's
+        # root pre-forward and pre-backward hooks; ZeRO-3 partitions every parameter
+        # (Rajbhandari et al. 2020, Sec. 5.3), not only the transformer layers'
+        h2d = run.sim.param_h2d_s * root / run.sim.layer_params if run.sim.layer_params else 0.0
+        yield env.process(zero3_collective(env, run.sim, run.dev, "all_gather", root * run.sim.state.param,
+                                           "zero_allgather", cost.stage, run.microbatch, -1, h2d=h2d))
     yield from _walk(env, run, cost.prologue, None)
     if len(cost.halves) == 1:
         yield from _walk(env, run, cost.halves[0], None)
@@ -68,7 +77,23 @@ def run_stepped(env: simpy.Environment, run: ActionRun):
         for group in cost.layers:
             yield env.all_of([env.process(_walk(env, run, chain, h)) for h, chain in enumerate(group)])
     yield from _walk(env, run, cost.epilogue, None)
+    if root and cost.kind == "B":
+        # ... and its gradients reduce-scattered once the whole backward is done (FSDP's root
+        # post-backward, after the embedding's backward on the first stage)
+        scatter = env.process(zero3_collective(env, run.sim, run.dev, "reduce_scatter", root * run.sim.state.grad,
+                                               "zero_reducescatter", cost.stage, run.microbatch, -1))
+        run.dev.pending_dp.append(scatter)
+        if run.sim.zero_blocking:
+            yield scatter
     run.sim.recorder.expose(run.dev.rank, "tp", uncovered(run.comm, run.cover))
+
+
+def _root_unit_params(run: ActionRun) -> float:
+    """ZeRO-3: parameters of the stage's root unit (its embedding and / or final norm + head;
+    0 on a stage with neither) that a forward or backward gathers; 0 without ZeRO-3."""
+    if not run.sim.zero3_gathers or run.cost.kind not in ("F", "B"):
+        return 0.0
+    return float(sum(run.sim.edge_params[run.cost.stage]))
 
 
 def _walk(env: simpy.Environment, run: ActionRun, chain: tuple[Segment, ...], half: int | None):

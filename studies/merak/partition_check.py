@@ -10,8 +10,10 @@ partitioner's split:
   and measured by ``parsim.executor.run_plans`` (steps=4, warmup=1, median step).
 
 Stage times are those of this cluster: both pipeline ranks share the host's 2 cores, so the
-partitioner scales them by the profile's measured layer contention (``costs.timing.
-layer_contention``). When the profile has a real-layer probe, the executor re-takes it around
+partitioner replays the schedule on the engine's processor-sharing host (``parsim.partition.
+pipeline.shared_host_run``): a stage is slowed by the profile's measured contention only while
+the other rank computes too. Its ``solo_s`` (the stage alone) is compared with the stage modules
+timed alone in this process ('isolated'). When the profile has a real-layer probe, the executor re-takes it around
 every timed step (``ExecutorConfig.layer_probe``) and the stage times are also predicted with
 the profile anchored to those probes, as ``parsim validate`` does
 (``parsim.study.validate.anchored_profile``): the 'anchored' columns, beside the layer's drift
@@ -122,7 +124,6 @@ def main() -> int:
     from parsim.partition import partition
     from parsim.sim import simulate
     from parsim.specs import load_cluster, load_model, load_profile_dict, parse_plan
-    from parsim.costs.timing import layer_contention
     from parsim.study.validate import probe_request
 
     profile = pick_profile()
@@ -139,8 +140,6 @@ def main() -> int:
           f"uniform {traced.uniform_partition}\n")
 
     m = base.num_microbatches
-    # the partitioner's stage times include the host's layer contention; alone, a stage runs this much faster
-    shared = layer_contention(cluster, base.world_size)
     profile_data = load_profile_dict(profile)
     config = ExecutorConfig(steps=STEPS, warmup=WARMUP, layer_probe=probe_request(profile_data))
     load_before = os.getloadavg()
@@ -163,21 +162,22 @@ def main() -> int:
             err_t = t_res[s].time_s / measured - 1
             err_a = a_res[s].time_s / measured - 1
             errors.append(abs(err_t))
-            cpu_errors.append(abs(t_res[s].time_s / shared / cpu[s] - 1))
+            cpu_errors.append(abs(t_res[s].solo_s / cpu[s] - 1))
             anch = anchored[0][s] if anchored else float("nan")
             if anchored:
                 anchored_errors.append(abs(anch / measured - 1))
             rows.append((label, s, plan.partition[s], t_res[s].time_s, a_res[s].time_s, measured, err_t, err_a,
-                         cpu[s], t_res[s].time_s / shared / cpu[s] - 1, anch, anch / measured - 1))
+                         cpu[s], t_res[s].solo_s / cpu[s] - 1, anch, anch / measured - 1))
         step_pred = traced.step_time_s if label == "auto" else traced.uniform_step_time_s
         rows.append((label, "step", "", step_pred, sim.step_time_s, step[label],
                      step_pred / step[label] - 1, sim.step_time_s / step[label] - 1))
         rows.append((label, "steps", "", 0, 0, 0, 0, 0, [t for r in results for t in r.step_times]))
     print(f"per-stage time per microbatch (F+B), ms, median of {REPEATS} launches; "
           "'step' rows: partitioner estimate | simulate | executor (median step), ms")
-    print("measured = executor trace (wall time of F/B events); isolated = same stage modules run alone, CPU time, "
-          f"vs the traced time alone (/ the host's layer contention {shared:.3f}); anchored = traced, with the "
-          "profile anchored to the layer probes around the timed steps")
+    print("traced / analytic = the partitioner's stage times in the pipeline (shared-host replay); measured = "
+          "executor trace (wall time of F/B events); isolated = same stage modules run alone, CPU time, vs the "
+          "traced graph's solo time; anchored = traced, with the profile anchored to the layer probes around the "
+          "timed steps")
     print(f"{'split':8} {'stage':>5} {'layers':>6} {'traced':>9} {'analytic':>9} {'measured':>9} {'err tr':>7} "
           f"{'err an':>7} {'isolated':>9} {'err tr':>7} {'anchored':>9} {'err':>7}")
     for r in rows:
