@@ -311,16 +311,24 @@ def fit_layer_terms(device: dict[str, Any], model, dtype: str, name: str = "devi
                                for n, slow in layer.items()}
 
 
+def profile_model(data: dict[str, Any]):
+    """The ModelSpec whose shapes a calibrated profile measured (its layer probe's layer): the
+    spec the profile keeps (``provenance.model_spec``), else its preset name (profiles written
+    before the spec was kept, which were all calibrated on presets)."""
+    from parsim.specs import load_model, model_from_dict
+
+    prov = data.get("provenance", {})
+    spec = prov.get("model_spec")
+    return model_from_dict(spec) if spec else load_model(prov.get("model", "cpu-small"))
+
+
 def refit_profile(path: str) -> dict[str, float]:
     """Re-derive a calibrated profile's layer terms in place (``fit_layer_terms``); the
     measurements and the header comment are kept. Returns the new composition factors."""
-    from parsim.specs import load_model
-
     text = Path(path).read_text()
     data = yaml.safe_load(text)
     prov = data.get("provenance", {})
-    fit_layer_terms(data["device"], load_model(prov.get("model", "cpu-small")), prov.get("dtype", "fp32"),
-                    data.get("name", "device"))
+    fit_layer_terms(data["device"], profile_model(data), prov.get("dtype", "fp32"), data.get("name", "device"))
     header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
     note = "# Layer terms re-derived from the stored measurements by `python -m parsim.calibration.refit`.\n"
     write_profile_text(path, header + ("" if note in header else note), data)

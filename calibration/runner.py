@@ -9,6 +9,7 @@ thread, as one executor rank does.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import platform
@@ -362,7 +363,9 @@ def _provenance(opts: CalibrationOptions, device, worlds: list[int], started: dt
         "torch": torch.__version__.split("+")[0], "backend": "nccl" if is_cuda else "gloo",
         "device": torch.cuda.get_device_name(device) if is_cuda else "cpu",
         "date": started.replace(microsecond=0).isoformat(), "duration_s": round(duration_s, 1),
-        "repeats": s.repeats, "quick": opts.quick, "model": opts.model.name, "dtype": opts.dtype,
+        "repeats": s.repeats, "quick": opts.quick, "model": opts.model.name,
+        # the whole spec: the layer probe is re-taken from it (a model given as a file has no preset name)
+        "model_spec": dataclasses.asdict(opts.model), "dtype": opts.dtype,
         "mbs": list(s.mbs), "tp": list(opts.tps), "ranks": list(worlds),
         "comm_dtype": "fp32", "threads_per_rank": 1, "python": platform.python_version(),
         # other work on the machine skews everything: the 1-minute load average before / after

@@ -48,9 +48,9 @@ class ExecutorConfig:
     collect_params: bool = False     # gather the full parameters after the last step (tests)
     collect_grads: bool = False      # gather the full gradients of the first step (tests)
     track_memory: bool = True
-    # (model preset, mbs, dtype): re-take the calibration's real-layer probe right before every
-    # timed step and after the last (``layer_probe.probe_layer``; ``parsim validate``)
-    layer_probe: tuple[str, int, str] | None = None
+    # (model: a preset or a ModelSpec, mbs, dtype): re-take the calibration's real-layer probe
+    # right before every timed step and after the last (``layer_probe.probe_layer``; ``parsim validate``)
+    layer_probe: tuple[Any, int, str] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.inject_fault, str):

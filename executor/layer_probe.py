@@ -48,7 +48,7 @@ class LayerProbe:
                 "concurrent_s": self.concurrent_s, "world": self.world}
 
 
-def probe_layer(model: str, mbs: int, dtype: str, device: torch.device) -> LayerProbe | None:
+def probe_layer(model, mbs: int, dtype: str, device: torch.device) -> LayerProbe | None:
     """Run the probe on every rank of the default group; the result on rank 0, None elsewhere."""
     from parsim.calibration.compute import layer_step
     from parsim.specs import load_model

@@ -114,7 +114,7 @@ def test_anchoring_to_the_profiles_own_probe_changes_nothing_and_a_slower_layer_
     from parsim.study.validate import anchored_profile, probe_drift, probe_request
 
     prof = load_profile_dict("cpu-calibrated")
-    assert probe_request(prof) == ("cpu-small", 1, "fp32")
+    assert probe_request(prof) == (load_model("cpu-small"), 1, "fp32")
     refit = copy.deepcopy(prof)
     fit_layer_terms(refit["device"], load_model("cpu-small"), "fp32")
     same = anchored_profile(prof, _probes_like(prof))
@@ -159,3 +159,21 @@ def test_profiles_without_a_layer_probe_are_not_anchored_and_old_rounds_files_re
     (tmp_path / "rounds.csv").unlink()
     _append_round(tmp_path, m, 2)
     assert read_rounds(tmp_path)[0].layer_probes == m.layer_probes
+
+
+def test_a_profile_calibrated_on_a_model_file_keeps_its_spec_so_the_layer_probe_can_be_re_taken():
+    """A model given as a YAML file has no preset name: the profile keeps the whole spec
+    (``provenance.model_spec``), and the probe request and the anchoring build the layer from it."""
+    import copy
+    import dataclasses
+
+    from parsim.specs import ModelSpec, load_profile_dict
+    from parsim.study.validate import anchored_profile, probe_request
+
+    custom = ModelSpec(name="not-a-preset", layers=2, hidden=256, heads=4, ffn_hidden=1024, vocab=5000, seq_len=64)
+    prof = copy.deepcopy(load_profile_dict("cpu-calibrated"))
+    prof["provenance"].update(model="not-a-preset", model_spec=dataclasses.asdict(custom))
+    assert probe_request(prof) == (custom, 1, "fp32")
+    anchored = anchored_profile(prof, _probes_like(prof, scale=1.1))
+    assert anchored["device"]["extra"]["layer_probe"]["fwd_s"] == pytest.approx(
+        1.1 * prof["device"]["extra"]["layer_probe"]["fwd_s"])

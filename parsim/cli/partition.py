@@ -120,4 +120,8 @@ def render(result, cluster) -> str:
                 if any(result.recompute_layers) else ""),
              f"predicted step {result.step_time_s * 1e3:.1f} ms vs uniform {result.uniform_step_time_s * 1e3:.1f} ms: "
              f"{result.speedup_vs_uniform:.3f}x   (memory limit {gib(result.memory_limit_bytes)} GiB per device)"]
+    if any(abs(s.time_s - s.solo_s) > 1e-9 * s.solo_s for s in result.stages + result.uniform_stages):
+        lines.append("ms/mb: as the stage runs in the pipeline, slowed while other ranks compute on the shared host; "
+                     "alone " + ", ".join(f"{s.solo_s * 1e3:.2f}" for s in result.stages) + " ms (uniform "
+                     + ", ".join(f"{s.solo_s * 1e3:.2f}" for s in result.uniform_stages) + " ms)")
     return "\n".join(lines)

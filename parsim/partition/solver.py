@@ -10,6 +10,11 @@ subject to every stage fitting its memory limit (``stage_cost``), ties broken by
 total time (less recomputation). O(K n^2) for K stages over n segments (cut candidates).
 The naive split -- the same number of segments (layers) per stage, the remainder to the
 middle stages as ``parsim.specs.stage_layers`` does -- is priced the same way for comparison.
+
+The cut balances each stage's time alone on its device (``solo_s``). The stage times and step
+estimates reported are one step of the plan's schedule with those stages
+(``pipeline.shared_host_run``): on GPUs the solo times list-scheduled; on a calibrated CPU host
+whose cores the ranks share, each action slowed only while other ranks compute beside it.
 """
 from __future__ import annotations
 

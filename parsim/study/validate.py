@@ -337,14 +337,16 @@ def run_validation(matrix: Matrix, profile: str, out_dir: str | Path, *, progres
     return ValidationReport(rows=rows, summary=summarise(rows))
 
 
-def probe_request(profile_data: dict[str, Any]) -> tuple[str, int, str] | None:
+def probe_request(profile_data: dict[str, Any]) -> tuple[ModelSpec, int, str] | None:
     """(model, mbs, dtype) of the profile's real-layer probe, for ``ExecutorConfig.layer_probe``;
     None when the profile has none (GPU presets, profiles older than the probe)."""
+    from parsim.calibration.profile import profile_model
+
     probe = profile_data.get("device", {}).get("extra", {}).get("layer_probe")
     prov = profile_data.get("provenance", {})
-    if not probe or not prov.get("model"):
+    if not probe or not (prov.get("model") or prov.get("model_spec")):
         return None
-    return str(prov["model"]), int(probe.get("mbs", 1)), str(prov.get("dtype", "fp32"))
+    return profile_model(profile_data), int(probe.get("mbs", 1)), str(prov.get("dtype", "fp32"))
 
 
 def _mean_probe(probes: list[dict[str, float]]) -> dict[str, float]:
@@ -372,7 +374,7 @@ def anchored_profile(profile_data: dict[str, Any], probes: list[dict[str, float]
     is the profile's."""
     import copy
 
-    from parsim.calibration.profile import fit_layer_terms
+    from parsim.calibration.profile import fit_layer_terms, profile_model
 
     now = _mean_probe(probes)
     data = copy.deepcopy(profile_data)
@@ -382,7 +384,7 @@ def anchored_profile(profile_data: dict[str, Any], probes: list[dict[str, float]
         extra["contention_layer"][str(now["world"])] = now["contention"]
     prov = data.get("provenance", {})
     # the probe's layer is the profile's model (``probe_request``), whatever the matrix's is
-    fit_layer_terms(data["device"], load_model(prov["model"]), prov.get("dtype", "fp32"), data.get("name", "device"))
+    fit_layer_terms(data["device"], profile_model(data), prov.get("dtype", "fp32"), data.get("name", "device"))
     return data
 
 

@@ -19,9 +19,11 @@ the profile anchored to those probes, as ``parsim validate`` does
 (``parsim.study.validate.anchored_profile``): the 'anchored' columns, beside the layer's drift
 (its solo time over the profile's).
 
-Profile: ``calibration/profiles/cpu-calibrated.yaml`` if present, else this study's own
-calibration ``profiles/cpu-merak.yaml`` (``parsim calibrate --model studies/merak/merak-cpu.yaml
---tp 1 --ranks 2 --mbs 1 --out studies/merak/profiles/cpu-merak.yaml``), else ``cpu``.
+Profile: this study's own calibration ``profiles/cpu-merak.yaml`` (``parsim calibrate --model
+studies/merak/merak-cpu.yaml --tp 1 --ranks 2 --mbs 1 --out studies/merak/profiles/cpu-merak.yaml``),
+which measured this model's own shapes -- its output layer is a 128 x 512 x 32000 GEMM whose
+65 MB weight does not fit a CPU's last-level cache, a shape cpu-small's calibration never runs --
+else ``calibration/profiles/cpu-calibrated.yaml``, else ``cpu``.
 
     .venv/bin/python studies/merak/partition_check.py | tee studies/merak/partition_check.txt
 """
@@ -42,7 +44,7 @@ TARGET = 0.10          # stage-time error target
 
 
 def pick_profile() -> str:
-    for path in (ROOT / "calibration/profiles/cpu-calibrated.yaml", HERE / "profiles/cpu-merak.yaml"):
+    for path in (HERE / "profiles/cpu-merak.yaml", ROOT / "calibration/profiles/cpu-calibrated.yaml"):
         if path.exists():
             return str(path)
     return "cpu"
