@@ -264,6 +264,14 @@ def host_scale(cluster: ClusterSpec, ranks: float) -> ComputeScale:
     return ComputeScale(host_contention(cluster, ranks, "gemm"), host_contention(cluster, ranks, "membound"))
 
 
+def host_sharing(cluster: ClusterSpec, ranks_per_job: float):
+    """The sharing law of a host whose jobs each stand for ``ranks_per_job`` identical ranks:
+    n jobs computing at once -> their (GEMM, memory-bound) slowdown, ``host_contention`` at
+    n * ranks_per_job ranks (``parsim.sim.host.Host``; the engine and the partitioner)."""
+    return lambda n: (host_contention(cluster, n * ranks_per_job, "gemm"),
+                      host_contention(cluster, n * ranks_per_job, "membound"))
+
+
 def host_contention(cluster: ClusterSpec, ranks: float, kind: str = "gemm") -> float:
     """Compute slowdown when ``ranks`` processes of one plan compute at once on a host's cores.
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from parsim.costs.timing import ComputeScale, host_contention, host_scale, p2p_time
+from parsim.costs.timing import ComputeScale, host_scale, host_sharing, p2p_time
 from parsim.specs import ClusterSpec, Plan, RankLayout, SpecError
 
 from .graph import CostGraph, Segment, build_segments, candidate_cuts
@@ -208,5 +208,4 @@ def host_factors(cluster: ClusterSpec, plan: Plan) -> Callable[[int], tuple[floa
     without it (GPUs, uncalibrated CPU profiles)."""
     if host_scale(cluster, plan.world_size) == ComputeScale():
         return None
-    per_rank = plan.world_size / plan.pp
-    return lambda n: (host_contention(cluster, n * per_rank, "gemm"), host_contention(cluster, n * per_rank, "membound"))
+    return host_sharing(cluster, plan.world_size / plan.pp)

@@ -36,7 +36,7 @@ import simpy
 
 from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, stage_params, state_bytes,
                           zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
-from parsim.costs.timing import (ComputeScale, collective_time, comm_interference, host_contention, host_scale,
+from parsim.costs.timing import (ComputeScale, collective_time, comm_interference, host_scale, host_sharing,
                                  host_transfer_time, p2p_time)
 from parsim.schedules import Action, Schedule, build_schedule
 from parsim.specs import (ClusterSpec, ModelSpec, Plan, RankLayout, SpecError, load_cluster, load_model, parse_plan,
@@ -159,8 +159,7 @@ class Simulation:
                     d.scale = self.contention.times(float(slowdown.get(d.rank, 1.0)))
             else:
                 per_device = plan.world_size / len(self.devices)   # identical ranks a device stands for
-                self.host = Host(self.env, lambda n: (host_contention(cluster, n * per_device, "gemm"),
-                                                      host_contention(cluster, n * per_device, "membound")))
+                self.host = Host(self.env, host_sharing(cluster, per_device))
 
     # ------------------------------------------------------------------ set-up
 
