@@ -4,10 +4,11 @@ One job = ``world`` spawned ranks on this machine (gloo on CPU, NCCL with one GP
 CUDA), on 127.0.0.1 with a free port, one thread per rank (OMP_NUM_THREADS=1 and
 ``torch.set_num_threads(1)``, as the executor runs them). Each rank
 
-1. runs the same GEMM (and a streaming add) back to back for a fixed time, all ranks at once
-   after a barrier: its achieved rate over the solo rate is the compute contention when
-   ``world`` ranks share the cores; the same for one real layer's forward + backward (the
-   executor's ``Block``), whose slowdown is what a training step sees;
+1. runs the same GEMM (and a streaming add, and one real layer's forward + backward: the
+   executor's ``Block``, whose slowdown is what a training step sees) in alternating rounds:
+   rank 0 alone, then all ranks at once (``_alternating_rounds``); per round the concurrent
+   time over rank 0's solo time is the compute contention when ``world`` ranks share the
+   cores;
 2. measures how much a background all-reduce slows the compute it overlaps
    (``_interference``);
 3. times every collective over the message sizes. Following the OSU micro-benchmarks and
@@ -159,7 +160,8 @@ def _run_rank(rank: int, port: int, job: CommJob, results) -> dict:
     import torch
     import torch.distributed as dist
 
-    from .compute import gemm_callable, layer_step, stream_callable, throughput
+    from .compute import gemm_callable, layer_step, stream_callable
+    from .host_alloc import apply_host_memory_policy
     from .shapes import GemmPoint
     from .timer import Clock
 
@@ -170,6 +172,7 @@ def _run_rank(rank: int, port: int, job: CommJob, results) -> dict:
         device = torch.device("cuda", rank)
     else:
         device = torch.device("cpu")
+        apply_host_memory_policy()      # as the executor's ranks
     clock = Clock(device)
     dist.init_process_group(job.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=job.world, timeout=timedelta(seconds=job.timeout_s),
@@ -179,15 +182,16 @@ def _run_rank(rank: int, port: int, job: CommJob, results) -> dict:
         point = GemmPoint(job.contention_gemm, 1, "linear", "contention")
         with torch.no_grad():
             fn = gemm_callable(point, job.contention_dtype, device)
-            dist.barrier()
-            out["gemm_rate"] = throughput(fn, point.flops, clock, job.contention_s)
+            out["gemm_rounds"] = _alternating_rounds(fn, job.contention_s, clock, dist, torch, device)
+            out["gemm_rate"] = point.flops / _median([c for _, c in out["gemm_rounds"]])
             stream, nbytes = stream_callable(2**22, "fp32", device)
-            dist.barrier()
-            out["stream_rate"] = throughput(stream, nbytes, clock, job.contention_s / 2)
+            out["stream_rounds"] = _alternating_rounds(stream, job.contention_s / 2, clock, dist, torch, device)
+            out["stream_rate"] = nbytes / _median([c for _, c in out["stream_rounds"]])
             out["interference"] = _interference(fn, job, clock, dist, torch, device)
         if job.layer_model is not None:
             forward, backward, _ = layer_step(job.layer_model, job.layer_mbs, job.contention_dtype, device)
-            out["layer_rounds"] = _layer_rounds(lambda: (forward(), backward()), job, clock, dist, torch, device)
+            out["layer_rounds"] = _alternating_rounds(lambda: (forward(), backward()), job.contention_s, clock, dist,
+                                                      torch, device)
         out["collectives"] = {}
         for op in job.ops:
             if op == "send_recv" and rank > 1:
@@ -219,22 +223,25 @@ def _run_rank(rank: int, port: int, job: CommJob, results) -> dict:
         dist.destroy_process_group()
 
 
-LAYER_ROUNDS = 3
+CONTENTION_ROUNDS = 7
 
 
-def _layer_rounds(step: Callable[[], object], job: CommJob, clock, dist, torch, device) -> list[list]:
-    """Per round, [seconds per layer step of rank 0 alone (None on other ranks), seconds per
-    step of this rank while every rank steps at once]. Rank 0's solo phase and the concurrent
-    phase alternate within each round (the others wait in a barrier, which does not spin), so
-    a slow minute of a shared machine moves both sides of a round's ratio alike. Every rank
-    runs the same number of steps per phase: enough for about ``contention_s / 2`` alone."""
+def _alternating_rounds(step: Callable[[], object], budget_s: float, clock, dist, torch, device) -> list[list]:
+    """Per round, [seconds per call of rank 0 alone (None on other ranks), seconds per call of
+    this rank while every rank calls at once]. Rank 0's solo phase and the concurrent phase
+    alternate within each round (the others wait in a barrier, which does not spin), so a slow
+    minute of a shared machine moves both sides of a round's ratio alike; the profile takes
+    the median over ``CONTENTION_ROUNDS`` rounds (on this project's 2-vCPU VM single rounds of
+    the real layer read 0.97x-1.56x within one job, the first round the slowest). Every rank
+    runs the same number of calls per phase, about ``budget_s`` in all over the rounds'
+    phases."""
     step()
     clock.sync()
     t0 = time.perf_counter()
     step()
     clock.sync()
     first, = _slowest([time.perf_counter() - t0], dist, torch, device)
-    calls = max(2, math.ceil(job.contention_s / 2 / max(first, 1e-6)))
+    calls = max(2, math.ceil(budget_s / (2 * CONTENTION_ROUNDS) / max(first, 1e-6)))
 
     def timed() -> float:
         clock.sync()
@@ -245,12 +252,18 @@ def _layer_rounds(step: Callable[[], object], job: CommJob, clock, dist, torch, 
         return (time.perf_counter() - t0) / calls
 
     out = []
-    for _ in range(LAYER_ROUNDS):
+    for _ in range(CONTENTION_ROUNDS):
         dist.barrier()
         solo = timed() if dist.get_rank() == 0 else None
         dist.barrier()
         out.append([solo, timed()])
     return out
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
 INTERFERENCE_BYTES = 4 * 2**20     # a DP gradient bucket's order of magnitude (fp32, 1M elements)

@@ -61,22 +61,6 @@ def bench_gemms(points: list[GemmPoint], dtype: str, clock: Clock, repeats: int,
         return measure_many(fns, clock, repeats, budget_s, on_round=on_round)
 
 
-def throughput(fn: Callable[[], object], work: float, clock: Clock, duration_s: float) -> float:
-    """``work`` per call (FLOP, bytes) x calls / seconds, ``fn`` run back to back for about
-    ``duration_s`` (contention runs: every rank calls this at once after a barrier)."""
-    fn()
-    clock.sync()
-    calls, t0 = 0, time.perf_counter()
-    while True:
-        fn()
-        calls += 1
-        if calls % 4 == 0:
-            clock.sync()
-            if time.perf_counter() - t0 >= duration_s:
-                break
-    return calls * work / (time.perf_counter() - t0)
-
-
 def stream_callable(numel: int, dtype: str, device: torch.device) -> tuple[Callable[[], object], float]:
     """A residual add ``c = a + b`` over ``numel`` elements and the bytes it moves (2 reads + 1 write)."""
     dt = TORCH_DTYPES[dtype]

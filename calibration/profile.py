@@ -43,8 +43,6 @@ class Measurements:
     membound: list[tuple[MemboundPoint, Summary, Summary | None]] = field(default_factory=list)
     op_overhead: dict[str, Summary] = field(default_factory=dict)
     host_copy: list[tuple[int, Summary]] = field(default_factory=list)
-    solo_gemm_rate: float = 0.0                        # FLOP/s, one rank alone
-    solo_stream_rate: float = 0.0                      # bytes/s, one rank alone
     model: Any = None                                  # the ModelSpec whose shapes were measured
     layer: tuple[int, Summary, Summary] | None = None  # (mbs, forward, backward) of one real layer, solo
     layer_blocks: list[tuple[float, float]] = field(default_factory=list)   # per probe block: median fwd, bwd
@@ -96,8 +94,8 @@ def build_profile(m: Measurements, name: str) -> dict[str, Any]:
         "membound_table": membound["table"],
         "membound_detail": membound["detail"],
         "op_overhead_s": {k: s.median for k, s in m.op_overhead.items()},
-        "contention": _contention(m, "gemm_rate", m.solo_gemm_rate),
-        "contention_membound": _contention(m, "stream_rate", m.solo_stream_rate),
+        "contention": _contention(m, "gemm_rounds"),
+        "contention_membound": _contention(m, "stream_rounds"),
         "comm_interference": _interference(m),
         # the executor accumulates microbatch gradients with autograd's separate
         # AccumulateGrad kernel (costs.ops._grad_accumulation)
@@ -233,19 +231,22 @@ def _network(m: Measurements, collectives: dict) -> dict[str, Any]:
     return net
 
 
-def _contention(m: Measurements, key: str, solo: float) -> dict[str, float]:
-    """Slowdown of one rank when ``world`` ranks run the same kernel at once: solo rate over
-    the median per-rank concurrent rate (1.0 = no contention)."""
-    out = {"1": 1.0}
-    for world, ranks in sorted(m.comm.items()):
-        rates = [r[key] for r in ranks]
-        out[str(world)] = float(solo / np.median(rates)) if solo > 0 else 1.0
-    return out
+def _contention(m: Measurements, key: str) -> dict[str, float]:
+    """Slowdown of one rank when ``world`` ranks run the same kernel at once (1.0 = none): the
+    median over the alternating rounds ``key`` of ``comm._alternating_rounds`` (``_round_ratios``)."""
+    return {"1": 1.0, **{str(world): float(np.median(_round_ratios(ranks, key))) for world, ranks in sorted(m.comm.items())}}
+
+
+def _round_ratios(ranks: list[dict], key: str) -> list[float]:
+    """Per alternating round: the median over ranks of the concurrent seconds per call over
+    rank 0's solo seconds per call, both timed in the same round (``comm._alternating_rounds``)."""
+    rounds = ranks[0][key]
+    return [float(np.median([r[key][i][1] for r in ranks])) / rounds[i][0] for i in range(len(rounds))]
 
 
 def _layer_calibration(m: Measurements, device: dict[str, Any], name: str) -> None:
     """From the real-layer probe (``compute.bench_layer``; the concurrent ``layer_rounds`` of
-    ``comm._layer_rounds``), into ``device["extra"]``:
+    ``comm._alternating_rounds``), into ``device["extra"]``:
 
     * ``layer_composition`` {fwd, bwd}: the measured layer time over the sum of its ops priced
       by this profile's tables (``costs.layer_ops`` at tp=1 and the probe's mbs, through
@@ -336,15 +337,13 @@ def refit_profile(path: str) -> dict[str, float]:
 
 
 def _layer_contention(m: Measurements) -> dict[str, float]:
-    """L(N): per round of ``comm._layer_rounds``, the median over ranks of the concurrent
+    """L(N): per round of ``comm._alternating_rounds``, the median over ranks of the concurrent
     seconds per layer step over rank 0's solo seconds; the median over rounds."""
     out = {"1": 1.0}
     for world, ranks in sorted(m.comm.items()):
         if not all(r.get("layer_rounds") for r in ranks):
             continue
-        ratios = [float(np.median([r["layer_rounds"][i][1] for r in ranks])) / ranks[0]["layer_rounds"][i][0]
-                  for i in range(len(ranks[0]["layer_rounds"]))]
-        out[str(world)] = float(np.median(ratios))
+        out[str(world)] = float(np.median(_round_ratios(ranks, "layer_rounds")))
     return out
 
 

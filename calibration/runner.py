@@ -1,9 +1,10 @@
 """``calibrate``: run every micro-benchmark for a model on this machine and return the profile.
 
 Order: per-op overhead (the membound and attention fits subtract it), GEMMs, attention,
-memory-bound ops, host copies, other-dtype probes, solo rates, one real layer's forward and
+memory-bound ops, host copies, other-dtype probes, one real layer's forward and
 backward (the per-op sum's composition factor), then one process group per group size
-(contention of a GEMM, a streaming add and a real layer; interference; collectives; in-situ
+(contention of a GEMM, a streaming add and a real layer, each rank 0 alone and all ranks at once in
+alternating rounds; interference; collectives; in-situ
 TP collectives). Compute benchmarks run in this process with one
 thread, as one executor rank does.
 """
@@ -167,12 +168,14 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     from tqdm import tqdm
 
     from .comm import COLLECTIVES, LIST_VARIANTS
+    from .host_alloc import apply_host_memory_policy
     from .profile import Measurements, build_profile, cpu_model, default_profile_name
 
     t_start, load_before, cpu_before = time.perf_counter(), _load_average(), _cpu_seconds()
     started = dt.datetime.now(dt.timezone.utc)
     s, spec = opts.settings, opts.model
     device = torch.device(opts.device)
+    host_memory = apply_host_memory_policy() if device.type == "cpu" else None   # as the executor's ranks
     worlds = sorted({r for r in opts.ranks if r >= 2})
     all_ops = COLLECTIVES + (LIST_VARIANTS if s.list_variants else ())
     # point-to-point is timed once, in the smallest group
@@ -181,7 +184,7 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     attns = attention_points(spec, list(opts.tps), list(s.mbs))
     mems = membound_points(spec, list(opts.tps), list(s.mbs), opts.dtype)
     insitu_jobs = len(worlds) if device.type == "cpu" else 0      # one in-situ probe per CPU job
-    bar = tqdm(total=s.repeats + 2 * len(attns) + len(mems) + 5 + sum(len(o) for o in ops.values()) + insitu_jobs
+    bar = tqdm(total=s.repeats + 2 * len(attns) + len(mems) + 4 + sum(len(o) for o in ops.values()) + insitu_jobs
                + 1 + len(worlds),     # the layer probe's other blocks: at the start, after every collectives job
                file=sys.stderr, disable=not progress, desc="calibrate", unit="pt", dynamic_ncols=True)
 
@@ -217,6 +220,8 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     wall = time.perf_counter() - t_start
     m.provenance = _provenance(opts, device, worlds, started, wall, load_before)
     m.provenance["other_work"] = _other_work(cpu_before, _cpu_seconds(), wall)
+    if host_memory is not None:
+        m.provenance["host_memory"] = host_memory       # PARSIM_HOST_MEMORY (host_alloc)
     return build_profile(m, name or default_profile_name(device.type))
 
 
@@ -290,14 +295,8 @@ def _measure_compute(m, opts: CalibrationOptions, device, gemms, attns, mems, st
             pt = GemmPoint(probe, 1, "linear", f"{other} probe")
             m.dtype_probes[other] = (probe, pt.flops / compute.bench_gemm(pt, other, clock, 3, s.gemm_budget_s).median)
     step("dtype probes")
+    # the contention GEMM (comm jobs): the model's MLP-up at the smallest TP degree
     shape = (spec.seq_len * min(s.mbs), spec.ffn_hidden // min(opts.tps), spec.hidden)
-    solo = GemmPoint(shape, 1, "linear", "contention")
-    with torch.no_grad():
-        m.solo_gemm_rate = compute.throughput(compute.gemm_callable(solo, dtype, device), solo.flops,
-                                                 clock, s.contention_s)
-        stream, nbytes = compute.stream_callable(2**22, "fp32", device)
-        m.solo_stream_rate = compute.throughput(stream, nbytes, clock, s.contention_s / 2)
-    step("solo rates")
     # the real layer again right after the per-op tables: how far the per-op sum is from the
     # composed layer (profile.layer_composition)
     layer.block()

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from parsim.calibration.host_alloc import host_memory_policy
 from parsim.specs import ModelSpec, Plan, SpecError, load_cluster, load_model, parse_plan, validate
 
 from .config import ExecutorConfig
@@ -73,6 +74,7 @@ def run_plans(runs: list[RunSpec]) -> list[ExecutionResult]:
         raise SpecError("plans", [r.plan.to_string() for r in runs], "plans of one world size per launch")
     for r in runs:
         check_executable(r.model, r.plan, r.config)
+    host_memory_policy()          # a bad PARSIM_HOST_MEMORY fails here, not in every rank
     timeout_s = max(r.config.timeout_s for r in runs)
     server = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=timedelta(seconds=timeout_s),
                            wait_for_workers=False)

@@ -17,7 +17,7 @@ One probe, on every rank of the launch (a collective call; it takes ~1-2 s):
    and backward passes of the layer after one warm-up, each pass timed -> median forward and
    backward seconds, as ``calibration.compute.bench_layer`` measures them;
 2. every rank at once: the same number of forward + backward steps -> the median over ranks
-   of the seconds per step, as ``calibration.comm._layer_rounds`` measures the concurrent side.
+   of the seconds per step, as ``calibration.comm._alternating_rounds`` measures the concurrent side.
 
 The layer is built for the probe and dropped after it, so nothing of it is live while a plan
 runs (its memory is not the plan's)."""

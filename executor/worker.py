@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from parsim.calibration.host_alloc import apply_host_memory_policy
 from parsim.specs import ModelSpec, Plan
 
 from .config import ExecutorConfig
@@ -133,6 +134,8 @@ def run_worker(rank: int, local_rank: int, rdzv: Rendezvous, runs: list[RunSpec]
     try:
         wait_for_peers(store, rank, rdzv.world_size, rdzv.timeout_s)
         device, backend = pick_device(local_rank)
+        if device.type == "cpu":
+            apply_host_memory_policy()      # PARSIM_HOST_MEMORY (calibration.host_alloc)
         dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank,
                                 world_size=rdzv.world_size, timeout=timedelta(seconds=rdzv.timeout_s),
                                 device_id=device if device.type == "cuda" else None)

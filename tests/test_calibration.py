@@ -222,20 +222,35 @@ def test_gemm_contention_is_fitted_to_the_real_layer_slowdown(quick_profile):
         assert slow * (g + m) <= g + c_m * m
 
 
-def test_layer_rounds_alternate_rank0_alone_and_all_ranks_on_a_real_gloo_group():
+def test_contention_rounds_alternate_rank0_alone_and_all_ranks_on_a_real_gloo_group():
     pytest.importorskip("torch")
-    from parsim.calibration.comm import LAYER_ROUNDS, CommJob, run_comm_job
+    from parsim.calibration.comm import CONTENTION_ROUNDS, CommJob, run_comm_job
 
     job = CommJob(world=2, device_type="cpu", sizes=(4096,), ops=("all_reduce",), repeats=3,
                   point_budget_s=0.05, min_sample_s=1e-3, contention_gemm=(64, 64, 64),
                   contention_dtype="fp32", contention_s=0.05, layer_model=load_model("tiny"), layer_mbs=1)
     ranks = run_comm_job(job)
     for rank, r in enumerate(ranks):
-        rounds = r["layer_rounds"]
-        assert len(rounds) == LAYER_ROUNDS
-        for solo, together in rounds:
-            assert together > 0
-            assert (solo > 0) if rank == 0 else (solo is None)
+        for key in ("gemm_rounds", "stream_rounds", "layer_rounds"):
+            rounds = r[key]
+            assert len(rounds) == CONTENTION_ROUNDS, key
+            for solo, together in rounds:
+                assert together > 0
+                assert (solo > 0) if rank == 0 else (solo is None)
+
+
+def test_contention_is_the_median_of_the_rounds_ratios_of_concurrent_over_rank0_solo():
+    """Each round's ratio compares rank 0's solo time with the ranks' concurrent times of the
+    same round (median over ranks); the profile keeps the median over rounds."""
+    from parsim.calibration.profile import Measurements, _contention, _layer_contention
+
+    rounds0 = [[1.0, 1.5], [2.0, 2.0], [1.0, 1.2], [1.0, 9.0], [1.0, 1.1]]
+    rounds1 = [[None, 1.3], [None, 2.2], [None, 1.0], [None, 9.0], [None, 1.3]]
+    # per round: median over ranks of (1.5, 1.3) / 1 = 1.4; 2.1 / 2 = 1.05; 1.1; 9; 1.2 -> median 1.2
+    m = Measurements(dtype="fp32", device_name="test", device_type="cpu")
+    m.comm = {2: [{"gemm_rounds": rounds0, "layer_rounds": rounds0}, {"gemm_rounds": rounds1, "layer_rounds": rounds1}]}
+    assert _contention(m, "gemm_rounds") == {"1": 1.0, "2": pytest.approx(1.2)}
+    assert _layer_contention(m) == {"1": 1.0, "2": pytest.approx(1.2)}
 
 
 def test_layer_probe_times_the_executor_layer_and_accumulates_gradients():

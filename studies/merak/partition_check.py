@@ -5,9 +5,12 @@ layers) on pp=2, 2 CPU ranks (gloo), fp32, 8 microbatches. For the uniform split
 partitioner's split:
 
 * predicted per-stage time per microbatch (traced and analytic graphs) vs the executor's
-  measured per-stage busy time (sum of its F/B action events per rank, / microbatches);
+  measured one: the median forward plus the median backward action of the stage in the
+  launches' traces (pooled over launches), and beside it the mean (the stage's F/B busy time /
+  microbatches, which counts the shared VM's stalls: single actions at 2-3x their neighbours);
 * the step time predicted by the partitioner (list-scheduled 1F1B), by ``parsim.sim.simulate``,
-  and measured by ``parsim.executor.run_plans`` (steps=4, warmup=1, median step).
+  and measured by ``parsim.executor.run_plans`` (steps=4, warmup=1, median of the 3 timed steps;
+  memory is not tracked, so no step is left out of the timing).
 
 Stage times are those of this cluster: both pipeline ranks share the host's 2 cores, so the
 partitioner replays the schedule on the engine's processor-sharing host (``parsim.partition.
@@ -15,12 +18,15 @@ pipeline.shared_host_run``): a stage is slowed by the profile's measured content
 the other rank computes too. Its ``solo_s`` (the stage alone) is compared with the stage modules
 timed alone in this process ('isolated'). When the profile has a real-layer probe, the executor re-takes it around
 every timed step (``ExecutorConfig.layer_probe``) and the stage times are also predicted with
-the profile anchored to those probes, as ``parsim validate`` does
-(``parsim.study.validate.anchored_profile``): the 'anchored' columns, beside the layer's drift
-(its solo time over the profile's).
+the profile anchored to all the probes of the check's launches (both splits: their launches
+alternate in the same minutes), as ``parsim validate`` does (``parsim.study.validate.
+anchored_profile``): the 'anchored' columns, beside the layer's drift (its solo time over the
+profile's).
 
-Profile: this study's own calibration ``profiles/cpu-merak.yaml`` (``parsim calibrate --model
-studies/merak/merak-cpu.yaml --tp 1 --ranks 2 --mbs 1 --out studies/merak/profiles/cpu-merak.yaml``),
+Profile: this study's own calibration ``profiles/cpu-merak.yaml`` (``PARSIM_HOST_MEMORY=keep parsim
+calibrate --model studies/merak/merak-cpu.yaml --tp 1 --ranks 2 --mbs 1 --out studies/merak/profiles/
+cpu-merak.yaml``; the check runs the executor under the policy the profile records, ``calibration.
+host_alloc``),
 which measured this model's own shapes -- its output layer is a 128 x 512 x 32000 GEMM whose
 65 MB weight does not fit a CPU's last-level cache, a shape cpu-small's calibration never runs --
 else ``calibration/profiles/cpu-calibrated.yaml``, else ``cpu``.
@@ -39,7 +45,7 @@ ROOT = HERE.parent.parent
 MODEL = HERE / "merak-cpu.yaml"
 PLAN = "pp=2 mbs=1 gbs=8 dtype=fp32"
 STEPS, WARMUP = 4, 1
-REPEATS = 3            # launches per split (alternating): medians over them damp a shared machine's noise
+REPEATS = 5            # launches per split (alternating): medians over them damp a shared machine's noise
 TARGET = 0.10          # stage-time error target
 
 
@@ -50,15 +56,38 @@ def pick_profile() -> str:
     return "cpu"
 
 
-def measured_stage_busy(result, microbatches: int) -> list[float]:
-    """Per pipeline rank: seconds of F/B compute per microbatch in the representative step."""
-    busy: dict[int, float] = {}
-    for e in result.trace.action_events():
-        busy[e.stage] = busy.get(e.stage, 0.0) + e.duration
-    return [busy[s] / microbatches for s in sorted(busy)]
+def action_durations(results) -> dict[tuple[int, str], list[float]]:
+    """Per (stage, "F" | "B"): the wall seconds of every forward / backward action in the
+    launches' traces (the representative step of each launch: its median timed step)."""
+    out: dict[tuple[int, str], list[float]] = {}
+    for result in results:
+        for e in result.trace.action_events():
+            out.setdefault((e.stage, e.kind), []).append(e.duration)
+    return out
 
 
-def isolated_stage_cpu_time(model, partition: tuple[int, ...], repeats: int = 5) -> list[float]:
+def measured_stage_times(results) -> list[float]:
+    """Per stage: median forward + median backward action, pooled over the launches (seconds).
+    A microbatch's F + B in the steady state is what the partitioner prices; the median keeps a
+    shared VM's stalls (single actions 2-3x their neighbours) out of it."""
+    d = action_durations(results)
+    stages = sorted({s for s, _ in d})
+    return [statistics.median(d[(s, "F")]) + statistics.median(d[(s, "B")]) for s in stages]
+
+
+def mean_stage_busy(results, microbatches: int) -> list[float]:
+    """Per stage: its F/B busy seconds per microbatch (the trace step's sum / microbatches), median
+    over launches -- the mean, stalls included."""
+    per_run = []
+    for result in results:
+        busy: dict[int, float] = {}
+        for e in result.trace.action_events():
+            busy[e.stage] = busy.get(e.stage, 0.0) + e.duration
+        per_run.append([busy[s] / microbatches for s in sorted(busy)])
+    return [statistics.median(run[s] for run in per_run) for s in range(len(per_run[0]))]
+
+
+def isolated_stage_cpu_time(model, partition: tuple[int, ...], repeats: int = 8) -> list[float]:
     """Per stage: median CPU seconds (``time.thread_time``, one thread) of one microbatch's
     forward + backward through the executor's own stage module, run alone in this process.
     CPU time is what the cost model predicts; unlike wall time it does not grow when other
@@ -67,9 +96,11 @@ def isolated_stage_cpu_time(model, partition: tuple[int, ...], repeats: int = 5)
 
     import torch
 
+    from parsim.calibration.host_alloc import apply_host_memory_policy
     from parsim.executor.model import StageModule, init_stage
 
     torch.set_num_threads(1)
+    apply_host_memory_policy()        # as the executor's ranks
     out, first = [], 0
     for s, n in enumerate(partition):
         is_first, is_last = s == 0, s == len(partition) - 1
@@ -81,43 +112,45 @@ def isolated_stage_cpu_time(model, partition: tuple[int, ...], repeats: int = 5)
             x = tokens if is_first else torch.randn(1, model.seq_len, model.hidden, requires_grad=True)
             t0 = time.thread_time()
             y = stage(x, tokens) if is_last else stage(x)
-            (y if is_last else y.sum()).backward()
-            stage.zero_grad(set_to_none=True)
-            if i:                      # the first run warms up the allocator
+            (y if is_last else y.sum()).backward()     # gradients accumulate, as over a step's microbatches
+            if i:                      # the first run allocates the gradients
                 samples.append(time.thread_time() - t0)
         out.append(statistics.median(samples))
         first += n
     return out
 
 
-def anchored_stage_times(model, base, plan, results, profile_data, label: str) -> tuple[list[float], float] | None:
-    """Per stage, the median over launches of the traced partitioner's time for ``plan``'s
-    split with the profile anchored to that launch's layer probes; and the median drift."""
-    from parsim.partition import partition
+def split_stage_times(model, plan, cluster) -> list[float]:
+    """The traced partitioner's in-pipeline stage times (s) for ``plan``'s own split (whichever
+    split its min-max cut would choose on ``cluster``)."""
+    from parsim.costs import device_capacity
+    from parsim.partition import StageCoster, build_graph, build_segments, candidate_cuts, resolve_source
+    from parsim.partition.solver import _stage_results
+
+    graph = build_graph(resolve_source(model), plan.replace(partition=None), cluster, "traced")
+    segments = build_segments(graph, candidate_cuts(graph, min_cuts=plan.num_stages - 1))
+    assert len(segments) == model.layers, "a ModelSpec graph's segments are its layers"
+    bounds = [0]
+    for n in plan.partition:
+        bounds.append(bounds[-1] + n)
+    coster = StageCoster(graph, segments, plan, device_capacity(cluster))
+    stages, _ = _stage_results(graph, segments, coster, bounds, plan, cluster)
+    return [s.time_s for s in stages]
+
+
+def anchored_stage_times(model, plans, results_by_plan, profile_data) -> tuple[list[list[float]], float] | None:
+    """Per plan, the traced partitioner's stage times for its split with the profile anchored
+    to the layer probes of every launch of this check (both splits: their launches alternate
+    in the same minutes, and one launch's 4 probes are too few to pin the machine down), as
+    ``parsim validate`` anchors a plan to its rounds' probes; and that drift."""
     from parsim.specs import cluster_from_dict
     from parsim.study.validate import anchored_profile, probe_drift
 
-    if not all(r.layer_probes for r in results):
+    probes = [p for results in results_by_plan for r in results for p in r.layer_probes]
+    if not probes:
         return None
-    per_launch = []
-    for r in results:
-        cluster = cluster_from_dict(anchored_profile(profile_data, r.layer_probes), num_devices=base.world_size)
-        res = partition(model, base, cluster, graph="traced")
-        stages = res.stages if res.partition == plan.partition else (
-            res.uniform_stages if res.uniform_partition == plan.partition else None)
-        if stages is None:      # the anchored profile cuts elsewhere: this launch has no price for the split
-            print(f"  note: a launch's anchored profile cuts at {res.partition}; {label} not anchored there")
-            continue
-        per_launch.append([s.time_s for s in stages])
-    if not per_launch:
-        return None
-    drift = statistics.median(probe_drift(profile_data, r.layer_probes) for r in results)
-    return [statistics.median(t[s] for t in per_launch) for s in range(len(per_launch[0]))], drift
-
-
-def median_busy(results, microbatches: int) -> list[float]:
-    per_run = [measured_stage_busy(r, microbatches) for r in results]
-    return [statistics.median(run[s] for run in per_run) for s in range(len(per_run[0]))]
+    cluster = cluster_from_dict(anchored_profile(profile_data, probes), num_devices=plans[0].world_size)
+    return [split_stage_times(model, plan, cluster) for plan in plans], probe_drift(profile_data, probes)
 
 
 def main() -> int:
@@ -126,6 +159,7 @@ def main() -> int:
     from parsim.partition import partition
     from parsim.sim import simulate
     from parsim.specs import load_cluster, load_model, load_profile_dict, parse_plan
+    from parsim.calibration.host_alloc import ENV as HOST_MEMORY_ENV
     from parsim.study.validate import probe_request
 
     profile = pick_profile()
@@ -143,45 +177,60 @@ def main() -> int:
 
     m = base.num_microbatches
     profile_data = load_profile_dict(profile)
-    config = ExecutorConfig(steps=STEPS, warmup=WARMUP, layer_probe=probe_request(profile_data))
+    # the executor's ranks (and the isolated runs) use the host memory policy the profile was
+    # measured under (calibration.host_alloc; inherited by the spawned ranks)
+    policy = profile_data.get("provenance", {}).get("host_memory", "system")
+    os.environ[HOST_MEMORY_ENV] = policy
+    print(f"host memory policy: {HOST_MEMORY_ENV}={policy} (the profile's)")
+    # memory is not compared here: no step is given to the memory tracker, so every step after the
+    # warm-up is timed (a tracked step is excluded from the timing)
+    config = ExecutorConfig(steps=STEPS, warmup=WARMUP, track_memory=False, layer_probe=probe_request(profile_data))
     load_before = os.getloadavg()
     launches = [run_plans([RunSpec(model, uniform, config), RunSpec(model, auto, config)]) for _ in range(REPEATS)]
     rows = []
-    errors, cpu_errors, anchored_errors, drifts = [], [], [], []
+    errors, cpu_errors, anchored_errors = [], [], []
     step = {}
+    mean_errors = []
+    launch_rows = []      # per split: each launch's per-stage error of the traced prediction, and its busy times
     splits = (("uniform", uniform, traced.uniform_stages, analytic.uniform_stages),
               ("auto", auto, traced.stages, analytic.stages))
+    anchored_all = anchored_stage_times(model, [uniform, auto], [[launch[i] for launch in launches] for i in range(2)],
+                                        profile_data)
     for i, (label, plan, t_res, a_res) in enumerate(splits):
         results = [launch[i] for launch in launches]
-        busy = median_busy(results, m)
+        busy = measured_stage_times(results)
+        mean_busy = mean_stage_busy(results, m)
+        mean_errors.extend(abs(t_res[s].time_s / mean_busy[s] - 1) for s in range(len(mean_busy)))
+        per_launch = [measured_stage_times([r]) for r in results]
+        launch_rows.append((label, [[t_res[s].time_s / run[s] - 1 for s in range(len(run))] for run in per_launch],
+                            per_launch))
         cpu = isolated_stage_cpu_time(model, plan.partition)
         step[label] = statistics.median(r.step_time_s for r in results)
         sim = simulate(model, cluster, plan)
-        anchored = anchored_stage_times(model, base, plan, results, profile_data, label)
-        if anchored:
-            drifts.append(anchored[1])
+        anchored = anchored_all[0][i] if anchored_all else None
         for s, measured in enumerate(busy):
             err_t = t_res[s].time_s / measured - 1
             err_a = a_res[s].time_s / measured - 1
             errors.append(abs(err_t))
             cpu_errors.append(abs(t_res[s].solo_s / cpu[s] - 1))
-            anch = anchored[0][s] if anchored else float("nan")
+            anch = anchored[s] if anchored else float("nan")
             if anchored:
                 anchored_errors.append(abs(anch / measured - 1))
             rows.append((label, s, plan.partition[s], t_res[s].time_s, a_res[s].time_s, measured, err_t, err_a,
-                         cpu[s], t_res[s].solo_s / cpu[s] - 1, anch, anch / measured - 1))
+                         cpu[s], t_res[s].solo_s / cpu[s] - 1, anch, anch / measured - 1,
+                         mean_busy[s], t_res[s].time_s / mean_busy[s] - 1))
         step_pred = traced.step_time_s if label == "auto" else traced.uniform_step_time_s
         rows.append((label, "step", "", step_pred, sim.step_time_s, step[label],
                      step_pred / step[label] - 1, sim.step_time_s / step[label] - 1))
         rows.append((label, "steps", "", 0, 0, 0, 0, 0, [t for r in results for t in r.step_times]))
-    print(f"per-stage time per microbatch (F+B), ms, median of {REPEATS} launches; "
+    print(f"per-stage time per microbatch (F+B), ms, {REPEATS} launches; "
           "'step' rows: partitioner estimate | simulate | executor (median step), ms")
     print("traced / analytic = the partitioner's stage times in the pipeline (shared-host replay); measured = "
-          "executor trace (wall time of F/B events); isolated = same stage modules run alone, CPU time, vs the "
+          "executor trace, median F + median B action (wall time) pooled over the launches; mean = the trace step's F/B busy time / microbatches (stalls included), median over launches; isolated = same stage modules run alone, CPU time, vs the "
           "traced graph's solo time; anchored = traced, with the profile anchored to the layer probes around the "
           "timed steps")
     print(f"{'split':8} {'stage':>5} {'layers':>6} {'traced':>9} {'analytic':>9} {'measured':>9} {'err tr':>7} "
-          f"{'err an':>7} {'isolated':>9} {'err tr':>7} {'anchored':>9} {'err':>7}")
+          f"{'err an':>7} {'isolated':>9} {'err tr':>7} {'anchored':>9} {'err':>7} {'mean':>9} {'err tr':>7}")
     for r in rows:
         if r[1] == "steps":
             print(f"{r[0]:8} {'':>5} {'':>6} all measured step times (warm-up included): "
@@ -190,16 +239,29 @@ def main() -> int:
         line = (f"{r[0]:8} {r[1]!s:>5} {r[2]!s:>6} {r[3] * 1e3:9.1f} {r[4] * 1e3:9.1f} {r[5] * 1e3:9.1f} "
                 f"{r[6]:+7.1%} {r[7]:+7.1%}")
         if len(r) > 8:
-            line += f" {r[8] * 1e3:9.1f} {r[9]:+7.1%} {r[10] * 1e3:9.1f} {r[11]:+7.1%}"
+            line += f" {r[8] * 1e3:9.1f} {r[9]:+7.1%} {r[10] * 1e3:9.1f} {r[11]:+7.1%} {r[12] * 1e3:9.1f} {r[13]:+7.1%}"
         print(line)
+    print("\neach launch alone (traced prediction vs that launch's trace), per stage:")
+    for label, errs, busy_runs in launch_rows:
+        for s in range(len(busy_runs[0])):
+            print(f"  {label:8} stage {s}: measured {', '.join(f'{run[s] * 1e3:.0f}' for run in busy_runs)} ms; "
+                  f"error {', '.join(f'{e[s]:+.1%}' for e in errs)}")
+    launch_worst = [max(abs(e) for label_errs in (le for _, le, _ in launch_rows) for e in label_errs[i])
+                    for i in range(REPEATS)]
+    print(f"  largest stage error per launch pair: {', '.join(f'{w:.1%}' for w in launch_worst)}")
     speed_meas = step["uniform"] / step["auto"]
     sim_speedup = simulate(model, cluster, uniform).step_time_s / simulate(model, cluster, auto).step_time_s
     print(f"\nmeasured speedup auto vs uniform: {speed_meas:.3f}x "
           f"(predicted by the partitioner {traced.speedup_vs_uniform:.3f}x, by simulate {sim_speedup:.3f}x)")
-    if drifts:
-        print(f"layer probe around the timed steps vs the profile's: drift {', '.join(f'{d:.2f}x' for d in drifts)} "
-              "(uniform, auto; median over launches)")
-    for what, errs in (("executor trace", errors), ("isolated CPU time", cpu_errors),
+    if anchored_all:
+        from parsim.study.validate import probe_drift
+        per_split = [probe_drift(profile_data, [p for launch in launches for p in launch[i].layer_probes])
+                     for i in range(2)]
+        print(f"layer probe around the timed steps vs the profile's: drift {anchored_all[1]:.2f}x (all "
+              f"{sum(len(r.layer_probes) for launch in launches for r in launch)} probes; uniform's launches "
+              f"{per_split[0]:.2f}x, auto's {per_split[1]:.2f}x)")
+    for what, errs in (("executor trace", errors), ("executor trace, mean busy", mean_errors),
+                       ("isolated CPU time", cpu_errors),
                        ("executor trace, anchored to the layer probes", anchored_errors)):
         if not errs:
             continue

@@ -1,0 +1,102 @@
+"""The executor's and calibration's host allocator policy (``calibration.host_alloc``)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = """
+import json, resource, sys
+import torch
+from parsim.calibration.host_alloc import keep_freed_host_memory
+applied = keep_freed_host_memory() if sys.argv[1] == "keep" else None
+for _ in range(3):                              # the heap grows to hold it
+    x = torch.ones(12 * 2**20)                  # 48 MiB (above glibc's largest mmap threshold), freed and
+    del x                                       # re-allocated as a backward's gradient buffers are
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    x = torch.ones(12 * 2**20)
+    del x
+print(json.dumps({"applied": applied, "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before}))
+"""
+
+
+def _faults(mode: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout)
+
+
+def test_kept_freed_memory_is_reused_without_page_faults():
+    pytest.importorskip("torch")
+    if not sys.platform.startswith("linux"):
+        pytest.skip("glibc mallopt")
+    default, kept = _faults("default"), _faults("keep")
+    assert kept["applied"] is True
+    pages = 10 * 48 * 2**20 // 4096                # by default every re-allocation touches 12,288 fresh 4 KiB pages
+    assert default["faults"] > 0.8 * pages
+    assert kept["faults"] < 0.2 * pages            # reused: at most a re-allocation or two that still grow the heap
+
+
+def test_keep_freed_host_memory_is_idempotent():
+    from parsim.calibration.host_alloc import keep_freed_host_memory
+    if not sys.platform.startswith("linux"):
+        pytest.skip("glibc mallopt")
+    assert keep_freed_host_memory() is True and keep_freed_host_memory() is True
+
+
+def test_policy_is_read_from_the_environment_and_bad_values_name_the_variable(monkeypatch):
+    from parsim.calibration.host_alloc import ENV, host_memory_policy
+    from parsim.specs import SpecError
+
+    monkeypatch.delenv(ENV, raising=False)
+    assert host_memory_policy() == "system"
+    monkeypatch.setenv(ENV, "keep")
+    assert host_memory_policy() == "keep"
+    monkeypatch.setenv(ENV, "cache")
+    with pytest.raises(SpecError, match="PARSIM_HOST_MEMORY='cache' is invalid: one of system, keep"):
+        host_memory_policy()
+
+
+def test_a_profile_measured_under_another_policy_is_flagged(monkeypatch):
+    from parsim.calibration.host_alloc import ENV, policy_mismatch
+
+    cpu = {"provenance": {"device": "cpu"}, "device": {"extra": {"layer_probe": {}}}}
+    monkeypatch.delenv(ENV, raising=False)
+    assert policy_mismatch(cpu) is None                        # older profiles: glibc's default
+    monkeypatch.setenv(ENV, "keep")
+    assert "PARSIM_HOST_MEMORY=system" in policy_mismatch(cpu)
+    kept = {**cpu, "provenance": {"device": "cpu", "host_memory": "keep"}}
+    assert policy_mismatch(kept) is None
+    gpu = {"provenance": {"device": "cuda"}, "device": {"extra": {}}}
+    assert policy_mismatch(gpu) is None
+
+
+@pytest.mark.slow
+def test_executor_ranks_run_under_the_kept_policy_with_unchanged_losses(monkeypatch):
+    """A real 2-rank gloo launch whose ranks inherit PARSIM_HOST_MEMORY=keep: the policy
+    changes speed, not results -- the losses equal those of a launch without it."""
+    pytest.importorskip("torch")
+    from parsim.calibration.host_alloc import ENV
+    from parsim.executor import ExecutorConfig, RunSpec, run_plans
+    from parsim.specs import load_model, parse_plan
+
+    model, plan = load_model("tiny"), parse_plan("pp=2 mbs=1 gbs=4 dtype=fp32")
+    config = ExecutorConfig(steps=2, warmup=1, track_memory=False)
+    monkeypatch.delenv(ENV, raising=False)
+    default, = run_plans([RunSpec(model, plan, config)])
+    monkeypatch.setenv(ENV, "keep")
+    kept, = run_plans([RunSpec(model, plan, config)])
+    assert kept.losses == pytest.approx(default.losses, rel=1e-6)
+
+
+@pytest.mark.parametrize("command", [["execute", "--model", "tiny", "--plan", "dp=2 gbs=4 dtype=fp32", "--steps", "2"],
+                                     ["calibrate", "--quick", "--out", "unused.yaml"]])
+def test_cli_rejects_a_bad_policy_with_exit_code_2(command, tmp_path):
+    pytest.importorskip("torch")
+    import os
+    env = {**os.environ, "PARSIM_HOST_MEMORY": "cache"}
+    proc = subprocess.run([sys.executable, "-m", "parsim", *command], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "PARSIM_HOST_MEMORY='cache' is invalid: one of system, keep" in proc.stderr
+    assert "Traceback" not in proc.stderr
