@@ -120,14 +120,14 @@ def isolated_stage_cpu_time(model, partition: tuple[int, ...], repeats: int = 8)
     return out
 
 
-def split_stage_times(model, plan, cluster) -> list[float]:
-    """The traced partitioner's in-pipeline stage times (s) for ``plan``'s own split (whichever
-    split its min-max cut would choose on ``cluster``)."""
+def split_stage_times(model, plan, cluster, graph: str = "traced") -> list[float]:
+    """The partitioner's in-pipeline stage times (s) on ``graph`` for ``plan``'s own split
+    (whichever split its min-max cut would choose on ``cluster``)."""
     from parsim.costs import device_capacity
     from parsim.partition import StageCoster, build_graph, build_segments, candidate_cuts, resolve_source
     from parsim.partition.solver import _stage_results
 
-    graph = build_graph(resolve_source(model), plan.replace(partition=None), cluster, "traced")
+    graph = build_graph(resolve_source(model), plan.replace(partition=None), cluster, graph)
     segments = build_segments(graph, candidate_cuts(graph, min_cuts=plan.num_stages - 1))
     assert len(segments) == model.layers, "a ModelSpec graph's segments are its layers"
     bounds = [0]
@@ -192,8 +192,9 @@ def main() -> int:
     step = {}
     mean_errors = []
     launch_rows = []      # per split: each launch's per-stage error of the traced prediction, and its busy times
-    splits = (("uniform", uniform, traced.uniform_stages, analytic.uniform_stages),
-              ("auto", auto, traced.stages, analytic.stages))
+    # the analytic graph priced on the same splits (its own cut may differ: it is printed above)
+    splits = (("uniform", uniform, traced.uniform_stages, split_stage_times(model, uniform, cluster, "analytic")),
+              ("auto", auto, traced.stages, split_stage_times(model, auto, cluster, "analytic")))
     anchored_all = anchored_stage_times(model, [uniform, auto], [[launch[i] for launch in launches] for i in range(2)],
                                         profile_data)
     for i, (label, plan, t_res, a_res) in enumerate(splits):
@@ -210,13 +211,13 @@ def main() -> int:
         anchored = anchored_all[0][i] if anchored_all else None
         for s, measured in enumerate(busy):
             err_t = t_res[s].time_s / measured - 1
-            err_a = a_res[s].time_s / measured - 1
+            err_a = a_res[s] / measured - 1
             errors.append(abs(err_t))
             cpu_errors.append(abs(t_res[s].solo_s / cpu[s] - 1))
             anch = anchored[s] if anchored else float("nan")
             if anchored:
                 anchored_errors.append(abs(anch / measured - 1))
-            rows.append((label, s, plan.partition[s], t_res[s].time_s, a_res[s].time_s, measured, err_t, err_a,
+            rows.append((label, s, plan.partition[s], t_res[s].time_s, a_res[s], measured, err_t, err_a,
                          cpu[s], t_res[s].solo_s / cpu[s] - 1, anch, anch / measured - 1,
                          mean_busy[s], t_res[s].time_s / mean_busy[s] - 1))
         step_pred = traced.step_time_s if label == "auto" else traced.uniform_step_time_s
