@@ -29,6 +29,7 @@ import math
 import os
 import queue as queue_mod
 import socket
+import statistics
 import time
 import traceback
 import warnings
@@ -183,10 +184,10 @@ def _run_rank(rank: int, port: int, job: CommJob, results) -> dict:
         with torch.no_grad():
             fn = gemm_callable(point, job.contention_dtype, device)
             out["gemm_rounds"] = _alternating_rounds(fn, job.contention_s, clock, dist, torch, device)
-            out["gemm_rate"] = point.flops / _median([c for _, c in out["gemm_rounds"]])
+            out["gemm_rate"] = point.flops / statistics.median(c for _, c in out["gemm_rounds"])
             stream, nbytes = stream_callable(2**22, "fp32", device)
             out["stream_rounds"] = _alternating_rounds(stream, job.contention_s / 2, clock, dist, torch, device)
-            out["stream_rate"] = nbytes / _median([c for _, c in out["stream_rounds"]])
+            out["stream_rate"] = nbytes / statistics.median(c for _, c in out["stream_rounds"])
             out["interference"] = _interference(fn, job, clock, dist, torch, device)
         if job.layer_model is not None:
             forward, backward, _ = layer_step(job.layer_model, job.layer_mbs, job.contention_dtype, device)
@@ -258,12 +259,6 @@ def _alternating_rounds(step: Callable[[], object], budget_s: float, clock, dist
         dist.barrier()
         out.append([solo, timed()])
     return out
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
 INTERFERENCE_BYTES = 4 * 2**20     # a DP gradient bucket's order of magnitude (fp32, 1M elements)

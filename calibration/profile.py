@@ -234,7 +234,8 @@ def _network(m: Measurements, collectives: dict) -> dict[str, Any]:
 def _contention(m: Measurements, key: str) -> dict[str, float]:
     """Slowdown of one rank when ``world`` ranks run the same kernel at once (1.0 = none): the
     median over the alternating rounds ``key`` of ``comm._alternating_rounds`` (``_round_ratios``)."""
-    return {"1": 1.0, **{str(world): float(np.median(_round_ratios(ranks, key))) for world, ranks in sorted(m.comm.items())}}
+    return {"1": 1.0, **{str(world): float(np.median(_round_ratios(ranks, key)))
+                         for world, ranks in sorted(m.comm.items())}}
 
 
 def _round_ratios(ranks: list[dict], key: str) -> list[float]:

@@ -1,7 +1,9 @@
 """The executor's and calibration's host allocator policy (``calibration.host_alloc``)."""
 import json
+import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -57,18 +59,26 @@ def test_policy_is_read_from_the_environment_and_bad_values_name_the_variable(mo
         host_memory_policy()
 
 
-def test_a_profile_measured_under_another_policy_is_flagged(monkeypatch):
-    from parsim.calibration.host_alloc import ENV, policy_mismatch
+def test_launchers_adopt_the_profiles_policy_unless_the_user_set_another_which_is_warned(monkeypatch):
+    from parsim.calibration.host_alloc import ENV, profile_policy, use_profile_policy
+    from parsim.specs import SpecWarning
 
     cpu = {"provenance": {"device": "cpu"}, "device": {"extra": {"layer_probe": {}}}}
-    monkeypatch.delenv(ENV, raising=False)
-    assert policy_mismatch(cpu) is None                        # older profiles: glibc's default
-    monkeypatch.setenv(ENV, "keep")
-    assert "PARSIM_HOST_MEMORY=system" in policy_mismatch(cpu)
-    kept = {**cpu, "provenance": {"device": "cpu", "host_memory": "keep"}}
-    assert policy_mismatch(kept) is None
+    kept = {"provenance": {"device": "cpu", "host_memory": "keep"}, "device": {"extra": {"layer_probe": {}}}}
     gpu = {"provenance": {"device": "cuda"}, "device": {"extra": {}}}
-    assert policy_mismatch(gpu) is None
+    assert (profile_policy(cpu), profile_policy(kept), profile_policy(gpu)) == ("system", "keep", None)
+    monkeypatch.setenv(ENV, "system")         # recorded first, so the test leaves the variable as it found it
+    monkeypatch.delenv(ENV)
+    assert use_profile_policy(kept) == "keep" and os.environ[ENV] == "keep"      # unset: the profile's
+    monkeypatch.delenv(ENV, raising=False)
+    assert use_profile_policy(gpu) is None and ENV not in os.environ
+    monkeypatch.setenv(ENV, "keep")
+    with pytest.warns(SpecWarning, match="calibrated with PARSIM_HOST_MEMORY=system and the executor runs with "
+                                         "PARSIM_HOST_MEMORY=keep"):
+        assert use_profile_policy(cpu) == "keep"                                 # the user's choice stands
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert use_profile_policy(kept) == "keep"
 
 
 @pytest.mark.slow
@@ -93,7 +103,6 @@ def test_executor_ranks_run_under_the_kept_policy_with_unchanged_losses(monkeypa
                                      ["calibrate", "--quick", "--out", "unused.yaml"]])
 def test_cli_rejects_a_bad_policy_with_exit_code_2(command, tmp_path):
     pytest.importorskip("torch")
-    import os
     env = {**os.environ, "PARSIM_HOST_MEMORY": "cache"}
     proc = subprocess.run([sys.executable, "-m", "parsim", *command], capture_output=True, text=True, timeout=120,
                           env=env, cwd=tmp_path)

@@ -84,6 +84,7 @@ def what_if(model, cluster, out: Path):
 
 
 def execute_locally(out: Path, steps: int) -> None:
+    from parsim.calibration.host_alloc import use_profile_policy
     from parsim.executor import run_plans
     from parsim.executor.config import ExecutorConfig
     from parsim.executor.worker import RunSpec
@@ -102,6 +103,7 @@ def execute_locally(out: Path, steps: int) -> None:
     print(f"predicted best: {ranked[0].to_string()}; executing all {len(plans)} for {steps} steps each ...",
           flush=True)
     profile_data = load_profile_dict(profile)
+    use_profile_policy(profile_data)      # the executor's ranks run under the profile's host memory policy
     config = ExecutorConfig(steps=steps, warmup=1, trace_dir=str(out / "executed"),
                             layer_probe=probe_request(profile_data))
     measured = run_plans([RunSpec(model, p, config) for p in ranked])

@@ -27,7 +27,6 @@ from __future__ import annotations
 import csv
 import json
 import statistics
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -279,15 +278,13 @@ def run_validation(matrix: Matrix, profile: str, out_dir: str | Path, *, progres
     from parsim.executor.config import ExecutorConfig
     from parsim.executor.worker import RunSpec
     from parsim.sim import simulate
-    from parsim.calibration.host_alloc import policy_mismatch
-    from parsim.specs import SpecWarning, cluster_from_dict, load_profile_dict
+    from parsim.calibration.host_alloc import use_profile_policy
+    from parsim.specs import cluster_from_dict, load_profile_dict
     from parsim.trace.io import load_trace, save_trace
 
     rounds = matrix.rounds if rounds is None else rounds
     profile_data = load_profile_dict(profile)
-    mismatch = policy_mismatch(profile_data)
-    if mismatch:
-        warnings.warn(mismatch, SpecWarning, stacklevel=2)
+    use_profile_policy(profile_data)      # the executor's ranks run under the profile's host memory policy
     out = Path(out_dir)
     (out / "traces").mkdir(parents=True, exist_ok=True)
     done = {r["plan"] for r in read_rows(out)}

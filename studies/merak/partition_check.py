@@ -159,7 +159,7 @@ def main() -> int:
     from parsim.partition import partition
     from parsim.sim import simulate
     from parsim.specs import load_cluster, load_model, load_profile_dict, parse_plan
-    from parsim.calibration.host_alloc import ENV as HOST_MEMORY_ENV
+    from parsim.calibration.host_alloc import ENV as HOST_MEMORY_ENV, profile_policy, use_profile_policy
     from parsim.study.validate import probe_request
 
     profile = pick_profile()
@@ -179,9 +179,8 @@ def main() -> int:
     profile_data = load_profile_dict(profile)
     # the executor's ranks (and the isolated runs) use the host memory policy the profile was
     # measured under (calibration.host_alloc; inherited by the spawned ranks)
-    policy = profile_data.get("provenance", {}).get("host_memory", "system")
-    os.environ[HOST_MEMORY_ENV] = policy
-    print(f"host memory policy: {HOST_MEMORY_ENV}={policy} (the profile's)")
+    policy = use_profile_policy(profile_data)
+    print(f"host memory policy: {HOST_MEMORY_ENV}={policy} (the profile's: {profile_policy(profile_data)})")
     # memory is not compared here: no step is given to the memory tracker, so every step after the
     # warm-up is timed (a tracked step is excluded from the timing)
     config = ExecutorConfig(steps=STEPS, warmup=WARMUP, track_memory=False, layer_probe=probe_request(profile_data))
