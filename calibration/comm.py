@@ -29,7 +29,6 @@ import math
 import os
 import queue as queue_mod
 import socket
-import statistics
 import time
 import traceback
 import warnings
@@ -184,10 +183,8 @@ def _run_rank(rank: int, port: int, job: CommJob, results) -> dict:
         with torch.no_grad():
             fn = gemm_callable(point, job.contention_dtype, device)
             out["gemm_rounds"] = _alternating_rounds(fn, job.contention_s, clock, dist, torch, device)
-            out["gemm_rate"] = point.flops / statistics.median(c for _, c in out["gemm_rounds"])
-            stream, nbytes = stream_callable(2**22, "fp32", device)
+            stream, _ = stream_callable(2**22, "fp32", device)
             out["stream_rounds"] = _alternating_rounds(stream, job.contention_s / 2, clock, dist, torch, device)
-            out["stream_rate"] = nbytes / statistics.median(c for _, c in out["stream_rounds"])
             out["interference"] = _interference(fn, job, clock, dist, torch, device)
         if job.layer_model is not None:
             forward, backward, _ = layer_step(job.layer_model, job.layer_mbs, job.contention_dtype, device)

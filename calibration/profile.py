@@ -233,9 +233,10 @@ def _network(m: Measurements, collectives: dict) -> dict[str, Any]:
 
 def _contention(m: Measurements, key: str) -> dict[str, float]:
     """Slowdown of one rank when ``world`` ranks run the same kernel at once (1.0 = none): the
-    median over the alternating rounds ``key`` of ``comm._alternating_rounds`` (``_round_ratios``)."""
+    median over the alternating rounds ``key`` of ``comm._alternating_rounds`` (``_round_ratios``),
+    for every group size whose ranks all measured them."""
     return {"1": 1.0, **{str(world): float(np.median(_round_ratios(ranks, key)))
-                         for world, ranks in sorted(m.comm.items())}}
+                         for world, ranks in sorted(m.comm.items()) if all(r.get(key) for r in ranks)}}
 
 
 def _round_ratios(ranks: list[dict], key: str) -> list[float]:
@@ -273,7 +274,7 @@ def _layer_calibration(m: Measurements, device: dict[str, Any], name: str) -> No
     if len(m.layer_blocks) > 1:
         # the probe's blocks, spread over the run, in the order taken (the machine's drift)
         device["extra"]["layer_probe"]["blocks"] = [[f, b] for f, b in m.layer_blocks]
-    layer = _layer_contention(m)
+    layer = _contention(m, "layer_rounds")      # L(N), the real layer's slowdown
     if len(layer) > 1:
         device["extra"]["contention_gemm_probe"] = device["extra"]["contention"]
         device["extra"]["contention_layer"] = layer
@@ -335,17 +336,6 @@ def refit_profile(path: str) -> dict[str, float]:
     note = "# Layer terms re-derived from the stored measurements by `python -m parsim.calibration.refit`.\n"
     write_profile_text(path, header + ("" if note in header else note), data)
     return data["device"]["extra"].get("layer_composition", {})
-
-
-def _layer_contention(m: Measurements) -> dict[str, float]:
-    """L(N): per round of ``comm._alternating_rounds``, the median over ranks of the concurrent
-    seconds per layer step over rank 0's solo seconds; the median over rounds."""
-    out = {"1": 1.0}
-    for world, ranks in sorted(m.comm.items()):
-        if not all(r.get("layer_rounds") for r in ranks):
-            continue
-        out[str(world)] = float(np.median(_round_ratios(ranks, "layer_rounds")))
-    return out
 
 
 def _interference(m: Measurements) -> dict[str, float]:

@@ -169,7 +169,8 @@ def test_list_forms_the_executor_calls_run_on_a_real_gloo_group():
                   point_budget_s=0.05, min_sample_s=1e-3, contention_gemm=(64, 64, 64),
                   contention_dtype="fp32", contention_s=0.05)
     ranks = run_comm_job(job)
-    assert len(ranks) == 2 and all(r["gemm_rate"] > 0 and r["stream_rate"] > 0 for r in ranks)
+    assert len(ranks) == 2 and all(c > 0 for r in ranks for key in ("gemm_rounds", "stream_rounds")
+                                   for _, c in r[key])
     # compute lost per second of overlapped all-reduce: 3 finite samples, never negative
     assert all(len(r["interference"]) == 3 and all(0 <= x < 10 for x in r["interference"]) for r in ranks)
     for r in ranks:
@@ -242,7 +243,7 @@ def test_contention_rounds_alternate_rank0_alone_and_all_ranks_on_a_real_gloo_gr
 def test_contention_is_the_median_of_the_rounds_ratios_of_concurrent_over_rank0_solo():
     """Each round's ratio compares rank 0's solo time with the ranks' concurrent times of the
     same round (median over ranks); the profile keeps the median over rounds."""
-    from parsim.calibration.profile import Measurements, _contention, _layer_contention
+    from parsim.calibration.profile import Measurements, _contention
 
     rounds0 = [[1.0, 1.5], [2.0, 2.0], [1.0, 1.2], [1.0, 9.0], [1.0, 1.1]]
     rounds1 = [[None, 1.3], [None, 2.2], [None, 1.0], [None, 9.0], [None, 1.3]]
@@ -250,7 +251,8 @@ def test_contention_is_the_median_of_the_rounds_ratios_of_concurrent_over_rank0_
     m = Measurements(dtype="fp32", device_name="test", device_type="cpu")
     m.comm = {2: [{"gemm_rounds": rounds0, "layer_rounds": rounds0}, {"gemm_rounds": rounds1, "layer_rounds": rounds1}]}
     assert _contention(m, "gemm_rounds") == {"1": 1.0, "2": pytest.approx(1.2)}
-    assert _layer_contention(m) == {"1": 1.0, "2": pytest.approx(1.2)}
+    assert _contention(m, "layer_rounds") == {"1": 1.0, "2": pytest.approx(1.2)}
+    assert _contention(m, "stream_rounds") == {"1": 1.0}          # a group size without the rounds is left out
 
 
 def test_layer_probe_times_the_executor_layer_and_accumulates_gradients():
