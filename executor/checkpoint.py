@@ -104,7 +104,7 @@ def gather_canonical(chunks: dict[int, StageModule], optimizer, spec: ModelSpec,
 def save_checkpoint(path: str, step: int, chunks, optimizer, scaler, spec: ModelSpec, plan: Plan,
                     dims: ParallelDims) -> None:
     model_state, optim_state, optim_step = gather_canonical(chunks, optimizer, spec, plan, dims)
-    steps = torch.tensor([optim_step])
+    steps = torch.tensor([optim_step], device=dims.device)  # NCCL groups have no CPU backend
     dist.all_reduce(steps, op=dist.ReduceOp.MAX)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
     if dist.get_rank() == 0:

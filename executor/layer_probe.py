@@ -74,7 +74,8 @@ def probe_layer(model, mbs: int, dtype: str, device: torch.device) -> LayerProbe
                     bwd.append(b)
         dist.barrier()
         steps = [timed(lambda: (forward(), backward())) for _ in range(PROBE_STEPS + 1)][1:]
-        mine = torch.tensor([statistics.median(steps)], dtype=torch.float64)
+        # on the launch's device: NCCL groups have no CPU backend
+        mine = torch.tensor([statistics.median(steps)], dtype=torch.float64, device=device)
         every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(every, mine)
     finally:

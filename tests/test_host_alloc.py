@@ -36,7 +36,7 @@ def test_kept_freed_memory_is_reused_without_page_faults():
     assert kept["applied"] == [True, True]
     pages = 10 * 48 * 2**20 // 4096                # by default every re-allocation touches 12,288 fresh 4 KiB pages
     assert default["faults"] > 0.8 * pages
-    assert kept["faults"] < 0.2 * pages            # reused: at most a re-allocation or two that still grow the heap
+    assert kept["faults"] <= 0.2 * pages           # reused: at most a re-allocation or two that still grow the heap
 
 
 def test_policy_is_read_from_the_environment_and_bad_values_name_the_variable(monkeypatch):
