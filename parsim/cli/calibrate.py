@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parsim.specs import profiles_dir
-
 from .common import add_json_argument, emit_json, table
 
 HELP = "micro-benchmark this machine (GEMMs, attention, memory-bound ops, collectives) and write a profile YAML"
@@ -27,37 +25,16 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from parsim.calibration import calibrate, default_profile_name, write_profile
+    from parsim.api import calibrate
 
-    device = args.device
-    name = args.name or (Path(args.out).stem if args.out else default_profile_name(device.split(":")[0]))
-    profile = calibrate(model=args.model, dtype=args.dtype, ranks=args.ranks, repeats=args.repeats,
-                        quick=args.quick, name=name, progress=True, mbs=args.mbs, tps=args.tp,
-                        device=device, base=args.base)
-    path = write_profile(profile, args.out or profiles_dir() / f"{name}.yaml")
+    done = calibrate(args.model, dtype=args.dtype, ranks=args.ranks, repeats=args.repeats, quick=args.quick,
+                     mbs=args.mbs, tp=args.tp, device=args.device, base=args.base, name=args.name, out=args.out,
+                     progress=True)
     if args.json:
-        emit_json({"profile_path": str(path), **summary(profile), "profile": profile})
+        emit_json(done.to_dict())
         return 0
-    print(render(profile, path))
+    print(render(done.profile, done.path))
     return 0
-
-
-def summary(profile: dict) -> dict:
-    dev, net = profile["device"], profile["network"]
-    return {
-        "name": profile["name"],
-        "duration_s": profile["provenance"]["duration_s"],
-        "peak_flops": dev["peak_flops"],
-        "memory_bandwidth": dev["memory_bandwidth"],
-        "kernel_overhead_s": dev["kernel_overhead_s"],
-        "gemm": dev["gemm"],
-        "attention_efficiency": dev["attention_efficiency"],
-        "contention": dev["extra"]["contention"],
-        **{k: dev["extra"][k] for k in ("layer_composition", "contention_layer") if k in dev["extra"]},
-        "collectives": {op: {n: {k: e[k] for k in ("alpha", "beta", "alpha_insitu", "alpha_insitu_shared") if k in e}
-                             for n, e in per.items()}
-                        for op, per in net.get("collectives", {}).items()},
-    }
 
 
 def render(profile: dict, path: Path) -> str:

@@ -32,32 +32,23 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from parsim.executor.config import ExecutorConfig, FaultInjection
-    from parsim.specs import load_model, parse_plan
+    from parsim.api import execute
 
-    model = load_model(args.model)
-    plan = parse_plan(args.plan)
-    config = ExecutorConfig(
-        steps=args.steps, warmup=args.warmup, seed=args.seed, data_file=args.data, trace_dir=args.trace_dir,
-        timeout_s=args.timeout, save_dir=args.save, save_at=args.save_at, resume_dir=args.resume,
-        inject_fault=FaultInjection.parse(args.inject_fault) if args.inject_fault else None,
-        track_memory=not args.no_memory)
-
-    from parsim.executor.launch import ExecutorError, RunSpec, check_executable, run_plans, run_this_rank, under_torchrun
-
-    for w in check_executable(model, plan, config):
-        print(f"parsim: warning: {w}", file=sys.stderr)
-    runs = [RunSpec(model, plan, config)]
     try:
-        results = run_this_rank(runs) if under_torchrun() else run_plans(runs)
-    except ExecutorError as err:
+        result = execute(args.model, args.plan, steps=args.steps, warmup=args.warmup, seed=args.seed, data=args.data,
+                         trace_dir=args.trace_dir, timeout_s=args.timeout, save=args.save, save_at=args.save_at,
+                         resume=args.resume, track_memory=not args.no_memory, inject_fault=args.inject_fault,
+                         on_warning=lambda w: print(f"parsim: warning: {w}", file=sys.stderr))
+    except Exception as err:
+        from parsim.executor.launch import ExecutorError   # torch: imported once a run has started
+        if not isinstance(err, ExecutorError):
+            raise
         if args.json:
             emit_json({"error": str(err)})
         print(f"parsim: execution failed: {err}", file=sys.stderr)
         return 1
-    if not results:       # a non-zero rank under torchrun
+    if result is None:    # a non-zero rank under torchrun
         return 0
-    result = results[0]
     if args.json:
         emit_json(result.to_dict())
         return 0

@@ -19,7 +19,7 @@ the other rank computes too. Its ``solo_s`` (the stage alone) is compared with t
 timed alone in this process ('isolated'). When the profile has a real-layer probe, the executor re-takes it around
 every timed step (``ExecutorConfig.layer_probe``) and the stage times are also predicted with
 the profile anchored to all the probes of the check's launches (both splits: their launches
-alternate in the same minutes), as ``parsim validate`` does (``parsim.study.validate.
+alternate in the same minutes), as ``parsim validate`` does (``parsim.calibration.anchor.
 anchored_profile``): the 'anchored' columns, beside the layer's drift (its solo time over the
 profile's).
 
@@ -144,7 +144,7 @@ def anchored_stage_times(model, plans, results_by_plan, profile_data) -> tuple[l
     in the same minutes, and one launch's 4 probes are too few to pin the machine down), as
     ``parsim validate`` anchors a plan to its rounds' probes; and that drift."""
     from parsim.specs import cluster_from_dict
-    from parsim.study.validate import anchored_profile, probe_drift
+    from parsim.calibration.anchor import anchored_profile, probe_drift
 
     probes = [p for results in results_by_plan for r in results for p in r.layer_probes]
     if not probes:
@@ -160,7 +160,7 @@ def main() -> int:
     from parsim.sim import simulate
     from parsim.specs import load_cluster, load_model, load_profile_dict, parse_plan
     from parsim.calibration.host_alloc import ENV as HOST_MEMORY_ENV, profile_policy, use_profile_policy
-    from parsim.study.validate import probe_request
+    from parsim.calibration.anchor import probe_request
 
     profile = pick_profile()
     cluster = load_cluster("cpu:2", profile=profile if profile != "cpu" else None)
@@ -254,7 +254,7 @@ def main() -> int:
     print(f"\nmeasured speedup auto vs uniform: {speed_meas:.3f}x "
           f"(predicted by the partitioner {traced.speedup_vs_uniform:.3f}x, by simulate {sim_speedup:.3f}x)")
     if anchored_all:
-        from parsim.study.validate import probe_drift
+        from parsim.calibration.anchor import probe_drift
         per_split = [probe_drift(profile_data, [p for launch in launches for p in launch[i].layer_probes])
                      for i in range(2)]
         print(f"layer probe around the timed steps vs the profile's: drift {anchored_all[1]:.2f}x (all "
