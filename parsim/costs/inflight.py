@@ -8,7 +8,9 @@ transient while it runs. So a rank's peak is at the start of one of its backward
 (``schedules.held_at_backwards``): a forward start holds no more (the backward that follows it
 in its 1F1B pair holds the same; warm-up forwards hold fewer), and after the first p v
 backwards the held counts only repeat (steady state: forwards and backwards both advance one
-full cycle of the chunks) or fall (cool-down).
+full cycle of the chunks) or fall (cool-down). With one chunk per rank (every schedule but the
+interleaved one) they never rise after the first backward: each later one frees a microbatch
+and at most one forward replaces it.
 """
 from __future__ import annotations
 
@@ -45,11 +47,11 @@ def inflight_chunks(schedule: str, pp: int, m: int, pp_rank: int, vpp: int = 1) 
 
 def peak_moments(schedule: str, pp: int, m: int, vpp: int, pp_rank: int) -> list[Moment]:
     """The moments that can be the rank's memory peak, in the order they happen: the starts of
-    its first min(p v, m v) backwards (module docstring)."""
+    its first min(p v, m v) backwards, of the first one with one chunk (module docstring)."""
     return [Moment(chunk_of_pass(k, pp, vpp, backward=True), held)
             for k, held in enumerate(peak_held(schedule, pp, m, vpp, pp_rank))]
 
 
 def peak_held(schedule: str, pp: int, m: int, vpp: int, pp_rank: int) -> list[tuple[int, ...]]:
     """The held counts of ``peak_moments`` alone."""
-    return held_at_backwards(schedule, pp_rank, pp, m, vpp, min(pp * vpp, m * vpp))
+    return held_at_backwards(schedule, pp_rank, pp, m, vpp, min(pp * vpp, m * vpp) if vpp > 1 else 1)

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from parsim.specs import ClusterSpec, ModelSpec, Plan
+from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 
 from . import footprint
 from .activations import (backward_working_bytes, embedding_activation_bytes, head_activation_bytes,
                           layer_activation_bytes, stage_output_bytes)
 from .inflight import Moment, peak_moments
 from .params import layer_params, stage_params
-from .recompute import recomputes_fully, stage_recompute
+from .recompute import layer_recompute, recomputes_fully, stage_recompute
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
 
@@ -100,11 +100,14 @@ def static_bytes(model: ModelSpec, plan: Plan, pp_rank: int, fsdp2: bool = False
     """(params, grads, optimizer, activations, other) a pipeline rank holds for the whole step:
     its model states and ZeRO-Offload's staging bucket (``fsdp2``: plus what FSDP2 keeps,
     ``fsdp2_bytes``)."""
-    n = stage_params(model, plan)[pp_rank]
-    params, grads, optimizer = model_state_bytes(n, plan)
+    return _static_bytes(model, plan, stage_params(model, plan)[pp_rank], fsdp2)
+
+
+def _static_bytes(model: ModelSpec, plan: Plan, n_params: float, fsdp2: bool) -> tuple[float, ...]:
+    params, grads, optimizer = model_state_bytes(n_params, plan)
     other = footprint.offload_staging(plan.dp_bucket_bytes, plan.offload != "none")
     if fsdp2:
-        params += fsdp2_bytes(model, plan, n)[0]
+        params += fsdp2_bytes(model, plan, n_params)[0]
     return (params, grads, optimizer, 0.0, other)
 
 
@@ -133,30 +136,31 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[
     in_backward = fsdp2_bytes(model, plan, 0.0)[1] if fsdp2 else 0.0
     gathered = footprint.gathered_layers(layer_params(model, plan.tp), state_bytes(plan.dtype).param, plan.zero,
                                          plan.offload == "optimizer+params")
-    working = [rank_backward_working(model, plan, r, weight_grads=in_backward == 0.0) for r in range(plan.pp)]
+    groups = [layer_recompute(plan, s, n) for s, n in enumerate(stage_layers(model, plan))]
+    stash = [_stash_bytes(model, plan, s, g) for s, g in enumerate(groups)]
+    working = [_rank_working(model, plan, r, stash, in_backward == 0.0) for r in range(plan.pp)]
     kept_all, kept_input = layer_activation_bytes(model, plan, "none"), layer_activation_bytes(model, plan, "full")
+    output = stage_output_bytes(model, plan)
     out = []
-    for s in range(plan.pp * plan.vpp):
-        transient = footprint.recompute_transient(recomputes_fully(stage_recompute(model, plan, s)), kept_all,
-                                                 kept_input)
-        out.append(StageFootprint(chunk_activation_bytes(model, plan, s),
+    for s, g in enumerate(groups):
+        transient = footprint.recompute_transient(recomputes_fully(g), kept_all, kept_input)
+        out.append(StageFootprint(footprint.held_bytes(stash[s], s == len(groups) - 1, output),
                                   footprint.backward_bytes(transient, in_backward, working[s % plan.pp]), gathered))
     return out
 
 
-def chunk_stash_bytes(model: ModelSpec, plan: Plan, vstage: int) -> float:
-    """``footprint.stash_bytes`` of a virtual stage: its layers per recompute policy, the
-    embedding's on the first, the head's on the last."""
-    layers = sum(n * layer_activation_bytes(model, plan, policy) for n, policy in stage_recompute(model, plan, vstage))
+def _stash_bytes(model: ModelSpec, plan: Plan, vstage: int, groups: list[tuple[int, str]]) -> float:
+    """``footprint.stash_bytes`` of a virtual stage with these (layers, policy) groups: its layers
+    per recompute policy, the embedding's on the first, the head's on the last."""
+    layers = sum(n * layer_activation_bytes(model, plan, policy) for n, policy in groups)
     return footprint.stash_bytes(layers, vstage == 0, vstage == plan.pp * plan.vpp - 1,
                                  embedding_activation_bytes(model, plan), head_activation_bytes(model, plan))
 
 
-def chunk_activation_bytes(model: ModelSpec, plan: Plan, vstage: int) -> float:
-    """``footprint.held_bytes`` of a virtual stage: its stash, and the output it sent on every
-    stage but the last (``stage_output_bytes``)."""
-    last = vstage == plan.pp * plan.vpp - 1
-    return footprint.held_bytes(chunk_stash_bytes(model, plan, vstage), last, stage_output_bytes(model, plan))
+def _rank_working(model: ModelSpec, plan: Plan, pp_rank: int, stash: list[float], weight_grads: bool) -> float:
+    last = plan.pp * plan.vpp - 1
+    return max(backward_working_bytes(model, plan, vstage == 0, vstage == last, stash[vstage], weight_grads)
+               for vstage in range(pp_rank, plan.pp * plan.vpp, plan.pp))
 
 
 def rank_backward_working(model: ModelSpec, plan: Plan, pp_rank: int, weight_grads: bool = True) -> float:
@@ -165,10 +169,8 @@ def rank_backward_working(model: ModelSpec, plan: Plan, pp_rank: int, weight_gra
     goes). One value per rank, so the SimPy timeline, this analytic model and the fast path
     count it alike under interleaving, where it overstates the first and last ranks' other
     chunks by at most the head's or embedding's extra."""
-    last = plan.pp * plan.vpp - 1
-    return max(backward_working_bytes(model, plan, vstage == 0, vstage == last,
-                                      chunk_stash_bytes(model, plan, vstage), weight_grads)
-               for vstage in range(pp_rank, plan.pp * plan.vpp, plan.pp))
+    stash = [_stash_bytes(model, plan, s, stage_recompute(model, plan, s)) for s in range(plan.pp * plan.vpp)]
+    return _rank_working(model, plan, pp_rank, stash, weight_grads)
 
 
 def rank_peak(chunks: list[StageFootprint], moments: list[Moment]) -> tuple[float, float]:
@@ -189,8 +191,8 @@ def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = 
     fsdp2 = uses_fsdp2(cluster)
     stages = stage_footprints(model, plan, fsdp2)
     out = []
-    for r in range(plan.pp):
-        params, grads, optimizer, _, other = static_bytes(model, plan, r, fsdp2)
+    for r, n_params in enumerate(stage_params(model, plan)):
+        params, grads, optimizer, _, other = _static_bytes(model, plan, n_params, fsdp2)
         chunks = stages[r::plan.pp]
         act, extra = rank_peak(chunks, peak_moments(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp, r))
         out.append(StageMemory(stage=r, params=params, grads=grads, optimizer=optimizer, activations=act,

@@ -152,11 +152,13 @@ def held_at_backwards(schedule_name: str, rank: int, pp: int, num_microbatches: 
     backwards, so as backward k starts min(W + k + 1, m v) forwards and k backwards have run."""
     warmup = warmup_forwards(schedule_name, rank, pp, num_microbatches, vpp)
     total = num_microbatches * vpp
+    held = passes_by_chunk(min(warmup + 1, total), pp, vpp)
     out = []
     for k in range(count):
-        forwards = passes_by_chunk(min(warmup + k + 1, total), pp, vpp)
-        backwards = passes_by_chunk(k, pp, vpp, backward=True)
-        out.append(tuple(f - b for f, b in zip(forwards, backwards)))
+        out.append(tuple(held))
+        held[chunk_of_pass(k, pp, vpp, backward=True)] -= 1       # backward k ends
+        if warmup + k + 1 < total:
+            held[chunk_of_pass(warmup + k + 1, pp, vpp)] += 1      # the next forward starts
     return out
 
 
