@@ -1,6 +1,7 @@
 """``parsim partition``: cut a model into balanced pipeline stages (Merak's automatic partitioner)."""
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import yaml
@@ -72,7 +73,8 @@ def run(args) -> int:
     cluster = make_cluster(args.cluster, args.profile, plan.world_size)
     if args.memory_limit is not None and args.memory_limit <= 0:
         raise SpecError("memory_limit", args.memory_limit, "a positive number of bytes")
-    result = partition(args.model, plan, cluster, memory_limit=args.memory_limit, graph=args.graph)
+    result = partition(args.model, plan, cluster, memory_limit=args.memory_limit, graph=args.graph,
+                       reference_model=executor_reference_model())
     simulated = simulate_both(args.model, plan, cluster, result) if args.simulate else {}
     if args.json:
         emit_json({**result.to_dict(), **simulated})
@@ -83,6 +85,14 @@ def run(args) -> int:
               f"{simulated['simulated_uniform_step_time_s'] * 1e3:.1f} ms: "
               f"{simulated['simulated_speedup_vs_uniform']:.3f}x")
     return 0
+
+
+def executor_reference_model():
+    """The executor's decoder, which a ModelSpec is traced as (None without torch: analytic)."""
+    if importlib.util.find_spec("torch") is None:
+        return None
+    from parsim.executor.model import reference_model
+    return reference_model
 
 
 def simulate_both(model_arg: str, plan, cluster, result) -> dict:
