@@ -17,7 +17,8 @@ What the process holds after a peak is not given back until it exits. Unset or `
 glibc's default. Executor ranks and calibration processes on CPU apply it at start
 (``apply_host_memory_policy``; spawned ranks inherit the variable), and a profile records the
 policy it was measured under (``provenance.host_memory``): ``parsim validate``, ``parsim demo``
-and the Merak check run the executor under their profile's policy (``use_profile_policy``). Opt-in, because the shipped CPU profile and the validation
+and the Merak check run the executor under their profile's policy
+(``parsim.calibration.host_alloc.use_profile_policy``). Opt-in, because the shipped CPU profile and the validation
 run of record (studies/validation_cpu) were measured under glibc's default; with ``keep`` the
 same layer ran 0.92-1.01x the calibration's time inside executor ranks (1.09x median with the
 default), but gloo's in-situ TP collectives then cost ~1.5 ms a call in the executor against
@@ -69,35 +70,3 @@ def apply_host_memory_policy() -> str:
     if policy == "keep":
         keep_freed_host_memory()
     return policy
-
-
-def profile_policy(profile_data: dict) -> str | None:
-    """The policy a calibrated CPU profile was measured under (``provenance.host_memory``;
-    profiles older than it: "system"); None for other profiles (GPU, presets)."""
-    prov = profile_data.get("provenance") or {}
-    if prov.get("device", "cpu") != "cpu" or "layer_probe" not in profile_data.get("device", {}).get("extra", {}):
-        return None
-    return prov.get("host_memory", "system")
-
-
-def use_profile_policy(profile_data: dict) -> str | None:
-    """Make the executor ranks this process launches run under the profile's policy: with
-    ``PARSIM_HOST_MEMORY`` unset it is set to the profile's (the ranks inherit it); set to
-    another policy, it is kept and a ``SpecWarning`` says their times will differ. Returns the
-    policy the ranks will use (None: not a calibrated CPU profile, nothing changed)."""
-    import warnings
-
-    from parsim.specs import SpecWarning
-
-    measured = profile_policy(profile_data)
-    if measured is None:
-        return None
-    if ENV not in os.environ:
-        os.environ[ENV] = measured
-        return measured
-    now = host_memory_policy()
-    if now != measured:
-        warnings.warn(f"the profile was calibrated with {ENV}={measured} and the executor runs with {ENV}={now}: "
-                      "their compute times differ by the page faults of freed memory (calibration.host_alloc); "
-                      f"unset {ENV} or re-calibrate", SpecWarning, stacklevel=2)
-    return now
