@@ -13,7 +13,9 @@ import json, resource, sys
 import torch
 from parsim.executor.host_alloc import keep_freed_host_memory
 applied = [keep_freed_host_memory(), keep_freed_host_memory()] if sys.argv[1] == "keep" else None   # idempotent
-for _ in range(3):                              # the heap grows to hold it
+for _ in range(8):                              # the heap grows to hold it: in a process this light, a
+                                                # 64-byte-aligned block does not fit the one freed before it
+                                                # until ~6 blocks have grown the heap (glibc memalign)
     x = torch.ones(12 * 2**20)                  # 48 MiB (above glibc's largest mmap threshold), freed and
     del x                                       # re-allocated as a backward's gradient buffers are
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
