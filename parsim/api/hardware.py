@@ -51,14 +51,9 @@ def execute(model: ModelLike = "tiny", plan: PlanLike = "dp=2 dtype=fp32", *, st
         steps=steps, warmup=warmup, seed=seed, data_file=data, trace_dir=trace_dir, timeout_s=timeout_s,
         save_dir=save, save_at=save_at, resume_dir=resume,
         inject_fault=FaultInjection.parse(inject_fault) if inject_fault else None, track_memory=track_memory)
-    # torch is imported here, once the inputs have been checked
-    from parsim.executor.launch import RunSpec, check_executable, run_plans, run_this_rank, under_torchrun
+    from parsim.executor.entry import run_plan     # torch is imported there, once the inputs have been checked
 
-    for w in check_executable(model, plan, config):
-        on_warning(w)
-    runs = [RunSpec(model, plan, config)]
-    results = run_this_rank(runs) if under_torchrun() else run_plans(runs)
-    return results[0] if results else None
+    return run_plan(model, plan, config, on_warning)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 ``partition`` (stage cuts of one model)."""
 from __future__ import annotations
 
+import importlib.util
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,11 +139,23 @@ def recommend(model: ModelLike, cluster: ClusterLike, *, top: int = 3, resimulat
 
 def partition(model: ModelLike | Callable, plan: PlanLike, cluster: ClusterLike, *,
               profile: str | Path | None = None, memory_limit: float | None = None,
-              graph: str = "auto") -> "PartitionResult":
+              graph: str = "auto", reference_model: Callable | None | str = "executor") -> "PartitionResult":
     """Cut ``model`` (also ``pkg.module:factory`` or a factory returning (module, example inputs))
     into ``pp * vpp`` stages that balance time under ``memory_limit`` bytes per device [the
     device capacity] (Merak's partitioner, ``parsim partition``). ``graph``: auto, traced or
-    analytic. ``.partition`` is the plan's ``partition=`` value; times in seconds per microbatch."""
+    analytic; ``reference_model(spec, batch_size)`` builds the torch module a ModelSpec is traced
+    as [the executor's decoder when torch is installed]. ``.partition`` is the plan's ``partition=`` value; times in seconds per microbatch."""
     from parsim.partition import partition as cut
-    return cut(model, plan, load_cluster(cluster, profile=profile), memory_limit=memory_limit, graph=graph)
+    if reference_model == "executor":
+        reference_model = executor_reference_model()
+    return cut(model, plan, load_cluster(cluster, profile=profile), memory_limit=memory_limit, graph=graph,
+               reference_model=reference_model)
+
+
+def executor_reference_model() -> Callable | None:
+    """The executor's decoder, which a ModelSpec is traced as (None without torch: analytic)."""
+    if importlib.util.find_spec("torch") is None:
+        return None
+    from parsim.executor.model import reference_model
+    return reference_model
 

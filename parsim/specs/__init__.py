@@ -1,12 +1,12 @@
 """Specs: what is trained (ModelSpec), on what (ClusterSpec), and how (Plan)."""
 from .cluster import DTYPES, ClusterSpec, DeviceProfile, GemmEfficiency, LinkProfile, NetworkProfile
 from .errors import SpecError, SpecWarning
-from .layout import RankLayout
+from .layout import RankLayout, stage_layers
 from .model import MODEL_PRESETS, ModelSpec
 from .parse import (cluster_from_dict, known_profiles, load_cluster, load_model, load_profile_dict,
                     model_from_dict, model_from_hf_config, parse_plan, plan_from_dict, profiles_dir)
 from .plan import DEFAULT_DP_BUCKET_BYTES, OFFLOADS, RECOMPUTES, SCHEDULES, Plan
-from .validate import stage_layers, validate
+from .validate import plan_mask, validate
 
 __all__ = [
     "ClusterSpec", "DeviceProfile", "GemmEfficiency", "LinkProfile", "NetworkProfile", "DTYPES",
@@ -14,5 +14,5 @@ __all__ = [
     "SCHEDULES", "OFFLOADS", "RECOMPUTES", "DEFAULT_DP_BUCKET_BYTES",
     "cluster_from_dict", "known_profiles", "load_cluster", "load_model", "load_profile_dict",
     "model_from_dict", "model_from_hf_config", "parse_plan", "plan_from_dict", "profiles_dir",
-    "stage_layers", "validate",
+    "plan_mask", "stage_layers", "validate",
 ]

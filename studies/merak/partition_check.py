@@ -26,7 +26,7 @@ profile's).
 Profile: this study's own calibration ``profiles/cpu-merak.yaml`` (``PARSIM_HOST_MEMORY=keep parsim
 calibrate --model studies/merak/merak-cpu.yaml --tp 1 --ranks 2 --mbs 1 --out studies/merak/profiles/
 cpu-merak.yaml``; the check runs the executor under the policy the profile records, ``calibration.
-host_alloc``),
+host_alloc``; the policy itself: ``executor.host_alloc``),
 which measured this model's own shapes -- its output layer is a 128 x 512 x 32000 GEMM whose
 65 MB weight does not fit a CPU's last-level cache, a shape cpu-small's calibration never runs --
 else ``calibration/profiles/cpu-calibrated.yaml``, else ``cpu``.
@@ -96,7 +96,7 @@ def isolated_stage_cpu_time(model, partition: tuple[int, ...], repeats: int = 8)
 
     import torch
 
-    from parsim.calibration.host_alloc import apply_host_memory_policy
+    from parsim.executor.host_alloc import apply_host_memory_policy
     from parsim.executor.model import StageModule, init_stage
 
     torch.set_num_threads(1)
@@ -124,10 +124,11 @@ def split_stage_times(model, plan, cluster, graph: str = "traced") -> list[float
     """The partitioner's in-pipeline stage times (s) on ``graph`` for ``plan``'s own split
     (whichever split its min-max cut would choose on ``cluster``)."""
     from parsim.costs import device_capacity
+    from parsim.executor.model import reference_model
     from parsim.partition import StageCoster, build_graph, build_segments, candidate_cuts, resolve_source
     from parsim.partition.solver import _stage_results
 
-    graph = build_graph(resolve_source(model), plan.replace(partition=None), cluster, graph)
+    graph = build_graph(resolve_source(model), plan.replace(partition=None), cluster, graph, reference_model)
     segments = build_segments(graph, candidate_cuts(graph, min_cuts=plan.num_stages - 1))
     assert len(segments) == model.layers, "a ModelSpec graph's segments are its layers"
     bounds = [0]
@@ -156,17 +157,19 @@ def anchored_stage_times(model, plans, results_by_plan, profile_data) -> tuple[l
 def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from parsim.executor import ExecutorConfig, RunSpec, run_plans
+    from parsim.executor.model import reference_model
     from parsim.partition import partition
     from parsim.sim import simulate
     from parsim.specs import load_cluster, load_model, load_profile_dict, parse_plan
-    from parsim.calibration.host_alloc import ENV as HOST_MEMORY_ENV, profile_policy, use_profile_policy
     from parsim.calibration.anchor import probe_request
+    from parsim.calibration.host_alloc import profile_policy, use_profile_policy
+    from parsim.executor.host_alloc import ENV as HOST_MEMORY_ENV
 
     profile = pick_profile()
     cluster = load_cluster("cpu:2", profile=profile if profile != "cpu" else None)
     model = load_model(str(MODEL))
     base = parse_plan(PLAN)
-    traced = partition(model, base, cluster, graph="traced")
+    traced = partition(model, base, cluster, graph="traced", reference_model=reference_model)
     analytic = partition(model, base, cluster, graph="analytic")
     auto = base.replace(partition=traced.partition)
     uniform = base.replace(partition=traced.uniform_partition)
@@ -178,7 +181,7 @@ def main() -> int:
     m = base.num_microbatches
     profile_data = load_profile_dict(profile)
     # the executor's ranks (and the isolated runs) use the host memory policy the profile was
-    # measured under (calibration.host_alloc; inherited by the spawned ranks)
+    # measured under (executor.host_alloc; inherited by the spawned ranks)
     policy = use_profile_policy(profile_data)
     print(f"host memory policy: {HOST_MEMORY_ENV}={policy} (the profile's: {profile_policy(profile_data)})")
     # memory is not compared here: no step is given to the memory tracker, so every step after the
