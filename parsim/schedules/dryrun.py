@@ -60,23 +60,21 @@ def dependencies(schedule: Schedule, action: Item, present: set[Action]) -> list
         inner = set(action.sub_actions)
         return [d for sub in action.sub_actions for d in dependencies(schedule, sub, present) if d not in inner]
     kind, s, j = action
+    # membership is tested with plain tuples (equal to and hashed as the Action): cheaper
     if kind == "F":
         if s == 0:
             return []
-        recv = Action("RECV_F", s, j)
-        return [recv, Action("SEND_F", s - 1, j)] if recv in present else [Action("F", s - 1, j)]
+        if ("RECV_F", s, j) in present:
+            return [Action("RECV_F", s, j), Action("SEND_F", s - 1, j)]
+        return [Action("F", s - 1, j)]
     if kind == "W":
         return [Action("I", s, j)]
     if kind in ("B", "I"):
-        needs = [Action("F", s, j)]
-        if s < schedule.num_stages - 1:
-            recv = Action("RECV_B", s, j)
-            if recv in present:
-                needs += [recv, Action("SEND_B", s + 1, j)]
-            else:
-                grad_from_next = Action("I", s + 1, j)
-                needs.append(grad_from_next if grad_from_next in present else Action("B", s + 1, j))
-        return needs
+        if s == schedule.num_stages - 1:
+            return [Action("F", s, j)]
+        if ("RECV_B", s, j) in present:
+            return [Action("F", s, j), Action("RECV_B", s, j), Action("SEND_B", s + 1, j)]
+        return [Action("F", s, j), Action("I" if ("I", s + 1, j) in present else "B", s + 1, j)]
     if kind == "SEND_F":
         return [Action("F", s, j)]
     if kind == "SEND_B":
@@ -133,9 +131,13 @@ def list_schedule(schedule: Schedule, duration, hop, zero=0.0) -> list[list[Time
                 ready = [end[d] + hop(d, rank_of[d], action, rank) for d in needs]
                 start = max([free_at[rank], *ready])
                 finish = free_at[rank] = start + duration(action)
-                for leaf in (action.sub_actions if action.kind == OVERLAP_F_B else (action,)):
-                    end[leaf] = finish
-                    rank_of[leaf] = rank
+                if action.kind == OVERLAP_F_B:
+                    for leaf in action.sub_actions:
+                        end[leaf] = finish
+                        rank_of[leaf] = rank
+                else:
+                    end[action] = finish
+                    rank_of[action] = rank
                 timed[rank].append(TimedAction(action, rank, start, finish))
                 nxt[rank] += 1
                 remaining -= 1

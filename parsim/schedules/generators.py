@@ -27,7 +27,7 @@ from parsim.specs import ALL_SCHEDULES, UNTIMED_SCHEDULES, Plan, SpecError
 from .bubbles import closed_form_bubble_fraction
 from .ir import Action, Item, Schedule, v_placement
 from .v_schedules import dualpipev_order, zbv_order
-from .zero_bubble import microbatches_per_round, split_backward_1f1b, zb_h2_orders
+from .zero_bubble import split_backward_1f1b, zb_h2_orders
 
 # Schedules whose stages are placed in a V (rank r holds stages r and 2 pp - 1 - r).
 V_PLACED = ("zbv", "dualpipev")
@@ -209,4 +209,5 @@ def _check_arguments(schedule: str, pp: int, m: int, vpp: int) -> None:
         raise SpecError("num_microbatches", m, f"interleaved-zb runs microbatches in max(1, m // pp)={rounds} "
                         f"rounds of equal size: needs a multiple of {rounds}")
     if schedule == "dualpipev" and m < 2 * pp:
-        raise SpecError("num_microbatches", m, f"dualpipev needs at least as many microbatches as stages, 2*pp={2 * pp}")
+        raise SpecError("num_microbatches", m,
+                        f"dualpipev needs at least as many microbatches as stages, 2*pp={2 * pp}")

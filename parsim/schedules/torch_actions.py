@@ -55,16 +55,23 @@ def from_torch_actions(pipeline_order: dict[int, list["_Action | None"]], *, nam
 
 
 def infer_placement(actions, pp: int, vpp: int) -> tuple[int, ...]:
-    """The rank of each of the pp * vpp stages: the first rank whose actions use it (as torch's
-    ``_validate_schedule`` infers it), loop placement for a stage no action uses."""
-    placement = [s % pp for s in range(pp * vpp)]
-    seen: set[int] = set()
+    """The rank of each of the pp * vpp stages: the rank that runs most of the stage's compute
+    passes (the first such rank on a tie; any action counts for a stage no pass uses; loop
+    placement for a stage nothing uses). For a consistent schedule this is the one rank that
+    uses the stage, as torch's ``_validate_schedule`` infers it; for an inconsistent one it
+    lets the checker point at the stray action."""
+    votes: list[dict[int, int]] = [{} for _ in range(pp * vpp)]
+    fallback: list[dict[int, int]] = [{} for _ in range(pp * vpp)]
     for rank, order in enumerate(actions):
         for item in order:
             for a in (item.sub_actions if item.kind == OVERLAP_F_B else (item,)):
-                if 0 <= a.stage < len(placement) and a.stage not in seen:
-                    seen.add(a.stage)
-                    placement[a.stage] = rank
+                if isinstance(a.stage, int) and 0 <= a.stage < pp * vpp:
+                    tally = votes if a.kind in KINDS else fallback
+                    tally[a.stage][rank] = tally[a.stage].get(rank, 0) + 1
+    placement = []
+    for stage in range(pp * vpp):
+        tally = votes[stage] or fallback[stage]
+        placement.append(max(tally, key=tally.get) if tally else stage % pp)
     return tuple(placement)
 
 

@@ -5,7 +5,7 @@ microbatch goes down the ranks through the first half of the model and back up t
 second, so the first and the last stage share rank 0 and the loss is computed where the
 first backward starts.
 
-* ``zbv``: ZB-V (Qi et al. 2023, arXiv:2401.10241, Sec 6, Fig. 8), as torch 2.13 generates
+* ``zbv``: ZB-V (Qi et al. 2023, arXiv:2401.10241, Sec 6), as torch 2.13 generates
   it (``ScheduleZBVZeroBubble``). Warm-up: 2(p-r)-1 chunk-0 forwards, then r pairs
   (F chunk 1, F chunk 0), then p-r triples (F, I, W of chunk 1); steady state
   (F0 I0 W0 F1 I1 W1) until every forward ran; cool-down: r pairs (I0, I1), p-r pairs
@@ -14,7 +14,7 @@ first backward starts.
   memory as 1F1B (p microbatches' worth per rank, in chunks of half a stage); zero bubble in
   the paper's sense when T_F = T_B = T_W.
 * ``dualpipev``: the "cut-in-half" DualPipe (DeepSeek-AI 2024, DeepSeek-V3 technical report,
-  arXiv:2412.19437, Sec 3.2.1, Fig. 5; DeepSeek's open-source DualPipeV) as torch 2.13
+  arXiv:2412.19437, Sec 3.2.1; DeepSeek's open-source DualPipeV) as torch 2.13
   generates it (``ScheduleDualPipeV``, m >= 2p): eight phases per rank, the main one
   running the forward of one chunk overlapped with the backward of the other (``OverlapFB``);
   W is split off (zero-bubble) only for the second half of the last backwards, with rank

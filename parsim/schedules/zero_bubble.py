@@ -95,7 +95,10 @@ def zb_h2_orders(pp: int, m: int) -> list[list[Action]]:
 def _ready_pass(r: int, pp: int, m: int, cap: int, count: dict[str, int], done: dict[Action, int],
                 t: int) -> Action | None:
     f, i, w = count["F"], count["I"], count["W"]
-    ready = lambda a: done.get(a, t + 1) <= t   # noqa: E731 -- ended by time t
+
+    def ready(a: Action) -> bool:             # ended by time t
+        return done.get(a, t + 1) <= t
+
     if i < f and (r == pp - 1 or ready(Action("I", r + 1, i))):
         return Action("I", r, i)
     if f < m and f - w < cap and (r == 0 or ready(Action("F", r - 1, f))):
