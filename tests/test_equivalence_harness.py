@@ -75,6 +75,9 @@ def test_nested_numbers_strings_booleans_and_shapes_are_compared_exactly():
     assert difference.compare_values(_sim(), _sim(plan="dp=2 tp=2 pp=2 mbs=1 gbs=16")).verdict == "different"
     extra = difference.compare_values(_sim(), _sim(new_metric=1.0))
     assert extra.verdict == "different" and extra.differences[0].before == "<missing>"
+    assert difference.compare_values(_sim(), _sim(new_metric=1.0), new_keys=True).verdict == "identical"
+    gone = {k: v for k, v in _sim().items() if k != "mfu"}
+    assert difference.compare_values(_sim(), gone, new_keys=True).verdict == "different"   # a lost key still counts
 
 
 def test_an_integer_printed_as_a_float_is_a_difference_and_nan_equals_nan():

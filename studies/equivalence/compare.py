@@ -93,7 +93,8 @@ def command_line(item: dict, places: dict[str, str]) -> str:
     return "parsim " + " ".join(a if " " not in a else repr(a) for a in item["argv"])
 
 
-def report(items: list[dict], before: dict, after: dict, rel_tol: float, show: int, places: dict) -> int:
+def report(items: list[dict], before: dict, after: dict, rel_tol: float, show: int, places: dict,
+           new_keys: bool = False) -> int:
     """Prints the counts and the first differences; returns the number of bad items."""
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     bad, max_rel, rows = [], 0.0, 0
@@ -104,7 +105,7 @@ def report(items: list[dict], before: dict, after: dict, rel_tol: float, show: i
             counts[kind]["errors-different"] += 1
             bad.append((it, f"no result ({'before' if b is None else 'after'} runner lost it)"))
             continue
-        out = compare_records(b, a, rel_tol)
+        out = compare_records(b, a, rel_tol, new_keys)
         counts[kind][out.verdict] += 1
         max_rel = max(max_rel, out.max_rel)
         rows += b.get("table_len", 0)
@@ -140,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rel-tol", type=float, default=REL_TOL, help=f"relative tolerance [{REL_TOL:g}]")
     ap.add_argument("--random", type=int, default=corpus.RANDOM_PLANS, help="seeded random plans [%(default)s]")
     ap.add_argument("--only", default=None, help="comma-separated corpus tags or commands (e.g. random,sweep)")
+    ap.add_argument("--new-keys", action="store_true",
+                    help="keys only the 'after' output has (fields added on purpose) are no difference")
     ap.add_argument("--show", type=int, default=10, help="differing items to print in detail [10]")
     ap.add_argument("--keep", type=Path, default=None, help="keep the corpus and both trees' outputs here")
     args = ap.parse_args(argv)
@@ -168,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label:6s} {name}: parsim imported from {package}; {seconds:.1f} s wall, {cpu:.1f} s CPU, "
                   f"{args.workers} workers", flush=True)
             results[label] = load_records(work / f"{label}.jsonl")
-        bad = report(items, results["before"], results["after"], args.rel_tol, args.show, places)
+        bad = report(items, results["before"], results["after"], args.rel_tol, args.show, places, args.new_keys)
     finally:
         remove_worktree(REPO, before_tree)
         shutil.rmtree(tmp, ignore_errors=True)

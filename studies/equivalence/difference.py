@@ -17,6 +17,7 @@ from typing import Any, Iterator
 REL_TOL = 1e-9
 WALL_CLOCK = re.compile(r"(^|_)wall(_s)?$|^timings_s$")
 VERDICTS = ("identical", "within", "different", "errors-same", "errors-different")
+MISSING = "<missing>"
 
 
 @dataclass
@@ -75,9 +76,9 @@ def walk(before: Any, after: Any, path: str = "") -> Iterator[Difference]:
         for key in sorted(set(before) | set(after), key=str):
             sub = f"{path}.{key}" if path else str(key)
             if key not in after:
-                yield Difference(sub, before[key], "<missing>")
+                yield Difference(sub, before[key], MISSING)
             elif key not in before:
-                yield Difference(sub, "<missing>", after[key])
+                yield Difference(sub, MISSING, after[key])
             else:
                 yield from walk(before[key], after[key], sub)
     elif isinstance(before, list) and isinstance(after, list):
@@ -96,9 +97,11 @@ def walk(before: Any, after: Any, path: str = "") -> Iterator[Difference]:
         yield Difference(path, before, after)
 
 
-def compare_values(before: Any, after: Any, rel_tol: float = REL_TOL) -> Outcome:
-    """The verdict for two outputs (wall-clock fields dropped): identical, within or different."""
-    diffs = list(walk(drop_wall_clock(before), drop_wall_clock(after)))
+def compare_values(before: Any, after: Any, rel_tol: float = REL_TOL, new_keys: bool = False) -> Outcome:
+    """The verdict for two outputs (wall-clock fields dropped): identical, within or different.
+    ``new_keys``: keys only the "after" output has (a field added on purpose) are no difference."""
+    diffs = [d for d in walk(drop_wall_clock(before), drop_wall_clock(after))
+             if not (new_keys and d.before == MISSING)]
     if not diffs:
         return Outcome("identical")
     bad = [d for d in diffs if d.rel is None or d.rel > rel_tol]
@@ -116,7 +119,7 @@ def failure(record: dict) -> str | None:
     return None
 
 
-def compare_records(before: dict, after: dict, rel_tol: float = REL_TOL) -> Outcome:
+def compare_records(before: dict, after: dict, rel_tol: float = REL_TOL, new_keys: bool = False) -> Outcome:
     """The verdict for one corpus item from the two runner records (tables already loaded into
     ``record["table_rows"]`` when the item has one)."""
     fb, fa = failure(before), failure(after)
@@ -126,7 +129,7 @@ def compare_records(before: dict, after: dict, rel_tol: float = REL_TOL) -> Outc
         return Outcome("errors-different", [Difference("error", fb or "<ok>", fa or "<ok>")])
     doc_b = {"stdout": before.get("stdout"), "table": before.get("table_rows")}
     doc_a = {"stdout": after.get("stdout"), "table": after.get("table_rows")}
-    return compare_values(doc_b, doc_a, rel_tol)
+    return compare_values(doc_b, doc_a, rel_tol, new_keys)
 
 
 def rows_by_plan(rows: list[dict]) -> dict[str, dict] | list[dict]:
