@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,8 @@ from parsim.cli import main
 from parsim.specs import SpecError, parse_plan
 from parsim.study.validate import (MeasuredRound, launches, load_matrix, median_round, read_rounds, run_validation,
                                    spearman_rho)
+
+CPU_CALIBRATED = str(Path(__file__).resolve().parent / "fixtures" / "cpu-calibrated.yaml")   # frozen measured profile
 
 
 def test_spearman_rho_is_one_for_the_same_order_and_minus_one_reversed():
@@ -71,7 +74,7 @@ def test_validation_runs_rounds_on_real_processes_and_resumes_without_rerunning(
                  "plans: ['dp=2 gbs=4 dtype=fp32', 'pp=2 gbs=4 schedule=1f1b dtype=fp32']\n")
     matrix = load_matrix(f)
     out = tmp_path / "out"
-    report = run_validation(matrix, "cpu-calibrated", out, progress=False)
+    report = run_validation(matrix, CPU_CALIBRATED, out, progress=False)
     assert len(report.rows) == 2
     rounds = read_rounds(out)
     assert sorted((m.plan, m.round) for m in rounds) == sorted((p.to_string(), k) for p in matrix.plans for k in (0, 1))
@@ -90,7 +93,7 @@ def test_validation_runs_rounds_on_real_processes_and_resumes_without_rerunning(
     # the table is lost but the rounds are kept: the rows come back without running the executor again
     (out / "validation.csv").unlink()
     before = (out / "rounds.csv").read_text()
-    again = run_validation(matrix, "cpu-calibrated", out, progress=False)
+    again = run_validation(matrix, CPU_CALIBRATED, out, progress=False)
     assert (out / "rounds.csv").read_text() == before
     assert [r["measured_step_s"] for r in again.rows] == pytest.approx([r["measured_step_s"] for r in report.rows])
     with (out / "validation.csv").open() as fh:
@@ -113,7 +116,7 @@ def test_anchoring_to_the_profiles_own_probe_changes_nothing_and_a_slower_layer_
     from parsim.specs import cluster_from_dict, load_model, load_profile_dict
     from parsim.calibration.anchor import anchored_profile, probe_drift, probe_request
 
-    prof = load_profile_dict("cpu-calibrated")
+    prof = load_profile_dict(CPU_CALIBRATED)
     assert probe_request(prof) == (load_model("cpu-small"), 1, "fp32")
     refit = copy.deepcopy(prof)
     fit_layer_terms(refit["device"], load_model("cpu-small"), "fp32")
@@ -122,7 +125,7 @@ def test_anchoring_to_the_profiles_own_probe_changes_nothing_and_a_slower_layer_
         for k, v in refit["device"]["extra"][key].items():
             assert same["device"]["extra"][key][k] == pytest.approx(v, rel=1e-9), (key, k)
     assert probe_drift(prof, _probes_like(prof)) == pytest.approx(1.0)
-    assert prof["device"]["extra"]["layer_probe"] == load_profile_dict("cpu-calibrated")["device"]["extra"]["layer_probe"]
+    assert prof["device"]["extra"]["layer_probe"] == load_profile_dict(CPU_CALIBRATED)["device"]["extra"]["layer_probe"]
 
     slow = anchored_profile(prof, _probes_like(prof, scale=1.25))
     assert probe_drift(prof, _probes_like(prof, scale=1.25)) == pytest.approx(1.25)
@@ -172,7 +175,7 @@ def test_a_profile_calibrated_on_a_model_file_keeps_its_spec_so_the_layer_probe_
     from parsim.calibration.anchor import anchored_profile, probe_request
 
     custom = ModelSpec(name="not-a-preset", layers=2, hidden=256, heads=4, ffn_hidden=1024, vocab=5000, seq_len=64)
-    prof = copy.deepcopy(load_profile_dict("cpu-calibrated"))
+    prof = copy.deepcopy(load_profile_dict(CPU_CALIBRATED))
     prof["provenance"].update(model="not-a-preset", model_spec=dataclasses.asdict(custom))
     assert probe_request(prof) == (custom, 1, "fp32")
     anchored = anchored_profile(prof, _probes_like(prof, scale=1.1))
