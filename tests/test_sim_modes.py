@@ -158,7 +158,7 @@ def test_host_contention_applies_to_ranks_computing_at_once_not_to_idle_ones():
     """4 ranks on a 2-core host: with every rank busy (dp=4) the step runs at the measured
     4-rank slowdown; a pipeline with big bubbles (pp=4, 4 microbatches) computes at a
     smaller mean-field slowdown, so it is faster than with the 4-rank slowdown throughout."""
-    from parsim.costs.timing import host_contention, host_scale
+    from parsim.costs.host import HostModel, host_contention
     from parsim.schedules import build_schedule
     from parsim.sim.engine import _run
     from parsim.specs import load_cluster, load_model, parse_plan
@@ -170,7 +170,7 @@ def test_host_contention_applies_to_ranks_computing_at_once_not_to_idle_ones():
     for text, busy in (("dp=4 gbs=8 dtype=fp32", True), ("pp=4 gbs=4 dtype=fp32", False)):
         plan = parse_plan(text)
         fixed = _run(model, cluster, plan, build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp),
-                     "representative", {}, False, False, host_scale(cluster, 4))
+                     "representative", {}, False, False, HostModel(cluster, 4).slowdown(4))
         step_fixed = max(fixed.recorder.finish.values())
         step = simulate(model, cluster, plan).step_time_s
         if busy:
@@ -181,11 +181,10 @@ def test_host_contention_applies_to_ranks_computing_at_once_not_to_idle_ones():
 
 def _with_interference(cluster, value, **keys):
     from dataclasses import replace
-    extra = {k: v for k, v in cluster.device.extra.items() if k != "comm_interference"}
-    if value is not None:
-        extra["comm_interference"] = {"2": value}
-    extra.update(keys)
-    return replace(cluster, device=replace(cluster.device, extra=extra))
+    from parsim.specs import RankCurve
+    tables = cluster.device.tables.replace(comm_interference=None if value is None else RankCurve(((2, value),)),
+                                           **keys)
+    return replace(cluster, device=replace(cluster.device, tables=tables))
 
 
 def _overlap(intervals, others):
@@ -245,10 +244,10 @@ def test_processor_sharing_host_slows_jobs_only_while_they_overlap():
     the first ends at 1.5 s and the second (half done by then) alone at 2.0 s."""
     import simpy
 
-    from parsim.sim.host import Host
+    from parsim.costs.host import ProcessorSharing
 
     env = simpy.Environment()
-    host = Host(env, lambda n: (float(n), 1.0))
+    host = ProcessorSharing(env, lambda n: (float(n), 1.0))
     ends = {}
 
     def job(name, at, fixed=0.0, gemm=1.0):
@@ -262,7 +261,7 @@ def test_processor_sharing_host_slows_jobs_only_while_they_overlap():
     assert ends["a"] == pytest.approx(1.5) and ends["b"] == pytest.approx(2.0)
     # a fixed (not shared) part is not slowed
     env = simpy.Environment()
-    host = Host(env, lambda n: (float(n), 1.0))
+    host = ProcessorSharing(env, lambda n: (float(n), 1.0))
     ends.clear()
     env.process(job("a", 0.0, fixed=1.0, gemm=0.0))
     env.process(job("b", 0.0, fixed=1.0, gemm=0.0))
@@ -273,7 +272,7 @@ def test_processor_sharing_host_slows_jobs_only_while_they_overlap():
 def test_pipeline_ranks_on_a_shared_host_compute_faster_in_the_bubbles_than_in_the_steady_state():
     """pp=4 on 2 cores: rank 0's first forward runs alone (fast); in the steady state all four
     ranks compute at once and its forwards take about the 4-rank slowdown longer."""
-    from parsim.costs.timing import host_contention
+    from parsim.costs.host import host_contention
     from parsim.specs import load_cluster, load_model, parse_plan
 
     cluster = load_cluster("cpu:4", profile="cpu-calibrated")
@@ -290,7 +289,7 @@ def _cpu_with(**extra):
 
     from parsim.specs import load_cluster
     base = load_cluster("cpu:2")          # no contention table: no host sharing to move times
-    return replace(base, device=replace(base.device, extra={**base.device.extra, **extra}))
+    return replace(base, device=replace(base.device, tables=base.device.tables.replace(**extra)))
 
 
 def test_blocking_zero_collectives_never_overlap_compute():

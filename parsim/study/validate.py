@@ -342,13 +342,14 @@ def run_validation(matrix: Matrix, profile: str, out_dir: str | Path, *, progres
 def probe_request(profile_data: dict[str, Any]) -> tuple[ModelSpec, int, str] | None:
     """(model, mbs, dtype) of the profile's real-layer probe, for ``ExecutorConfig.layer_probe``;
     None when the profile has none (GPU presets, profiles older than the probe)."""
-    from parsim.calibration.profile import profile_model
+    from parsim.calibration.layer_terms import profile_model
+    from parsim.specs import profile_tables
 
-    probe = profile_data.get("device", {}).get("extra", {}).get("layer_probe")
+    probe = profile_tables(profile_data).layer_probe
     prov = profile_data.get("provenance", {})
-    if not probe or not (prov.get("model") or prov.get("model_spec")):
+    if probe is None or not (prov.get("model") or prov.get("model_spec")):
         return None
-    return profile_model(profile_data), int(probe.get("mbs", 1)), str(prov.get("dtype", "fp32"))
+    return profile_model(profile_data), int(probe.mbs), str(prov.get("dtype", "fp32"))
 
 
 def _mean_probe(probes: list[dict[str, float]]) -> dict[str, float]:
@@ -363,9 +364,11 @@ def _mean_probe(probes: list[dict[str, float]]) -> dict[str, float]:
 
 def probe_drift(profile_data: dict[str, Any], probes: list[dict[str, float]]) -> float:
     """The layer's solo forward + backward seconds around a run over the profile's (1 = as calibrated)."""
-    cal = profile_data["device"]["extra"]["layer_probe"]
+    from parsim.specs import profile_tables
+
+    cal = profile_tables(profile_data).layer_probe
     now = _mean_probe(probes)
-    return (now["fwd_s"] + now["bwd_s"]) / (float(cal["fwd_s"]) + float(cal["bwd_s"]))
+    return (now["fwd_s"] + now["bwd_s"]) / (float(cal.fwd_s) + float(cal.bwd_s))
 
 
 def anchored_profile(profile_data: dict[str, Any], probes: list[dict[str, float]]) -> dict[str, Any]:
@@ -375,19 +378,19 @@ def anchored_profile(profile_data: dict[str, Any], probes: list[dict[str, float]
     ``parsim calibrate`` derived the profile's. Everything else (per-op tables, collectives)
     is the profile's."""
     import copy
+    from dataclasses import replace
 
-    from parsim.calibration.profile import fit_layer_terms, profile_model
+    from parsim.calibration.layer_terms import refit_data
+    from parsim.specs import profile_tables, with_profile_tables
 
     now = _mean_probe(probes)
     data = copy.deepcopy(profile_data)
-    extra = data["device"]["extra"]
-    extra["layer_probe"].update(fwd_s=now["fwd_s"], bwd_s=now["bwd_s"])
-    if now["world"] > 1 and "contention_layer" in extra:
-        extra["contention_layer"][str(now["world"])] = now["contention"]
-    prov = data.get("provenance", {})
+    tables = profile_tables(data)
+    tables = tables.replace(layer_probe=replace(tables.layer_probe, fwd_s=now["fwd_s"], bwd_s=now["bwd_s"]))
+    if now["world"] > 1 and tables.contention_layer is not None:
+        tables = tables.replace(contention_layer=tables.contention_layer.with_value(now["world"], now["contention"]))
     # the probe's layer is the profile's model (``probe_request``), whatever the matrix's is
-    fit_layer_terms(data["device"], profile_model(data), prov.get("dtype", "fp32"), data.get("name", "device"))
-    return data
+    return refit_data(with_profile_tables(data, tables))
 
 
 @dataclass
