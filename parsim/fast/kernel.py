@@ -11,7 +11,7 @@ import numba
 
 from .codes import RC_FULL, RC_STAGE_AWARE
 from .memory import plan_memory
-from .timing import plan_time
+from .timing import DPSync, PlanKnobs, plan_time
 
 
 @numba.njit(cache=True)
@@ -27,5 +27,5 @@ def evaluate_all(out, dp, tp, pp, vpp, mbs, gbs, schedule, zero, offload, recomp
         full_rc = recompute[i] == RC_FULL or recompute[i] == RC_STAGE_AWARE
         plan_memory(out[i], dp[i], pp[i], vpp[i], m, schedule[i], zero[i], offload[i], full_rc, lrow, hrow, drow,
                     ranks, moments, moment_start[moff:moff + pp[i]], moment_count[moff:moff + pp[i]], bucket_bytes)
-        plan_time(out[i], dp[i], tp[i], pp[i], vpp[i], m, schedule[i], zero[i], offload[i], dp_impl[i], lrow, hrow,
-                  drow, ranks, bucket_bytes, dp_overlap, k)
+        plan_time(out[i], PlanKnobs(dp[i], tp[i], pp[i], vpp[i], m, schedule[i], zero[i], offload[i], dp_impl[i]),
+                  lrow, hrow, drow, ranks, DPSync(bucket_bytes, dp_overlap), k)
