@@ -6,7 +6,7 @@ ZeRO-2's per-microbatch gradient reduce-scatters (``zero2_scatters``) run beside
 stepped or not.
 
 Actions with nothing to interleave take one ``env.timeout`` of their precomputed duration
-(``device.compute_whole``); this module is the slow, exact path for the rest.
+(``device.start_whole``); this module is the slow, exact path for the rest.
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """One simulated device: a SimPy process that walks its pipeline rank's actions.
 
 As in SimPy's own examples, ``device`` is a generator: for each action it waits for the
-action's input (``receive``: the previous stage's activations for F, the next stage's
-gradients for B/I), computes (``compute_whole``: one ``env.timeout``, or one job on a host
-whose cores the ranks share; ``compute_stepped``: segment by segment, ``actions``), then sends
-its output on (``Simulation.send``). The host model (``costs.host``) supplies how long the
+action's input (``input_start``: the previous stage's activations for F, the next stage's
+gradients for B/I), computes (``start_whole`` / ``end_whole``: one
+``env.timeout``, or one job on a host whose cores the ranks share; ``compute_stepped``:
+segment by segment, ``actions``), then sends its output on (``Simulation.send``). The host model (``costs.host``) supplies how long the
 compute takes: the device's ``scale``, the shared host's processor sharing, and the compute it
 owes to collectives that ran beside it (``Device.ledger``), paid before its next action.
 """
@@ -29,12 +29,19 @@ def device(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     """One device: its actions in schedule order, then the end of its step.
 
     This loop runs once per action of the step (10^5 times for the 1T benchmark), so it keeps
-    its lookups in locals and skips the zero-byte memory changes."""
+    its lookups in locals, skips the zero-byte memory changes, and runs a whole action's
+    compute through plain functions (a generator per action would cost ~10% of a run)."""
     rec, mem, rank, ledger = sim.recorder, dev.memory, dev.rank, dev.ledger
     footprints, keep, last_stage = sim.footprints, rec.keep_events, sim.num_stages - 1
+    interfered, detail = sim.interference > 0, rec.detail
     for idx, (kind, stage, mb) in enumerate(dev.actions):
         forward, backward = kind == "F", kind in ("B", "I")
-        begin = yield from receive(env, sim, dev, kind, stage, mb)
+        # input: activations of the previous stage (F), gradients of the next stage (B, I)
+        now = env.now
+        begin = input_start(sim, dev, kind, stage, mb, now)
+        if begin.__class__ is Arrival:             # not sent yet: wait for the sender
+            yield begin
+            begin = input_start(sim, dev, kind, stage, mb, now, waited=begin)
         start = begin + ledger.pay() if ledger.debt else begin    # compute owed to collectives first
         cost = dev.costs.get((stage, kind)) or sim.cost(dev, stage, kind)
         fp = footprints[stage]
@@ -49,7 +56,14 @@ def device(env: simpy.Environment, sim: "Simulation", dev: "Device"):
             run = yield from compute_stepped(env, sim, dev, cost, idx, mb, start)
         else:
             run = None
-            yield from compute_whole(env, sim, dev, cost, idx, mb, begin, start)
+            if interfered:
+                ledger.busy_since = begin
+            if sim.sharing is not None and start > env.now:
+                yield env.timeout(start - env.now)   # a job of the shared host starts when it starts
+            done, stretch = start_whole(env, sim, dev, cost, idx, mb, start)
+            yield done
+            if interfered or cost.exposed_tp or detail:
+                end_whole(env, sim, dev, cost, mb, begin, start, stretch)
         released = False
         if sim.zero_blocking and len(dev.pending_dp) > issued:
             # the action's ZeRO reduce-scatters are waited for before it ends (no side stream)
@@ -80,48 +94,49 @@ def device(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     yield from finish_step(env, sim, dev)
 
 
-def receive(env: simpy.Environment, sim: "Simulation", dev: "Device", kind: str, stage: int, mb: int):
-    """Wait for an action's input; returns when the action can start (seconds). When the
-    input's arrival is already known the wait is not yielded: the caller folds it into the
-    action's own timeout. Time blocked on a transfer already on the wire is exposed PP time."""
-    forward = kind == "F"
-    key = (("act", stage - 1, mb) if forward and stage > 0 else
-           ("grad", stage + 1, mb) if kind in ("B", "I") and stage < sim.num_stages - 1 else None)
-    now = env.now
-    if key is None:
-        return now
-    deliveries = sim.deliveries
-    sent = deliveries.pop((dev.replica, key), None)
-    if sent is None:                       # not sent yet: wait for the sender
-        ev = deliveries[(dev.replica, key)] = Arrival(env)
-        yield ev
-        start, on_wire = env.now, ev.value
-    else:                                  # sent: the action starts when it arrives
-        start, on_wire = max(now, sent[0]), sent[1]
-    on_wire = max(now, on_wire)
+def input_start(sim: "Simulation", dev: "Device", kind: str, stage: int, mb: int, now: float,
+                waited: Arrival | None = None):
+    """When an action asked for at ``now`` can start (seconds): when its input (the previous
+    stage's activations for F, the next stage's gradients for B/I) arrives, never before
+    ``now``; or, when the input is not sent yet, the ``Arrival`` event the sender will fire
+    (call again with it as ``waited`` once it has). A wait that is not over is not yielded:
+    the caller folds it into the action's own timeout. Time blocked on a transfer already on
+    the wire is exposed PP time."""
+    if waited is None:
+        if kind == "F":
+            if stage == 0:
+                return now
+            key = (dev.replica, ("act", stage - 1, mb))
+        elif (kind == "B" or kind == "I") and stage < sim.num_stages - 1:
+            key = (dev.replica, ("grad", stage + 1, mb))
+        else:
+            return now
+        sent = sim.deliveries.pop(key, None)
+        if sent is None:
+            sent = sim.deliveries[key] = Arrival(sim.env)
+            return sent
+        arrival, on_wire = sent
+    else:
+        arrival, on_wire = sim.env.now, waited.value
+    start, on_wire = max(now, arrival), max(now, on_wire)
     if start > on_wire:                    # blocked while the transfer was on the wire
         rec = sim.recorder
         rec.exposed[dev.rank]["pp"] += start - on_wire
         if rec.keep_events:
             rec.rows.append((dev.rank, stage, "pp", "recv", mb, -1, on_wire, start, sim.p2p_nbytes, 0.0,
-                             RECV_F if forward else RECV_B))
+                             RECV_F if kind == "F" else RECV_B))
     return start
 
 
-def compute_whole(env: simpy.Environment, sim: "Simulation", dev: "Device", cost: ActionCost, idx: int, mb: int,
-                  begin: float, start: float):
-    """An action with nothing shared inside: one timeout of its duration (the wait for its
-    input folded in), or, on a host whose cores the ranks share, one processor-sharing job
+def start_whole(env: simpy.Environment, sim: "Simulation", dev: "Device", cost: ActionCost, idx: int, mb: int,
+                start: float):
+    """Start an action with nothing shared inside: returns (the event at its end, the stretch
+    of its inside offsets). One timeout of its duration, the wait for its input folded in;
+    or, on a host whose cores the ranks share, one processor-sharing job
     (``costs.host.ProcessorSharing``) whose inside stretches by the sharing at its start. Its
-    gradients' readiness and its ZeRO-2 reduce-scatters hang on the action's inside offsets."""
+    gradients' readiness and its ZeRO-2 reduce-scatters hang on the inside offsets."""
     now, stage, kind = env.now, cost.stage, cost.kind
-    interfered = sim.interference > 0
-    if interfered:
-        dev.ledger.busy_since = begin
     if sim.sharing is not None:
-        if start > now:
-            yield env.timeout(start - now)
-            now = env.now
         solo = sim.solo_seconds(dev, stage, kind)
         stretch = sim.sharing.estimate(*solo) / cost.duration if cost.duration > 0 else 1.0
         done = sim.sharing.run(*solo)
@@ -138,10 +153,15 @@ def compute_whole(env: simpy.Environment, sim: "Simulation", dev: "Device", cost
         ready = ([done] * len(cost.grads_ready) if sim.zero_blocking else
                  [start + gp.offset * stretch for gp in cost.grads_ready])
         dev.pending_dp.append(env.process(zero2_scatters(env, sim, dev, stage, mb, cost.grads_ready, ready)))
-    yield done
-    if interfered:
+    return done, stretch
+
+
+def end_whole(env: simpy.Environment, sim: "Simulation", dev: "Device", cost: ActionCost, mb: int, begin: float,
+              start: float, stretch: float) -> None:
+    """After a whole action: the compute its TP collectives took on a CPU host (sub-pipelined
+    halves overlap them), its exposed TP time, and its per-layer events (``detail``)."""
+    if sim.interference > 0:
         dev.ledger.computed(begin, env.now)
-        # sub-pipelined TP: collectives the action overlaps with its other half's compute
         overlapped = sim.overlapped_tp(cost)
         if overlapped > 0:
             dev.ledger.owe(sim.interference * overlapped)
@@ -151,7 +171,7 @@ def compute_whole(env: simpy.Environment, sim: "Simulation", dev: "Device", cost
     if rec.detail:
         for p in cost.placed:
             s = p.segment
-            rec.event(dev.rank, stage, s.stream, s.kind, mb, s.layer, start + p.start * stretch,
+            rec.event(dev.rank, cost.stage, s.stream, s.kind, mb, s.layer, start + p.start * stretch,
                       start + p.end * stretch, nbytes=s.nbytes, flops=s.flops, name=s.name)
 
 
