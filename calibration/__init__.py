@@ -9,7 +9,8 @@ Modules: ``shapes`` (what to measure for a model), ``timer`` / ``compute`` (one 
 ``comm`` (process groups: collectives, contention), ``fit`` (pure fitting), ``tables``
 (samples -> calibrated tables), ``layer_terms`` (the terms priced through ``costs.timing``;
 ``refit``), ``profile`` (measurements -> profile mapping), ``profile_io`` (YAML out),
-``machine`` (this machine's name and size), ``runner`` (the whole run).
+``machine`` (this machine's name and size), ``anchor`` (a profile re-derived from a later layer
+probe), ``runner`` (the whole run).
 Importing this package does not import torch; running a calibration does.
 """
 from .fit import AlphaBeta, Summary, fit_alpha_beta, fit_gemm_efficiency, summarize

@@ -1,6 +1,7 @@
 """Multi-process benchmarks on a real process group: collectives and compute contention.
 
-One job = ``world`` spawned ranks on this machine (gloo on CPU, NCCL with one GPU per rank on
+One job = ``world`` ranks on this machine, started by the executor's launcher
+(``parsim.executor.processes``; gloo on CPU, NCCL with one GPU per rank on
 CUDA), on 127.0.0.1 with a free port, one thread per rank (OMP_NUM_THREADS=1 and
 ``torch.set_num_threads(1)``, as the executor runs them). Each rank
 
@@ -26,11 +27,8 @@ collective is done when its slowest member is).
 from __future__ import annotations
 
 import math
-import os
-import queue as queue_mod
-import socket
+import tempfile
 import time
-import traceback
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
@@ -52,8 +50,6 @@ CALLS = {
     "all_gather_list": "dist.all_gather(parts, x)",
     "reduce_scatter_list": "dist.reduce_scatter(out, list(x.chunk(world)))",
 }
-# One message from a child must arrive at least this often while it is alive (seconds).
-JOIN_GRACE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -74,7 +70,7 @@ class CommJob:
     insitu_sizes: tuple[int, ...] = ()
     insitu_blocks: tuple[tuple[int, int, int, int], ...] = ()
     # the layer contention probe: every rank runs one real layer's forward + backward at once
-    # (``compute.layer_step``); None skips it
+    # (``parsim.executor.layer_probe.layer_step``); None skips it
     layer_model: Any = None
     layer_mbs: int = 1
 
@@ -86,82 +82,30 @@ class CommJob:
         return "nccl" if self.device_type == "cuda" else "gloo"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_comm_job(job: CommJob, on_progress: Callable[[str], None] = lambda label: None) -> list[dict]:
-    """Spawn ``job.world`` ranks, run the job, return each rank's result dict (rank order)."""
-    import torch.multiprocessing as mp
+    """Start ``job.world`` ranks (the executor's launcher), run the job, return each rank's
+    result dict (rank order). A failing rank stops the others at once: they would only wait in
+    a collective for it."""
+    from parsim.executor.processes import LaunchError, Progress, free_port, run_ranks
 
-    ctx = mp.get_context("spawn")
-    results: queue_mod.Queue = ctx.Queue()
-    port = free_port()
-    saved = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"          # inherited by the children: one thread per rank
-    try:
-        procs = [ctx.Process(target=_rank_main, args=(rank, port, job, results), name=f"parsim-calib{rank}")
-                 for rank in range(job.world)]
-        for p in procs:
-            p.start()
-    finally:
-        if saved is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = saved
-    return _collect(procs, results, job, on_progress)
-
-
-def _collect(procs, results, job: CommJob, on_progress) -> list[dict]:
-    by_rank: dict[int, dict] = {}
-    failure: str | None = None
-    dead_since: float | None = None
-    while len(by_rank) < job.world and failure is None:
+    with tempfile.TemporaryDirectory(prefix="parsim-calib-") as run_dir:
         try:
-            kind, rank, payload = results.get(timeout=0.2)
-        except queue_mod.Empty:
-            if any(p.exitcode not in (None, 0) for p in procs) or all(p.exitcode is not None for p in procs):
-                dead_since = dead_since or time.monotonic()
-                if time.monotonic() - dead_since > JOIN_GRACE_S:   # no error message came
-                    codes = [p.exitcode for p in procs]
-                    failure = f"a calibration rank died (exit codes {codes})"
-            continue
-        if kind == "progress":
-            on_progress(payload)
-        elif kind == "result":
-            by_rank[rank] = payload
-        else:
-            failure = f"rank {rank}: {payload}"
-    if failure:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-    for p in procs:
-        p.join()
-    if failure:
-        raise RuntimeError(f"{job.backend} benchmark with {job.world} ranks failed: {failure}")
-    return [by_rank[r] for r in range(job.world)]
+            return run_ranks(_run_rank, (free_port(), job, Progress(run_dir)), job.world, run_dir=run_dir,
+                             on_progress=on_progress, grace_s=0.0)
+        except LaunchError as err:
+            raise RuntimeError(f"{job.backend} benchmark with {job.world} ranks failed: {err}") from None
 
 
 # ----------------------------------------------------------------------------- child side
 
-def _rank_main(rank: int, port: int, job: CommJob, results) -> None:
-    os.dup2(2, 1)   # keep the parent's stdout for its one JSON object
-    try:
-        results.put(("result", rank, _run_rank(rank, port, job, results)))
-    except BaseException as err:   # report, then let the process fail
-        results.put(("error", rank, f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}"))
-        raise
-
-
-def _run_rank(rank: int, port: int, job: CommJob, results) -> dict:
+def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
     import torch
     import torch.distributed as dist
 
-    from .compute import gemm_callable, layer_step, stream_callable
-    from .host_alloc import apply_host_memory_policy
+    from parsim.executor.host_alloc import apply_host_memory_policy
+    from parsim.executor.layer_probe import layer_step
+
+    from .compute import gemm_callable, stream_callable
     from .shapes import GemmPoint
     from .timer import Clock
 
@@ -199,7 +143,7 @@ def _run_rank(rank: int, port: int, job: CommJob, results) -> dict:
             samples = _time_sizes(fns, job, clock, dist, torch, device)
             out["collectives"][op] = dict(zip(job.sizes, samples))
             if rank == 0:
-                results.put(("progress", 0, f"{op} {job.world} ranks"))
+                progress.report(f"{op} {job.world} ranks")
         if job.insitu_sizes and job.insitu_block(job.world) and job.device_type == "cpu":
             from .insitu import measure_insitu, measure_subgroups
 
@@ -214,7 +158,7 @@ def _run_rank(rank: int, port: int, job: CommJob, results) -> dict:
                 out["insitu_groups"] = measure_subgroups(block_for, job.insitu_sizes, job.repeats, clock, dist,
                                                          torch, device)
             if rank == 0:
-                results.put(("progress", 0, f"in-situ TP collectives {job.world} ranks"))
+                progress.report(f"in-situ TP collectives {job.world} ranks")
         dist.barrier()
         return out
     finally:

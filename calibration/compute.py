@@ -16,11 +16,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from parsim.executor.layer_probe import TORCH_DTYPES, layer_step
+
 from .fit import Summary, summarize
 from .shapes import AttentionPoint, GemmPoint, MemboundPoint
 from .timer import Clock, measure, measure_many
 
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NORM_EPS = 1e-5
 
 
@@ -69,33 +70,8 @@ def stream_callable(numel: int, dtype: str, device: torch.device) -> tuple[Calla
 
 
 # ----------------------------------------------------------------------------- a whole layer
-
-def layer_step(spec, mbs: int, dtype: str, device: torch.device) -> tuple[Callable[[], torch.Tensor],
-                                                                          Callable[[], None], torch.nn.Module]:
-    """(forward, backward, module) of one real transformer layer: the executor's own ``Block``
-    (``parsim.executor.model``, a one-layer stage, tp=1) on an (mbs, seq, hidden) input.
-    ``forward()`` runs the layer and keeps its output; ``backward()`` back-propagates a fixed
-    output gradient through it. Gradients are not zeroed, so every backward accumulates into
-    ``.grad`` as a microbatch of a step with gradient accumulation does."""
-    from parsim.executor.model import StageModule, init_stage
-
-    dt = TORCH_DTYPES[dtype]
-    stage = StageModule(spec, 0, 1, is_first=False, is_last=False)
-    init_stage(stage, seed=0)
-    stage.to(device=device, dtype=dt)
-    x = _rand((mbs, spec.seq_len, spec.hidden), dt, device, grad=True)
-    dy = _rand((mbs, spec.seq_len, spec.hidden), dt, device)
-    held: list[torch.Tensor] = []
-
-    def forward() -> torch.Tensor:
-        held[:] = [stage(x)]
-        return held[0]
-
-    def backward() -> None:
-        held.pop().backward(dy)
-
-    return forward, backward, stage
-
+# ``layer_step`` (the executor's own layer, forward and backward) lives with the executor's probe
+# that re-takes this measurement inside a launch (``parsim.executor.layer_probe``).
 
 def bench_layer(spec, mbs: int, dtype: str, clock: Clock, repeats: int, warmup: int = 2) -> tuple[Summary, Summary]:
     """Forward and backward seconds of one real layer (``layer_step``), ``repeats`` samples

@@ -167,8 +167,9 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     import torch
     from tqdm import tqdm
 
+    from parsim.executor.host_alloc import apply_host_memory_policy
+
     from .comm import COLLECTIVES, LIST_VARIANTS
-    from .host_alloc import apply_host_memory_policy
     from .machine import cpu_model, default_profile_name
     from .profile import Measurements, build_profile
 
@@ -222,7 +223,7 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     m.provenance = _provenance(opts, device, worlds, started, wall, load_before)
     m.provenance["other_work"] = _other_work(cpu_before, _cpu_seconds(), wall)
     if host_memory is not None:
-        m.provenance["host_memory"] = host_memory       # PARSIM_HOST_MEMORY (host_alloc)
+        m.provenance["host_memory"] = host_memory       # PARSIM_HOST_MEMORY (executor.host_alloc)
     return build_profile(m, name or default_profile_name(device.type))
 
 

@@ -15,7 +15,8 @@ One probe, on every rank of the launch (a collective call; it takes ~1-2 s):
 
 1. rank 0 alone (the others wait in a barrier, which does not spin): ``PROBE_STEPS`` forward
    and backward passes of the layer after one warm-up, each pass timed -> median forward and
-   backward seconds, as ``calibration.compute.bench_layer`` measures them;
+   backward seconds, as ``calibration.compute.bench_layer`` measures them (both time
+   ``layer_step``, defined here);
 2. every rank at once: the same number of forward + backward steps -> the median over ranks
    of the seconds per step, as ``calibration.comm._alternating_rounds`` measures the concurrent side.
 
@@ -25,13 +26,43 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from .model import StageModule, init_stage
+
 # timed passes per phase (after one warm-up): ~0.3 s alone for the cpu-small layer on this VM
 PROBE_STEPS = 4
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def layer_step(spec, mbs: int, dtype: str, device: torch.device) -> tuple[Callable[[], torch.Tensor],
+                                                                          Callable[[], None], torch.nn.Module]:
+    """(forward, backward, module) of one real transformer layer: the executor's own ``Block``
+    (``parsim.executor.model``, a one-layer stage, tp=1) on an (mbs, seq, hidden) input.
+    ``forward()`` runs the layer and keeps its output; ``backward()`` back-propagates a fixed
+    output gradient through it. Gradients are not zeroed, so every backward accumulates into
+    ``.grad`` as a microbatch of a step with gradient accumulation does. The calibration times
+    it (``calibration.compute.bench_layer``, ``calibration.comm``) and so does ``probe_layer``."""
+    dt = TORCH_DTYPES[dtype]
+    stage = StageModule(spec, 0, 1, is_first=False, is_last=False)
+    init_stage(stage, seed=0)
+    stage.to(device=device, dtype=dt)
+    x = torch.randn(mbs, spec.seq_len, spec.hidden, dtype=dt, device=device).requires_grad_(True)
+    dy = torch.randn(mbs, spec.seq_len, spec.hidden, dtype=dt, device=device)
+    held: list[torch.Tensor] = []
+
+    def forward() -> torch.Tensor:
+        held[:] = [stage(x)]
+        return held[0]
+
+    def backward() -> None:
+        held.pop().backward(dy)
+
+    return forward, backward, stage
 
 
 @dataclass(frozen=True)
@@ -50,7 +81,6 @@ class LayerProbe:
 
 def probe_layer(model, mbs: int, dtype: str, device: torch.device) -> LayerProbe | None:
     """Run the probe on every rank of the default group; the result on rank 0, None elsewhere."""
-    from parsim.calibration.compute import layer_step
     from parsim.specs import load_model
 
     forward, backward, module = layer_step(load_model(model), mbs, dtype, device)

@@ -342,3 +342,12 @@ def build_full_model(spec: ModelSpec, seed: int) -> StageModule:
     model = StageModule(spec, 0, spec.layers, is_first=True, is_last=True)
     init_stage(model, seed)
     return model
+
+
+def reference_model(spec: ModelSpec, batch_size: int = 1) -> tuple[StageModule, tuple[torch.Tensor, torch.Tensor]]:
+    """The whole model as one stage, uninitialised, and one microbatch of example inputs
+    (tokens, labels): what ``parsim partition`` traces a ModelSpec as (its caller passes this
+    to ``parsim.partition.partition``; layer i is the submodule ``layers.<i>``)."""
+    module = StageModule(spec, 0, spec.layers, is_first=True, is_last=True)
+    tokens = torch.zeros(batch_size, spec.seq_len, dtype=torch.long)
+    return module, (tokens, tokens.clone())

@@ -9,10 +9,11 @@
   and keeps the rest (Merak, Lai et al. 2023); all layers when ``recompute_layers`` is unset.
 * ``shifted_critical_path``: the last pipeline rank recomputes nothing (Merak).
 
-The same policy per layer as ``parsim.costs.memory.rank_recompute`` uses for the simulator.
+The policy of each layer is ``parsim.costs.layer_recompute``'s, the one the simulator plays.
 """
 from __future__ import annotations
 
+from parsim.costs import layer_recompute
 from parsim.specs import Plan
 
 from .model import StageModule
@@ -20,14 +21,7 @@ from .model import StageModule
 
 def layer_policies(plan: Plan, stage: int, num_layers: int) -> list[str]:
     """Recompute policy (``none``/``full``/``selective``) of each layer of a virtual stage."""
-    if plan.recompute == "none":
-        return ["none"] * num_layers
-    if plan.shifted_critical_path and stage % plan.pp == plan.pp - 1:
-        return ["none"] * num_layers
-    if plan.recompute == "stage-aware":
-        full = plan.recompute_layers[stage] if plan.recompute_layers is not None else num_layers
-        return ["full"] * full + ["none"] * (num_layers - full)
-    return [plan.recompute] * num_layers
+    return [policy for n, policy in layer_recompute(plan, stage, num_layers) for _ in range(n)]
 
 
 def apply_ac(stage_module: StageModule, plan: Plan, stage: int) -> None:

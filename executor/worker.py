@@ -29,11 +29,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from parsim.calibration.host_alloc import apply_host_memory_policy
 from parsim.specs import ModelSpec, Plan
 
 from .config import ExecutorConfig
+from .host_alloc import apply_host_memory_policy
 from .parallel_dims import build_parallel_dims
+from .processes import error_file
 from .results import ExecutionResult, combine
 from .timeline import chrome_trace
 
@@ -60,7 +61,7 @@ class Rendezvous:
     port: int
     world_size: int
     timeout_s: float
-    run_dir: str | None = None     # where rank 0 writes results and ranks write errors (launcher mode)
+    run_dir: str | None = None     # where ranks write their errors (``processes.error_file``; launcher mode)
     host_store: bool = False       # this rank (0) hosts the TCPStore (torchrun without agent store)
     namespace: str = "parsim"      # key prefix; under torchrun it includes the restart count
 
@@ -122,6 +123,11 @@ def pick_device(local_rank: int) -> tuple[torch.device, str]:
     return torch.device("cpu"), "gloo"
 
 
+def launched_rank(rank: int, rdzv: Rendezvous, runs: list[RunSpec]) -> list[ExecutionResult]:
+    """One rank started by ``launch.run_plans`` on this machine (``processes.run_ranks``'s target)."""
+    return run_worker(rank, rank, rdzv, runs)
+
+
 def run_worker(rank: int, local_rank: int, rdzv: Rendezvous, runs: list[RunSpec]) -> list[ExecutionResult]:
     """Everything one rank does; returns the combined results on rank 0 (empty elsewhere)."""
     torch.set_num_threads(1)
@@ -135,7 +141,7 @@ def run_worker(rank: int, local_rank: int, rdzv: Rendezvous, runs: list[RunSpec]
         wait_for_peers(store, rank, rdzv.world_size, rdzv.timeout_s)
         device, backend = pick_device(local_rank)
         if device.type == "cpu":
-            apply_host_memory_policy()      # PARSIM_HOST_MEMORY (calibration.host_alloc)
+            apply_host_memory_policy()      # PARSIM_HOST_MEMORY (host_alloc)
         dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank,
                                 world_size=rdzv.world_size, timeout=timedelta(seconds=rdzv.timeout_s),
                                 device_id=device if device.type == "cuda" else None)
@@ -153,9 +159,10 @@ def run_worker(rank: int, local_rank: int, rdzv: Rendezvous, runs: list[RunSpec]
         dist.destroy_process_group()
         return outputs
     except BaseException as err:   # noqa: BLE001 -- every failure must be reported, then exit
-        message = f"rank {rank}: {type(err).__name__}: {err}"
+        cause = f"{type(err).__name__}: {err}"
+        message = f"rank {rank}: {cause}"
         if rdzv.run_dir:
-            Path(rdzv.run_dir, f"rank{rank}.error").write_text(message)
+            error_file(rdzv.run_dir, rank).write_text(cause)
         traceback.print_exc(file=sys.stderr)
         try:
             time.sleep(DEFER_S)   # the watchdog exits meanwhile if a root cause is published

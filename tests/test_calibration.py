@@ -256,8 +256,9 @@ def test_contention_is_the_median_of_the_rounds_ratios_of_concurrent_over_rank0_
 
 def test_layer_probe_times_the_executor_layer_and_accumulates_gradients():
     torch = pytest.importorskip("torch")
-    from parsim.calibration.compute import bench_layer, layer_step
+    from parsim.calibration.compute import bench_layer
     from parsim.calibration.timer import Clock
+    from parsim.executor.layer_probe import layer_step
 
     spec = load_model("tiny")
     fwd, bwd = bench_layer(spec, 2, "fp32", Clock(torch.device("cpu")), repeats=3)

@@ -15,9 +15,10 @@ MODEL = ModelSpec(name="heavy-head-small", layers=6, hidden=64, heads=4, ffn_hid
 
 def test_auto_partition_executes_and_matches_the_uniform_split_losses():
     from parsim.executor import ExecutorConfig, RunSpec, run_plans
+    from parsim.executor.model import reference_model
 
     plan = Plan(pp=2, gbs=4, dtype="fp32")
-    result = partition(MODEL, plan, "cpu:2", graph="traced")
+    result = partition(MODEL, plan, "cpu:2", graph="traced", reference_model=reference_model)
     assert result.partition != result.uniform_partition
     config = ExecutorConfig(steps=3, warmup=1)
     uniform, auto = run_plans([RunSpec(MODEL, plan.replace(partition=result.uniform_partition), config),

@@ -4,6 +4,7 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
+from parsim.executor.model import reference_model  # noqa: E402
 from parsim.partition import build_graph, load_factory, partition, resolve_source  # noqa: E402
 from parsim.partition.stage_cost import state_bytes_per_param  # noqa: E402
 from parsim.partition.trace import find_layers, trace_module  # noqa: E402
@@ -17,11 +18,11 @@ HEAVY_HEAD = ModelSpec(name="heavy-head", layers=8, hidden=512, heads=8, ffn_hid
 
 def test_reference_decoder_is_cut_at_layer_starts_and_counts_every_parameter_once():
     model = load_model("tiny")
-    result = partition(model, "gbs=4 dtype=fp32", "cpu:1", graph="traced")
+    result = partition(model, "gbs=4 dtype=fp32", "cpu:1", graph="traced", reference_model=reference_model)
     assert result.graph == "traced" and result.partition == (4,)
     expected = sum(p.numel() for p in _reference(model).parameters())   # tied embedding counted once
     assert result.stages[0].state_bytes == pytest.approx(expected * state_bytes_per_param(Plan(dtype="fp32")))
-    two = partition(model, "pp=2 gbs=4 dtype=fp32", "cpu:2", graph="traced")
+    two = partition(model, "pp=2 gbs=4 dtype=fp32", "cpu:2", graph="traced", reference_model=reference_model)
     assert sum(two.partition) == 4
     assert all(b.startswith("layers_") for b in two.boundaries)
     # with pp > 1 the tied word embedding is held by the first and the last stage (Megatron-LM)
@@ -31,7 +32,7 @@ def test_reference_decoder_is_cut_at_layer_starts_and_counts_every_parameter_onc
 
 
 def test_traced_and_analytic_graphs_agree_on_stage_times():
-    traced = partition(HEAVY_HEAD, "pp=2 gbs=8 dtype=fp32", CPU, graph="traced")
+    traced = partition(HEAVY_HEAD, "pp=2 gbs=8 dtype=fp32", CPU, graph="traced", reference_model=reference_model)
     analytic = partition(HEAVY_HEAD, "pp=2 gbs=8 dtype=fp32", CPU, graph="analytic")
     assert traced.partition == analytic.partition
     for t, a in zip(traced.stages + traced.uniform_stages, analytic.stages + analytic.uniform_stages):
@@ -41,7 +42,7 @@ def test_traced_and_analytic_graphs_agree_on_stage_times():
 def test_tracing_allocates_no_weights_for_a_13b_model():
     graph = build_graph(resolve_source(load_model("gpt3-13b").__class__(
         name="13b-4layers", layers=4, hidden=5120, heads=40, seq_len=2048)), Plan(), load_cluster("a100-80g:1"),
-        "traced")
+        "traced", reference_model)
     # 4 layers of 13B: 1.26e9 parameters, 5 GB in fp32, traced without allocating them
     assert sum(graph.param_numel.values()) > 1.2e9
     assert len(graph.nodes) > 50
@@ -136,7 +137,14 @@ def test_bad_factories_name_the_model_field():
     assert err.value.field == "graph"
 
 
+def test_a_model_spec_is_traced_only_as_the_reference_model_its_caller_passes():
+    with pytest.raises(SpecError) as err:
+        partition(HEAVY_HEAD, "pp=2 gbs=8 dtype=fp32", CPU, graph="traced")
+    assert err.value.field == "graph" and "reference_model" in err.value.allowed
+    assert partition(HEAVY_HEAD, "pp=2 gbs=8 dtype=fp32", CPU).graph == "analytic"
+    assert partition(HEAVY_HEAD, "pp=2 gbs=8 dtype=fp32", CPU, reference_model=reference_model).graph == "traced"
+
+
 def _reference(model):
-    from parsim.executor.model import StageModule
     with torch.device("meta"):
-        return StageModule(model, 0, model.layers, is_first=True, is_last=True)
+        return reference_model(model)[0]

@@ -99,3 +99,22 @@ def test_non_positive_budget_is_rejected():
     with pytest.raises(SpecError) as err:
         stage_aware_recompute_layers(MODEL, PLAN, CLUSTER, 0)
     assert err.value.field == "memory_budget"
+
+
+def test_fewest_recomputed_is_the_least_count_that_fits_and_none_when_even_all_do_not():
+    """The one bisection the analytic model and the partitioner share (costs.fewest_recomputed)."""
+    from parsim.costs import fewest_recomputed
+
+    calls = []
+
+    def bytes_with(k):
+        calls.append(k)
+        return 100.0 - 7.0 * k - (5.0 if k >= 6 else 0.0)    # never grows with k, uneven steps
+
+    for budget in range(20, 105):
+        calls.clear()
+        fitting = [k for k in range(11) if bytes_with(k) <= budget]
+        calls.clear()
+        got = fewest_recomputed(10, bytes_with, float(budget))
+        assert got == (min(fitting) if fitting else None)
+        assert len(calls) <= 1 + 4                       # the check of k = 10, then log2(11) steps

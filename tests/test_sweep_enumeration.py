@@ -6,7 +6,7 @@ import pytest
 
 from parsim.fast import PlanTable, product_table, valid_mask
 from parsim.specs import OFFLOADS, RECOMPUTES, SCHEDULES, SpecError, load_cluster, load_model, validate
-from parsim.study.enumerate import degree_triples, enumerate_plans, space_values
+from parsim.study.enumerate import candidate_plans, degree_triples, enumerate_plans, space_values
 from parsim.study.space import SweepSpace, build_space, load_space_file, parse_fix
 
 SMALL = dict(vpp=(1, 2, 3), mbs=(1, 2, 4), gbs=(8, 12, 16), schedule=SCHEDULES, zero=(0, 1, 2, 3),
@@ -40,6 +40,29 @@ def test_vectorised_rules_accept_exactly_the_plans_validate_accepts(model_name, 
     expected = np.array([_accepted_by_validate(model, cluster, sample.plan(i)) for i in range(len(sample))])
     assert expected.sum() > 100
     assert (mask == expected).all()
+
+
+def _first_broken_rule(model, cluster, plan) -> str | None:
+    try:
+        validate(model, cluster, plan)
+        return None
+    except SpecError as err:
+        return f"{err.field}: {err.allowed}"
+
+
+@pytest.mark.parametrize("model_name, cluster_name", [("llama3-70b", "h100-sxm:64"), ("gpt3-175b", "a100-80g:1024")])
+def test_validate_and_the_vectorised_mask_agree_on_every_plan_of_a_full_sweep_space(model_name, cluster_name):
+    """Every candidate the sweep's enumeration masks (the default space: 53,760 and 126,720
+    plans), one ``validate`` call each against ``valid_mask`` on the whole table."""
+    model, cluster = load_model(model_name), load_cluster(cluster_name)
+    table = candidate_plans(model, cluster, SweepSpace())
+    assert len(table) > 50_000
+    broken = [_first_broken_rule(model, cluster, table.plan(i)) for i in range(len(table))]
+    expected = np.array([b is None for b in broken])
+    assert (valid_mask(model, cluster, table) == expected).all()
+    assert 0.05 < expected.mean() < 0.95
+    # the space exercises many rules, each rejecting some plans first
+    assert len({b.split(":")[0] for b in broken if b}) >= 4
 
 
 def test_enumeration_returns_every_valid_plan_of_the_space_and_nothing_else():

@@ -108,8 +108,8 @@ def _probes_like(profile, scale=1.0, contention=None, world=2):
 def test_anchoring_to_the_profiles_own_probe_changes_nothing_and_a_slower_layer_scales_compute():
     from parsim.calibration.layer_terms import fit_layer_terms
     from parsim.sim import simulate
+    from parsim.calibration.anchor import anchored_profile, probe_drift, probe_request
     from parsim.specs import cluster_from_dict, device_from_dict, load_model, load_profile_dict
-    from parsim.study.validate import anchored_profile, probe_drift, probe_request
 
     prof = load_profile_dict("cpu-calibrated")
     assert probe_request(prof) == (load_model("cpu-small"), 1, "fp32")
@@ -143,7 +143,8 @@ def test_anchoring_to_the_profiles_own_probe_changes_nothing_and_a_slower_layer_
 
 def test_profiles_without_a_layer_probe_are_not_anchored_and_old_rounds_files_resume(tmp_path):
     from parsim.specs import load_profile_dict
-    from parsim.study.validate import ROUND_COLUMNS, _append_round, probe_request
+    from parsim.calibration.anchor import probe_request
+    from parsim.study.validate import ROUND_COLUMNS, append_round
 
     assert probe_request(load_profile_dict("cpu")) is None
     assert probe_request(load_profile_dict("h100-sxm")) is None
@@ -152,11 +153,11 @@ def test_profiles_without_a_layer_probe_are_not_anchored_and_old_rounds_files_re
     (tmp_path / "rounds.csv").write_text(",".join(old) + "\n")
     m = MeasuredRound("dp=2 gbs=4 dtype=fp32", 0, 1.5, [1.5], [10, 10], [2.0], "t.json",
                       layer_probes=[{"solo_fwd_s": 0.1, "solo_bwd_s": 0.2, "concurrent_s": 0.3, "world": 2}])
-    _append_round(tmp_path, m, 2)
+    append_round(tmp_path, m, 2)
     back, = read_rounds(tmp_path)
     assert (back.plan, back.step_time_s, back.layer_probes) == (m.plan, 1.5, [])
     (tmp_path / "rounds.csv").unlink()
-    _append_round(tmp_path, m, 2)
+    append_round(tmp_path, m, 2)
     assert read_rounds(tmp_path)[0].layer_probes == m.layer_probes
 
 
@@ -167,7 +168,7 @@ def test_a_profile_calibrated_on_a_model_file_keeps_its_spec_so_the_layer_probe_
     import dataclasses
 
     from parsim.specs import ModelSpec, load_profile_dict
-    from parsim.study.validate import anchored_profile, probe_request
+    from parsim.calibration.anchor import anchored_profile, probe_request
 
     custom = ModelSpec(name="not-a-preset", layers=2, hidden=256, heads=4, ffn_hidden=1024, vocab=5000, seq_len=64)
     prof = copy.deepcopy(load_profile_dict("cpu-calibrated"))

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parsim.specs import profiles_dir
-
 from .common import add_json_argument, emit_json, table
 
 HELP = "micro-benchmark this machine (GEMMs, attention, memory-bound ops, collectives) and write a profile YAML"
@@ -27,66 +25,46 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from parsim.calibration import calibrate, default_profile_name, write_profile
+    from parsim.api import calibrate
 
-    device = args.device
-    name = args.name or (Path(args.out).stem if args.out else default_profile_name(device.split(":")[0]))
-    profile = calibrate(model=args.model, dtype=args.dtype, ranks=args.ranks, repeats=args.repeats,
-                        quick=args.quick, name=name, progress=True, mbs=args.mbs, tps=args.tp,
-                        device=device, base=args.base)
-    path = write_profile(profile, args.out or profiles_dir() / f"{name}.yaml")
+    done = calibrate(args.model, dtype=args.dtype, ranks=args.ranks, repeats=args.repeats, quick=args.quick,
+                     mbs=args.mbs, tp=args.tp, device=args.device, base=args.base, name=args.name, out=args.out,
+                     progress=True)
     if args.json:
-        emit_json({"profile_path": str(path), **summary(profile), "profile": profile})
+        emit_json(done.to_dict())
         return 0
-    print(render(profile, path))
+    print(render(done.profile, done.path))
     return 0
 
 
-def summary(profile: dict) -> dict:
-    dev, net = profile["device"], profile["network"]
-    return {
-        "name": profile["name"],
-        "duration_s": profile["provenance"]["duration_s"],
-        "peak_flops": dev["peak_flops"],
-        "memory_bandwidth": dev["memory_bandwidth"],
-        "kernel_overhead_s": dev["kernel_overhead_s"],
-        "gemm": dev["gemm"],
-        "attention_efficiency": dev["attention_efficiency"],
-        "contention": dev["extra"]["contention"],
-        **{k: dev["extra"][k] for k in ("layer_composition", "contention_layer") if k in dev["extra"]},
-        "collectives": {op: {n: {k: e[k] for k in ("alpha", "beta", "alpha_insitu", "alpha_insitu_shared") if k in e}
-                             for n, e in per.items()}
-                        for op, per in net.get("collectives", {}).items()},
-    }
-
-
 def render(profile: dict, path: Path) -> str:
-    dev, net, prov = profile["device"], profile["network"], profile["provenance"]
+    from parsim.specs import CollectiveTables, profile_tables
+
+    dev, prov, tables = profile["device"], profile["provenance"], profile_tables(profile)
     lines = [f"{profile['name']}: {prov['cpu']} x {prov['cores']} cores, torch {prov['torch']} {prov['backend']}, "
              f"{prov['duration_s']:.0f} s",
              "peak GEMM " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in dev["peak_flops"].items())
              + f"; gemm curve max_eff {dev['gemm']['max_efficiency']:.2f} half_dim {dev['gemm']['half_dim']:.0f}",
              f"memory-bound {dev['memory_bandwidth'] / 1e9:.2f} GB/s; op overhead {dev['kernel_overhead_s'] * 1e6:.1f} us; "
              f"attention eff {dev['attention_efficiency']:.2f}",
-             "contention (ranks: slowdown) " + ", ".join(f"{k}: {v:.2f}" for k, v in dev["extra"]["contention"].items())]
-    extra = dev["extra"]
-    if "layer_composition" in extra:
-        probe, comp = extra["layer_probe"], extra["layer_composition"]
-        lines.append(f"real layer (mbs={probe['mbs']}, tp=1): forward {probe['fwd_s'] * 1e3:.1f} ms "
-                     f"(x{comp['fwd']:.3f} the per-op sum), backward {probe['bwd_s'] * 1e3:.1f} ms (x{comp['bwd']:.3f})"
+             "contention (ranks: slowdown) " + ", ".join(f"{k}: {v:.2f}" for k, v in tables.contention.values)]
+    if tables.layer_composition is not None:
+        probe, comp = tables.layer_probe, tables.layer_composition
+        lines.append(f"real layer (mbs={probe.mbs}, tp=1): forward {probe.fwd_s * 1e3:.1f} ms "
+                     f"(x{comp.fwd:.3f} the per-op sum), backward {probe.bwd_s * 1e3:.1f} ms (x{comp.bwd:.3f})"
                      + ("; slowdown with N ranks at once " + ", ".join(f"{k}: {v:.2f}" for k, v in
-                                                                      extra["contention_layer"].items())
-                        if "contention_layer" in extra else ""))
-        if probe.get("blocks"):
-            sums = [(f + b) * 1e3 for f, b in probe["blocks"]]
+                                                                      tables.contention_layer.values)
+                        if tables.contention_layer is not None else ""))
+        if probe.blocks:
+            sums = [(f + b) * 1e3 for f, b in probe.blocks]
             lines.append(f"  the layer's forward + backward in {len(sums)} blocks over the run: "
                          + " / ".join(f"{x:.1f}" for x in sums)
                          + f" ms (the machine's drift: {(max(sums) - min(sums)) / min(sums):.0%}; the profile takes "
                          "the median of all samples)")
     lines.append("")
-    rows = [[op, n, f"{e['alpha'] * 1e3:.3f}", f"{e['alpha_insitu'] * 1e3:.3f}" if "alpha_insitu" in e else "-",
-             f"{1 / e['beta'] / 1e9:.3f}" if e["beta"] > 0 else "inf", f"{e['spread']:.2f}", f"{e['fit_rms_rel']:.2f}"]
-            for op, per in net.get("collectives", {}).items() for n, e in per.items()]
+    rows = [[op, str(n), f"{f.alpha * 1e3:.3f}", f"{f.alpha_insitu * 1e3:.3f}" if f.alpha_insitu is not None else "-",
+             f"{1 / f.beta / 1e9:.3f}" if f.beta > 0 else "inf", f"{f.spread:.2f}", f"{f.fit_rms_rel:.2f}"]
+            for op, n, f in CollectiveTables.from_dict(profile["network"].get("collectives")).entries()]
     if rows:
         lines.append(table(rows, ["collective", "ranks", "alpha ms", "in situ ms", "1/beta GB/s", "spread", "fit rms"]))
     lines.append(f"wrote {path}")

@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Any
 
-from parsim.specs import ClusterSpec, ModelSpec, Plan, load_cluster, load_model, parse_plan, validate
+from parsim.specs import ClusterSpec, ModelSpec, Plan
 from parsim.trace.io import jsonable
 
 
@@ -27,10 +27,8 @@ def add_json_argument(p: argparse.ArgumentParser) -> None:
 
 def load_specs(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, Plan, list[str]]:
     """Parse and validate model, cluster and plan; warnings go to stderr (never stdout)."""
-    model = load_model(args.model)
-    cluster = load_cluster(args.cluster, profile=getattr(args, "profile", None))
-    plan = parse_plan(args.plan)
-    warnings = validate(model, cluster, plan)
+    from parsim.api import load_specs as parse_specs
+    model, cluster, plan, warnings = parse_specs(args.model, args.cluster, args.plan, getattr(args, "profile", None))
     for w in warnings:
         print(f"parsim: warning: {w}", file=sys.stderr)
     return model, cluster, plan, warnings

@@ -90,7 +90,7 @@ def execute_locally(out: Path, steps: int) -> None:
     from parsim.executor.worker import RunSpec
     from parsim.sim import simulate
     from parsim.specs import cluster_from_dict, load_profile_dict, parse_plan
-    from parsim.study.validate import anchored_profile, probe_drift, probe_request
+    from parsim.calibration.anchor import anchored_profile, probe_drift, probe_request
 
     profile = "cpu-calibrated" if "cpu-calibrated" in known_profiles() else "cpu"
     model = load_model(CPU_MODEL)

@@ -66,7 +66,7 @@ def make_cluster(text: str, profile: str | None, world: int):
 
 
 def run(args) -> int:
-    from parsim.partition import partition
+    from parsim.api import partition
 
     plan = make_plan(args.plan, args.pp, args.vpp)
     cluster = make_cluster(args.cluster, args.profile, plan.world_size)

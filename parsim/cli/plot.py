@@ -39,7 +39,7 @@ def timeline(args: argparse.Namespace) -> dict:
     from parsim.plots.timeline import plot_timeline
     result, _ = run_engine(args)
     title = f"{result.model} · {result.plan}"
-    plot_timeline(result.trace, args.out, title=title, max_ranks=args.max_ranks)
+    plot_timeline(result.events, args.out, title=title, max_ranks=args.max_ranks)
     return {"outputs": [str(args.out)], "step_time_s": result.step_time_s, "bubble_fraction": result.bubble_fraction}
 
 

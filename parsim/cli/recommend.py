@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import argparse
 
-from parsim.specs import SpecError
-from parsim.study.recommend import recommend
+from parsim.api import recommend
 
 from .common import emit_json
-from .sweep import add_sweep_arguments, sweep_from_args
+from .sweep import add_sweep_arguments, sweep_options
 
 HELP = "the best plans and why (memory fit, bubble, exposed communication, rules of thumb)"
 
@@ -20,17 +19,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.top < 1:
-        raise SpecError("top", args.top, "a positive integer")
-    resim = args.top if args.resimulate is None else args.resimulate
-    if resim < 0:
-        raise SpecError("resimulate", resim, "a non-negative integer")
-    model, cluster, result = sweep_from_args(args, resim)
-    rec = recommend(model, cluster, result, top=args.top)
+    rec = recommend(args.model, args.cluster, top=args.top, resimulate=args.resimulate, **sweep_options(args))
     if args.json:
         emit_json(rec.to_dict())
         return 0
-    print(f"{model.name} on {rec.cluster}: {rec.num_plans} valid plans, {rec.num_fit} fit")
+    print(f"{rec.model} on {rec.cluster}: {rec.num_plans} valid plans, {rec.num_fit} fit")
     print(rec.rule_check)
     for a in rec.plans:
         print(f"\n#{a.rank}  {a.plan}")

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import argparse
 
-from parsim.specs import SpecError
-
 from .common import add_spec_arguments, emit_json, gib, load_specs, table
 
 HELP = "simulate one training step (SimPy): step time, throughput, MFU/HFU, bubble, exposed comm, memory"
@@ -30,43 +28,23 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="also record per-layer compute and per-collective TP events in the trace (slower)")
 
 
-def parse_slowdown(text: str | None) -> dict[int, float]:
-    """``"3=1.5,5=1.2"`` -> {3: 1.5, 5: 1.2}."""
-    if not text:
-        return {}
-    out: dict[int, float] = {}
-    for item in text.split(","):
-        rank, sep, factor = item.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            out[int(rank)] = float(factor)
-        except ValueError:
-            raise SpecError("slowdown", text, "comma-separated RANK=FACTOR pairs, e.g. 3=1.5,5=1.2") from None
-    return out
-
-
 def run_engine(args: argparse.Namespace):
-    """Load the specs, simulate, and return (result, warnings)."""
-    from parsim.sim import simulate
+    """Load the specs (warnings to stderr), simulate, and return (``parsim.api.Result``, warnings)."""
+    from parsim.api import simulate
     model, cluster, plan, warnings = load_specs(args)
-    slowdown = parse_slowdown(args.slowdown)
-    mode = args.mode or ("full" if slowdown else "representative")
-    result = simulate(model, cluster, plan, mode=mode, slowdown=slowdown, detail=args.detail)
-    return result, warnings
+    return simulate(model, cluster, plan, mode=args.mode, slowdown=args.slowdown, detail=args.detail), warnings
 
 
 def run(args: argparse.Namespace) -> int:
     result, _ = run_engine(args)
     if args.trace:
-        from parsim.trace.chrome import save_chrome_trace
-        save_chrome_trace(result.trace, args.trace)
+        result.trace(args.trace)
     if args.json:
         emit_json(result.to_dict())
         return 0
-    print(report(result))
+    print(report(result.sim))
     if args.trace:
-        print(f"wrote {args.trace} ({len(result.trace.events):,} events)")
+        print(f"wrote {args.trace} ({len(result.events.events):,} events)")
     return 0
 
 

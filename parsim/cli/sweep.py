@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 
-from parsim.specs import ClusterSpec, ModelSpec, SpecError, load_cluster, load_model
-from parsim.study.enumerate import default_gbs
-from parsim.study.space import build_space
-from parsim.study.sweep import SweepResult, run_sweep
+from parsim.api import sweep
+from parsim.specs import SpecError
 
 from .common import add_json_argument, emit_json, gib, table
 
@@ -40,58 +37,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="write every evaluated plan with its metrics (.csv or .parquet)")
 
 
-def load_sweep_specs(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec]:
-    model = load_model(args.model)
-    if args.seq_len is not None:
-        if args.seq_len < 1:
-            raise SpecError("seq-len", args.seq_len, "a positive integer (tokens per sequence)")
-        model = replace(model, seq_len=args.seq_len)
-    cluster = load_cluster(args.cluster, profile=args.profile)
-    if not 0.0 <= args.headroom < 1.0:
-        raise SpecError("headroom", args.headroom, "a fraction in [0, 1)")
-    if args.workers < 1:
-        raise SpecError("workers", args.workers, "a positive integer")
-    if args.gbs is not None and args.gbs < 1:
-        raise SpecError("gbs", args.gbs, "a positive integer (global batch in sequences)")
-    return model, cluster
-
-
-def sweep_from_args(args: argparse.Namespace, resimulate_top: int) -> tuple[ModelSpec, ClusterSpec, SweepResult]:
-    model, cluster = load_sweep_specs(args)
-    space = build_space(space_file=args.space, fix=args.fix, gbs=args.gbs)
-    if space.gbs is None:
-        space = space.narrowed({"gbs": (default_gbs(cluster),)})
-    progress = not args.no_progress and not getattr(args, "quiet", False)
-    result = run_sweep(model, cluster, space, headroom=args.headroom, resimulate_top=resimulate_top,
-                       workers=args.workers, progress=progress)
-    if result.num_plans == 0:
-        raise SpecError("space", args.fix or args.space or "defaults",
-                        f"constraints that leave at least one valid plan for {model.name} on "
-                        f"{cluster.num_devices} devices (dp*tp*pp must equal the device count, "
-                        f"gbs divisible by dp*mbs, tp dividing heads={model.heads})")
-    return model, cluster, result
+def sweep_options(args: argparse.Namespace) -> dict:
+    """The arguments ``parsim.api.sweep`` and ``parsim.api.recommend`` share, from the command line."""
+    return {"profile": args.profile, "gbs": args.gbs, "seq_len": args.seq_len, "headroom": args.headroom,
+            "fix": args.fix, "space": args.space, "workers": args.workers, "progress": not args.no_progress}
 
 
 def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise SpecError("top", args.top, "a positive integer")
-    if args.resimulate < 0:
-        raise SpecError("resimulate", args.resimulate, "a non-negative integer")
-    if args.out and not str(args.out).endswith((".csv", ".parquet")):
-        raise SpecError("out", args.out, "a path ending in .csv or .parquet")
-    model, cluster, result = sweep_from_args(args, args.resimulate)
-    if args.out:
-        result.write(args.out)
+    result = sweep(args.model, args.cluster, resimulate=args.resimulate, out=args.out, **sweep_options(args))
     if args.json:
-        emit_json({"model": model.name, "cluster": cluster.name, "num_devices": cluster.num_devices,
-                   "gbs": int(result.frame["gbs"].iloc[0]), "seq_len": model.seq_len, "headroom": args.headroom,
-                   "capacity_bytes": result.capacity_bytes, "num_plans": result.num_plans, "num_fit": result.num_fit,
-                   "num_resimulated": result.num_resimulated, "timings_s": result.timings_s,
-                   "rows": result.rows(args.top)})
+        emit_json(result.to_dict(args.top))
         return 0
-    print(f"{model.name} on {cluster.name}:{cluster.num_devices}: {result.num_plans} valid plans, "
-          f"{result.num_fit} fit in {gib(result.capacity_bytes * (1 - args.headroom))} GiB "
-          f"({result.num_resimulated} re-simulated)")
+    print(f"{result.model.name} on {result.cluster.name}:{result.cluster.num_devices}: {result.num_plans} valid "
+          f"plans, {result.num_fit} fit in {gib(result.result.capacity_bytes * (1 - args.headroom))} GiB "
+          f"({result.result.num_resimulated} re-simulated)")
     print(format_rows(result.rows(args.top)))
     if args.out:
         print(f"wrote {args.out}", file=sys.stderr)

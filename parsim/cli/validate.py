@@ -21,33 +21,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from parsim.plots import plot_timeline_pair
-    from parsim.plots.validation import plot_validation
-    from parsim.specs import load_profile_dict
-    from parsim.specs import SpecError
-    from parsim.study.validate import CSV_NAME, ROUNDS_NAME, load_matrix, run_validation
-    from parsim.trace.io import load_trace
+    from parsim.api import validate
+    from parsim.study.validate import CSV_NAME
 
-    matrix = load_matrix(args.matrix)
-    load_profile_dict(args.profile)            # fail early on a bad profile name
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.rounds is not None and args.rounds < 1:
-        raise SpecError("rounds", args.rounds, "an integer >= 1")
-    if args.fresh:
-        for name in (CSV_NAME, ROUNDS_NAME):
-            if (out / name).exists():
-                (out / name).unlink()
-    report = run_validation(matrix, args.profile, out, progress=True, rounds=args.rounds)
-    rows, s = report.rows, report.summary
-    plot_validation(rows, out / "validation.png",
-                    title=f"{matrix.model.name}: simulator ({args.profile}) vs torch executor, {len(rows)} plans")
-    worst = sorted(rows, key=lambda r: -abs(r["step_error"]))[: args.worst]
-    for i, r in enumerate(worst):
-        pred = load_trace(out / f"{r['trace_file']}.predicted.json")
-        meas = load_trace(out / f"{r['trace_file']}.measured.json")
-        plot_timeline_pair(pred, meas, out / f"worst{i + 1}_timeline.png",
-                           title=f"{r['plan']}  (step error {r['step_error']:+.1%})")
+    report = validate(args.matrix, args.profile, args.out, rounds=args.rounds, fresh=args.fresh, worst=args.worst,
+                      progress=True)
+    rows, s, out = report.rows, report.summary, Path(args.out)
     if args.json:
         emit_json(report.to_dict())
         return 0
@@ -74,5 +53,5 @@ def run(args: argparse.Namespace) -> int:
           f"Spearman rho {s['spearman_step_time']:.3f}"
           + (f" (anchored: MAPE {s['mape_step_time_anchored']:.1%}, rho {s['spearman_step_time_anchored']:.3f})"
              if anchored else ""))
-    print(f"wrote {out / CSV_NAME}, {out / 'validation.png'} and {len(worst)} worst-plan timelines")
+    print(f"wrote {out / CSV_NAME}, {report.plots[0]} and {len(report.plots) - 1} worst-plan timelines")
     return 0

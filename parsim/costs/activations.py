@@ -1,4 +1,4 @@
-"""Activation memory per transformer layer and microbatches in flight per schedule.
+"""Activation memory per transformer layer, per embedding / head, and what a backward holds.
 
 Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
 Sec. 4, Table 2, with 2-byte activations, 1-byte dropout masks, GELU MLP (f = 4h), MHA:
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from parsim.specs import ModelSpec, Plan
 
+from .footprint import backward_working
 from .ops import DTYPE_BYTES, padded_vocab
 
 MASK_BYTES = 1     # dropout masks stored as bytes (Korthikanti 2022 Sec. 4.1)
@@ -100,106 +101,25 @@ def vocab_grad_bytes(model: ModelSpec, plan: Plan) -> float:
     return DTYPE_BYTES[plan.dtype] * padded_vocab(model, plan) * model.hidden / plan.tp
 
 
-def backward_working_bytes(model: ModelSpec, plan: Plan, first: bool, last: bool, stash: float,
-                           weight_grads: bool = True) -> float:
-    """Bytes a stage's backward holds beyond its stored activations at the backward's peak
-    (``other``), on one device; ``stash`` = the bytes one microbatch stores in the stage (freed as
-    the backward goes). The largest of:
-
-    * a layer: the gradient of its largest weight, max(f, h) x h / t elements (autograd builds each
-      weight's gradient as a new tensor, then adds it into the existing ``.grad`` or gradient
-      buffer), plus the activation gradients alive in the MLP backward, e*s*b*(f/t + h/sp) (GeLU:
-      the gradients of the down projection's input and of the layer output);
-    * the last stage starts with the head: the output weight's gradient (V/t x h) plus the
-      gradient of the final norm's output (e*s*b*h/sp), or the cross-entropy's two fp32 logits
-      gradients (``logits_grad_bytes``), while a layer's backward comes after the head's stored
-      bytes are freed;
-    * the first stage ends with the embedding, whose backward writes a dense V/t x h gradient
-      (``embedding_dense_backward``) when the microbatch's stash is gone (beside the gradient
-      received from the next stage and the embedding output's);
-    * one stage holding both ends of tied embeddings (pp = 1): autograd keeps the head's weight
-      gradient until the embedding's arrives to sum them (its input buffer), so the layers run
-      their backward beside it, and at the end the two and their sum exist together.
-
-    ``weight_grads=False``: weight gradients are counted elsewhere (FSDP2's unsharded layer
-    gradients, ``memory.fsdp2_bytes``). Not modelled: Megatron-LM's fused weight-gradient
-    accumulation (``gradient_accumulation_fusion`` writes them into the fp32 main grad; this then
-    overstates by the weight-gradient term). SwiGLU measured equal to the GeLU terms with its f.
-    Measured on the executor's stages (CPU fp32, tp = 1): within 0.01 MiB for cpu-small's middle,
-    first, last and single stages at b = 1, 2; tests/test_memory_model.py holds them to 1%."""
+def layer_working_bytes(model: ModelSpec, plan: Plan, weight_grads: bool = True) -> float:
+    """What a transformer layer's backward holds beyond its stored activations, on one device: the
+    gradient of its largest weight, max(f, h) x h / t elements (autograd builds each weight's
+    gradient as a new tensor, then adds it into the existing ``.grad`` or gradient buffer), plus
+    the activation gradients alive in the MLP backward, e*s*b*(f/t + h/sp) (GeLU: the gradients of
+    the down projection's input and of the layer output). ``weight_grads=False``: weight
+    gradients are counted elsewhere (FSDP2's unsharded layer gradients, ``memory.fsdp2_bytes``)."""
     e = DTYPE_BYTES[plan.dtype]
     t = plan.tp
-    sbh = stage_output_bytes(model, plan)
     wg = 1.0 if weight_grads else 0.0
-    vocab_grad = wg * vocab_grad_bytes(model, plan)
-    layer = (e * model.seq_len * plan.mbs * model.ffn_hidden / t + sbh
-             + wg * e * max(model.ffn_hidden, model.hidden) * model.hidden / t)
-    tied_here = first and last and model.tied_embeddings
-    if last:
-        out = [layer - head_activation_bytes(model, plan) + vocab_grad * tied_here, sbh + vocab_grad,
-               logits_grad_bytes(model, plan)]
-    else:
-        out = [layer]
-    if first:
-        # + the gradient received from stage 1 and the embedding output's (none from a loss)
-        out.append(vocab_grad * (3 if tied_here else 1) + (0.0 if last else 2 * sbh) - stash)
-    return max(out)
+    return (e * model.seq_len * plan.mbs * model.ffn_hidden / t + stage_output_bytes(model, plan)
+            + wg * e * max(model.ffn_hidden, model.hidden) * model.hidden / t)
 
 
-def inflight_microbatches(schedule: str, pp: int, m: int, pp_rank: int, vpp: int = 1) -> float:
-    """Microbatches whose activations a pipeline rank holds at its peak, in units of the
-    rank's full set of layers (so interleaving counts chunks / vpp).
-
-    naive: 1; GPipe: m (Huang et al. 2019); 1F1B: min(p - i, m) (Narayanan et al. 2021 Sec. 2.2.1);
-    interleaved: Megatron-LM warm-up of (p - i - 1) * 2 + (v - 1) * p chunk-forwards, +1 in
-    steady state, capped at m*v chunks (all m*v when m == p: Megatron-LM then runs every
-    forward first); each chunk is 1/v of the rank's layers. Exact only for equal chunks:
-    ``interleaved_peak_bytes`` counts chunk by chunk.
-    """
-    if schedule == "naive":
-        return 1.0
-    if schedule == "gpipe":
-        return float(m)
-    if schedule == "1f1b":
-        return float(min(pp - pp_rank, m))
-    return min(interleaved_warmup(pp, m, pp_rank, vpp) + 1, m * vpp) / vpp
-
-
-def interleaved_warmup(pp: int, m: int, pp_rank: int, vpp: int) -> int:
-    """Chunk-forwards a rank runs before its first backward in Megatron-LM's interleaved 1F1B
-    (``forward_backward_pipelining_with_interleaving``: all m*v when m == p, else
-    (p - i - 1) * 2 + (v - 1) * p, capped at m*v)."""
-    total = m * vpp
-    if m == pp:
-        return total
-    return min((pp - pp_rank - 1) * 2 + (vpp - 1) * pp, total)
-
-
-def interleaved_peak_bytes(pp: int, m: int, vpp: int, pp_rank: int, chunk_bytes: list[float],
-                           chunk_transient: list[float]) -> tuple[float, float]:
-    """(activation bytes, recompute transient bytes) at the memory peak of one rank under
-    Megatron-LM's interleaved 1F1B, chunk by chunk.
-
-    The rank's k-th forward runs chunk (k mod pv) div p and its k-th backward chunk
-    v - 1 - (k mod pv) div p (Narayanan et al. 2021 Sec. 2.2.2; Megatron-LM
-    ``get_model_chunk_id``): after f forwards and b backwards chunk c holds
-        F_c(f) - B_c(b),  F_c(f) = p floor(f / pv) + clip(f mod pv - c p, 0, p),
-                          B_c(b) = p floor(b / pv) + clip(b mod pv - (v - 1 - c) p, 0, p)
-    microbatches. After W warm-up forwards the rank alternates forward, backward; the peak is
-    at the start of a backward (it frees only at its end, and a full recompute adds
-    ``chunk_transient`` of its chunk), with min(W + k + 1, m v) forwards and k backwards done."""
-    period = pp * vpp
-    total = m * vpp
-    w = interleaved_warmup(pp, m, pp_rank, vpp)
-
-    def done(n: int, offset: int) -> int:
-        return pp * (n // period) + min(max(n % period - offset * pp, 0), pp)
-
-    best = (-1.0, 0.0, 0.0)
-    for k in range(total):
-        f = min(w + k + 1, total)
-        act = sum(chunk_bytes[c] * (done(f, c) - done(k, vpp - 1 - c)) for c in range(vpp))
-        extra = chunk_transient[vpp - 1 - (k % period) // pp]
-        if act + extra > best[0]:
-            best = (act + extra, act, extra)
-    return best[1], best[2]
+def backward_working_bytes(model: ModelSpec, plan: Plan, first: bool, last: bool, stash: float,
+                           weight_grads: bool = True) -> float:
+    """``footprint.backward_working`` of a virtual stage of ``model`` under ``plan`` (``first`` /
+    ``last`` virtual stage; ``stash``: the bytes one microbatch stores there)."""
+    wg = 1.0 if weight_grads else 0.0
+    return backward_working(layer_working_bytes(model, plan, weight_grads), stage_output_bytes(model, plan),
+                            head_activation_bytes(model, plan), wg * vocab_grad_bytes(model, plan),
+                            logits_grad_bytes(model, plan), model.tied_embeddings, first, last, stash)

@@ -12,10 +12,12 @@ ZeRO (Rajbhandari et al. 2020, Sec. 5): stage 1 shards the optimizer over the dp
 stage 2 also the gradients, stage 3 also the parameters. ZeRO-Offload (Ren et al. 2021)
 keeps optimizer states (and with "optimizer+params", parameters) in host memory.
 
-Activations: stored bytes per microbatch (``activations``, Korthikanti et al. 2022) times the
-microbatches in flight, plus the output a non-last stage keeps (``stage_output_bytes``); a
-backward's working set on top (``rank_backward_working``: weight and activation gradients,
-measured against the executor in tests/test_memory_model.py).
+The rules themselves are the functions of ``costs.footprint``; this module feeds them the bytes
+of a model and plan: ``static_bytes`` (what a rank holds all step), ``stage_footprints`` (what
+each virtual stage holds per microbatch in flight, during its backwards, and during every
+action), and ``memory_by_stage`` adds them up at the moments ``costs.inflight.peak_moments``
+lists. The SimPy engine allocates the same ``static_bytes`` and ``stage_footprints`` on its
+timeline as the actions run (``parsim.sim.memory``).
 """
 from __future__ import annotations
 
@@ -23,9 +25,12 @@ from dataclasses import asdict, dataclass
 
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 
+from . import footprint
 from .activations import (backward_working_bytes, embedding_activation_bytes, head_activation_bytes,
-                          inflight_microbatches, interleaved_peak_bytes, layer_activation_bytes, stage_output_bytes)
+                          layer_activation_bytes, stage_output_bytes)
+from .inflight import Moment, peak_moments
 from .params import layer_params, stage_params
+from .recompute import layer_recompute, recomputes_fully, stage_recompute
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
 
@@ -65,43 +70,45 @@ class StageMemory:
         return d
 
 
+@dataclass(frozen=True)
+class StageFootprint:
+    """Bytes one virtual stage adds on one device (``costs.footprint``)."""
+    activations: float       # per microbatch in flight, from its forward's start to its backward's end
+    backward: float          # during each of its backwards (``footprint.backward_bytes``)
+    gathered_params: float   # ZeRO-3: full parameters of two layers during every action
+
+
 def zero_model_state_bytes(num_params: float, dp: int, zero: int, k: float = 12.0,
                            param_bytes: float = 2.0, grad_bytes: float = 2.0) -> float:
     """Per-device model-state bytes in the ZeRO paper's convention (Rajbhandari et al. 2020,
     Sec. 5 / Fig. 1): (2 + 2 + K) Psi for DP; (2 + 2 + K/Nd) Psi for P_os;
-    (2 + (2 + K)/Nd) Psi for P_os+g; (2 + 2 + K) Psi / Nd for P_os+g+p."""
-    p, g, o = param_bytes, grad_bytes, k
-    if zero >= 1:
-        o /= dp
-    if zero >= 2:
-        g /= dp
-    if zero >= 3:
-        p /= dp
+    (2 + (2 + K)/Nd) Psi for P_os+g; (2 + 2 + K) Psi / Nd for P_os+g+p (``footprint.model_states``
+    of one parameter, times Psi)."""
+    p, g, o = footprint.model_states(1.0, param_bytes, grad_bytes, k, dp, zero, False, False)
     return num_params * (p + g + o)
 
 
-def rank_recompute(model: ModelSpec, plan: Plan, pp_rank: int) -> list[tuple[int, str]]:
-    """(layers, recompute policy) groups held by a pipeline rank, per its virtual stages
-    (``stage_recompute`` of each of them, in order)."""
-    out: list[tuple[int, str]] = []
-    for v in range(plan.vpp):
-        out += stage_recompute(model, plan, pp_rank + v * plan.pp)
-    return out
+def model_state_bytes(n_params: float, plan: Plan) -> tuple[float, float, float]:
+    """(params, grads, optimizer) bytes of ``n_params`` parameters on one device under the plan's
+    dtype, ZeRO stage and offload (``footprint.model_states``)."""
+    sb = state_bytes(plan.dtype)
+    return footprint.model_states(n_params, sb.param, sb.grad, sb.optimizer, plan.dp, plan.zero,
+                                  plan.offload != "none", plan.offload == "optimizer+params")
 
 
-def stage_recompute(model: ModelSpec, plan: Plan, vstage: int) -> list[tuple[int, str]]:
-    """(layers, recompute policy) groups of one virtual stage, in layer order.
+def static_bytes(model: ModelSpec, plan: Plan, pp_rank: int, fsdp2: bool = False) -> tuple[float, ...]:
+    """(params, grads, optimizer, activations, other) a pipeline rank holds for the whole step:
+    its model states and ZeRO-Offload's staging bucket (``fsdp2``: plus what FSDP2 keeps,
+    ``fsdp2_bytes``)."""
+    return _static_bytes(model, plan, stage_params(model, plan)[pp_rank], fsdp2)
 
-    Stage-aware recomputation (Merak, Lai et al. 2023): stage v recomputes its first
-    ``recompute_layers[v]`` layers fully and keeps the rest. Shifted critical path
-    (Merak): the last pipeline rank does not recompute."""
-    n = stage_layers(model, plan)[vstage]
-    if plan.shifted_critical_path and vstage % plan.pp == plan.pp - 1 and plan.recompute != "none":
-        return [(n, "none")]
-    if plan.recompute == "stage-aware":
-        r = plan.recompute_layers[vstage] if plan.recompute_layers is not None else n
-        return [(r, "full"), (n - r, "none")]
-    return [(n, plan.recompute)]
+
+def _static_bytes(model: ModelSpec, plan: Plan, n_params: float, fsdp2: bool) -> tuple[float, ...]:
+    params, grads, optimizer = model_state_bytes(n_params, plan)
+    other = footprint.offload_staging(plan.dp_bucket_bytes, plan.offload != "none")
+    if fsdp2:
+        params += fsdp2_bytes(model, plan, n_params)[0]
+    return (params, grads, optimizer, 0.0, other)
 
 
 def fsdp2_bytes(model: ModelSpec, plan: Plan, n_params: float) -> tuple[float, float]:
@@ -124,97 +131,73 @@ def uses_fsdp2(cluster: ClusterSpec | None) -> bool:
     return cluster is not None and cluster.device.tables.fsdp2_copies
 
 
-def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = None) -> list[StageMemory]:
-    """Peak memory of every pipeline rank (per device; TP and DP peers are identical)."""
-    sb = state_bytes(plan.dtype)
-    m = plan.num_microbatches
-    params_per_rank = stage_params(model, plan)
+def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[StageFootprint]:
+    """``StageFootprint`` of every virtual stage (``fsdp2``: ZeRO-2/3 as FSDP2 runs them)."""
+    in_backward = fsdp2_bytes(model, plan, 0.0)[1] if fsdp2 else 0.0
+    gathered = footprint.gathered_layers(layer_params(model, plan.tp), state_bytes(plan.dtype).param, plan.zero,
+                                         plan.offload == "optimizer+params")
+    groups = [layer_recompute(plan, s, n) for s, n in enumerate(stage_layers(model, plan))]
+    stash = [_stash_bytes(model, plan, s, g) for s, g in enumerate(groups)]
+    working = [_rank_working(model, plan, r, stash, in_backward == 0.0) for r in range(plan.pp)]
+    kept_all, kept_input = layer_activation_bytes(model, plan, "none"), layer_activation_bytes(model, plan, "full")
+    output = stage_output_bytes(model, plan)
     out = []
-    for r in range(plan.pp):
-        n = params_per_rank[r]
-        dp = plan.dp
-        params = n * sb.param / (dp if plan.zero >= 3 else 1)
-        grads = n * sb.grad / (dp if plan.zero >= 2 else 1)
-        optimizer = n * sb.optimizer / (dp if plan.zero >= 1 else 1)
-        other = 0.0
-        if plan.offload in ("optimizer", "optimizer+params"):
-            optimizer = 0.0
-            grads = 0.0                    # ZeRO-Offload streams gradients to host
-            other += plan.dp_bucket_bytes  # one gradient bucket in flight over PCIe
-        if plan.offload == "optimizer+params":
-            params = 0.0
-        if plan.zero >= 3 or plan.offload == "optimizer+params":
-            # ZeRO-3 materialises the full parameters of the current and the prefetched layer.
-            other += 2 * layer_params(model, plan.tp) * sb.param
-        in_backward = 0.0
-        if uses_fsdp2(cluster):
-            held, in_backward = fsdp2_bytes(model, plan, n)
-            params += held
-            other += in_backward
-        # The layer being recomputed briefly holds its full activations again.
-        transient = layer_activation_bytes(model, plan, "none") - layer_activation_bytes(model, plan, "full")
-        working = rank_backward_working(model, plan, r, weight_grads=in_backward == 0.0)
-        if plan.schedule == "interleaved":
-            # chunks differ (layers, recompute, embedding / head): count each one's microbatches
-            chunks = [plan.pp * c + r for c in range(plan.vpp)]
-            act, extra = interleaved_peak_bytes(
-                plan.pp, m, plan.vpp, r, [chunk_activation_bytes(model, plan, s) for s in chunks],
-                [(transient if recomputes_fully(model, plan, s) else 0.0) + working for s in chunks])
-            other += extra
-            out.append(StageMemory(stage=r, params=params, grads=grads, optimizer=optimizer,
-                                   activations=act, other=other))
-            continue
-        inflight = inflight_microbatches(plan.schedule, plan.pp, m, r, plan.vpp)
-        act = 0.0
-        for layers, policy in rank_recompute(model, plan, r):
-            act += layers * layer_activation_bytes(model, plan, policy)
-        act *= inflight
-        if any(policy == "full" and layers for layers, policy in rank_recompute(model, plan, r)):
-            other += transient
-        if r == 0:
-            act += embedding_activation_bytes(model, plan) * inflight
-        if r == plan.pp - 1:
-            act += head_activation_bytes(model, plan) * (m if plan.schedule == "gpipe" else 1)
-        else:
-            act += stage_output_bytes(model, plan) * inflight
-        other += working
-        out.append(StageMemory(stage=r, params=params, grads=grads, optimizer=optimizer,
-                               activations=act, other=other))
+    for s, g in enumerate(groups):
+        transient = footprint.recompute_transient(recomputes_fully(g), kept_all, kept_input)
+        out.append(StageFootprint(footprint.held_bytes(stash[s], s == len(groups) - 1, output),
+                                  footprint.backward_bytes(transient, in_backward, working[s % plan.pp]), gathered))
     return out
 
 
-def chunk_stash_bytes(model: ModelSpec, plan: Plan, vstage: int) -> float:
-    """Bytes one microbatch stores for backward in one virtual stage: its layers (per recompute
-    policy), the embedding's dropout mask on the first, the head's on the last."""
-    act = sum(n * layer_activation_bytes(model, plan, policy) for n, policy in stage_recompute(model, plan, vstage))
-    if vstage == 0:
-        act += embedding_activation_bytes(model, plan)
-    if vstage == plan.pp * plan.vpp - 1:
-        act += head_activation_bytes(model, plan)
-    return act
+def _stash_bytes(model: ModelSpec, plan: Plan, vstage: int, groups: list[tuple[int, str]]) -> float:
+    """``footprint.stash_bytes`` of a virtual stage with these (layers, policy) groups: its layers
+    per recompute policy, the embedding's on the first, the head's on the last."""
+    layers = sum(n * layer_activation_bytes(model, plan, policy) for n, policy in groups)
+    return footprint.stash_bytes(layers, vstage == 0, vstage == plan.pp * plan.vpp - 1,
+                                 embedding_activation_bytes(model, plan), head_activation_bytes(model, plan))
 
 
-def chunk_activation_bytes(model: ModelSpec, plan: Plan, vstage: int) -> float:
-    """Bytes one microbatch holds in one virtual stage from its forward to its backward: the
-    stash, and the output sent on every stage but the last (``stage_output_bytes``)."""
-    last = vstage == plan.pp * plan.vpp - 1
-    return chunk_stash_bytes(model, plan, vstage) + (0.0 if last else stage_output_bytes(model, plan))
-
-
-def rank_backward_working(model: ModelSpec, plan: Plan, pp_rank: int, weight_grads: bool = True) -> float:
-    """What a backward on this pipeline rank holds beyond the stored activations (``other``):
-    ``activations.backward_working_bytes`` of its virtual stages, the largest of them (a chunk's
-    stash is freed as its backward goes). One value per rank, so the SimPy timeline, this
-    analytic model and the fast path count it alike under interleaving, where it overstates the
-    first and last ranks' other chunks by at most the head's or embedding's extra."""
+def _rank_working(model: ModelSpec, plan: Plan, pp_rank: int, stash: list[float], weight_grads: bool) -> float:
     last = plan.pp * plan.vpp - 1
-    return max(backward_working_bytes(model, plan, vstage == 0, vstage == last,
-                                      chunk_stash_bytes(model, plan, vstage), weight_grads)
+    return max(backward_working_bytes(model, plan, vstage == 0, vstage == last, stash[vstage], weight_grads)
                for vstage in range(pp_rank, plan.pp * plan.vpp, plan.pp))
 
 
-def recomputes_fully(model: ModelSpec, plan: Plan, vstage: int) -> bool:
-    return any(policy == "full" and n for n, policy in stage_recompute(model, plan, vstage))
+def rank_backward_working(model: ModelSpec, plan: Plan, pp_rank: int, weight_grads: bool = True) -> float:
+    """The backward working set of a pipeline rank (``other``): the largest of its virtual
+    stages' (``activations.backward_working_bytes``; a chunk's stash is freed as its backward
+    goes). One value per rank, so the SimPy timeline, this analytic model and the fast path
+    count it alike under interleaving, where it overstates the first and last ranks' other
+    chunks by at most the head's or embedding's extra."""
+    stash = [_stash_bytes(model, plan, s, stage_recompute(model, plan, s)) for s in range(plan.pp * plan.vpp)]
+    return _rank_working(model, plan, pp_rank, stash, weight_grads)
+
+
+def rank_peak(chunks: list[StageFootprint], moments: list[Moment]) -> tuple[float, float]:
+    """(activations, backward bytes) at a rank's heaviest moment: each of its chunks' held bytes
+    times the microbatches it holds then, and the running backward's bytes on top (the first
+    such moment when several weigh the same)."""
+    best = (-1.0, 0.0, 0.0)
+    for chunk, held in moments:
+        act = sum(chunks[c].activations * n for c, n in enumerate(held))
+        extra = chunks[chunk].backward
+        if act + extra > best[0]:
+            best = (act + extra, act, extra)
+    return best[1], best[2]
+
+
+def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = None) -> list[StageMemory]:
+    """Peak memory of every pipeline rank (per device; TP and DP peers are identical)."""
+    fsdp2 = uses_fsdp2(cluster)
+    stages = stage_footprints(model, plan, fsdp2)
+    out = []
+    for r, n_params in enumerate(stage_params(model, plan)):
+        params, grads, optimizer, _, other = _static_bytes(model, plan, n_params, fsdp2)
+        chunks = stages[r::plan.pp]
+        act, extra = rank_peak(chunks, peak_moments(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp, r))
+        out.append(StageMemory(stage=r, params=params, grads=grads, optimizer=optimizer, activations=act,
+                               other=other + chunks[0].gathered_params + extra))
+    return out
 
 
 def device_capacity(cluster: ClusterSpec) -> float:

@@ -8,17 +8,19 @@ stages' spare memory on ~1/3 extra compute (one more forward per backward). Mera
 stage the fewest recomputed layers that make it fit; the rest keep their activations.
 
 Per virtual stage v, ``recompute_layers[v]`` of its layers recompute fully (its first ones,
-``parsim.costs.memory.stage_recompute``); memory is ``memory_by_stage`` with
+``parsim.costs.recompute.layer_recompute``); memory is ``memory_by_stage`` with
 ``recompute=stage-aware``. A rank's memory depends only on how many of its layers recompute
 (all layers of a plan have the same activation bytes), so the minimum is found per rank
 and, with vpp > 1, given to its earliest virtual stages first (they hold the most
-microbatches in flight in interleaved 1F1B).
+microbatches in flight in interleaved 1F1B). The least count is ``fewest_recomputed``, the
+bisection the partitioner runs too.
 """
 from __future__ import annotations
 
 from parsim.specs import ClusterSpec, ModelSpec, Plan, SpecError, stage_layers
 
 from .memory import device_capacity, memory_by_stage
+from .recompute import fewest_recomputed
 
 
 def stage_aware_recompute_layers(model: ModelSpec, plan: Plan, cluster: ClusterSpec,
@@ -40,19 +42,13 @@ def stage_aware_recompute_layers(model: ModelSpec, plan: Plan, cluster: ClusterS
             return memory_by_stage(model, base.replace(recompute_layers=_spread(k, stages, layers, counts)),
                                    cluster)[rank].total
 
-        if rank_bytes(total) > budget:
+        least = fewest_recomputed(total, rank_bytes, budget)
+        if least is None:
             raise SpecError("recompute", "stage-aware",
                             f"a plan whose pipeline rank {rank} fits even with every layer recomputed: it needs "
                             f"{rank_bytes(total) / 2**30:.2f} GiB of {budget / 2**30:.2f} GiB (more pp/tp/zero "
                             "or a smaller mbs)")
-        lo, hi = 0, total           # memory does not grow with more recomputation: bisect the least k
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if rank_bytes(mid) <= budget:
-                hi = mid
-            else:
-                lo = mid + 1
-        counts = _spread(lo, stages, layers, counts)
+        counts = _spread(least, stages, layers, counts)
     return tuple(counts)
 
 

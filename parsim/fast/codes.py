@@ -1,16 +1,10 @@
-"""Integer codes shared by the numba kernels: words as their index in the specs' tuples
-(``parsim.fast.evaluate`` asserts the match), and the column layout of the outputs and of
-the cluster's link row."""
+"""Integer codes shared by the numba kernels: the plan words' codes (defined once, in
+``parsim.specs.codes``: a word's index in the specs' tuple), and the column layout of the
+outputs and of the cluster's link row."""
 from __future__ import annotations
 
-# parsim.specs.SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved")
-NAIVE, GPIPE, ONE_F_ONE_B, INTERLEAVED = 0, 1, 2, 3
-# parsim.specs.OFFLOADS = ("none", "optimizer", "optimizer+params")
-OFF_NONE, OFF_OPT, OFF_OPT_PARAMS = 0, 1, 2
-# parsim.specs.RECOMPUTES = ("none", "full", "selective", "stage-aware")
-RC_FULL, RC_STAGE_AWARE = 1, 3
-# parsim.specs.plan.DP_IMPLS = ("allreduce", "ps")
-PS = 1
+from parsim.specs.codes import (GPIPE, INTERLEAVED, NAIVE, OFF_NONE, OFF_OPT, OFF_OPT_PARAMS,  # noqa: F401
+                                ONE_F_ONE_B, PS, RC_FULL, RC_STAGE_AWARE)
 
 # output columns of one plan
 (O_STEP, O_PIPE, O_BUBBLE, O_TP, O_DP, O_PP, O_PEAK, O_PEAK_STAGE, O_PARAMS, O_GRADS, O_OPT, O_ACT,

@@ -3,7 +3,9 @@
 numba's on-disk cache (``cache=True``) checks only the file of each cached function, so a
 change in a function it calls from another file (``fast.timing`` from ``fast.kernel``)
 would keep serving stale machine code. Keying the folder by a hash of every source file of
-``parsim.fast`` makes any edit start a fresh cache. The folder is chosen only while the
+``parsim.fast`` (and of ``parsim.costs.footprint``, whose rules the kernel compiles) and of the
+plan-word codes the kernels read as constants (``parsim.specs.codes``) makes any edit start a
+fresh cache. The folder is chosen only while the
 package's jitted modules are imported (numba fixes a function's cache path when it is
 decorated), then numba's setting is put back, so other numba users are not affected.
 """
@@ -18,13 +20,18 @@ from pathlib import Path
 from numba.core import config
 
 HERE = Path(__file__).resolve().parent
+# sources outside parsim/fast whose functions numba compiles into the kernels
+COMPILED_ELSEWHERE = (HERE.parent / "costs" / "footprint.py",)
 
 
 def sources_hash() -> str:
+    from parsim.specs.codes import WORDS
+
     h = hashlib.sha1()
-    for path in sorted(HERE.glob("*.py")):
+    for path in [*sorted(HERE.glob("*.py")), *COMPILED_ELSEWHERE]:
         h.update(path.name.encode())
         h.update(path.read_bytes())
+    h.update(repr(sorted(WORDS.items())).encode())     # the codes are the words' positions
     return h.hexdigest()[:16]
 
 

@@ -1,7 +1,7 @@
 """The loop over plans (numba): each plan's rows of the cost tables in, its metrics out.
 
-``fast.memory.plan_memory`` gives the peak memory (``costs.memory_by_stage``, with the
-interleaved schedule's chunks counted one by one), ``fast.timing.plan_time`` the step time
+``fast.memory.plan_memory`` gives the peak memory (``costs.memory_by_stage``: the rules of
+``costs.footprint`` over the moments of ``costs.peak_moments``), ``fast.timing.plan_time`` the step time
 and where it goes. Both read only the table rows of the plan's keys, so a plan costs a few
 microseconds and the loop runs at hundreds of thousands of plans per second on one core.
 """
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numba
 
-from .codes import RC_FULL, RC_STAGE_AWARE
 from .memory import plan_memory
 from .timing import DPSync, PlanKnobs, plan_time
 
@@ -24,8 +23,7 @@ def evaluate_all(out, dp, tp, pp, vpp, mbs, gbs, schedule, zero, offload, recomp
         moff = moment_offset[moment_id[i]]
         m = gbs[i] // (dp[i] * mbs[i])
         lrow, hrow, drow = layer[layer_id[i]], head[head_id[i]], dtype[dtype_id[i]]
-        full_rc = recompute[i] == RC_FULL or recompute[i] == RC_STAGE_AWARE
-        plan_memory(out[i], dp[i], pp[i], vpp[i], m, schedule[i], zero[i], offload[i], full_rc, lrow, hrow, drow,
-                    ranks, moments, moment_start[moff:moff + pp[i]], moment_count[moff:moff + pp[i]], bucket_bytes)
+        plan_memory(out[i], dp[i], pp[i], vpp[i], zero[i], offload[i], lrow, hrow, drow, ranks, moments,
+                    moment_start[moff:moff + pp[i]], moment_count[moff:moff + pp[i]], bucket_bytes)
         plan_time(out[i], PlanKnobs(dp[i], tp[i], pp[i], vpp[i], m, schedule[i], zero[i], offload[i], dp_impl[i]),
                   lrow, hrow, drow, ranks, DPSync(bucket_bytes, dp_overlap), k)

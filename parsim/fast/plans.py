@@ -1,9 +1,10 @@
-"""A column table of plans (one numpy array per plan key) and the vectorised validity rules.
+"""A column table of plans (one numpy array per plan key) and its validity mask.
 
-``valid_mask`` is ``parsim.specs.validate`` applied to whole arrays at once: the same rules,
-accepting exactly the same plans (tests/test_sweep_enumeration.py checks this plan by plan),
-so a sweep never calls the per-plan validator on hundreds of thousands of candidates.
-Words (schedule, offload, ...) are stored as their index in the tuple that lists them.
+``valid_mask`` is the specs' rule table evaluated on whole columns at once
+(``parsim.specs.plan_mask``: the rules ``validate`` applies to one plan, accepting exactly the
+same plans; tests/test_sweep_enumeration.py checks this plan by plan), so a sweep never calls
+the per-plan validator on hundreds of thousands of candidates. Words (schedule, offload, ...)
+are stored as their codes (``parsim.specs.codes``: their index in the tuple that lists them).
 """
 from __future__ import annotations
 
@@ -11,15 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from parsim.specs import OFFLOADS, RECOMPUTES, SCHEDULES, ClusterSpec, ModelSpec, Plan, SpecError
+from parsim.specs import OFFLOADS, RECOMPUTES, SCHEDULES, ClusterSpec, ModelSpec, Plan, SpecError, plan_mask
+from parsim.specs.codes import OFF_NONE, WORDS, code
 from parsim.specs.plan import DEFAULT_DP_BUCKET_BYTES, DP_IMPLS, DTYPES
 
 COLUMNS = ("dp", "tp", "pp", "vpp", "mbs", "gbs", "schedule", "zero", "offload", "recompute", "sp", "dtype",
            "dp_impl")
-WORDS = {"schedule": SCHEDULES, "offload": OFFLOADS, "recompute": RECOMPUTES, "dtype": DTYPES,
-         "dp_impl": DP_IMPLS}
-GPIPE, ONE_F_ONE_B, INTERLEAVED, NAIVE = (SCHEDULES.index(s) for s in ("gpipe", "1f1b", "interleaved", "naive"))
-OFFLOAD_NONE, OFFLOAD_OPT, OFFLOAD_OPT_PARAMS = (OFFLOADS.index(s) for s in ("none", "optimizer", "optimizer+params"))
 # Plan fields the fast path does not model; a plan using them cannot enter a PlanTable
 _UNSUPPORTED_DEFAULTS = {"partition": None, "recompute_layers": None, "shifted_critical_path": False,
                          "tp_overlap": "none"}
@@ -76,7 +74,7 @@ class PlanTable:
             s += f" mbs={c['mbs'][i]} gbs={c['gbs'][i]} schedule={SCHEDULES[c['schedule'][i]]}"
             if c["zero"][i]:
                 s += f" zero={c['zero'][i]}"
-            if c["offload"][i] != OFFLOAD_NONE:
+            if c["offload"][i] != OFF_NONE:
                 s += f" offload={OFFLOADS[c['offload'][i]]}"
             if RECOMPUTES[c["recompute"][i]] != d.recompute:
                 s += f" recompute={RECOMPUTES[c['recompute'][i]]}"
@@ -127,22 +125,11 @@ class PlanTable:
 
 
 def valid_mask(model: ModelSpec, cluster: ClusterSpec, t: PlanTable) -> np.ndarray:
-    """True where ``parsim.specs.validate`` accepts the plan (rules in its order; the
-    partition and recompute_layers rules never apply: a table has neither)."""
-    dp, tp, pp, vpp, mbs, gbs = (t[k] for k in ("dp", "tp", "pp", "vpp", "mbs", "gbs"))
-    sched, zero, offload, sp = t["schedule"], t["zero"], t["offload"], t["sp"]
-    ok = dp * tp * pp == cluster.num_devices
-    for size in (model.heads, model.kv_heads, model.ffn_hidden):
-        ok &= size % tp == 0
-    ok &= pp * vpp <= model.layers
-    ok &= gbs % (dp * mbs) == 0
-    m = gbs // (dp * mbs)
-    inter = sched == INTERLEAVED
-    ok &= np.where(inter, (vpp >= 2) & (pp >= 2) & (m % pp == 0), vpp == 1)
-    ok &= (sp == 0) | ((tp >= 2) & (model.seq_len % tp == 0))
-    ok &= (offload != OFFLOAD_OPT) | (zero >= 1)
-    ok &= (offload != OFFLOAD_OPT_PARAMS) | (zero == 3)
-    return ok
+    """True where ``parsim.specs.validate`` accepts the plan: the specs' rule table on the
+    columns, the fields a table does not hold at the values every one of its plans has."""
+    fixed = {k: code(k, v) if k in WORDS else v for k, v in _UNSUPPORTED_DEFAULTS.items()}
+    return plan_mask(model, cluster, {**t.cols, **fixed, "dp_bucket_bytes": t.dp_bucket_bytes,
+                                      "dp_overlap": t.dp_overlap})
 
 
 def product_table(values: dict[str, tuple], dp_bucket_bytes: int = DEFAULT_DP_BUCKET_BYTES,

@@ -11,8 +11,11 @@ functions the SimPy engine uses, and looked up by index. Keys:
 * rank key (dp, tp, pp, vpp, dtype): per pipeline rank, its layers (``specs.stage_layers``,
   loop placement) in all and per model chunk, its parameters (``costs.stage_params``) and its
   DP communication (``fast.comm.rank_comm_rows``)
-* schedule key (pp, m, vpp), interleaved plans only: per rank, the chunk counts in flight at
-  the moments that can be its memory peak (``fast.inflight``)
+* schedule key (schedule, pp, m, vpp): per rank, the chunk counts in flight at the moments
+  that can be its memory peak (``fast.inflight``, from ``costs.peak_moments``)
+
+The memory rules that combine these rows per plan (``costs.footprint``) are compiled into the
+kernel (``fast.memory``).
 """
 from __future__ import annotations
 
@@ -21,11 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_params, head_activation_bytes,
-                          head_ops, head_params,
-                          layer_activation_bytes, layer_ops, layer_params, p2p_bytes, stage_params, state_bytes,
-                          tp_collectives_edge, tp_collectives_per_layer)
+                          head_ops, head_params, layer_activation_bytes, layer_ops, layer_params, layer_recompute,
+                          p2p_bytes, recomputes_fully, stage_params, state_bytes, tp_collectives_edge,
+                          tp_collectives_per_layer)
 from parsim.costs import timing
-from parsim.costs.activations import backward_working_bytes, logits_grad_bytes, stage_output_bytes, vocab_grad_bytes
+from parsim.costs.activations import layer_working_bytes, logits_grad_bytes, stage_output_bytes, vocab_grad_bytes
+from parsim.costs.footprint import recompute_transient
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 
 from .comm import C_WIDTH, CollectivePricer, rank_comm_rows, tp_group_ranks
@@ -34,7 +38,7 @@ from .plans import WORDS, PlanTable
 
 # layer table columns (seconds or bytes)
 (L_FWD, L_BWD, L_RECOMPUTE, L_TP_FWD, L_TP_BWD, L_TP_RECOMPUTE, L_ACT, L_ACT_NONE, L_ACT_FULL,
- L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WORK, L_WIDTH) = range(14)
+ L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WORK, L_TRANSIENT, L_WIDTH) = range(15)
 # head table columns
 (H_EMB_FWD, H_EMB_BWD, H_HEAD_FWD, H_HEAD_BWD, H_EMB_ACT, H_HEAD_ACT, H_P2P_BYTES, H_EMB_PARAMS, H_HEAD_PARAMS_PP1,
  H_HEAD_PARAMS_PPN, H_SBH, H_VOCAB_GRAD, H_TIED, H_LOGITS_GRAD, H_WIDTH) = range(15)
@@ -52,7 +56,7 @@ class CostTables:
     dtype: np.ndarray          # (len(DTYPES), D_WIDTH)
     rank: np.ndarray           # (sum of pp over rank keys, R_CHUNK + max vpp)
     rank_offset: np.ndarray    # (n_rank_keys,) first row of each rank key in ``rank``
-    moments: np.ndarray        # fast.inflight.moment_table rows
+    moments: np.ndarray        # fast.inflight.moment_table rows: held microbatches per chunk
     moment_start: np.ndarray   # per (schedule key, rank)
     moment_count: np.ndarray   # per (schedule key, rank)
     moment_offset: np.ndarray  # (n_schedule_keys,) first (key, rank) entry of each key
@@ -134,15 +138,18 @@ def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ran
     row[L_PARAMS] = layer_params(model, plan.tp)
     row[L_PRE_FWD] = _compute_before_first_collective(cluster, model, plan, "fwd", ops)
     row[L_PRE_BWD] = _compute_before_first_collective(cluster, model, plan, "bwd", ops)
-    # a middle stage's backward working set (``costs.activations.backward_working_bytes``)
-    row[L_WORK] = backward_working_bytes(model, plan, False, False, 0.0)
+    # a layer's backward working set (``footprint.backward_working`` of a middle stage)
+    row[L_WORK] = layer_working_bytes(model, plan)
     return row
 
 
 def with_recompute(model: ModelSpec, plan: Plan, shape: np.ndarray) -> np.ndarray:
     """The shape row under ``plan.recompute``: what the backward re-runs, what is stored."""
     row = shape.copy()
-    policy = "full" if plan.recompute == "stage-aware" else plan.recompute
+    # the fast path takes no per-stage counts and no shifted critical path: every layer follows
+    # the policy of a one-layer stage (``costs.layer_recompute``; stage-aware recomputes all)
+    groups = layer_recompute(plan, 0, 1)
+    policy = next(p for n, p in groups if n)
     if policy == "full":
         # full recomputation re-runs the whole forward, its TP collectives included
         # (Korthikanti et al. 2022 Sec. 3; Megatron-LM checkpointed forward)
@@ -155,6 +162,9 @@ def with_recompute(model: ModelSpec, plan: Plan, shape: np.ndarray) -> np.ndarra
     else:
         row[L_RECOMPUTE] = 0.0
     row[L_ACT] = layer_activation_bytes(model, plan, policy)
+    # every stage of a fast-path plan holds a layer (stages <= layers), so it recomputes fully
+    # exactly when its layers do
+    row[L_TRANSIENT] = recompute_transient(recomputes_fully(groups), row[L_ACT_NONE], row[L_ACT_FULL])
     return row
 
 
@@ -242,12 +252,13 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable) -> Co
     blocks = [rank_rows(model, pricer, *map(int, k), plans.dp_bucket_bytes, with_ps, max_vpp) for k in rkeys]
     offsets = np.cumsum([0] + [len(b) for b in blocks[:-1]]).astype(np.int64)
     rank = np.concatenate(blocks) if blocks else np.zeros((0, R_CHUNK + max_vpp))
-    # interleaved plans get their moments; the others share one empty key (vpp = 1)
+    # per (schedule, pp, microbatches, vpp): interleaved counts beyond the canonical one repeat
     inter = c["schedule"] == WORDS["schedule"].index("interleaved")
-    m_key = np.where(inter, canonical_microbatches(c["pp"], plans.microbatches, c["vpp"]), 1)
-    mkeys, moment_id = key_ids(np.where(inter, c["pp"], 1), m_key, np.where(inter, c["vpp"], 1))
-    moments, mstart, mcount = moment_table(mkeys, max_vpp, lambda pp, vpp: uneven_chunks(model, pp, vpp))
-    moff = np.cumsum([0] + [int(k[0]) for k in mkeys[:-1]]).astype(np.int64)
+    m_key = np.where(inter, canonical_microbatches(c["pp"], plans.microbatches), plans.microbatches)
+    mkeys, moment_id = key_ids(c["schedule"], c["pp"], m_key, c["vpp"])
+    moments, mstart, mcount = moment_table([(WORDS["schedule"][s], pp, m, vpp) for s, pp, m, vpp in mkeys.tolist()],
+                                           max_vpp, lambda pp, vpp: uneven_chunks(model, pp, vpp))
+    moff = np.cumsum([0] + [int(k[1]) for k in mkeys[:-1]]).astype(np.int64)
     return CostTables(layer=layer, head=head, dtype=dtype_table(), rank=rank, rank_offset=offsets,
                       moments=moments, moment_start=mstart, moment_count=mcount, moment_offset=moff,
                       layer_id=layer_id, head_id=head_id, rank_id=rank_id, moment_id=moment_id)

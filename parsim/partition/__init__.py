@@ -14,16 +14,18 @@ from parsim.specs import ClusterSpec, ModelSpec, Plan, SpecError, load_cluster, 
 from .graph import CostGraph, CostNode, Segment, build_segments, candidate_cuts
 from .pipeline import PipelineRun, pipeline_step_time, shared_host_run
 from .solver import PartitionResult, StageResult, balanced_counts, partition_graph
-from .sources import GRAPHS, ModelSource, build_graph, load_factory, resolve_source
+from .sources import GRAPHS, ModelSource, ReferenceModel, build_graph, load_factory, resolve_source
 from .stage_cost import StageCost, StageCoster
 
 
 def partition(model: ModelSpec | str, plan: Plan | str, cluster: ClusterSpec | str,
-              memory_limit: float | None = None, graph: str = "auto") -> PartitionResult:
+              memory_limit: float | None = None, graph: str = "auto",
+              reference_model: ReferenceModel | None = None) -> PartitionResult:
     """Cut ``model`` (a ModelSpec, preset, YAML, HF config or ``pkg.module:factory``) into
     ``plan.pp * plan.vpp`` stages for ``plan`` on ``cluster``. ``memory_limit`` in bytes per
-    device defaults to the device capacity. The result's ``partition`` is a Plan
-    ``partition=`` value for ModelSpec models."""
+    device defaults to the device capacity. A ModelSpec's graph is traced from
+    ``reference_model`` (``sources``; e.g. ``parsim.executor.model.reference_model``), else
+    analytic. The result's ``partition`` is a Plan ``partition=`` value for ModelSpec models."""
     source = resolve_source(model)
     plan = parse_plan(plan)
     cluster = load_cluster(cluster)
@@ -32,13 +34,13 @@ def partition(model: ModelSpec | str, plan: Plan | str, cluster: ClusterSpec | s
     limit = device_capacity(cluster) if memory_limit is None else float(memory_limit)
     if not limit > 0:
         raise SpecError("memory_limit", memory_limit, "a positive number of bytes per device")
-    cost_graph = build_graph(source, plan, cluster, graph)
+    cost_graph = build_graph(source, plan, cluster, graph, reference_model)
     return partition_graph(cost_graph, plan, cluster, limit)
 
 
 __all__ = [
     "partition", "PartitionResult", "StageResult", "CostGraph", "CostNode", "Segment", "StageCost",
-    "StageCoster", "ModelSource", "GRAPHS", "build_graph", "build_segments", "candidate_cuts",
+    "StageCoster", "ModelSource", "ReferenceModel", "GRAPHS", "build_graph", "build_segments", "candidate_cuts",
     "balanced_counts", "load_factory", "partition_graph", "pipeline_step_time", "resolve_source",
     "PipelineRun", "shared_host_run",
 ]

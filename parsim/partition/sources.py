@@ -1,10 +1,14 @@
 """Where a cost graph comes from: a parsim ModelSpec, or a ``pkg.module:factory`` module.
 
 * A ModelSpec (preset, model YAML, HF config.json) is cut at transformer-layer starts. Its
-  graph is either ``traced`` -- the executor's reference decoder (``parsim.executor.model``,
-  the model ``parsim execute`` runs) traced on the meta device -- or ``analytic`` -- the
-  simulator's own cost model (``spec_graph``). ``auto`` traces when torch is installed and the
-  plan has no tensor parallelism (the traced model is one device's full layer), else analytic.
+  graph is either ``traced`` -- a ``reference_model`` the caller passes in, traced on the meta
+  device (the CLI passes the executor's decoder, ``parsim.executor.model.reference_model``, the
+  model ``parsim execute`` runs; the partitioner does not import the executor) -- or
+  ``analytic`` -- the simulator's own cost model (``spec_graph``). ``auto`` traces when a
+  reference model is given, torch is installed and the plan has no tensor parallelism (the
+  traced model is one device's full layer), else analytic. A reference model is called as
+  ``reference_model(spec, batch_size)`` and returns ``(module, example_inputs)`` whose
+  transformer layers are the submodules ``layers.<i>``.
 * ``pkg.module:factory`` (or ``path/to/file.py:factory``) names a callable returning either
   ``(module, example_inputs)`` or a module with an ``example_inputs()`` method; example inputs
   are a tensor, a tuple of positional tensors or a dict of keyword tensors holding one
@@ -13,6 +17,7 @@
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -28,7 +33,9 @@ from .graph import CostGraph
 from .spec_graph import analytic_graph
 
 GRAPHS = ("auto", "traced", "analytic")
-LAYER_PATH = re.compile(r"^layers\.(\d+)(\.|$)")   # executor.model: StageModule.layers[str(i)]
+LAYER_PATH = re.compile(r"^layers\.(\d+)(\.|$)")   # a reference model's layer i (executor.model: StageModule.layers[str(i)])
+# (spec, batch_size) -> (module, example_inputs): the model a ModelSpec is traced as
+ReferenceModel = Callable[[ModelSpec, int], tuple]
 
 
 @dataclass(frozen=True)
@@ -63,16 +70,20 @@ def resolve_source(model: ModelSpec | str | Callable) -> ModelSource:
     return ModelSource(None, text)
 
 
-def build_graph(source: ModelSource, plan: Plan, cluster: ClusterSpec, graph: str = "auto") -> CostGraph:
+def build_graph(source: ModelSource, plan: Plan, cluster: ClusterSpec, graph: str = "auto",
+                reference_model: ReferenceModel | None = None) -> CostGraph:
     if graph not in GRAPHS:
         raise SpecError("graph", graph, f"one of {', '.join(GRAPHS)}")
     if source.spec is not None:
         if graph == "auto":
-            graph = "traced" if _has_torch() and plan.tp == 1 else "analytic"
+            graph = "traced" if reference_model is not None and _has_torch() and plan.tp == 1 else "analytic"
         if graph == "analytic":
             return analytic_graph(source.spec, plan, cluster)
         _traced_plan_ok(plan)
-        return _trace_reference(source.spec, plan, cluster)
+        if reference_model is None:
+            raise SpecError("graph", "traced", "a reference_model to trace a ModelSpec as (the CLI passes the "
+                            "executor's, parsim.executor.model.reference_model), or graph=analytic")
+        return _trace_reference(source.spec, plan, cluster, reference_model)
     if graph == "analytic":
         raise SpecError("graph", graph, "traced (a torch module has no analytic cost model)")
     _traced_plan_ok(plan)
@@ -93,16 +104,11 @@ def _has_torch() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def _trace_reference(spec: ModelSpec, plan: Plan, cluster: ClusterSpec) -> CostGraph:
-    import torch
-
-    from parsim.executor.model import StageModule
-
+def _trace_reference(spec: ModelSpec, plan: Plan, cluster: ClusterSpec, reference_model: ReferenceModel) -> CostGraph:
     from .trace import trace_module
-    with torch.device("meta"):
-        module = StageModule(spec, 0, spec.layers, is_first=True, is_last=True)
-        tokens = torch.zeros(plan.mbs, spec.seq_len, dtype=torch.long)
-    return trace_module(module, (tokens, tokens.clone()), name=spec.name, cluster=cluster, dtype=plan.dtype,
+
+    module, inputs = load_factory(functools.partial(reference_model, spec), plan.mbs)
+    return trace_module(module, inputs, name=spec.name, cluster=cluster, dtype=plan.dtype,
                         unit_of=_layer_of, layers=spec.layers)
 
 

@@ -7,18 +7,20 @@ Memory of a stage under its schedule (per device):
                     ``inflight_microbatches`` (1F1B: min(p - i, m), Narayanan et al. 2021 Sec. 2.2.1)
 A stage that recomputes r of its layers keeps only their inputs (Chen et al. 2016), pays their
 forward again in backward, and briefly holds one layer's full activations while recomputing
-it (as ``parsim.costs.memory_by_stage``). Which layers recompute follows the plan:
-``full`` all of them, ``stage-aware`` the fewest that fit (Merak, Lai et al. 2023, Sec. 5.2;
-its first r layers, as ``stage_recompute``), ``none``/``selective`` none (selective is folded
-into the layer costs). With ``shifted_critical_path`` the last pipeline rank never recomputes
-(Merak Sec. 5.1). With vpp > 1 a rank's budget is split evenly over its vpp chunks.
+it (as ``parsim.costs.memory_by_stage``). Which layers recompute follows the stage's
+``costs.stage_policy``: ``full`` all of them, ``stage-aware`` the fewest leading ones that fit
+(``costs.fewest_recomputed``; Merak, Lai et al. 2023, Sec. 5.2), ``none``/``selective`` none
+(selective is folded into the layer costs; the last pipeline rank under Merak's shifted
+critical path). With vpp > 1 a rank's budget is split evenly over its vpp chunks.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
-from parsim.costs import inflight_microbatches, state_bytes
+from parsim.costs import (fewest_recomputed, inflight_microbatches, model_state_bytes, stage_policy,
+                          state_bytes)
+from parsim.costs.footprint import held_bytes
 from parsim.specs import Plan
 
 from .graph import CostGraph, Segment, UnionSum
@@ -50,16 +52,9 @@ class StageCost:
 
 
 def state_bytes_per_param(plan: Plan) -> float:
-    """Bytes of params + grads + optimizer per parameter on one device (ZeRO / offload applied)."""
-    sb = state_bytes(plan.dtype)
-    dp = plan.dp
-    p = sb.param / (dp if plan.zero >= 3 else 1)
-    g = sb.grad / (dp if plan.zero >= 2 else 1)
-    o = sb.optimizer / (dp if plan.zero >= 1 else 1)
-    if plan.offload in ("optimizer", "optimizer+params"):
-        g = o = 0.0
-    if plan.offload == "optimizer+params":
-        p = 0.0
+    """Bytes of params + grads + optimizer per parameter on one device (ZeRO / offload applied,
+    ``costs.model_state_bytes`` of one parameter)."""
+    p, g, o = model_state_bytes(1.0, plan)
     return p + g + o
 
 
@@ -111,14 +106,9 @@ class StageCoster:
         p = self.plan
         return inflight_microbatches(p.schedule, p.pp, p.num_microbatches, stage % p.pp, p.vpp)
 
-    def no_recompute(self, stage: int) -> bool:
-        p = self.plan
-        shifted = p.shifted_critical_path and stage % p.pp == p.pp - 1
-        return p.recompute in ("none", "selective") or shifted
-
     def cost(self, stage: int, a: int, b: int) -> StageCost:
         last = self.plan.pp * self.plan.vpp - 1
-        key = (self.inflight(stage), self.no_recompute(stage), stage == 0, stage == last, a, b)
+        key = (self.inflight(stage), stage_policy(self.plan, stage), stage == 0, stage == last, a, b)
         if key not in self._cache:
             self._cache[key] = self._cost(*key)
         return self._cache[key]
@@ -135,7 +125,7 @@ class StageCoster:
         largest = self.grad_bytes * max((self.graph.param_numel.get(p, 0.0) for p in names), default=0.0)
         return lambda stash: largest
 
-    def _cost(self, inflight: float, no_recompute: bool, first: bool, last: bool, a: int, b: int) -> StageCost:
+    def _cost(self, inflight: float, policy: str, first: bool, last: bool, a: int, b: int) -> StageCost:
         states = self.param_numel(a, b) * self.per_param
         fwd = self.fwd[b] - self.fwd[a] + self.common_fwd(a, b)
         bwd = self.bwd[b] - self.bwd[a]
@@ -152,27 +142,19 @@ class StageCoster:
 
         def memory(r: int) -> tuple[float, float]:
             stash = act - (self.saving[a + r] - self.saving[a])
-            held = inflight * (stash + output)
+            held = inflight * held_bytes(stash, last, output)
             # the segment being recomputed holds its full activations again for a moment
             transient = max((self.segments[i].recompute_saving_bytes for i in range(a, a + r)), default=0.0)
             return states + held + transient + working(stash), held
 
         n_seg = b - a
-        if no_recompute:
-            r = 0
-        elif self.plan.recompute == "full":
+        if policy == "full":
             r = n_seg
-        else:   # stage-aware: the fewest leading segments whose recomputation makes it fit
-            lo, hi = 0, n_seg
-            if memory(n_seg)[0] > self.stage_limit:
-                lo = n_seg
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if memory(mid)[0] <= self.stage_limit:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            r = lo
+        elif policy == "stage-aware":    # the fewest leading segments whose recomputation makes it fit
+            fewest = fewest_recomputed(n_seg, lambda k: memory(k)[0], self.stage_limit)
+            r = n_seg if fewest is None else fewest
+        else:
+            r = 0
         total, held = memory(r)
         bwd += self.rec_s[a + r] - self.rec_s[a]
         layers = int(round(self.layers[a + r] - self.layers[a]))

@@ -106,19 +106,17 @@ def _one_f_one_b(rank: int, pp: int, m: int, vpp: int) -> list[Action]:
 
 
 def _interleaved(rank: int, pp: int, m: int, vpp: int) -> list[Action]:
-    # Megatron-LM forward_backward_pipelining_with_interleaving: the k-th forward (backward)
-    # of a rank runs microbatches in groups of pp, cycling through the model chunks
-    # 0..v-1 (v-1..0 for backward); chunk c of rank r is virtual stage c*pp + r.
+    # Megatron-LM forward_backward_pipelining_with_interleaving: warm-up forwards, then
+    # "one forward, one backward", then cool-down backwards, each pass on the chunk
+    # ``chunk_of_pass`` gives; chunk c of rank r is virtual stage c*pp + r.
     total = m * vpp
     warmup = warmup_forwards("interleaved", rank, pp, m, vpp)
 
     def forward(k: int) -> Action:
-        chunk = (k % (pp * vpp)) // pp
-        return Action("F", chunk * pp + rank, _microbatch_of(k, pp, vpp))
+        return Action("F", chunk_of_pass(k, pp, vpp) * pp + rank, _microbatch_of(k, pp, vpp))
 
     def backward(k: int) -> Action:
-        chunk = vpp - 1 - (k % (pp * vpp)) // pp
-        return Action("B", chunk * pp + rank, _microbatch_of(k, pp, vpp))
+        return Action("B", chunk_of_pass(k, pp, vpp, backward=True) * pp + rank, _microbatch_of(k, pp, vpp))
 
     actions = [forward(k) for k in range(warmup)]
     steady = total - warmup
@@ -127,6 +125,41 @@ def _interleaved(rank: int, pp: int, m: int, vpp: int) -> list[Action]:
         actions.append(backward(k))
     actions.extend(backward(k) for k in range(steady, total))
     return actions
+
+
+def chunk_of_pass(k: int, pp: int, vpp: int, backward: bool = False) -> int:
+    """Model chunk of a rank's k-th forward (backward) pass in interleaved 1F1B: groups of pp
+    microbatches cycle through the chunks 0..v-1 (v-1..0 for backward) (Megatron-LM
+    ``get_model_chunk_id``). With one chunk (every other schedule) always 0."""
+    position = (k % (pp * vpp)) // pp
+    return vpp - 1 - position if backward else position
+
+
+def passes_by_chunk(n: int, pp: int, vpp: int, backward: bool = False) -> list[int]:
+    """How many of a rank's first n forward (backward) passes ran each of its chunks
+    (``chunk_of_pass`` counted): p floor(n / pv) + clip(n mod pv - position p, 0, p), position
+    = c for forwards, v - 1 - c for backwards. With one chunk: [n]."""
+    cycles, rest = divmod(n, pp * vpp)
+    done = [pp * cycles + min(max(rest - position * pp, 0), pp) for position in range(vpp)]
+    return done[::-1] if backward else done
+
+
+def held_at_backwards(schedule_name: str, rank: int, pp: int, num_microbatches: int, vpp: int,
+                      count: int) -> list[tuple[int, ...]]:
+    """For each of the rank's first ``count`` backwards: the microbatches of each of its model
+    chunks whose forward has run and whose backward has not as it starts. Every generator here
+    runs ``warmup_forwards`` forwards, then forward/backward pairs, then the remaining
+    backwards, so as backward k starts min(W + k + 1, m v) forwards and k backwards have run."""
+    warmup = warmup_forwards(schedule_name, rank, pp, num_microbatches, vpp)
+    total = num_microbatches * vpp
+    held = passes_by_chunk(min(warmup + 1, total), pp, vpp)
+    out = []
+    for k in range(count):
+        out.append(tuple(held))
+        held[chunk_of_pass(k, pp, vpp, backward=True)] -= 1       # backward k ends
+        if warmup + k + 1 < total:
+            held[chunk_of_pass(warmup + k + 1, pp, vpp)] += 1      # the next forward starts
+    return out
 
 
 def _microbatch_of(k: int, pp: int, vpp: int) -> int:

@@ -47,8 +47,8 @@ def device(env: simpy.Environment, sim: "Simulation", dev: "Device"):
         fp = footprints[stage]
         if forward:
             mem.change(start, ACTIVATIONS, fp.activations)
-        elif backward and fp.recompute:
-            mem.change(start, OTHER, fp.recompute)
+        elif backward and fp.backward:
+            mem.change(start, OTHER, fp.backward)
         if fp.gathered_params:
             mem.change(start, OTHER, fp.gathered_params)
         issued = len(dev.pending_dp)
@@ -76,8 +76,8 @@ def device(env: simpy.Environment, sim: "Simulation", dev: "Device"):
         end = env.now
         if fp.gathered_params:
             mem.change(end, OTHER, -fp.gathered_params)
-        if backward and fp.recompute:
-            mem.change(end, OTHER, -fp.recompute)
+        if backward and fp.backward:
+            mem.change(end, OTHER, -fp.backward)
         if kind == "B" or kind == "W":
             mem.change(end, ACTIVATIONS, -fp.activations)
         rec.busy[rank] += end - begin

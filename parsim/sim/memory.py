@@ -5,7 +5,8 @@ off that timeline. This is the event-driven counterpart of the analytic
 ``parsim.costs.memory_by_stage`` (which multiplies per-microbatch bytes by a closed-form count
 of microbatches in flight); tests/test_sim_memory.py holds the two equal.
 
-What is allocated when (categories of ``parsim.costs.CATEGORIES``):
+What is allocated when (categories of ``parsim.costs.CATEGORIES``; the bytes are
+``costs.static_bytes`` and ``costs.stage_footprints``, the rules of ``costs.footprint``):
 
 * step start: parameters, gradients (Megatron-LM's persistent fp32 main-grad buffer) and
   optimizer states of the rank, sharded as ZeRO shards them (Rajbhandari et al. 2020 Sec. 5),
@@ -25,58 +26,12 @@ What is allocated when (categories of ``parsim.costs.CATEGORIES``):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from parsim.costs import CATEGORIES, StageFootprint, stage_footprints, static_bytes
 
-from parsim.costs import CATEGORIES, layer_activation_bytes, layer_params, stage_params, state_bytes
-from parsim.costs.memory import chunk_activation_bytes, fsdp2_bytes, rank_backward_working, recomputes_fully
-from parsim.specs import ModelSpec, Plan
+__all__ = ["PARAMS", "GRADS", "OPTIMIZER", "ACTIVATIONS", "OTHER", "MemoryTimeline", "StageFootprint",
+           "stage_footprints", "static_bytes"]
 
 PARAMS, GRADS, OPTIMIZER, ACTIVATIONS, OTHER = range(len(CATEGORIES))
-
-
-@dataclass(frozen=True)
-class StageFootprint:
-    """Bytes one virtual stage allocates per microbatch, on one device."""
-    activations: float        # stored from forward start to backward (or W) end
-    recompute: float          # extra during a backward: its working set (weight and activation
-                              # gradients), a fully recomputed layer's activations,
-                              # FSDP2's unsharded layer gradients + reduce-scatter input
-    gathered_params: float    # ZeRO-3: full parameters of two layers during every action
-
-
-def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[StageFootprint]:
-    """``fsdp2``: ZeRO-2/3 as FSDP2 runs them (``costs.memory.fsdp2_bytes``)."""
-    in_backward = fsdp2_bytes(model, plan, 0.0)[1] if fsdp2 else 0.0
-    sb = state_bytes(plan.dtype)
-    gathered = 2 * layer_params(model, plan.tp) * sb.param if (plan.zero >= 3 or plan.offload == "optimizer+params") else 0.0
-    out = []
-    for s in range(plan.pp * plan.vpp):
-        act = chunk_activation_bytes(model, plan, s)
-        working = rank_backward_working(model, plan, s % plan.pp, weight_grads=in_backward == 0.0)
-        full = recomputes_fully(model, plan, s)
-        extra = (layer_activation_bytes(model, plan, "none") - layer_activation_bytes(model, plan, "full")) if full else 0.0
-        out.append(StageFootprint(act, extra + in_backward + working, gathered))
-    return out
-
-
-def static_bytes(model: ModelSpec, plan: Plan, pp_rank: int, fsdp2: bool = False) -> tuple[float, ...]:
-    """(params, grads, optimizer, activations, other) a rank holds for the whole step
-    (``fsdp2``: plus what FSDP2 keeps, ``costs.memory.fsdp2_bytes``)."""
-    sb = state_bytes(plan.dtype)
-    n = stage_params(model, plan)[pp_rank]
-    dp = plan.dp
-    params = n * sb.param / (dp if plan.zero >= 3 else 1)
-    grads = n * sb.grad / (dp if plan.zero >= 2 else 1)
-    optimizer = n * sb.optimizer / (dp if plan.zero >= 1 else 1)
-    other = 0.0
-    if plan.offload != "none":
-        grads = optimizer = 0.0
-        other = float(plan.dp_bucket_bytes)
-    if plan.offload == "optimizer+params":
-        params = 0.0
-    if fsdp2:
-        params += fsdp2_bytes(model, plan, n)[0]
-    return (params, grads, optimizer, 0.0, other)
 
 
 class MemoryTimeline:

@@ -2,7 +2,7 @@
 from .cluster import DTYPES, ClusterSpec, DeviceProfile, GemmEfficiency, LinkProfile, NetworkProfile
 from .collectives import CollectiveFit, CollectiveTables
 from .errors import SpecError, SpecWarning
-from .layout import RankLayout
+from .layout import RankLayout, stage_layers
 from .model import MODEL_PRESETS, ModelSpec
 from .parse import (cluster_from_dict, device_from_dict, known_profiles, load_cluster, load_model, load_profile_dict,
                     model_from_dict, model_from_hf_config, parse_plan, plan_from_dict, profile_tables, profiles_dir,
@@ -10,7 +10,7 @@ from .parse import (cluster_from_dict, device_from_dict, known_profiles, load_cl
 from .plan import DEFAULT_DP_BUCKET_BYTES, OFFLOADS, RECOMPUTES, SCHEDULES, Plan
 from .tables import (AttentionTable, CalibratedTables, GemmTable, GemmWaves, LayerComposition, LayerProbe,
                      RankCurve)
-from .validate import stage_layers, validate
+from .validate import plan_mask, validate
 
 __all__ = [
     "ClusterSpec", "DeviceProfile", "GemmEfficiency", "LinkProfile", "NetworkProfile", "DTYPES",
@@ -21,5 +21,5 @@ __all__ = [
     "cluster_from_dict", "device_from_dict", "profile_tables", "with_profile_tables", "known_profiles",
     "load_cluster", "load_model", "load_profile_dict",
     "model_from_dict", "model_from_hf_config", "parse_plan", "plan_from_dict", "profiles_dir",
-    "stage_layers", "validate",
+    "plan_mask", "stage_layers", "validate",
 ]

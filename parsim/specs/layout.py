@@ -1,8 +1,14 @@
 """Rank layout: rank = (pp_rank * dp + dp_rank) * tp + tp_rank (TP fastest, PP slowest;
-torchtitan / Megatron-LM / LiBai). Consecutive ranks fill a node."""
+torchtitan / Megatron-LM / LiBai). Consecutive ranks fill a node. And the layer layout: how
+many transformer layers each virtual stage holds (``stage_layers``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .model import ModelSpec
+    from .plan import Plan
 
 
 @dataclass(frozen=True)
@@ -41,3 +47,19 @@ class RankLayout:
     def group_nodes(self, group: list[int], devices_per_node: int) -> int:
         """How many distinct nodes a group spans."""
         return len({r // devices_per_node for r in group})
+
+
+def stage_layers(model: "ModelSpec", plan: "Plan") -> list[int]:
+    """Transformer layers held by each virtual stage (explicit partition, or balanced:
+    the remainder goes to the middle stages, since the first and last stages also hold the
+    embedding and the output layer)."""
+    stages = plan.pp * plan.vpp
+    if plan.partition is not None:
+        return list(plan.partition)
+    base, rem = divmod(model.layers, stages)
+    counts = [base] * stages
+    # give extra layers to the stages farthest from both ends (they carry no embedding/logits)
+    order = sorted(range(stages), key=lambda s: -min(s, stages - 1 - s))
+    for s in order[:rem]:
+        counts[s] += 1
+    return counts

@@ -1,17 +1,19 @@
 """Enumerate every valid plan of a sweep space for a model on a cluster.
 
 Candidates are built as a cartesian product in numpy and filtered with ``valid_mask``
-(the vectorised ``validate``). Two pairings prune the product before the mask without
-changing its result: (dp, tp, pp) only as factorisations of the device count, and
-(schedule, vpp) / (zero, offload) only in combinations ``validate`` can accept.
+(the specs' rule table on whole columns). Two pairings prune the product before the mask
+without changing its result: (dp, tp, pp) only as factorisations of the device count, and
+(schedule, vpp) / (zero, offload) only in the pairs that the rules reading just those two
+fields accept (``plan_mask`` on the pairs alone).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from parsim.specs import ClusterSpec, ModelSpec
+from parsim.fast.plans import COLUMNS, WORDS, PlanTable, valid_mask
+from parsim.specs import ClusterSpec, ModelSpec, plan_mask
+from parsim.specs.codes import OFF_OPT, OFF_OPT_PARAMS
 
-from parsim.fast.plans import COLUMNS, INTERLEAVED, OFFLOAD_OPT, OFFLOAD_OPT_PARAMS, WORDS, PlanTable, valid_mask
 from .space import SweepSpace
 
 
@@ -55,15 +57,21 @@ def space_values(cluster: ClusterSpec, space: SweepSpace) -> dict[str, tuple]:
 def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace, canonical: bool = True) -> PlanTable:
     """Every plan of the space that ``validate`` accepts; with ``canonical``, without the
     choices that change nothing (see ``redundant_mask``)."""
+    table = candidate_plans(model, cluster, space)
+    keep = valid_mask(model, cluster, table)
+    if canonical:
+        keep &= ~redundant_mask(table, space_values(cluster, space))
+    return table.take(np.flatnonzero(keep))
+
+
+def candidate_plans(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace) -> PlanTable:
+    """The product of the space's values that ``enumerate_plans`` filters with ``valid_mask``:
+    (dp, tp, pp) as factorisations of the device count, (schedule, vpp) and (zero, offload) as
+    accepted pairs (``_accepted_pairs``), every other key free."""
     vals = space_values(cluster, space)
     triples = np.array(degree_triples(cluster.num_devices, space), dtype=np.int64).reshape(-1, 3)
-    sched_codes = [WORDS["schedule"].index(s) for s in vals["schedule"]]
-    sched_vpp = [(s, v) for s in sched_codes for v in vals["vpp"] if (v >= 2) == (s == INTERLEAVED)]
-    offload_codes = [WORDS["offload"].index(o) for o in vals["offload"]]
-    zero_offload = [(z, o) for z in vals["zero"] for o in offload_codes
-                    if (o != OFFLOAD_OPT or z >= 1) and (o != OFFLOAD_OPT_PARAMS or z == 3)]
-    sched_vpp_a = np.array(sched_vpp, dtype=np.int64).reshape(-1, 2)
-    zero_off_a = np.array(zero_offload, dtype=np.int64).reshape(-1, 2)
+    sched_vpp_a = _accepted_pairs(model, cluster, "schedule", "vpp", vals)
+    zero_off_a = _accepted_pairs(model, cluster, "zero", "offload", vals)
     axes = [np.arange(len(triples)), np.arange(len(sched_vpp_a)), _codes("mbs", vals), _codes("gbs", vals),
             np.arange(len(zero_off_a)), _codes("recompute", vals), _codes("sp", vals), _codes("dtype", vals),
             _codes("dp_impl", vals)]
@@ -72,12 +80,15 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace, c
     cols = {"dp": tri[:, 0], "tp": tri[:, 1], "pp": tri[:, 2], "vpp": sv[:, 1], "mbs": grids[2], "gbs": grids[3],
             "schedule": sv[:, 0], "zero": zo[:, 0], "offload": zo[:, 1], "recompute": grids[5], "sp": grids[6],
             "dtype": grids[7], "dp_impl": grids[8]}
-    table = PlanTable({k: np.ascontiguousarray(cols[k], dtype=np.int64) for k in COLUMNS},
-                      dp_bucket_bytes=space.dp_bucket_bytes, dp_overlap=space.dp_overlap)
-    keep = valid_mask(model, cluster, table)
-    if canonical:
-        keep &= ~redundant_mask(table, vals)
-    return table.take(np.flatnonzero(keep))
+    return PlanTable({k: np.ascontiguousarray(cols[k], dtype=np.int64) for k in COLUMNS},
+                     dp_bucket_bytes=space.dp_bucket_bytes, dp_overlap=space.dp_overlap)
+
+
+def _accepted_pairs(model: ModelSpec, cluster: ClusterSpec, a: str, b: str, vals: dict[str, tuple]) -> np.ndarray:
+    """(a, b) code pairs of the space, in product order, that every rule reading only a and b accepts."""
+    ca, cb = (g.ravel() for g in np.meshgrid(_codes(a, vals), _codes(b, vals), indexing="ij"))
+    keep = plan_mask(model, cluster, {a: ca, b: cb}, partial=True)
+    return np.stack([ca[keep], cb[keep]], axis=1).reshape(-1, 2)
 
 
 def redundant_mask(table: PlanTable, vals: dict[str, tuple]) -> np.ndarray:
@@ -91,7 +102,7 @@ def redundant_mask(table: PlanTable, vals: dict[str, tuple]) -> np.ndarray:
     one_f_one_b = WORDS["schedule"].index("1f1b")
     if "1f1b" in vals["schedule"]:
         out |= (table["pp"] == 1) & (table["schedule"] != one_f_one_b)
-    least_zero = np.select([table["offload"] == OFFLOAD_OPT_PARAMS, table["offload"] == OFFLOAD_OPT], [3, 1], 0)
+    least_zero = np.select([table["offload"] == OFF_OPT_PARAMS, table["offload"] == OFF_OPT], [3, 1], 0)
     needed_in_space = np.isin(least_zero, np.array(vals["zero"]))
     out |= (table["dp"] == 1) & (table["zero"] != least_zero) & needed_in_space
     return out

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from parsim.executor import run_plan, run_reference
@@ -66,7 +65,8 @@ class LastStageLogits(torch.nn.Module):
         return F.linear(self.stage.head.norm(x), self.stage.head.weight)
 
 
-def _torch_1f1b_rank(rank: int, model_name: str, gbs: int, port: int, out: str) -> None:
+def _torch_1f1b_rank(rank: int, model_name: str, gbs: int, port: int) -> list[float]:
+    """One rank of torch's Schedule1F1B; every rank returns the step times (max over ranks)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     torch.set_num_threads(1)
@@ -96,19 +96,14 @@ def _torch_1f1b_rank(rank: int, model_name: str, gbs: int, port: int, out: str) 
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         times.append(float(elapsed))
-    if rank == 0:
-        Path(out).write_text(repr(times))
     dist.destroy_process_group()
+    return times
 
 
 def torch_1f1b(model: str, gbs: int) -> float:
-    from parsim.executor.launch import free_port
+    from parsim.executor.processes import free_port, run_ranks
 
-    out = HERE / ".torch_1f1b_times.txt"
-    mp.spawn(_torch_1f1b_rank, args=(model, gbs, free_port(), str(out)), nprocs=2)
-    times = eval(out.read_text())   # a list of floats written just above
-    out.unlink()
-    return median_after_warmup(times)
+    return median_after_warmup(run_ranks(_torch_1f1b_rank, (model, gbs, free_port()), 2)[0])
 
 
 def paired(ours, base) -> tuple[float, float, float]:

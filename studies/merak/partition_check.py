@@ -19,14 +19,14 @@ the other rank computes too. Its ``solo_s`` (the stage alone) is compared with t
 timed alone in this process ('isolated'). When the profile has a real-layer probe, the executor re-takes it around
 every timed step (``ExecutorConfig.layer_probe``) and the stage times are also predicted with
 the profile anchored to all the probes of the check's launches (both splits: their launches
-alternate in the same minutes), as ``parsim validate`` does (``parsim.study.validate.
+alternate in the same minutes), as ``parsim validate`` does (``parsim.calibration.anchor.
 anchored_profile``): the 'anchored' columns, beside the layer's drift (its solo time over the
 profile's).
 
 Profile: this study's own calibration ``profiles/cpu-merak.yaml`` (``PARSIM_HOST_MEMORY=keep parsim
 calibrate --model studies/merak/merak-cpu.yaml --tp 1 --ranks 2 --mbs 1 --out studies/merak/profiles/
 cpu-merak.yaml``; the check runs the executor under the policy the profile records, ``calibration.
-host_alloc``),
+host_alloc``; the policy itself: ``executor.host_alloc``),
 which measured this model's own shapes -- its output layer is a 128 x 512 x 32000 GEMM whose
 65 MB weight does not fit a CPU's last-level cache, a shape cpu-small's calibration never runs --
 else ``calibration/profiles/cpu-calibrated.yaml``, else ``cpu``.
@@ -96,7 +96,7 @@ def isolated_stage_cpu_time(model, partition: tuple[int, ...], repeats: int = 8)
 
     import torch
 
-    from parsim.calibration.host_alloc import apply_host_memory_policy
+    from parsim.executor.host_alloc import apply_host_memory_policy
     from parsim.executor.model import StageModule, init_stage
 
     torch.set_num_threads(1)
@@ -124,10 +124,11 @@ def split_stage_times(model, plan, cluster, graph: str = "traced") -> list[float
     """The partitioner's in-pipeline stage times (s) on ``graph`` for ``plan``'s own split
     (whichever split its min-max cut would choose on ``cluster``)."""
     from parsim.costs import device_capacity
+    from parsim.executor.model import reference_model
     from parsim.partition import StageCoster, build_graph, build_segments, candidate_cuts, resolve_source
     from parsim.partition.solver import _stage_results
 
-    graph = build_graph(resolve_source(model), plan.replace(partition=None), cluster, graph)
+    graph = build_graph(resolve_source(model), plan.replace(partition=None), cluster, graph, reference_model)
     segments = build_segments(graph, candidate_cuts(graph, min_cuts=plan.num_stages - 1))
     assert len(segments) == model.layers, "a ModelSpec graph's segments are its layers"
     bounds = [0]
@@ -144,7 +145,7 @@ def anchored_stage_times(model, plans, results_by_plan, profile_data) -> tuple[l
     in the same minutes, and one launch's 4 probes are too few to pin the machine down), as
     ``parsim validate`` anchors a plan to its rounds' probes; and that drift."""
     from parsim.specs import cluster_from_dict
-    from parsim.study.validate import anchored_profile, probe_drift
+    from parsim.calibration.anchor import anchored_profile, probe_drift
 
     probes = [p for results in results_by_plan for r in results for p in r.layer_probes]
     if not probes:
@@ -156,17 +157,19 @@ def anchored_stage_times(model, plans, results_by_plan, profile_data) -> tuple[l
 def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from parsim.executor import ExecutorConfig, RunSpec, run_plans
+    from parsim.executor.model import reference_model
     from parsim.partition import partition
     from parsim.sim import simulate
     from parsim.specs import load_cluster, load_model, load_profile_dict, parse_plan
-    from parsim.calibration.host_alloc import ENV as HOST_MEMORY_ENV, profile_policy, use_profile_policy
-    from parsim.study.validate import probe_request
+    from parsim.calibration.anchor import probe_request
+    from parsim.calibration.host_alloc import profile_policy, use_profile_policy
+    from parsim.executor.host_alloc import ENV as HOST_MEMORY_ENV
 
     profile = pick_profile()
     cluster = load_cluster("cpu:2", profile=profile if profile != "cpu" else None)
     model = load_model(str(MODEL))
     base = parse_plan(PLAN)
-    traced = partition(model, base, cluster, graph="traced")
+    traced = partition(model, base, cluster, graph="traced", reference_model=reference_model)
     analytic = partition(model, base, cluster, graph="analytic")
     auto = base.replace(partition=traced.partition)
     uniform = base.replace(partition=traced.uniform_partition)
@@ -178,7 +181,7 @@ def main() -> int:
     m = base.num_microbatches
     profile_data = load_profile_dict(profile)
     # the executor's ranks (and the isolated runs) use the host memory policy the profile was
-    # measured under (calibration.host_alloc; inherited by the spawned ranks)
+    # measured under (executor.host_alloc; inherited by the spawned ranks)
     policy = use_profile_policy(profile_data)
     print(f"host memory policy: {HOST_MEMORY_ENV}={policy} (the profile's: {profile_policy(profile_data)})")
     # memory is not compared here: no step is given to the memory tracker, so every step after the
@@ -254,7 +257,7 @@ def main() -> int:
     print(f"\nmeasured speedup auto vs uniform: {speed_meas:.3f}x "
           f"(predicted by the partitioner {traced.speedup_vs_uniform:.3f}x, by simulate {sim_speedup:.3f}x)")
     if anchored_all:
-        from parsim.study.validate import probe_drift
+        from parsim.calibration.anchor import probe_drift
         per_split = [probe_drift(profile_data, [p for launch in launches for p in launch[i].layer_probes])
                      for i in range(2)]
         print(f"layer probe around the timed steps vs the profile's: drift {anchored_all[1]:.2f}x (all "

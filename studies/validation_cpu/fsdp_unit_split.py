@@ -18,7 +18,6 @@ all-gather of the layer's parameters plus the copy-out, ``parsim.sim.actions.zer
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import sys
 import time
@@ -28,7 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS, WARMUP, LAUNCHES = 8, 2, 2
 
 
-def rank_main(rank: int, world: int, port: int, zero: int, out) -> None:
+def rank_main(rank: int, world: int, port: int, zero: int) -> list[float] | None:
+    """One rank's step loop; rank 0 returns the medians (unshard, compute, reshard, forward,
+    backward; seconds)."""
     import torch
     import torch.distributed as dist
 
@@ -68,24 +69,14 @@ def rank_main(rank: int, world: int, port: int, zero: int, out) -> None:
         if step >= WARMUP:
             split = [statistics.fmean(stamps[(i, k + 1)] - stamps[(i, k)] for i in range(model.layers)) for k in range(3)]
             rows.append((*split, t1 - t0, t2 - t1))
-    if rank == 0:
-        out.put([statistics.median(r[k] for r in rows) for k in range(5)])
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return [statistics.median(r[k] for r in rows) for k in range(5)] if rank == 0 else None
 
 
 def launch(zero: int) -> list[float]:
-    import torch.multiprocessing as mp
+    from parsim.executor.processes import free_port, run_ranks
 
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    mp.start_processes(rank_main, args=(2, free_port(), zero, out), nprocs=2, start_method="spawn")
-    return out.get()
+    return run_ranks(rank_main, (2, free_port(), zero), 2)[0]
 
 
 def priced_unit_ms(profile: str) -> tuple[float, float]:

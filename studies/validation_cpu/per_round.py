@@ -1,6 +1,6 @@
 """Per-round step-time error of a validation run: every executor run in ``rounds.csv`` against
 the profile's prediction of its plan and against the prediction anchored to that run's own
-layer probes (``parsim.study.validate.anchored_profile``). The table in ``validation.csv``
+layer probes (``parsim.calibration.anchor.anchored_profile``). The table in ``validation.csv``
 compares medians over rounds; this shows how well each prediction follows single runs.
 
     .venv/bin/python studies/validation_cpu/per_round.py [--out studies/validation_cpu] [--profile P]
@@ -17,7 +17,8 @@ from pathlib import Path
 def main() -> int:
     from parsim.sim import simulate
     from parsim.specs import cluster_from_dict, load_model, load_profile_dict, parse_plan
-    from parsim.study.validate import anchored_profile, load_matrix
+    from parsim.calibration.anchor import anchored_profile
+    from parsim.study.validate import load_matrix
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="studies/validation_cpu")

@@ -1,0 +1,170 @@
+"""Start the ranks of a job on this machine and collect what they return: parsim's one launcher.
+
+``run_ranks(target, args, world)`` starts ``world`` fresh interpreters (``python -m
+parsim.executor.child``; unlike multiprocessing's spawn they do not re-import the caller's
+``__main__``, unless the target is defined there), one thread each (``OMP_NUM_THREADS=1``),
+their stdout on our stderr (our stdout is kept for the one JSON object). Rank r calls
+``target(r, *args)``; what each rank returns comes back in rank order. The launcher watches
+the children: on the first failure it asks ``on_failure`` for the message (by default the
+rank's exception, or how it died), gives the others ``grace_s`` to exit by themselves, kills
+what is left and raises ``LaunchError``. ``free_port`` finds a port on 127.0.0.1 for a
+rendezvous. The executor (``launch.run_plans``), the calibration's process-group benchmarks
+(``parsim.calibration.comm``) and the studies start their ranks with it.
+
+Importing this module does not import torch; the ranks do what their target does.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+GRACE_S = 5.0      # after a failure, how long the others get to exit by themselves
+POLL_S = 0.05
+PAYLOAD = "payload.pkl"
+PROGRESS = "progress.txt"
+
+
+class LaunchError(RuntimeError):
+    """A launch failed; the message names the first failing rank and the cause. ``pids`` are
+    the rank processes (all gone by now); ``shutdown_s`` is how long they took to stop after
+    the launcher noticed the failure."""
+
+    def __init__(self, message: str, pids: list[int] | None = None, shutdown_s: float | None = None):
+        super().__init__(message)
+        self.pids = pids or []
+        self.shutdown_s = shutdown_s
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def error_file(run_dir: str, rank: int) -> Path:
+    """Where a rank writes ``Type: message`` of the exception it fails with."""
+    return Path(run_dir, f"rank{rank}.error")
+
+
+def result_file(run_dir: str, rank: int) -> Path:
+    return Path(run_dir, f"rank{rank}.result")
+
+
+def exit_cause(run_dir: str, rank: int, exitcode: int, where: str = "") -> str:
+    """Why a rank stopped: its exception, else the signal or the exit code (``where``: e.g.
+    " during step 3")."""
+    error = error_file(run_dir, rank)
+    if error.exists():
+        return error.read_text()
+    if exitcode < 0:
+        return f"process died ({signal.Signals(-exitcode).name}){where}"
+    return f"process exited with code {exitcode}{where}"
+
+
+class Progress:
+    """Lines a rank reports while it runs (``report``); the launcher hands each new one to its
+    ``on_progress`` callback. Picklable: pass it to the target in ``args``."""
+
+    def __init__(self, run_dir: str):
+        self.path = Path(run_dir, PROGRESS)
+
+    def report(self, line: str) -> None:
+        with open(self.path, "a") as f:
+            f.write(line.replace("\n", " ") + "\n")
+
+
+def run_ranks(target: Callable, args: tuple, world: int, *, run_dir: str | None = None,
+              on_failure: Callable[[int, int], str] | None = None,
+              on_progress: Callable[[str], None] | None = None, grace_s: float = GRACE_S,
+              env: dict[str, str] | None = None) -> list[Any]:
+    """Run ``target(rank, *args)`` in ``world`` processes; their return values in rank order.
+    ``target`` is a module-level function (of an importable module or of the script being run);
+    ``args`` and the results are pickled. ``run_dir`` (default: a temporary folder) holds the
+    payload, each rank's result or error, and the progress lines. ``on_failure(rank, exitcode)``
+    makes the LaunchError's message for the first rank that fails."""
+    if run_dir is None:
+        with tempfile.TemporaryDirectory(prefix="parsim-ranks-") as tmp:
+            return run_ranks(target, args, world, run_dir=tmp, on_failure=on_failure, on_progress=on_progress,
+                             grace_s=grace_s, env=env)
+    payload = Path(run_dir, PAYLOAD)
+    payload.write_bytes(pickle.dumps({"target": _reference(target), "args": args}))
+    child_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))   # one thread per rank
+    procs = [subprocess.Popen([sys.executable, "-m", "parsim.executor.child", run_dir, str(rank)],
+                              env=child_env, stdout=_child_stdout(), stdin=subprocess.DEVNULL)
+             for rank in range(world)]
+    describe = on_failure or (lambda rank, code: f"rank {rank}: {exit_cause(run_dir, rank, code)}")
+    try:
+        failure, shutdown_s = _supervise(procs, describe, Path(run_dir, PROGRESS), on_progress, grace_s)
+    except BaseException:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        raise
+    if failure:
+        raise LaunchError(failure, [p.pid for p in procs], shutdown_s)
+    missing = [rank for rank in range(world) if not result_file(run_dir, rank).exists()]
+    if missing:
+        raise LaunchError(f"rank {missing[0]}: process exited with code 0 without a result", [p.pid for p in procs])
+    return [pickle.loads(result_file(run_dir, rank).read_bytes()) for rank in range(world)]
+
+
+def _reference(target: Callable) -> tuple[str, str]:
+    """(module name, or the path of the script run as ``__main__``; qualified name) of ``target``."""
+    module = target.__module__
+    if module == "__main__":
+        path = getattr(sys.modules["__main__"], "__file__", None)
+        if path is None:
+            raise ValueError(f"{target.__qualname__} is defined in an interactive session: a rank's fresh "
+                             "interpreter cannot import it; define it in a module or a script")
+        module = str(Path(path).resolve())
+    return module, target.__qualname__
+
+
+def _child_stdout():
+    """Children print to our stderr: our stdout is kept for the one JSON object."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return subprocess.DEVNULL
+
+
+def _supervise(procs: list, describe: Callable[[int, int], str], progress: Path,
+               on_progress: Callable[[str], None] | None, grace_s: float) -> tuple[str | None, float | None]:
+    """Wait for the children; on the first failure stop them all. Returns the failure message
+    and the seconds from noticing it to the last child gone."""
+    failure: str | None = None
+    deadline = noticed = None
+    seen = 0
+    while True:
+        alive = [p for p in procs if p.poll() is None]
+        for rank, p in enumerate(procs):
+            if p.returncode not in (None, 0) and failure is None:
+                failure = describe(rank, p.returncode)
+                noticed = time.monotonic()
+                deadline = noticed + grace_s
+        if on_progress is not None and progress.exists():
+            text = progress.read_text()
+            lines = text[:text.rfind("\n") + 1].splitlines()    # whole lines only
+            for line in lines[seen:]:
+                on_progress(line)
+            seen = len(lines)
+        if not alive:
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            for p in alive:
+                p.kill()
+            break
+        time.sleep(POLL_S)
+    for p in procs:
+        p.wait()
+    return failure, (time.monotonic() - noticed if noticed is not None else None)

@@ -1,0 +1,112 @@
+"""Real hardware: ``execute`` (the torch executor), ``calibrate`` (micro-benchmarks into a
+profile) and ``validate`` (executor against simulator over a matrix of plans). Torch is
+imported when they run."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from parsim.specs import SpecWarning, load_model, parse_plan
+
+from .inputs import ModelLike, PlanLike
+
+if TYPE_CHECKING:
+    from parsim.executor.results import ExecutionResult
+    from parsim.study.validate import ValidationReport
+
+
+def validate(matrix: str | Path = "studies/validation_cpu/matrix.yaml", profile: str | Path = "cpu-calibrated",
+             out: str | Path = "studies/validation_cpu", *, rounds: int | None = None, fresh: bool = False,
+             worst: int = 3, progress: bool = False) -> "ValidationReport":
+    """Run a matrix of plans on the torch executor and the simulator and compare (``parsim
+    validate``): ``out`` gets the error table (resumable: finished plans and rounds are kept
+    unless ``fresh``), the error plot and side-by-side timelines of the ``worst`` plans.
+    ``rounds``: executor runs per plan, interleaved; the median counts [the matrix's]."""
+    from parsim.study.validate import validate_matrix
+    return validate_matrix(matrix, profile, out, rounds=rounds, fresh=fresh, worst=worst, progress=progress)
+
+
+def _warn(message: str) -> None:
+    import warnings
+    warnings.warn(message, SpecWarning, stacklevel=3)
+
+
+def execute(model: ModelLike = "tiny", plan: PlanLike = "dp=2 dtype=fp32", *, steps: int = 5, warmup: int = 1,
+            seed: int = 1234, data: str | Path | None = None, trace_dir: str | Path | None = None,
+            timeout_s: float = 60.0, save: str | Path | None = None, save_at: int | None = None,
+            resume: str | Path | None = None, track_memory: bool = True, inject_fault: str | None = None,
+            on_warning: Callable[[str], None] = _warn) -> "ExecutionResult | None":
+    """Train ``plan`` for real with the torch executor (gloo on CPU, NCCL on GPU) until step
+    ``steps`` and return what was measured (``parsim execute``): ``step_time_s`` (median over the
+    steps after ``warmup``, seconds), losses, peak bytes per rank with their breakdown, the
+    trace. Spawns dp*tp*pp processes; under torchrun this process is one rank (None on ranks
+    other than 0). ``timeout_s``: seconds before a stuck peer fails the run. Warnings about the
+    plan go to ``on_warning`` [Python warnings]; a failed run raises ``ExecutorError``."""
+    from parsim.executor.config import ExecutorConfig, FaultInjection
+
+    model, plan = load_model(model), parse_plan(plan)
+    config = ExecutorConfig(
+        steps=steps, warmup=warmup, seed=seed, data_file=data, trace_dir=trace_dir, timeout_s=timeout_s,
+        save_dir=save, save_at=save_at, resume_dir=resume,
+        inject_fault=FaultInjection.parse(inject_fault) if inject_fault else None, track_memory=track_memory)
+    from parsim.executor.entry import run_plan     # torch is imported there, once the inputs have been checked
+
+    return run_plan(model, plan, config, on_warning)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A calibration run (``parsim calibrate``): the profile dict and where it was written."""
+    profile: dict[str, Any]
+    path: Path
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of ``parsim calibrate --json``."""
+        return {"profile_path": str(self.path), **profile_summary(self.profile), "profile": self.profile}
+
+
+def profile_summary(profile: dict[str, Any]) -> dict[str, Any]:
+    """The headline numbers of a profile: peak FLOP/s per dtype, memory bandwidth (bytes/s),
+    op overhead (s), GEMM curve, contention, and alpha (s) / beta (s/byte) per collective."""
+    from parsim.specs import CollectiveTables, profile_tables
+
+    dev, tables = profile["device"], profile_tables(profile)
+    layer = {k: v.to_dict() for k, v in (("layer_composition", tables.layer_composition),
+                                         ("contention_layer", tables.contention_layer)) if v is not None}
+    collectives = CollectiveTables.from_dict(profile["network"].get("collectives"))
+    return {
+        "name": profile["name"],
+        "duration_s": profile["provenance"]["duration_s"],
+        "peak_flops": dev["peak_flops"],
+        "memory_bandwidth": dev["memory_bandwidth"],
+        "kernel_overhead_s": dev["kernel_overhead_s"],
+        "gemm": dev["gemm"],
+        "attention_efficiency": dev["attention_efficiency"],
+        "contention": tables.contention.to_dict(),
+        **layer,
+        "collectives": {op: {str(n): {k: v for k, v in (("alpha", f.alpha), ("beta", f.beta),
+                                                        ("alpha_insitu", f.alpha_insitu),
+                                                        ("alpha_insitu_shared", f.alpha_insitu_shared and
+                                                         f.alpha_insitu_shared.to_dict())) if v is not None}
+                             for n, f in per.items()}
+                        for op, per in (collectives.ops or {}).items()},
+    }
+
+
+def calibrate(model: ModelLike = "cpu-small", *, dtype: str = "fp32", ranks: str = "2,4", repeats: int | None = None,
+              quick: bool = False, mbs: str | None = None, tp: str = "1,2,4", device: str = "cpu",
+              base: str | Path | None = None, name: str | None = None, out: str | Path | None = None,
+              progress: bool = False) -> Calibration:
+    """Micro-benchmark this machine (GEMMs, attention, memory-bound ops, collectives over
+    ``ranks`` processes, the model's real layer) and write the profile YAML to ``out``
+    [calibration/profiles/<name>.yaml]. ``device``: cpu (gloo) or cuda (nccl); ``base``: a
+    profile for what is not measured; ``quick``: few shapes, 3 repeats (~30 s)."""
+    from parsim.calibration import calibrate as measure, default_profile_name, write_profile
+    from parsim.specs import profiles_dir
+
+    name = name or (Path(out).stem if out else default_profile_name(device.split(":")[0]))
+    profile = measure(model=model, dtype=dtype, ranks=ranks, repeats=repeats, quick=quick, name=name,
+                      progress=progress, mbs=mbs, tps=tp, device=device, base=base)
+    return Calibration(profile, write_profile(profile, out or profiles_dir() / f"{name}.yaml"))

@@ -1,0 +1,64 @@
+"""Which layers recompute their activations in backward, per virtual stage.
+
+* ``full``: each layer keeps only its input and re-runs its forward in backward (Chen et al.
+  2016; Megatron-LM ``--recompute-granularity full``).
+* ``selective``: only the attention core is recomputed (Korthikanti et al. 2022, Sec. 5).
+* ``stage-aware``: virtual stage v recomputes its first ``recompute_layers[v]`` layers fully
+  and keeps the rest (Merak, Lai et al. 2023, Sec. 5.2); all of them when unset. The fewest
+  that fit are found by ``fewest_recomputed`` (``costs.stage_aware``, ``partition.stage_cost``).
+* ``shifted_critical_path``: the last pipeline rank recomputes nothing (Merak, Sec. 5.1).
+
+The SimPy engine (``sim.compute``), the analytic memory (``costs.memory``), the partitioner,
+the fast path's tables and the executor's ``apply_ac`` all take the policy from here.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from parsim.specs import ModelSpec, Plan, stage_layers
+
+
+def stage_policy(plan: Plan, vstage: int) -> str:
+    """The recompute policy a virtual stage follows: the plan's, except ``none`` on the last
+    pipeline rank under Merak's shifted critical path."""
+    if plan.shifted_critical_path and vstage % plan.pp == plan.pp - 1 and plan.recompute != "none":
+        return "none"
+    return plan.recompute
+
+
+def layer_recompute(plan: Plan, vstage: int, num_layers: int) -> list[tuple[int, str]]:
+    """(layers, policy) groups of a virtual stage of ``num_layers`` layers, in layer order; each
+    policy one of ``none``, ``full``, ``selective``."""
+    policy = stage_policy(plan, vstage)
+    if policy == "stage-aware":
+        full = plan.recompute_layers[vstage] if plan.recompute_layers is not None else num_layers
+        return [(full, "full"), (num_layers - full, "none")]
+    return [(num_layers, policy)]
+
+
+def stage_recompute(model: ModelSpec, plan: Plan, vstage: int) -> list[tuple[int, str]]:
+    """``layer_recompute`` of one virtual stage of ``model`` (its ``stage_layers``)."""
+    return layer_recompute(plan, vstage, stage_layers(model, plan)[vstage])
+
+
+def recomputes_fully(groups: list[tuple[int, str]]) -> bool:
+    """Does some layer of these (layers, policy) groups (``layer_recompute``) re-run its whole
+    forward?"""
+    return any(policy == "full" and n for n, policy in groups)
+
+
+def fewest_recomputed(most: int, bytes_with: Callable[[int], float], budget: float) -> int | None:
+    """The least k in 0..``most`` with ``bytes_with(k)`` <= ``budget`` bytes, where
+    ``bytes_with(k)`` is the memory with k layers (or graph segments) recomputed and does not
+    grow with k (Merak's stage-aware recomputation: recompute only what the memory needs);
+    None when even ``most`` does not fit. Bisection: O(log most) evaluations."""
+    if bytes_with(most) > budget:
+        return None
+    lo, hi = 0, most
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if bytes_with(mid) <= budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

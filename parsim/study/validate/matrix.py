@@ -1,0 +1,133 @@
+"""The files of a validation: the matrix YAML it reads, and the two tables it writes in its
+output folder — ``validation.csv`` (one row per finished plan, ``compare``) and ``rounds.csv``
+(one row per finished executor run, ``MeasuredRound``). Rows are appended as they finish, so an
+interrupted validation resumes from these files."""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from parsim.specs import ModelSpec, Plan, SpecError, load_model, parse_plan
+
+CSV_NAME = "validation.csv"
+ROUNDS_NAME = "rounds.csv"
+ROUND_COLUMNS = ["plan", "round", "world_size", "step_time_s", "step_times_s", "peak_bytes_by_rank", "losses",
+                 "trace_file", "layer_probes"]
+COLUMNS = ["plan", "model", "world_size", "measured_step_s", "measured_rounds_s", "predicted_step_s", "step_error",
+           "measured_peak_bytes", "predicted_peak_bytes", "peak_memory_error", "max_rank_memory_error",
+           "measured_bubble", "predicted_bubble", "measured_busy_s_by_rank", "predicted_busy_s_by_rank",
+           "measured_peak_bytes_by_rank", "predicted_peak_bytes_by_rank", "losses", "trace_file",
+           "anchored_step_s", "anchored_error", "probe_drift", "probe_contention"]
+# columns that stay empty when the profile has no layer probe (or rounds.csv predates it)
+ANCHOR_COLUMNS = ("anchored_step_s", "anchored_error", "probe_drift", "probe_contention")
+
+
+@dataclass(frozen=True)
+class Matrix:
+    model: ModelSpec
+    plans: list[Plan]
+    steps: int = 4
+    warmup: int = 1
+    rounds: int = 1
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    p = Path(path)
+    if not p.exists():
+        raise SpecError("matrix", str(path), "an existing YAML file with 'model' and 'plans'")
+    data = yaml.safe_load(p.read_text())
+    if not isinstance(data, dict) or "plans" not in data:
+        raise SpecError("matrix", str(path), "a YAML mapping with 'model' and a list 'plans'")
+    unknown = set(data) - {"model", "plans", "steps", "warmup", "rounds", "description"}
+    if unknown:
+        k = sorted(unknown)[0]
+        raise SpecError(f"matrix.{k}", data[k], "unknown key; allowed: model, plans, steps, warmup, rounds, "
+                        "description")
+    for key, low in (("steps", 1), ("warmup", 0), ("rounds", 1)):
+        if key in data and (not isinstance(data[key], int) or isinstance(data[key], bool) or data[key] < low):
+            raise SpecError(f"matrix.{key}", data[key], f"an integer >= {low}")
+    plans = [parse_plan(t) for t in data["plans"]]
+    if not plans:
+        raise SpecError("matrix.plans", [], "at least one plan")
+    return Matrix(model=load_model(data.get("model", "cpu-small")), plans=plans,
+                  steps=int(data.get("steps", 4)), warmup=int(data.get("warmup", 1)),
+                  rounds=int(data.get("rounds", 1)))
+
+
+def read_rows(out_dir: Path) -> list[dict[str, Any]]:
+    path = out_dir / CSV_NAME
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k in ("measured_step_s", "predicted_step_s", "step_error", "measured_peak_bytes", "predicted_peak_bytes",
+                  "peak_memory_error", "max_rank_memory_error", "measured_bubble", "predicted_bubble"):
+            r[k] = float(r[k])
+        for k in ANCHOR_COLUMNS:
+            r[k] = float(r[k]) if r.get(k) not in (None, "") else None
+        r["world_size"] = int(r["world_size"])
+    return rows
+
+
+def append_row(out_dir: Path, row: dict[str, Any]) -> None:
+    _append_csv(out_dir / CSV_NAME, COLUMNS, row)
+
+
+def _append_csv(path: Path, columns: list[str], row: dict[str, Any]) -> None:
+    """Append ``row``; a file written before a column was added keeps its own header (the
+    new columns are left out of its rows, and read back as missing)."""
+    if path.exists():
+        with path.open(newline="") as f:
+            header = next(csv.reader(f), None)
+        if header:
+            columns = header
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        if new:
+            w.writeheader()
+        w.writerow(row)
+
+
+@dataclass
+class MeasuredRound:
+    """What validation keeps of one executor run of one plan (a row of ``rounds.csv``)."""
+    plan: str
+    round: int
+    step_time_s: float
+    step_times_s: list[float]
+    peak_memory_bytes_by_rank: list[int]
+    losses: list[float]
+    trace_file: str
+    trace: Any = None
+    layer_probes: list[dict[str, float]] = field(default_factory=list)   # around the timed steps (executor.layer_probe)
+
+    @classmethod
+    def from_csv(cls, r: dict[str, str]) -> "MeasuredRound":
+        return cls(plan=r["plan"], round=int(r["round"]), step_time_s=float(r["step_time_s"]),
+                   step_times_s=json.loads(r["step_times_s"]), peak_memory_bytes_by_rank=json.loads(r["peak_bytes_by_rank"]),
+                   losses=json.loads(r["losses"]), trace_file=r["trace_file"],
+                   layer_probes=json.loads(r.get("layer_probes") or "[]"))
+
+
+def read_rounds(out_dir: Path) -> list[MeasuredRound]:
+    path = out_dir / ROUNDS_NAME
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        return [MeasuredRound.from_csv(r) for r in csv.DictReader(f)]
+
+
+def append_round(out_dir: Path, m: MeasuredRound, world_size: int) -> None:
+    _append_csv(out_dir / ROUNDS_NAME, ROUND_COLUMNS, {
+        "plan": m.plan, "round": m.round, "world_size": world_size, "step_time_s": m.step_time_s,
+        "step_times_s": json.dumps([round(x, 6) for x in m.step_times_s]),
+        "peak_bytes_by_rank": json.dumps(list(m.peak_memory_bytes_by_rank)),
+        "losses": json.dumps([round(x, 6) for x in m.losses]), "trace_file": m.trace_file,
+        "layer_probes": json.dumps(m.layer_probes)})

@@ -1,0 +1,186 @@
+"""Running a validation: every plan of a matrix on the torch executor, in rounds, and on the
+simulator; resumable.
+
+A shared, noisy machine drifts in speed from one minute to the next, so every plan can be
+measured in several *rounds*: round 1 runs every plan once, round 2 again, and so on
+(consecutive plans of one world size share one set of executor processes), and a plan's
+measured step time is the median over its rounds; its memory, busy time, losses and trace
+come from the round closest to that median. Each finished run is appended to ``rounds.csv``
+and each finished plan to ``validation.csv`` (``matrix``), so an interrupted run resumes where
+it stopped (finished plans and rounds are kept and skipped).
+
+When the profile has a real-layer probe, the executor re-takes it around every timed step and
+each round is also predicted with the profile anchored to those probes
+(``parsim.calibration.anchor``). ``predicted_step_s`` stays the profile's own prediction;
+``anchored_step_s`` is the median over rounds of the anchored predictions, ``probe_drift`` the
+median over rounds of the layer's solo time over the profile's, and ``probe_contention`` the
+median of the layer's concurrent slowdown.
+"""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any, Callable
+
+from parsim.specs import ModelSpec, Plan, SpecError, load_cluster
+
+from .compare import MedianMeasurement, ValidationReport, compare, summarise
+from .matrix import (CSV_NAME, ROUNDS_NAME, Matrix, MeasuredRound, append_round, append_row, load_matrix, read_rounds,
+                     read_rows)
+
+# consecutive plans of one world size run in one set of executor processes (start-up is seconds)
+PLANS_PER_LAUNCH = 4
+
+
+def launches(plans: list[Plan], per_launch: int = PLANS_PER_LAUNCH) -> list[list[Plan]]:
+    """Consecutive plans of one world size, at most ``per_launch`` per executor launch."""
+    out: list[list[Plan]] = []
+    for p in plans:
+        if out and out[-1][0].world_size == p.world_size and len(out[-1]) < per_launch:
+            out[-1].append(p)
+        else:
+            out.append([p])
+    return out
+
+
+def median_round(rounds: list[MeasuredRound]) -> MeasuredRound:
+    """The round whose step time is closest to the median over the rounds (ties: earlier)."""
+    med = statistics.median(r.step_time_s for r in rounds)
+    return min(rounds, key=lambda r: (abs(r.step_time_s - med), r.round))
+
+
+def validate_matrix(matrix: str | Path, profile: str | Path, out: str | Path, *, rounds: int | None = None,
+                    fresh: bool = False, worst: int = 3, progress: bool = True) -> ValidationReport:
+    """``parsim validate``: check the inputs, run what is not yet in ``out`` (everything with
+    ``fresh``), and draw the error plot and the ``worst`` plans' side-by-side timelines."""
+    from parsim.plots import plot_timeline_pair
+    from parsim.plots.validation import plot_validation
+    from parsim.specs import load_profile_dict
+    from parsim.trace.io import load_trace
+
+    spec = load_matrix(matrix)
+    load_profile_dict(profile)            # fail early on a bad profile name
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if rounds is not None and rounds < 1:
+        raise SpecError("rounds", rounds, "an integer >= 1")
+    if fresh:
+        for name in (CSV_NAME, ROUNDS_NAME):
+            if (out / name).exists():
+                (out / name).unlink()
+    report = run_validation(spec, profile, out, progress=progress, rounds=rounds)
+    rows = report.rows
+    report.plots.append(plot_validation(
+        rows, out / "validation.png",
+        title=f"{spec.model.name}: simulator ({profile}) vs torch executor, {len(rows)} plans"))
+    for i, r in enumerate(sorted(rows, key=lambda r: -abs(r["step_error"]))[:worst]):
+        pred = load_trace(out / f"{r['trace_file']}.predicted.json")
+        meas = load_trace(out / f"{r['trace_file']}.measured.json")
+        report.plots.append(plot_timeline_pair(pred, meas, out / f"worst{i + 1}_timeline.png",
+                                               title=f"{r['plan']}  (step error {r['step_error']:+.1%})"))
+    return report
+
+
+def run_validation(matrix: Matrix, profile: str, out_dir: str | Path, *, progress: bool = True,
+                   on_row: Callable[[dict[str, Any]], None] | None = None, rounds: int | None = None) -> ValidationReport:
+    """Run every plan not yet in ``out_dir/validation.csv`` on both engines, ``rounds`` times
+    on the executor (default: the matrix's); resumable."""
+    from parsim.calibration.anchor import probe_request
+    from parsim.calibration.host_alloc import use_profile_policy
+    from parsim.specs import load_profile_dict
+
+    rounds = matrix.rounds if rounds is None else rounds
+    profile_data = load_profile_dict(profile)
+    use_profile_policy(profile_data)      # the executor's ranks run under the profile's host memory policy
+    out = Path(out_dir)
+    (out / "traces").mkdir(parents=True, exist_ok=True)
+    done = {r["plan"] for r in read_rows(out)}
+    todo = [p for p in matrix.plans if p.to_string() not in done]
+    measured: dict[tuple[str, int], MeasuredRound] = {(m.plan, m.round): m for m in read_rounds(out)}
+    run_rounds(matrix, todo, rounds, out, measured, probe_request(profile_data), progress)
+    for plan in todo:
+        row = judge_plan(matrix, plan, rounds, out, measured, profile, profile_data)
+        append_row(out, row)
+        if on_row:
+            on_row(row)
+    rows = [r for r in read_rows(out) if r["plan"] in {p.to_string() for p in matrix.plans}]
+    return ValidationReport(rows=rows, summary=summarise(rows))
+
+
+def run_rounds(matrix: Matrix, todo: list[Plan], rounds: int, out: Path,
+               measured: dict[tuple[str, int], MeasuredRound], layer_probe: tuple[ModelSpec, int, str] | None,
+               progress: bool) -> None:
+    """Every (plan, round) of ``todo`` not yet in ``measured`` on the executor, round after
+    round; each finished run is added to ``measured`` and appended to ``rounds.csv``."""
+    from parsim.executor import run_plans
+    from parsim.executor.config import ExecutorConfig
+    from parsim.executor.worker import RunSpec
+    from parsim.trace.io import save_trace
+
+    runs_left = sum(1 for k in range(rounds) for p in todo if (p.to_string(), k) not in measured)
+    bar = _progress(runs_left, 0, progress, unit="run")
+    config = ExecutorConfig(steps=matrix.steps, warmup=matrix.warmup, layer_probe=layer_probe)
+    for k in range(rounds):
+        for group in launches([p for p in todo if (p.to_string(), k) not in measured]):
+            results = run_plans([RunSpec(matrix.model, plan, config) for plan in group])
+            for plan, res in zip(group, results):
+                idx = matrix.plans.index(plan)
+                trace_file = f"traces/plan{idx:02d}.round{k + 1}.measured.json"
+                save_trace(res.trace, out / trace_file)
+                m = MeasuredRound(plan.to_string(), k, res.step_time_s, list(res.step_times),
+                                  list(res.peak_memory_bytes_by_rank), list(res.losses), trace_file, res.trace,
+                                  list(res.layer_probes))
+                append_round(out, m, plan.world_size)
+                measured[(m.plan, k)] = m
+                bar.set_postfix_str(f"round {k + 1}/{rounds} {plan.to_string()[:40]} {res.step_time_s:.2f} s")
+                bar.update(1)
+    bar.close()
+
+
+def judge_plan(matrix: Matrix, plan: Plan, rounds: int, out: Path, measured: dict[tuple[str, int], MeasuredRound],
+               profile: str, profile_data: dict[str, Any]) -> dict[str, Any]:
+    """A plan's ``validation.csv`` row: its measured rounds against the simulator's prediction
+    (every rank simulated, so the traces line up rank by rank), plus the anchored prediction."""
+    from parsim.sim import simulate
+    from parsim.trace.io import load_trace, save_trace
+
+    name = plan.to_string()
+    mine = sorted((m for (p, _), m in measured.items() if p == name and _ < rounds), key=lambda m: m.round)
+    chosen = median_round(mine)
+    if chosen.trace is None:
+        chosen.trace = load_trace(out / chosen.trace_file)
+    cluster = load_cluster(f"cpu:{plan.world_size}", profile=profile)
+    predicted = simulate(matrix.model, cluster, plan, mode="full")
+    step = statistics.median(m.step_time_s for m in mine)
+    trace_file = f"traces/plan{matrix.plans.index(plan):02d}"
+    save_trace(chosen.trace, out / f"{trace_file}.measured.json")
+    save_trace(predicted.trace, out / f"{trace_file}.predicted.json")
+    return compare(matrix.model, plan, MedianMeasurement(step, chosen), predicted, trace_file,
+                   rounds=[m.step_time_s for m in mine], anchor=anchored_prediction(matrix.model, plan, mine,
+                                                                                   profile_data))
+
+
+def anchored_prediction(model: ModelSpec, plan: Plan, mine: list[MeasuredRound],
+                        profile_data: dict[str, Any]) -> dict[str, float] | None:
+    """``anchored_step_s`` (seconds), ``probe_drift`` and ``probe_contention`` (ratios), each the
+    median over the plan's rounds; None when the profile or a round has no layer probe."""
+    from parsim.calibration.anchor import anchored_profile, mean_probe, probe_drift, probe_request
+    from parsim.sim import simulate
+    from parsim.specs import cluster_from_dict
+
+    if not (probe_request(profile_data) and all(m.layer_probes for m in mine)):
+        return None
+    anchored = [anchored_profile(profile_data, m.layer_probes) for m in mine]
+    return {
+        "anchored_step_s": statistics.median(
+            simulate(model, cluster_from_dict(a, num_devices=plan.world_size), plan, mode="full").step_time_s
+            for a in anchored),
+        "probe_drift": statistics.median(probe_drift(profile_data, m.layer_probes) for m in mine),
+        "probe_contention": statistics.median(mean_probe(m.layer_probes)["contention"] for m in mine)}
+
+
+def _progress(total: int, initial: int, enabled: bool, unit: str = "plan"):
+    from tqdm import tqdm
+    import sys
+    return tqdm(total=total, initial=initial, unit=unit, desc="validate", file=sys.stderr, disable=not enabled,
+                dynamic_ncols=True)

@@ -1,0 +1,68 @@
+"""The one launcher (``parsim.executor.processes``): fresh interpreters, results in rank order,
+the first failure named, progress lines, and targets defined in the script being run."""
+import json
+import operator
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from parsim.executor.processes import LaunchError, free_port, run_ranks
+
+SCRIPT = """
+import json, os, sys
+from parsim.executor.processes import Progress, run_ranks
+
+def rank_main(rank, scale, progress):
+    if rank == 0:
+        progress.report(f"rank 0 of pid {os.getpid()}")
+    return {"rank": rank, "value": rank * scale, "pid": os.getpid(), "threads": os.environ["OMP_NUM_THREADS"]}
+
+if __name__ == "__main__":
+    import tempfile
+    seen = []
+    with tempfile.TemporaryDirectory() as run_dir:
+        out = run_ranks(rank_main, (10, Progress(run_dir)), 3, run_dir=run_dir, on_progress=seen.append)
+    print(json.dumps({"out": out, "seen": seen, "me": os.getpid()}))
+"""
+
+
+def test_ranks_return_their_values_in_rank_order():
+    assert run_ranks(operator.mul, (7,), 3) == [0, 7, 14]
+
+
+def test_a_target_of_the_script_being_run_starts_in_fresh_interpreters_with_one_thread(tmp_path):
+    script = tmp_path / "launch_me.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "4"})
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert [r["value"] for r in got["out"]] == [0, 10, 20]
+    pids = {r["pid"] for r in got["out"]}
+    assert len(pids) == 3 and got["me"] not in pids
+    assert {r["threads"] for r in got["out"]} == {"1"}
+    assert len(got["seen"]) == 1 and got["seen"][0].startswith("rank 0 of pid ")
+
+
+def test_the_first_failure_names_the_rank_and_its_exception():
+    with pytest.raises(LaunchError, match=r"^rank [01]: ZeroDivisionError: division by zero$") as err:
+        run_ranks(operator.truediv, (0,), 2)
+    assert len(err.value.pids) == 2
+
+
+def test_a_rank_that_exits_without_a_word_is_named_by_its_exit_code():
+    # os._exit(rank): rank 1 exits with code 1, rank 0 with code 0 but no result
+    with pytest.raises(LaunchError, match=r"^rank 1: process exited with code 1$"):
+        run_ranks(os._exit, (), 2)
+    with pytest.raises(LaunchError, match=r"^rank 0: process exited with code 0 without a result$"):
+        run_ranks(os._exit, (), 1)
+
+
+def test_free_port_is_free_to_bind():
+    port = free_port()
+    assert 0 < port < 65536
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
