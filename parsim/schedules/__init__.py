@@ -1,17 +1,28 @@
-"""The Schedule IR, its generators (naive, gpipe, 1f1b, interleaved), its checks and dry run,
-and the conversion to torch.distributed.pipelining actions (torch imported lazily)."""
-from .check import (DryRun, ScheduleCheck, ScheduleError, TimedAction, check_schedule, dependencies, dry_run,
-                    peak_inflight_microbatches, peak_inflight_per_rank)
-from .generators import (build_schedule, build_schedule_for_plan, chunk_of_pass, held_at_backwards,
+"""The Schedule IR, its generators (naive, gpipe, 1f1b, interleaved, looped-bfs, and the
+zero-bubble family zb-h1, zb-h2, interleaved-zb, zbv, dualpipev), its checks and dry run, the
+explicit-communication lowering, torch's CSV format, and the conversion to
+torch.distributed.pipelining actions (torch imported lazily)."""
+from .bubbles import closed_form_idle_time
+from .check import ScheduleCheck, check_schedule
+from .csv_io import dump_schedule_csv, load_schedule_csv
+from .dryrun import (DryRun, TimedAction, dependencies, dry_run, list_schedule, peak_inflight_microbatches,
+                     peak_inflight_per_rank)
+from .generators import (V_PLACED, build_schedule, build_schedule_for_plan, chunk_of_pass, default_vpp, held_at_backwards,
                          passes_by_chunk, textbook_bubble_fraction, warmup_forwards)
-from .ir import KINDS, Action, Schedule
+from .ir import (ALL_KINDS, COMM_KINDS, KINDS, OVERLAP_F_B, STAGE_KINDS, Action, OverlapFB, Schedule, ScheduleError,
+                 loop_placement, v_placement)
+from .lowering import compute_only, lower_schedule
 from .torch_actions import from_torch_actions, to_torch_actions
 
 __all__ = [
-    "KINDS", "Action", "Schedule",
-    "build_schedule", "build_schedule_for_plan", "textbook_bubble_fraction", "warmup_forwards",
+    "KINDS", "COMM_KINDS", "STAGE_KINDS", "OVERLAP_F_B", "ALL_KINDS", "Action", "OverlapFB", "Schedule",
+    "loop_placement", "v_placement",
+    "build_schedule", "build_schedule_for_plan", "default_vpp", "textbook_bubble_fraction", "warmup_forwards",
     "chunk_of_pass", "passes_by_chunk", "held_at_backwards",
+    "V_PLACED", "closed_form_idle_time",
     "DryRun", "ScheduleCheck", "ScheduleError", "TimedAction", "check_schedule", "dependencies", "dry_run",
-    "peak_inflight_microbatches", "peak_inflight_per_rank",
+    "list_schedule", "peak_inflight_microbatches", "peak_inflight_per_rank",
+    "lower_schedule", "compute_only",
+    "load_schedule_csv", "dump_schedule_csv",
     "to_torch_actions", "from_torch_actions",
 ]

@@ -1,50 +1,18 @@
-"""Checks on a Schedule: completeness, dependencies, a dry run, and activation in-flight counts.
-
-Dependencies (DESIGN.md, "The Schedule IR"): F(s, j) needs F(s-1, j); the gradient pass of
-stage s (B, or I for zero-bubble schedules) needs F(s, j) and the gradient pass of stage s+1;
-W(s, j) needs I(s, j). Each rank runs its actions in its own order, one at a time.
+"""Checks on a Schedule: every action present once on the rank that holds its stage, every
+dependency satisfiable in the rank's order, sends matched by receives, and no deadlock in a
+unit-time dry run (``dryrun``). Each failure is one ScheduleError naming the action and rank.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from numbers import Real
 
-from parsim.specs import SpecError
+from .dryrun import (DryRun, TimedAction, dependencies, dry_run, list_schedule, peak_inflight_microbatches,
+                     peak_inflight_per_rank, present_actions)
+from .ir import (ALL_KINDS, COMM_KINDS, OVERLAP_F_B, STAGE_KINDS, Action, OverlapFB, Schedule, ScheduleError,
+                 leaf_actions)
 
-from .ir import KINDS, Action, Schedule
-
-
-class ScheduleError(SpecError):
-    """A schedule that cannot run: a missing, duplicated or misplaced action, or a deadlock."""
-
-    def __init__(self, schedule: Schedule, problem: str):
-        super().__init__("schedule", schedule.name, problem)
-        self.problem = problem
-
-
-@dataclass(frozen=True)
-class TimedAction:
-    action: Action
-    rank: int
-    start: float   # seconds from step start
-    end: float
-
-
-@dataclass(frozen=True)
-class DryRun:
-    """One step of a schedule with fixed per-chunk times (seconds)."""
-
-    makespan: float                                     # seconds
-    busy_time: tuple[float, ...]                        # per rank, seconds
-    timed_actions: tuple[tuple[TimedAction, ...], ...]  # per rank, in that rank's order
-
-    @property
-    def bubble_fraction(self) -> float:
-        """Idle share of pp x makespan: 1 - busy / (pp * makespan)."""
-        # idle / total rather than 1 - busy / total: exact (correctly rounded) for integer and
-        # Fraction times, so it compares equal to the textbook closed forms
-        total = len(self.busy_time) * self.makespan
-        return (total - sum(self.busy_time)) / total
+__all__ = ["ScheduleCheck", "ScheduleError", "check_schedule", "DryRun", "TimedAction", "dependencies", "dry_run",
+           "list_schedule", "peak_inflight_microbatches", "peak_inflight_per_rank"]
 
 
 @dataclass(frozen=True)
@@ -56,16 +24,20 @@ class ScheduleCheck:
     vpp: int
     num_microbatches: int
     num_actions: int
-    unit_time_makespan: float            # dry run with t_f = 1, t_b = 2 per chunk
+    unit_time_makespan: float            # dry run with t_f = 1, t_b = 2 (I = W = 1) per chunk
     unit_time_bubble_fraction: float
     peak_inflight_microbatches: tuple[int, ...]   # per virtual stage
 
 
 def check_schedule(schedule: Schedule) -> ScheduleCheck:
     """Raise ScheduleError unless every action is present once, on the rank that holds its
-    stage, and the schedule runs to the end in a unit-time dry run (no deadlock)."""
+    stage, after what it needs on its rank, with its sends and receives matched (when they are
+    explicit), and the schedule runs to the end in a unit-time dry run (no deadlock)."""
     _check_shape(schedule)
-    _check_actions(schedule)
+    _check_items(schedule)
+    _check_complete(schedule)
+    if schedule.is_lowered:
+        _check_comms(schedule)
     _check_same_rank_order(schedule)
     unit = dry_run(schedule, t_f=1, t_b=2)
     return ScheduleCheck(
@@ -77,101 +49,6 @@ def check_schedule(schedule: Schedule) -> ScheduleCheck:
     )
 
 
-def dependencies(schedule: Schedule, action: Action, present: set[Action]) -> list[Action]:
-    """The actions ``action`` must wait for. ``present`` tells whether the gradient of a stage
-    comes from a full backward (B) or an input-gradient pass (I)."""
-    kind, s, j = action
-    last = schedule.num_stages - 1
-    if kind == "F":
-        return [Action("F", s - 1, j)] if s > 0 else []
-    if kind == "W":
-        return [Action("I", s, j)]
-    needs = [Action("F", s, j)]
-    if s < last:
-        grad_from_next = Action("I", s + 1, j)
-        needs.append(grad_from_next if grad_from_next in present else Action("B", s + 1, j))
-    return needs
-
-
-def dry_run(schedule: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_comm: float = 0,
-            t_w: float | None = None) -> DryRun:
-    """Run the schedule with fixed durations: every rank starts its next action as soon as the
-    previous one ended and its dependencies are done (plus ``t_comm`` when a dependency ran on
-    another rank). Times are per virtual-stage chunk; for interleaved pass the stage time / vpp.
-    For zero-bubble actions, W takes ``t_w`` (default t_b / 2) and I takes ``t_b - t_w``.
-    Exact with ``fractions.Fraction`` inputs. Raises ScheduleError on a deadlock."""
-    for name, value in (("t_f", t_f), ("t_b", t_b), ("t_comm", t_comm)):
-        if not isinstance(value, Real) or value < 0:
-            raise SpecError(name, value, "a non-negative number of seconds")
-    t_w = t_b / 2 if t_w is None else t_w
-    duration = {"F": t_f, "B": t_b, "I": t_b - t_w, "W": t_w}
-    timed = list_schedule(schedule, lambda a: duration[a.kind],
-                          lambda dep, rank_dep, action, rank: t_comm if rank_dep != rank else 0, zero=0 * t_f)
-    busy = tuple(sum(t.end - t.start for t in rank) for rank in timed)
-    makespan = max((rank[-1].end for rank in timed if rank), default=0 * t_f)
-    return DryRun(makespan=makespan, busy_time=busy, timed_actions=tuple(tuple(r) for r in timed))
-
-
-def list_schedule(schedule: Schedule, duration, hop, zero=0.0) -> list[list[TimedAction]]:
-    """List-schedule the IR: each rank runs its actions in order, an action starting when its
-    rank is free and every dependency has ended plus ``hop(dep, dep_rank, action, rank)`` (the
-    transfer between them). ``duration(action)`` in seconds; ``zero`` sets the number type
-    (a Fraction keeps exact arithmetic). Raises ScheduleError on a deadlock."""
-    present = {a for rank in schedule.actions for a in rank}
-    end: dict[Action, float] = {}
-    rank_of: dict[Action, int] = {}
-    timed: list[list[TimedAction]] = [[] for _ in range(schedule.pp)]
-    free_at = [zero] * schedule.pp
-    nxt = [0] * schedule.pp
-    remaining = sum(len(a) for a in schedule.actions)
-    while remaining:
-        progressed = False
-        for rank, order in enumerate(schedule.actions):
-            while nxt[rank] < len(order):
-                action = order[nxt[rank]]
-                needs = dependencies(schedule, action, present)
-                if any(d not in end for d in needs):
-                    break
-                ready = [end[d] + hop(d, rank_of[d], action, rank) for d in needs]
-                start = max([free_at[rank], *ready])
-                end[action] = free_at[rank] = start + duration(action)
-                rank_of[action] = rank
-                timed[rank].append(TimedAction(action, rank, start, end[action]))
-                nxt[rank] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise ScheduleError(schedule, "deadlock in a dry run: " + _stuck(schedule, nxt, end, present))
-    return timed
-
-
-def peak_inflight_microbatches(schedule: Schedule) -> list[int]:
-    """Per virtual stage: the most microbatches whose forward has run and whose backward
-    (B, or W for zero-bubble) has not -- the multiplier on one microbatch's stored activations."""
-    peaks = [0] * schedule.num_stages
-    for order in schedule.actions:
-        live = [0] * schedule.num_stages
-        for kind, stage, _ in order:
-            live[stage] += {"F": 1, "B": -1, "W": -1}.get(kind, 0)
-            peaks[stage] = max(peaks[stage], live[stage])
-    return peaks
-
-
-def peak_inflight_per_rank(schedule: Schedule) -> list[int]:
-    """Per rank: the most (stage, microbatch) pairs alive at once over all of the rank's
-    stages. Each pair holds one chunk (1/vpp of a rank's layers) of activations."""
-    peaks = []
-    for order in schedule.actions:
-        live = peak = 0
-        for kind, _, _ in order:
-            live += {"F": 1, "B": -1, "W": -1}.get(kind, 0)
-            peak = max(peak, live)
-        peaks.append(peak)
-    return peaks
-
-
-# --- structural checks -----------------------------------------------------------------------
-
 def _check_shape(schedule: Schedule) -> None:
     for field in ("pp", "vpp", "num_microbatches"):
         value = getattr(schedule, field)
@@ -179,54 +56,121 @@ def _check_shape(schedule: Schedule) -> None:
             raise ScheduleError(schedule, f"{field}={value!r} must be a positive integer")
     if len(schedule.actions) != schedule.pp:
         raise ScheduleError(schedule, f"has {len(schedule.actions)} action lists; needs one per rank, pp={schedule.pp}")
+    placement = schedule.placement
+    if placement is not None and (len(placement) != schedule.num_stages
+                                  or any(not isinstance(r, int) or not 0 <= r < schedule.pp for r in placement)):
+        raise ScheduleError(schedule, f"placement {list(placement)} must give a rank in 0..{schedule.pp - 1} "
+                            f"for each of the {schedule.num_stages} stages")
 
 
-def _check_actions(schedule: Schedule) -> None:
+def _check_items(schedule: Schedule) -> None:
     seen: set[Action] = set()
     for rank, order in enumerate(schedule.actions):
-        for action in order:
-            kind, stage, j = action
-            if kind not in KINDS:
-                raise ScheduleError(schedule, f"action {action} on rank {rank}: kind must be one of {', '.join(KINDS)}")
-            if not 0 <= stage < schedule.num_stages:
-                raise ScheduleError(schedule, f"action {action} on rank {rank}: stage must be in 0..{schedule.num_stages - 1}")
-            if not 0 <= j < schedule.num_microbatches:
-                raise ScheduleError(schedule, f"action {action} on rank {rank}: microbatch must be in "
-                                    f"0..{schedule.num_microbatches - 1}")
-            if schedule.rank_of_stage(stage) != rank:
-                raise ScheduleError(schedule, f"action {action} is on rank {rank} but stage {stage} lives on "
-                                    f"rank {schedule.rank_of_stage(stage)}")
-            if action in seen:
-                raise ScheduleError(schedule, f"action {action} appears more than once")
-            seen.add(action)
+        for item in order:
+            if item.kind == OVERLAP_F_B:
+                if not (isinstance(item, OverlapFB) and item.forward.kind == "F" and item.backward.kind in ("B", "I")):
+                    raise ScheduleError(schedule, f"overlapped slot {item} on rank {rank} must pair a forward (F) "
+                                        "with a backward (B or I)", rank=rank, action=item)
+                for sub in item.sub_actions:
+                    _check_action(schedule, sub, rank, seen, item)
+            else:
+                _check_action(schedule, item, rank, seen, item)
+
+
+def _check_action(schedule: Schedule, action, rank: int, seen: set[Action], item) -> None:
+    def bad(problem: str) -> ScheduleError:
+        return ScheduleError(schedule, f"action {action} on rank {rank}: {problem}", rank=rank, action=item)
+
+    if not isinstance(action, Action) or action.kind not in ALL_KINDS or action.kind == OVERLAP_F_B:
+        raise bad(f"kind must be one of {', '.join(k for k in ALL_KINDS if k != OVERLAP_F_B)}")
+    kind, stage, j = action
+    if not isinstance(stage, int) or not 0 <= stage < schedule.num_stages:
+        raise bad(f"stage must be in 0..{schedule.num_stages - 1}")
+    if kind in STAGE_KINDS:
+        if j is not None:
+            raise bad(f"{kind} acts on a whole stage and takes no microbatch")
+    elif not isinstance(j, int) or not 0 <= j < schedule.num_microbatches:
+        raise bad(f"microbatch must be in 0..{schedule.num_microbatches - 1}")
+    if schedule.rank_of_stage(stage) != rank:
+        raise ScheduleError(schedule, f"action {action} is on rank {rank} but stage {stage} lives on "
+                            f"rank {schedule.rank_of_stage(stage)}", rank=rank, action=item)
+    if kind in ("UNSHARD", "RESHARD"):
+        return                      # a stage may be gathered and freed more than once
+    if action in seen:
+        raise ScheduleError(schedule, f"action {action} appears more than once", rank=rank, action=item)
+    seen.add(action)
+
+
+def _check_complete(schedule: Schedule) -> None:
+    seen = present_actions(schedule)
     for s in range(schedule.num_stages):
+        rank = schedule.rank_of_stage(s)
         for j in range(schedule.num_microbatches):
             f, b, i, w = (Action(k, s, j) in seen for k in "FBIW")
             if not f:
-                raise ScheduleError(schedule, f"action {Action('F', s, j)} is missing")
+                raise ScheduleError(schedule, f"action {Action('F', s, j)} is missing", rank=rank)
             if b and (i or w):
-                raise ScheduleError(schedule, f"stage {s} microbatch {j} has both B and I/W; use one or the other")
+                raise ScheduleError(schedule, f"stage {s} microbatch {j} has both B and I/W; use one or the other",
+                                    rank=rank, action=Action("B", s, j))
             if not b and not (i and w):
                 missing = Action("B", s, j) if not (i or w) else Action("W" if i else "I", s, j)
-                raise ScheduleError(schedule, f"action {missing} is missing")
+                raise ScheduleError(schedule, f"action {missing} is missing (microbatch {j} is never "
+                                    f"fully backpropagated through stage {s})", rank=rank)
+
+
+def _required_comms(schedule: Schedule) -> dict[Action, Action]:
+    """Every send a schedule with explicit communication needs, mapped to its receive: one
+    per microbatch for each pair of adjacent stages on different ranks, each direction."""
+    pairs = {}
+    last = schedule.num_stages - 1
+    for s in range(last):
+        if schedule.rank_of_stage(s) != schedule.rank_of_stage(s + 1):
+            for j in range(schedule.num_microbatches):
+                pairs[Action("SEND_F", s, j)] = Action("RECV_F", s + 1, j)
+                pairs[Action("SEND_B", s + 1, j)] = Action("RECV_B", s, j)
+    return pairs
+
+
+def _check_comms(schedule: Schedule) -> None:
+    present = {a for a in present_actions(schedule) if a.kind in COMM_KINDS}
+    pairs = _required_comms(schedule)
+    receives = {recv: send for send, recv in pairs.items()}
+    rank = schedule.rank_of_stage
+    for action in sorted(present, key=lambda a: (a.microbatch, a.stage, a.kind)):
+        if action not in pairs and action not in receives:
+            peer = action.stage + (1 if action.kind in ("SEND_F", "RECV_B") else -1)
+            raise ScheduleError(schedule, f"{action} on rank {rank(action.stage)} has no peer: stage {peer} "
+                                + ("does not exist" if not 0 <= peer < schedule.num_stages
+                                   else "is on the same rank"), rank=rank(action.stage), action=action)
+    for send, recv in pairs.items():
+        if recv in present and send not in present:
+            raise ScheduleError(schedule, f"{recv} on rank {rank(recv.stage)} has no matching {send} on rank "
+                                f"{rank(send.stage)}", rank=rank(recv.stage), action=recv)
+        if send in present and recv not in present:
+            raise ScheduleError(schedule, f"{send} on rank {rank(send.stage)} has no matching {recv} on rank "
+                                f"{rank(recv.stage)}", rank=rank(send.stage), action=send)
+        if send not in present:
+            raise ScheduleError(schedule, f"sends and receives are explicit but {send} (rank {rank(send.stage)}) "
+                                f"and {recv} (rank {rank(recv.stage)}) are missing", rank=rank(send.stage))
 
 
 def _check_same_rank_order(schedule: Schedule) -> None:
-    """A dependency on the same rank must come earlier in that rank's order."""
-    present = {a for rank in schedule.actions for a in rank}
+    """A dependency on the same rank must come earlier in that rank's order; a stage's
+    REDUCE_GRAD comes after all of its weight gradients."""
+    present = present_actions(schedule)
     for rank, order in enumerate(schedule.actions):
-        position = {a: n for n, a in enumerate(order)}
-        for n, action in enumerate(order):
-            for dep in dependencies(schedule, action, present):
+        position = {a: n for n, item in enumerate(order) for a in leaf_actions([item])}
+        last_backward: dict[int, tuple[int, Action]] = {}
+        for n, item in enumerate(order):
+            for dep in dependencies(schedule, item, present):
                 if position.get(dep, -1) > n:
-                    raise ScheduleError(schedule, f"on rank {rank}, {action} comes before {dep}, which it needs")
+                    raise ScheduleError(schedule, f"on rank {rank}, {item} comes before {dep}, which it needs",
+                                        rank=rank, action=item)
+            for a in leaf_actions([item]):
+                if a.kind in ("B", "W"):
+                    last_backward[a.stage] = (n, a)
+        for n, item in enumerate(order):
+            if item.kind == "REDUCE_GRAD" and last_backward.get(item.stage, (-1,))[0] > n:
+                raise ScheduleError(schedule, f"on rank {rank}, {item} comes before {last_backward[item.stage][1]}, "
+                                    "whose weight gradient it reduces", rank=rank, action=item)
 
-
-def _stuck(schedule: Schedule, nxt: list[int], end: dict[Action, float], present: set[Action]) -> str:
-    waits = []
-    for rank, order in enumerate(schedule.actions):
-        if nxt[rank] < len(order):
-            action = order[nxt[rank]]
-            missing = [str(d) for d in dependencies(schedule, action, present) if d not in end]
-            waits.append(f"rank {rank} waits at {action} for {', '.join(missing)}")
-    return "; ".join(waits)

@@ -11,23 +11,45 @@ loop: rank r holds stages r, r + pp, r + 2 pp, ... (DESIGN.md, "The Schedule IR"
                   2021, Sec 2.2.1; Megatron-LM ``forward_backward_pipelining_without_interleaving``).
 * ``interleaved`` Megatron-LM interleaved 1F1B with ``vpp`` model chunks per rank (Narayanan
                   et al. 2021, Sec 2.2.2; ``forward_backward_pipelining_with_interleaving``).
+* ``looped-bfs``  breadth-first looping (Lamy-Poirier 2022, arXiv:2211.05953; torch 2.13
+                  ``ScheduleLoopedBFS``): each rank runs every microbatch's forward of its
+                  first stage, then of its next, ...; then the backwards, last stage first and
+                  microbatches in reverse order.
+* ``zb-h1``, ``interleaved-zb``, ``zb-h2``  zero-bubble schedules (``zero_bubble``).
+* ``zbv``, ``dualpipev``  V-placed zero-bubble and DualPipeV schedules (``v_schedules``).
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from parsim.specs import SCHEDULES, Plan, SpecError
+from parsim.specs import ALL_SCHEDULES, UNTIMED_SCHEDULES, Plan, SpecError
 
-from .ir import Action, Schedule
+from .bubbles import closed_form_bubble_fraction
+from .ir import Action, Item, Schedule, v_placement
+from .v_schedules import dualpipev_order, zbv_order
+from .zero_bubble import split_backward_1f1b, zb_h2_orders
+
+# Schedules whose stages are placed in a V (rank r holds stages r and 2 pp - 1 - r).
+V_PLACED = ("zbv", "dualpipev")
 
 
 def build_schedule(schedule: str, pp: int, num_microbatches: int, vpp: int = 1) -> Schedule:
     """The named schedule for ``pp`` ranks, ``num_microbatches`` microbatches and ``vpp``
     virtual stages per rank. Bad arguments raise SpecError naming the field."""
     _check_arguments(schedule, pp, num_microbatches, vpp)
-    rank_actions = _GENERATORS[schedule]
-    actions = tuple(tuple(rank_actions(rank, pp, num_microbatches, vpp)) for rank in range(pp))
-    return Schedule(name=schedule, pp=pp, vpp=vpp, num_microbatches=num_microbatches, actions=actions)
+    if schedule == "zb-h2":
+        orders = zb_h2_orders(pp, num_microbatches)
+    else:
+        rank_actions = _GENERATORS[schedule]
+        orders = [rank_actions(rank, pp, num_microbatches, vpp) for rank in range(pp)]
+    placement = v_placement(pp, vpp) if schedule in V_PLACED else None
+    return Schedule(name=schedule, pp=pp, vpp=vpp, num_microbatches=num_microbatches,
+                    actions=tuple(tuple(order) for order in orders), placement=placement)
+
+
+def default_vpp(schedule: str) -> int:
+    """The vpp a schedule takes when none is given: 2 for the V-placed ones, else 1."""
+    return 2 if schedule in V_PLACED else 1
 
 
 def build_schedule_for_plan(plan: Plan) -> Schedule:
@@ -42,11 +64,16 @@ def build_schedule_for_plan(plan: Plan) -> Schedule:
     return build_schedule(plan.schedule, plan.pp, m, plan.vpp)
 
 
-def textbook_bubble_fraction(schedule_name: str, pp: int, m: int, vpp: int = 1) -> float:
+def textbook_bubble_fraction(schedule_name: str, pp: int, m: int, vpp: int = 1) -> float | None:
     """Idle fraction of a pipeline step, ``1 - busy / (pp * makespan)``, as the papers give it,
-    for ``m`` microbatches, with no communication time and equal-cost stages."""
+    for ``m`` microbatches, with no communication time and equal-cost stages. The
+    zero-bubble family's forms depend on the pass times: they are taken at the unit times of
+    ``check_schedule`` (F = I = W = 1 per chunk; ``bubbles``), and None where no published
+    form covers the schedule."""
     _check_arguments(schedule_name, pp, m, vpp)
     p, v = pp, vpp
+    if schedule_name in UNTIMED_SCHEDULES:
+        return closed_form_bubble_fraction(schedule_name, pp, m, vpp, t_f=1, t_b=2, t_w=1)
     if schedule_name == "naive":
         # naive model parallelism (Huang et al. 2019, Fig. 2b): one stage busy at a time, so
         # each rank works 1/p of the step
@@ -168,26 +195,52 @@ def _microbatch_of(k: int, pp: int, vpp: int) -> int:
     return (k // (pp * vpp)) * pp + k % pp
 
 
-_GENERATORS: dict[str, Callable[[int, int, int, int], list[Action]]] = {
+def _looped_bfs(rank: int, pp: int, m: int, vpp: int) -> list[Action]:
+    # torch 2.13 ScheduleLoopedBFS: breadth first -- all microbatches through one local stage
+    # before the next; backwards from the last local stage, microbatches in reverse order
+    stages = [rank + c * pp for c in range(vpp)]
+    return ([Action("F", s, j) for s in stages for j in range(m)]
+            + [Action("B", s, j) for s in reversed(stages) for j in reversed(range(m))])
+
+
+_GENERATORS: dict[str, Callable[[int, int, int, int], list[Item]]] = {
     "naive": _naive,
     "gpipe": _gpipe,
     "1f1b": _one_f_one_b,
     "interleaved": _interleaved,
+    "looped-bfs": _looped_bfs,
+    "zb-h1": split_backward_1f1b,
+    "interleaved-zb": split_backward_1f1b,
+    "zbv": lambda rank, pp, m, vpp: zbv_order(rank, pp, m),
+    "dualpipev": lambda rank, pp, m, vpp: dualpipev_order(rank, pp, m),
 }
+# vpp each schedule accepts: (least, most); None = no upper bound
+_VPP_RANGE = {"interleaved": (2, None), "interleaved-zb": (2, None), "looped-bfs": (1, None),
+              "zbv": (2, 2), "dualpipev": (2, 2)}
 
 
 def _check_arguments(schedule: str, pp: int, m: int, vpp: int) -> None:
-    if schedule not in _GENERATORS:
-        raise SpecError("schedule", schedule, f"one of {', '.join(SCHEDULES)}")
+    if schedule not in ALL_SCHEDULES:
+        raise SpecError("schedule", schedule, f"one of {', '.join(ALL_SCHEDULES)}")
     for field, value in (("pp", pp), ("num_microbatches", m), ("vpp", vpp)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise SpecError(field, value, "a positive integer")
+    least, most = _VPP_RANGE.get(schedule, (1, 1))
+    if most == 1 and vpp != 1:
+        raise SpecError("vpp", vpp, "vpp > 1 needs schedule=interleaved, interleaved-zb, looped-bfs, zbv or "
+                        f"dualpipev (schedule is {schedule})")
+    if vpp < least or (most is not None and vpp > most):
+        wanted = f"vpp >= {least}" if most is None else f"vpp={most}"
+        raise SpecError("vpp", vpp, f"{schedule} schedule needs {wanted}")
     if schedule == "interleaved":
-        if vpp < 2:
-            raise SpecError("vpp", vpp, "interleaved schedule needs vpp >= 2")
         if pp < 2:
             raise SpecError("pp", pp, "interleaved schedule needs pp >= 2")
         if m % pp:
             raise SpecError("num_microbatches", m, f"interleaved schedule needs a multiple of pp={pp}")
-    elif vpp != 1:
-        raise SpecError("vpp", vpp, f"vpp > 1 needs schedule=interleaved (schedule is {schedule})")
+    if schedule == "interleaved-zb" and m % max(1, m // pp):
+        rounds = max(1, m // pp)
+        raise SpecError("num_microbatches", m, f"interleaved-zb runs microbatches in max(1, m // pp)={rounds} "
+                        f"rounds of equal size: needs a multiple of {rounds}")
+    if schedule == "dualpipev" and m < 2 * pp:
+        raise SpecError("num_microbatches", m,
+                        f"dualpipev needs at least as many microbatches as stages, 2*pp={2 * pp}")
