@@ -198,10 +198,13 @@ def test_bad_inputs_name_their_field():
 
 def shared_host(gemm: float, membound: float):
     """The calibrated 2-rank CPU host with these measured slowdowns for 2 ranks computing at once."""
+    from dataclasses import replace
+
+    from parsim.specs import RankCurve
     cluster = load_cluster("cpu:2", profile=CPU_CALIBRATED)
-    cluster.device.extra["contention"] = {"2": gemm}
-    cluster.device.extra["contention_membound"] = {"2": membound}
-    return cluster
+    tables = cluster.device.tables.replace(contention=RankCurve(((2, gemm),)),
+                                           contention_membound=RankCurve(((2, membound),)))
+    return replace(cluster, device=replace(cluster.device, tables=tables))
 
 
 def test_stage_times_without_a_shared_host_are_the_solo_times_and_the_list_scheduled_step():

@@ -165,7 +165,7 @@ def test_host_contention_applies_to_ranks_computing_at_once_not_to_idle_ones():
     "Throughout" is the same host without its contention table and every rank a straggler
     by the 4-rank slowdown (GEMM and memory-bound ops share one table here, so one factor
     is the whole slowdown)."""
-    from parsim.costs.timing import host_contention
+    from parsim.costs.host import host_contention
     from parsim.specs import cluster_from_dict, load_model, load_profile_dict, parse_plan
 
     model = load_model("cpu-small")
@@ -190,11 +190,10 @@ def test_host_contention_applies_to_ranks_computing_at_once_not_to_idle_ones():
 
 def _with_interference(cluster, value, **keys):
     from dataclasses import replace
-    extra = {k: v for k, v in cluster.device.extra.items() if k != "comm_interference"}
-    if value is not None:
-        extra["comm_interference"] = {"2": value}
-    extra.update(keys)
-    return replace(cluster, device=replace(cluster.device, extra=extra))
+    from parsim.specs import RankCurve
+    tables = cluster.device.tables.replace(comm_interference=None if value is None else RankCurve(((2, value),)),
+                                           **keys)
+    return replace(cluster, device=replace(cluster.device, tables=tables))
 
 
 def _overlap(intervals, others):
@@ -254,10 +253,10 @@ def test_processor_sharing_host_slows_jobs_only_while_they_overlap():
     the first ends at 1.5 s and the second (half done by then) alone at 2.0 s."""
     import simpy
 
-    from parsim.sim.host import Host
+    from parsim.costs.host import ProcessorSharing
 
     env = simpy.Environment()
-    host = Host(env, lambda n: (float(n), 1.0))
+    host = ProcessorSharing(env, lambda n: (float(n), 1.0))
     ends = {}
 
     def job(name, at, fixed=0.0, gemm=1.0):
@@ -271,7 +270,7 @@ def test_processor_sharing_host_slows_jobs_only_while_they_overlap():
     assert ends["a"] == pytest.approx(1.5) and ends["b"] == pytest.approx(2.0)
     # a fixed (not shared) part is not slowed
     env = simpy.Environment()
-    host = Host(env, lambda n: (float(n), 1.0))
+    host = ProcessorSharing(env, lambda n: (float(n), 1.0))
     ends.clear()
     env.process(job("a", 0.0, fixed=1.0, gemm=0.0))
     env.process(job("b", 0.0, fixed=1.0, gemm=0.0))
@@ -282,7 +281,7 @@ def test_processor_sharing_host_slows_jobs_only_while_they_overlap():
 def test_pipeline_ranks_on_a_shared_host_compute_faster_in_the_bubbles_than_in_the_steady_state():
     """pp=4 on 2 cores: rank 0's first forward runs alone (fast); in the steady state all four
     ranks compute at once and its forwards take about the 4-rank slowdown longer."""
-    from parsim.costs.timing import host_contention
+    from parsim.costs.host import host_contention
     from parsim.specs import load_cluster, load_model, parse_plan
 
     cluster = load_cluster("cpu:4", profile=CPU_CALIBRATED)
@@ -299,7 +298,7 @@ def _cpu_with(**extra):
 
     from parsim.specs import load_cluster
     base = load_cluster("cpu:2")          # no contention table: no host sharing to move times
-    return replace(base, device=replace(base.device, extra={**base.device.extra, **extra}))
+    return replace(base, device=replace(base.device, tables=base.device.tables.replace(**extra)))
 
 
 def test_blocking_zero_collectives_never_overlap_compute():

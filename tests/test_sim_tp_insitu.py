@@ -17,7 +17,7 @@ def _clusters(world: int, shared: dict | None = None, host_contention: bool = Tr
     """The shipped CPU profile without in-situ keys, and with alpha_insitu = alpha + EXTRA
     everywhere (and ``shared``: {ranks on the host: extra seconds} as alpha_insitu_shared).
     ``host_contention=False`` drops the measured compute contention, so ranks do not slow each
-    other down (``sim.host``): a longer TP latency then moves no rank's compute against another's."""
+    other down (``costs.host``): a longer TP latency then moves no rank's compute against another's."""
     base = load_profile_dict(CPU_CALIBRATED)
     if not host_contention:
         for key in ("contention", "contention_membound", "contention_layer", "contention_gemm_probe"):
