@@ -16,13 +16,17 @@ tests/test_fast_vs_sim.py to the SimPy engine.
 from __future__ import annotations
 
 import numba
+from numba.extending import register_jitable
 
 from parsim.costs import footprint
 
 from .codes import O_ACT, O_GRADS, O_OPT, O_OTHER, O_PARAMS, O_PEAK, O_PEAK_STAGE, OFF_NONE, OFF_OPT_PARAMS
+from .ranks import R_CHUNK, R_PARAMS
 from .tables import (D_GRAD, D_OPT, D_PARAM, H_EMB_ACT, H_HEAD_ACT, H_LOGITS_GRAD, H_SBH, H_TIED, H_VOCAB_GRAD,
-                     L_ACT, L_PARAMS, L_TRANSIENT, L_WORK, R_CHUNK, R_PARAMS)
+                     L_ACT, L_PARAMS, L_TRANSIENT, L_WORK)
 
+# the rules call ``zero_shard``: registered, numba compiles it into each of them
+register_jitable(footprint.zero_shard)
 model_states = numba.njit(cache=True)(footprint.model_states)
 offload_staging = numba.njit(cache=True)(footprint.offload_staging)
 gathered_layers = numba.njit(cache=True)(footprint.gathered_layers)

@@ -38,7 +38,8 @@ import simpy
 from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, stage_params, state_bytes,
                           zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing
-from parsim.costs.timing import collective_time, host_transfer_time, p2p_time
+from parsim.costs.optimizer import layer_from_host_s, layer_shard_bytes
+from parsim.costs.timing import collective_time, p2p_time
 from parsim.schedules import Action, Schedule, build_schedule
 from parsim.specs import (ClusterSpec, ModelSpec, Plan, RankLayout, SpecError, load_cluster, load_model, parse_plan,
                           validate)
@@ -114,9 +115,8 @@ class Simulation:
         # copy-in / copy-out of its flat communication buffers on the compute stream
         self.zero_blocking = cluster.device.tables.zero_blocking
         self.zero_copies = cluster.device.tables.fsdp2_copies
-        self.param_shard_bytes = self.layer_params * self.state.param / plan.dp
-        self.param_h2d_s = (host_transfer_time(cluster, self.param_shard_bytes)
-                            if plan.offload == "optimizer+params" else 0.0)
+        self.param_shard_bytes = layer_shard_bytes(model, plan)
+        self.param_h2d_s = layer_from_host_s(cluster, model, plan)
         self.num_events = 0
         self.deliveries: dict[tuple, Arrival | tuple[float, float]] = {}   # sent, not yet received
         self._costs: dict[tuple, ActionCost] = {}
