@@ -4,7 +4,6 @@ from .comm import (Collective, dp_buckets, dp_grad_bytes, dp_param_bytes, microb
                    tp_collectives_edge, tp_collectives_per_layer, zero3_gather_bytes_per_layer,
                    zero3_reduce_scatter_bytes_per_layer)
 from .flops import eq3_flops, hardware_flops_per_step, model_flops_per_step
-from .footprint import zero_shard
 from .inflight import Moment, inflight_chunks, inflight_microbatches, peak_held, peak_moments
 from .memory import (CATEGORIES, StageFootprint, StageMemory, StateBytes, device_capacity, fits, memory_by_stage,
                      model_state_bytes, stage_footprints, state_bytes, static_bytes, zero_model_state_bytes)
@@ -14,5 +13,6 @@ from .params import embedding_params, eq2_params, head_params, layer_params, sta
 from .recompute import (fewest_recomputed, layer_recompute, recomputed_ops, recomputes_collectives, recomputes_fully,
                         stage_policy, stage_recompute)
 from .stage_aware import stage_aware_recompute_layers
+from .zero import zero_shard
 
 __all__ = [n for n in dir() if not n.startswith("_")]

@@ -5,18 +5,12 @@ analytic model) and the SimPy engine (``sim.memory``) call these functions with 
 model and plan (``costs.activations``, ``costs.params``), the partitioner
 (``partition.stage_cost``) with those of its cost graph, and the fast path compiles them with
 numba into its sweep kernel (``fast.memory``), fed from its cost tables. So they take plain
-numbers, use only arithmetic, comparisons and ``min``/``max``, and call no function but each
-other's (``zero_shard``, which the fast path registers with numba before compiling the rest).
+numbers, use only arithmetic, comparisons and ``min``/``max``, and call no function but the ZeRO
+rules of ``costs.zero`` (which the fast path registers with numba: ``fast.rules``).
 """
 from __future__ import annotations
 
-
-def zero_shard(count: float, dp: int, zero: int, stage: int) -> float:
-    """The part of ``count`` (parameters, or bytes of one model state) one of ``dp`` ranks holds
-    when ZeRO stage ``stage`` is the one that shards it: stage 1 the optimizer states (and the
-    parameters each rank steps), 2 the gradients, 3 the parameters (Rajbhandari et al. 2020,
-    Sec. 5); all of it below that stage."""
-    return count / (dp if zero >= stage else 1)
+from .zero import zero_shard
 
 
 def model_states(n_params: float, param_bytes: float, grad_bytes: float, optimizer_bytes: float, dp: int,

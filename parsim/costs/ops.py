@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from parsim.specs import ModelSpec, Plan
 
-from .footprint import zero_shard
+from .zero import zero_shard
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 from parsim.specs import ClusterSpec, ModelSpec, Plan
 
-from .footprint import zero_shard
 from .memory import state_bytes
 from .params import layer_params
 from .timing import host_transfer_time, optimizer_time
+from .zero import zero_shard
 
 
 @dataclass(frozen=True)

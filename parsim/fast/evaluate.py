@@ -53,7 +53,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable,
     n = len(plans)
     out = np.zeros((n, K.O_WIDTH))
     if n:
-        evaluate_all(out, PlanColumns.of(c), tables, DPSync(float(plans.dp_bucket_bytes), bool(plans.dp_overlap)))
+        evaluate_all(out, PlanColumns.of(plans), tables, DPSync(float(plans.dp_bucket_bytes), bool(plans.dp_overlap)))
     step = out[:, K.O_STEP]
     tokens = c["gbs"] * model.seq_len
     peak_flops = np.array([cluster.device.flops(d) if d in cluster.device.peak_flops else np.nan

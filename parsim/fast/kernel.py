@@ -13,25 +13,26 @@ import numba
 import numpy as np
 
 from .memory import plan_memory
+from .plans import PlanTable
 from .timing import DPSync, PlanKnobs, plan_time
 
 
 class PlanColumns(NamedTuple):
-    """The plan columns the kernel reads (int64 arrays of ``fast.plans.PlanTable``: words as codes)."""
+    """The plan columns the kernel reads (int64 arrays of ``fast.plans.PlanTable``: words as codes;
+    ``m`` the microbatches per step)."""
     dp: np.ndarray
     tp: np.ndarray
     pp: np.ndarray
     vpp: np.ndarray
-    mbs: np.ndarray
-    gbs: np.ndarray
+    m: np.ndarray
     schedule: np.ndarray
     zero: np.ndarray
     offload: np.ndarray
     dp_impl: np.ndarray
 
     @classmethod
-    def of(cls, cols: dict[str, np.ndarray]) -> "PlanColumns":
-        return cls(*(cols[name] for name in cls._fields))
+    def of(cls, plans: PlanTable) -> "PlanColumns":
+        return cls(*(plans.microbatches if name == "m" else plans.cols[name] for name in cls._fields))
 
 
 @numba.njit(cache=True)
@@ -44,11 +45,10 @@ def evaluate_all(out, plans, tables, sync):
         ranks = tables.rank[off:off + pp]
         soff = tables.send_offset[tables.send_id[i]]
         moff = tables.moment_offset[tables.moment_id[i]]
-        m = plans.gbs[i] // (dp * plans.mbs[i])
         lrow, hrow = tables.layer[tables.layer_id[i]], tables.head[tables.head_id[i]]
         plan_memory(out[i], dp, pp, plans.vpp[i], plans.zero[i], plans.offload[i], lrow, hrow,
                     tables.dtype[tables.dtype_id[i]], ranks, tables.moments, tables.moment_start[moff:moff + pp],
                     tables.moment_count[moff:moff + pp], sync.bucket_bytes)
-        knobs = PlanKnobs(dp, plans.tp[i], pp, plans.vpp[i], m, plans.schedule[i], plans.zero[i], plans.offload[i],
-                          plans.dp_impl[i])
+        knobs = PlanKnobs(dp, plans.tp[i], pp, plans.vpp[i], plans.m[i], plans.schedule[i], plans.zero[i],
+                          plans.offload[i], plans.dp_impl[i])
         plan_time(out[i], knobs, lrow, hrow, ranks, tables.send[soff:soff + pp], sync)

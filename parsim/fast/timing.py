@@ -44,6 +44,7 @@ from .comm import (C_AG_ALL, C_AR_ALL, C_AR_LAST, C_PS_ALL, C_PS_BCAST, C_PS_LAS
                    C_Z3_SCATTER)
 from .ranks import (R_BUCKET_DOWN, R_BUCKETS_DOWN, R_CHUNK, R_COMM, R_GRADS_DOWN, R_LAYER_UP, R_LAYERS, R_OPT_STEP,
                     R_PARAMS, R_PARAMS_UP)
+from .rules import gathers_layers, reduce_scatters_buckets, scatters_every_backward
 from .tables import (H_EMB_BWD, H_EMB_FWD, H_EMB_PARAMS, H_HEAD_BWD, H_HEAD_FWD, H_HEAD_PARAMS_PP1,
                      H_HEAD_PARAMS_PPN, L_BWD, L_FWD, L_PARAMS, L_PRE_BWD, L_PRE_FWD, L_RECOMPUTE, L_TP_BWD, L_TP_FWD,
                      L_TP_RECOMPUTE)
@@ -84,7 +85,7 @@ def _sync_rounds(c, zero, dp_impl):
     """(gradient reduction of all buckets, of the last bucket, post-step parameter traffic)."""
     if dp_impl == PS:
         return c[C_PS_ALL], c[C_PS_LAST], c[C_PS_BCAST]
-    if zero == 0:
+    if not reduce_scatters_buckets(zero):
         return c[C_AR_ALL], c[C_AR_LAST], 0.0
     return c[C_RS_ALL], c[C_RS_LAST], c[C_AG_ALL]     # ZeRO-1: reduce-scatter, then all-gather
 
@@ -130,8 +131,8 @@ def _plan_terms(plan, lrow, hrow, ranks):
     f_layer = lrow[L_FWD] + lrow[L_TP_FWD]
     b_layer = lrow[L_BWD] + lrow[L_TP_BWD] + lrow[L_RECOMPUTE] + lrow[L_TP_RECOMPUTE]
     tp_layer = lrow[L_TP_FWD] + lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE]
-    zero3 = plan.zero >= 3 and plan.dp > 1
-    zero2 = plan.zero == 2 and plan.dp > 1 and plan.dp_impl != PS
+    zero3 = gathers_layers(plan.zero, plan.dp)
+    zero2 = scatters_every_backward(plan.zero, plan.dp, plan.dp_impl == PS)
     # TP and DP on one port: the DP stream's transfers queue with the TP collectives
     shared = ranks[0, R_COMM + C_SHARED_LINK] > 0
     # a layer's first TP collective queues behind the DP transfers issued at its start, so on

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parsim.costs import (DTYPE_BYTES, embedding_activation_bytes, embedding_ops, embedding_params,
+from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_params,
                           head_activation_bytes, head_ops, head_params, layer_activation_bytes, layer_ops,
                           layer_params, microbatch_activation_bytes, recomputed_ops, tp_collectives_per_layer)
 from parsim.costs.activations import backward_working_bytes, stage_output_bytes
@@ -64,9 +64,8 @@ def analytic_graph(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> CostGr
     stage-aware recomputation are chosen per stage by the partitioner)."""
     selective = plan.recompute == "selective"
     policy = "selective" if selective else "none"
-    e = DTYPE_BYTES[plan.dtype]
     # the residual stream between layers: b x s x h (s/t with sequence parallelism)
-    boundary = e * plan.mbs * model.seq_len * model.hidden / (plan.tp if plan.sp else 1)
+    boundary = stage_output_bytes(model, plan)
     dev = cluster.device
     emb = pass_times(dev, embedding_ops(model, plan), plan.dtype)
     layer = pass_times(dev, layer_ops(model, plan), plan.dtype, recompute_core=selective)

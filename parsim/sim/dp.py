@@ -28,6 +28,7 @@ import simpy
 
 from parsim.costs import dp_buckets
 from parsim.costs.optimizer import bucket_to_host, optimizer_step
+from parsim.costs.zero import gathers_after_step, reduce_scatters_buckets
 
 from .network import collective, issue, transfer, until
 
@@ -62,7 +63,7 @@ def gradient_sync(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     plan, rec = sim.plan, sim.recorder
     gb = sim.state.grad
     ps = plan.dp_impl == "ps"
-    op = "all_reduce" if plan.zero == 0 else "reduce_scatter"
+    op = "reduce_scatter" if reduce_scatters_buckets(plan.zero) else "all_reduce"
     kind = "ps_gather" if ps else ("dp_allreduce" if op == "all_reduce" else "dp_reducescatter")
     copies = []
     for stage in dev.sync_order:
@@ -129,7 +130,7 @@ def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     if plan.dp > 1 and plan.dp_impl == "ps":
         nbytes = n * sb.param
         yield from until(env, issue(env, dev.dp, rank, sim.ps_time(dev.dp, nbytes), log("ps_broadcast", nbytes)))
-    elif plan.dp > 1 and plan.zero in (1, 2):
+    elif plan.dp > 1 and gathers_after_step(plan.zero):
         # this device's pipeline sends are over: nothing else can ask for its link, so the
         # buckets can be queued at once
         last = env.now
