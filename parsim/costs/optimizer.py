@@ -1,7 +1,7 @@
 """One rank's optimizer step and what ZeRO-Offload moves over PCIe for it (seconds, bytes).
 
 * The step: AdamW on the parameters the rank steps, its 1/dp shard under ZeRO >= 1
-  (``footprint.zero_shard``; Rajbhandari et al. 2020 Sec. 5.1), priced by
+  (``costs.zero.zero_shard``; Rajbhandari et al. 2020 Sec. 5.1), priced by
   ``timing.optimizer_time`` on the device or, with ZeRO-Offload, on the host.
 * ZeRO-Offload (Ren et al. 2021, Sec. 4): every reduced gradient bucket's 1/dp shard goes to the
   host as it is done (ZeRO-0/1 bucketed synchronisation); under ZeRO-2/3 the accumulated
