@@ -3,8 +3,8 @@ import pytest
 
 from parsim.costs import dp_buckets, optimizer_step, p2p_bytes, stage_params, state_bytes, timing
 from parsim.fast.comm import CollectivePricer, dp_group_ranks
-from parsim.fast.ranks import (R_BUCKET_DOWN, R_BUCKETS_DOWN, R_GRADS_DOWN, R_LAYER_UP, R_OPT_STEP, R_PARAMS,
-                               R_PARAMS_UP, RankRows, send_rows)
+from parsim.fast.ranks import (R_PARAMS, S_BUCKET_DOWN, S_BUCKETS_DOWN, S_GRADS_DOWN, S_LAYER_UP, S_OPT_STEP,
+                               S_PARAMS_UP, RankRows, send_rows, step_block)
 from parsim.specs import DTYPES, OFFLOADS, Plan, RankLayout, load_cluster, load_model
 
 
@@ -57,18 +57,19 @@ def test_rank_rows_hold_the_optimizer_step_of_costs(cluster_name, zero, offload)
     dp, tp, pp = (4, 2, 8) if cluster.num_devices == 64 else (2, 1, 2)
     bucket = 25 * 2**20
     plan = Plan(dp=dp, tp=tp, pp=pp, zero=zero, offload=offload)
-    rows = RankRows(model, cluster, bucket, False, 1)(dp, tp, pp, 1, DTYPES.index("bf16"), zero,
-                                                      OFFLOADS.index(offload))
+    codes = (zero, OFFLOADS.index(offload))
+    rows = RankRows(model, cluster, bucket, False, 1, [codes])(dp, tp, pp, 1, DTYPES.index("bf16"))
+    b = step_block(*codes)
     for r, n in enumerate(stage_params(model, plan)):
         step = optimizer_step(cluster, plan, n)
         assert rows[r, R_PARAMS] == n
-        assert rows[r, R_OPT_STEP] == step.step_s
-        assert rows[r, R_GRADS_DOWN] == step.grads_to_host_s and (step.grads_to_host_s > 0) == (zero >= 2)
-        assert rows[r, R_PARAMS_UP] == step.params_from_host_s and (step.params_from_host_s > 0) == step.on_host
+        assert rows[r, b + S_OPT_STEP] == step.step_s
+        assert rows[r, b + S_GRADS_DOWN] == step.grads_to_host_s and (step.grads_to_host_s > 0) == (zero >= 2)
+        assert rows[r, b + S_PARAMS_UP] == step.params_from_host_s and (step.params_from_host_s > 0) == step.on_host
         buckets = dp_buckets(n * state_bytes("bf16").grad, bucket)
         first = timing.host_transfer_time(cluster, buckets[0] / dp) if step.on_host else 0.0
-        assert rows[r, R_BUCKET_DOWN] == first and rows[r, R_BUCKETS_DOWN] == len(buckets) * first
-        assert (rows[r, R_LAYER_UP] > 0) == (offload == "optimizer+params")
+        assert rows[r, b + S_BUCKET_DOWN] == first and rows[r, b + S_BUCKETS_DOWN] == len(buckets) * first
+        assert (rows[r, b + S_LAYER_UP] > 0) == (offload == "optimizer+params")
 
 
 def test_optimizer_step_shards_over_dp_from_zero_1_and_runs_on_the_host_with_offload():

@@ -7,9 +7,9 @@ functions the SimPy engine uses, and looked up by index. Keys:
 * layer key (tp, sp, mbs, dtype, recompute): per-layer op times (``timing.op_time`` summed
   over ``costs.layer_ops``), TP collective times, activation bytes per recompute policy
 * head key (tp, sp, mbs, dtype): embedding / output-head op times and activations
-* rank key (dp, tp, pp, vpp, dtype, zero, offload) and send key (dp, tp, pp, mbs, dtype): per
-  pipeline rank, its layers, parameters, DP communication, optimizer step and host transfers,
-  and its pipeline send (``fast.ranks``)
+* rank key (dp, tp, pp, vpp, dtype) and send key (dp, tp, pp, mbs, dtype): per pipeline rank,
+  its layers, parameters, DP communication, optimizer step and host transfers (per ZeRO stage
+  and offload), and its pipeline send (``fast.ranks``)
 * schedule key (schedule, pp, m, vpp): per rank, the chunk counts in flight at the moments
   that can be its memory peak (``fast.inflight``, from ``costs.peak_moments``)
 
@@ -39,7 +39,9 @@ from .ranks import R_CHUNK, RankRows, send_rows
 
 # layer table columns (seconds or bytes)
 (L_FWD, L_BWD, L_RECOMPUTE, L_TP_FWD, L_TP_BWD, L_TP_RECOMPUTE, L_ACT, L_ACT_NONE, L_ACT_FULL,
- L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WORK, L_TRANSIENT, L_WIDTH) = range(15)
+ L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WORK, L_TRANSIENT, L_RERUN_FULL, L_RERUN_SELECTIVE, L_WIDTH) = range(17)
+# the forward a backward re-runs under each layer policy that re-runs one (``costs.recomputed_ops``)
+RERUN = {"full": L_RERUN_FULL, "selective": L_RERUN_SELECTIVE}
 # head table columns
 (H_EMB_FWD, H_EMB_BWD, H_HEAD_FWD, H_HEAD_BWD, H_EMB_ACT, H_HEAD_ACT, H_EMB_PARAMS, H_HEAD_PARAMS_PP1,
  H_HEAD_PARAMS_PPN, H_SBH, H_VOCAB_GRAD, H_TIED, H_LOGITS_GRAD, H_WIDTH) = range(14)
@@ -135,6 +137,8 @@ def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ran
     dt = plan.dtype
     row[L_FWD] = _ops_time(cluster, ops, "fwd", dt)
     row[L_BWD] = _ops_time(cluster, ops, "bwd", dt)
+    for policy, column in RERUN.items():
+        row[column] = _ops_time(cluster, recomputed_ops(ops, policy), "fwd", dt)
     row[L_TP_FWD] = _tp_seconds(cluster, model, plan, "fwd", host_ranks)
     row[L_TP_BWD] = _tp_seconds(cluster, model, plan, "bwd", host_ranks)
     row[L_ACT_NONE] = layer_activation_bytes(model, plan, "none")
@@ -147,7 +151,7 @@ def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ran
     return row
 
 
-def with_recompute(model: ModelSpec, cluster: ClusterSpec, plan: Plan, shape: np.ndarray) -> np.ndarray:
+def with_recompute(model: ModelSpec, plan: Plan, shape: np.ndarray) -> np.ndarray:
     """The shape row under ``plan.recompute``: what the backward re-runs (``costs.recomputed_ops``,
     with the TP collectives where ``costs.recomputes_collectives``), what is stored."""
     row = shape.copy()
@@ -155,7 +159,7 @@ def with_recompute(model: ModelSpec, cluster: ClusterSpec, plan: Plan, shape: np
     # the policy of a one-layer stage (``costs.layer_recompute``; stage-aware recomputes all)
     groups = layer_recompute(plan, 0, 1)
     policy = next(p for n, p in groups if n)
-    row[L_RECOMPUTE] = _ops_time(cluster, recomputed_ops(layer_ops(model, plan), policy), "fwd", plan.dtype)
+    row[L_RECOMPUTE] = row[RERUN[policy]] if policy in RERUN else 0.0
     if recomputes_collectives(policy):
         row[L_TP_RECOMPUTE] = row[L_TP_FWD]
         row[L_PRE_BWD] = row[L_PRE_FWD]          # the backward starts with the re-run forward
@@ -170,7 +174,7 @@ def with_recompute(model: ModelSpec, cluster: ClusterSpec, plan: Plan, shape: np
 
 def layer_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> np.ndarray:
     """Per-layer, per-microbatch costs on one device for a plan's layer shape and recompute."""
-    return with_recompute(model, cluster, plan, layer_shape_row(model, cluster, plan))
+    return with_recompute(model, plan, layer_shape_row(model, cluster, plan))
 
 
 def head_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ranks: int | None = None) -> np.ndarray:
@@ -216,9 +220,10 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable) -> Co
     c = plans.cols
     layer, layer_id, head, head_id = _shape_tables(model, cluster, c)
     max_vpp = int(c["vpp"].max(initial=1))
-    rkeys, rank_id = key_ids(c["dp"], c["tp"], c["pp"], c["vpp"], c["dtype"], c["zero"], c["offload"])
+    rkeys, rank_id = key_ids(c["dp"], c["tp"], c["pp"], c["vpp"], c["dtype"])
     with_ps = bool((c["dp_impl"] == WORDS["dp_impl"].index("ps")).any())
-    rank_rows = RankRows(model, cluster, plans.dp_bucket_bytes, with_ps, max_vpp)
+    steps = key_ids(c["zero"], c["offload"])[0].tolist()
+    rank_rows = RankRows(model, cluster, plans.dp_bucket_bytes, with_ps, max_vpp, steps)
     rank, rank_offset = _stacked([rank_rows(*map(int, k)) for k in rkeys], (0, R_CHUNK + max_vpp))
     skeys, send_id = key_ids(c["dp"], c["tp"], c["pp"], c["mbs"], c["dtype"])
     send, send_offset = _stacked([send_rows(model, cluster, *map(int, k)) for k in skeys], (0,))
@@ -249,7 +254,7 @@ def _shape_tables(model: ModelSpec, cluster: ClusterSpec, c: dict[str, np.ndarra
         shape_key = (*k[:4], k[5])
         if shape_key not in shapes:
             shapes[shape_key] = layer_shape_row(model, cluster, _plan(*k[:4]), k[5] or None)
-        rows.append(with_recompute(model, cluster, _plan(*k[:5]), shapes[shape_key]))
+        rows.append(with_recompute(model, _plan(*k[:5]), shapes[shape_key]))
     layer = np.array(rows).reshape(-1, L_WIDTH)
     hkeys, head_id = key_ids(c["tp"], c["sp"], c["mbs"], c["dtype"], host)
     head = np.array([head_row(model, cluster, _plan(*map(int, k[:4])), int(k[4]) or None)

@@ -42,8 +42,8 @@ from .codes import (GPIPE, INTERLEAVED, NAIVE, O_BUBBLE, O_DP, O_PIPE, O_PP, O_S
 from .comm import (C_AG_ALL, C_AR_ALL, C_AR_LAST, C_PS_ALL, C_PS_BCAST, C_PS_LAST, C_RS_ALL, C_RS_LAST,
                    C_SHARED_LINK, C_Z2_EMB, C_Z2_HEAD, C_Z3_GATHER, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER,
                    C_Z3_SCATTER)
-from .ranks import (R_BUCKET_DOWN, R_BUCKETS_DOWN, R_CHUNK, R_COMM, R_GRADS_DOWN, R_LAYER_UP, R_LAYERS, R_OPT_STEP,
-                    R_PARAMS, R_PARAMS_UP)
+from .ranks import (R_CHUNK, R_COMM, R_LAYERS, R_PARAMS, R_STEP, S_BUCKET_DOWN, S_BUCKETS_DOWN, S_GRADS_DOWN,
+                    S_LAYER_UP, S_OPT_STEP, S_PARAMS_UP, step_block)
 from .rules import gathers_layers, reduce_scatters_buckets, scatters_every_backward
 from .tables import (H_EMB_BWD, H_EMB_FWD, H_EMB_PARAMS, H_HEAD_BWD, H_HEAD_FWD, H_HEAD_PARAMS_PP1,
                      H_HEAD_PARAMS_PPN, L_BWD, L_FWD, L_PARAMS, L_PRE_BWD, L_PRE_FWD, L_RECOMPUTE, L_TP_BWD, L_TP_FWD,
@@ -99,7 +99,7 @@ DPSync = namedtuple("DPSync", "bucket_bytes overlap")
 # flags), read once from its rows so the per-rank steps take scalars
 PlanTerms = namedtuple("PlanTerms", "f_layer b_layer tp_layer tp_f tp_b gather scatter f_wait b_wait h2d "
                                     "zero3 zero2 shared tp_last_layer layer_params emb_bwd head_bwd "
-                                    "emb_params head_params")
+                                    "emb_params head_params step")
 
 
 @numba.njit(cache=True)
@@ -131,6 +131,7 @@ def _plan_terms(plan, lrow, hrow, ranks):
     f_layer = lrow[L_FWD] + lrow[L_TP_FWD]
     b_layer = lrow[L_BWD] + lrow[L_TP_BWD] + lrow[L_RECOMPUTE] + lrow[L_TP_RECOMPUTE]
     tp_layer = lrow[L_TP_FWD] + lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE]
+    step = step_block(plan.zero, plan.offload)      # the plan's optimizer columns in the rank rows (fast.ranks)
     zero3 = gathers_layers(plan.zero, plan.dp)
     zero2 = scatters_every_backward(plan.zero, plan.dp, plan.dp_impl == PS)
     # TP and DP on one port: the DP stream's transfers queue with the TP collectives
@@ -143,7 +144,7 @@ def _plan_terms(plan, lrow, hrow, ranks):
     f_wait, b_wait, h2d = 0.0, 0.0, 0.0
     if zero3:
         gather = ranks[0, R_COMM + C_Z3_GATHER]
-        h2d = ranks[0, R_LAYER_UP]          # parameter offload: over PCIe, not the port TP uses
+        h2d = ranks[0, step + S_LAYER_UP]          # parameter offload: over PCIe, not the port TP uses
         gather += h2d
         scatter = ranks[0, R_COMM + C_Z3_SCATTER]
         # an action's first gather waits behind the previous backward's last reduce-scatter
@@ -154,7 +155,7 @@ def _plan_terms(plan, lrow, hrow, ranks):
     head_params = hrow[H_HEAD_PARAMS_PP1] if plan.pp == 1 else hrow[H_HEAD_PARAMS_PPN]
     return PlanTerms(f_layer, b_layer, tp_layer, tp_f, tp_b, gather, scatter, f_wait, b_wait, h2d, zero3, zero2,
                      shared, lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE], lrow[L_PARAMS], hrow[H_EMB_BWD],
-                     hrow[H_HEAD_BWD], hrow[H_EMB_PARAMS], head_params)
+                     hrow[H_HEAD_BWD], hrow[H_EMB_PARAMS], head_params, step)
 
 
 @numba.njit(cache=True, inline="always")
@@ -186,8 +187,8 @@ def _pipeline(plan, hrow, ranks, send, t):
                                   + _chained(L, vpp, t.b_wait, t.b_layer, t.gather + t.scatter))
         else:
             x = L * (t.f_layer + t.b_layer)
-        root_b = _root_unit(t.zero3, ranks[r, R_COMM:R_CHUNK], False)
-        x += _edges(r, last, hrow) + _root_unit(t.zero3, ranks[r, R_COMM:R_CHUNK], True) + root_b
+        root_b = _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False)
+        x += _edges(r, last, hrow) + _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], True) + root_b
         max_b = max(max_b, L * t.b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0)
                     + (hrow[H_HEAD_BWD] if r == last else 0.0) + root_b)
         rank_x[r] = x
@@ -223,16 +224,16 @@ def _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x)
             b_rank += hrow[H_EMB_BWD]
         if r == last:
             b_rank += hrow[H_HEAD_BWD]
-        b_rank += _root_unit(t.zero3, ranks[r, R_COMM:R_CHUNK], False)
+        b_rank += _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False)
         if r > 0:
             end_r -= b_rank / vpp + send[r - 1]
         ready, post = _gradients_ready(plan, ranks, t, sync, r, end_r, b_rank, t_pipe, max_b, max_x)
         if on_host and (t.zero3 or t.zero2):
-            ready += ranks[r, R_GRADS_DOWN]          # the accumulated gradient shard
+            ready += ranks[r, t.step + S_GRADS_DOWN]          # the accumulated gradient shard
         exposed = ready - end_r + post
-        opt = ranks[r, R_OPT_STEP]
+        opt = ranks[r, t.step + S_OPT_STEP]
         if on_host:
-            opt += ranks[r, R_PARAMS_UP]          # the updated parameter shard comes back
+            opt += ranks[r, t.step + S_PARAMS_UP]          # the updated parameter shard comes back
         else:
             busy += opt
         if t.zero3:
@@ -258,7 +259,7 @@ def _gradients_ready(plan, ranks, t, sync, r, end_r, b_rank, t_pipe, max_b, max_
         ready = _scatter_end(plan, ranks, t, r, L if vpp == 1 else ranks[r, R_CHUNK], end_r, window)
         post = ranks[r, R_COMM + C_AG_ALL]
     elif dp > 1 and not t.zero3:
-        sync_all, sync_last, post = _sync_rounds(ranks[r, R_COMM:R_CHUNK], plan.zero, plan.dp_impl)
+        sync_all, sync_last, post = _sync_rounds(ranks[r, R_COMM:R_STEP], plan.zero, plan.dp_impl)
         ready = _sync_end(plan, ranks, t, r, end_r, b_rank, sync_all, sync_last, sync.overlap)
         if t.shared and sync.overlap:
             # the buckets and the last backward's TP collectives take turns on the port
@@ -266,7 +267,8 @@ def _gradients_ready(plan, ranks, t, sync, r, end_r, b_rank, t_pipe, max_b, max_
             ready = max(ready, end_r - b_rank / vpp + t.b_layer + sync_all + tp_last)
         if plan.offload != OFF_NONE:
             # each reduced bucket's shard goes down over PCIe as it is done
-            ready = max(ready + ranks[r, R_BUCKET_DOWN], ready - sync_all + ranks[r, R_BUCKETS_DOWN])
+            one, every = ranks[r, t.step + S_BUCKET_DOWN], ranks[r, t.step + S_BUCKETS_DOWN]
+            ready = max(ready + one, ready - sync_all + every)
     elif t.zero3:
         ready = end_r + t.scatter                   # the last layer's gradient reduce-scatter
     return ready, post
@@ -279,7 +281,7 @@ def _scatter_end(plan, ranks, t, r, layers, end_r, window):
     through, each starting when backward completes its gradients and the one before it is done;
     and no earlier than the step's whole DP stream work (m backwards of the rank's layers and
     edges) fits after the rank's first backward, ``window`` before ``end_r``."""
-    c = ranks[r, R_COMM:R_CHUNK]
+    c = ranks[r, R_COMM:R_STEP]
     last, vpp, L = plan.pp - 1, plan.vpp, ranks[r, R_LAYERS]
     emb = t.emb_bwd if r == 0 else 0.0
     head = t.head_bwd if r == last and vpp == 1 else 0.0
