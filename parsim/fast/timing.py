@@ -99,7 +99,7 @@ DPSync = namedtuple("DPSync", "bucket_bytes overlap")
 # flags), read once from its rows so the per-rank steps take scalars
 PlanTerms = namedtuple("PlanTerms", "f_layer b_layer tp_layer tp_f tp_b gather scatter f_wait b_wait h2d "
                                     "zero3 zero2 shared tp_last_layer layer_params emb_bwd head_bwd "
-                                    "emb_params head_params step")
+                                    "emb_params head_params opt_block")
 
 
 @numba.njit(cache=True)
@@ -131,7 +131,7 @@ def _plan_terms(plan, lrow, hrow, ranks):
     f_layer = lrow[L_FWD] + lrow[L_TP_FWD]
     b_layer = lrow[L_BWD] + lrow[L_TP_BWD] + lrow[L_RECOMPUTE] + lrow[L_TP_RECOMPUTE]
     tp_layer = lrow[L_TP_FWD] + lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE]
-    step = step_block(plan.zero, plan.offload)      # the plan's optimizer columns in the rank rows (fast.ranks)
+    opt_block = step_block(plan.zero, plan.offload)   # the plan's optimizer columns in the rank rows (fast.ranks)
     zero3 = gathers_layers(plan.zero, plan.dp)
     zero2 = scatters_every_backward(plan.zero, plan.dp, plan.dp_impl == PS)
     # TP and DP on one port: the DP stream's transfers queue with the TP collectives
@@ -144,7 +144,7 @@ def _plan_terms(plan, lrow, hrow, ranks):
     f_wait, b_wait, h2d = 0.0, 0.0, 0.0
     if zero3:
         gather = ranks[0, R_COMM + C_Z3_GATHER]
-        h2d = ranks[0, step + S_LAYER_UP]          # parameter offload: over PCIe, not the port TP uses
+        h2d = ranks[0, opt_block + S_LAYER_UP]          # parameter offload: over PCIe, not the port TP uses
         gather += h2d
         scatter = ranks[0, R_COMM + C_Z3_SCATTER]
         # an action's first gather waits behind the previous backward's last reduce-scatter
@@ -155,7 +155,7 @@ def _plan_terms(plan, lrow, hrow, ranks):
     head_params = hrow[H_HEAD_PARAMS_PP1] if plan.pp == 1 else hrow[H_HEAD_PARAMS_PPN]
     return PlanTerms(f_layer, b_layer, tp_layer, tp_f, tp_b, gather, scatter, f_wait, b_wait, h2d, zero3, zero2,
                      shared, lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE], lrow[L_PARAMS], hrow[H_EMB_BWD],
-                     hrow[H_HEAD_BWD], hrow[H_EMB_PARAMS], head_params, step)
+                     hrow[H_HEAD_BWD], hrow[H_EMB_PARAMS], head_params, opt_block)
 
 
 @numba.njit(cache=True, inline="always")
@@ -229,11 +229,11 @@ def _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x)
             end_r -= b_rank / vpp + send[r - 1]
         ready, post = _gradients_ready(plan, ranks, t, sync, r, end_r, b_rank, t_pipe, max_b, max_x)
         if on_host and (t.zero3 or t.zero2):
-            ready += ranks[r, t.step + S_GRADS_DOWN]          # the accumulated gradient shard
+            ready += ranks[r, t.opt_block + S_GRADS_DOWN]          # the accumulated gradient shard
         exposed = ready - end_r + post
-        opt = ranks[r, t.step + S_OPT_STEP]
+        opt = ranks[r, t.opt_block + S_OPT_STEP]
         if on_host:
-            opt += ranks[r, t.step + S_PARAMS_UP]          # the updated parameter shard comes back
+            opt += ranks[r, t.opt_block + S_PARAMS_UP]          # the updated parameter shard comes back
         else:
             busy += opt
         if t.zero3:
@@ -267,7 +267,7 @@ def _gradients_ready(plan, ranks, t, sync, r, end_r, b_rank, t_pipe, max_b, max_
             ready = max(ready, end_r - b_rank / vpp + t.b_layer + sync_all + tp_last)
         if plan.offload != OFF_NONE:
             # each reduced bucket's shard goes down over PCIe as it is done
-            one, every = ranks[r, t.step + S_BUCKET_DOWN], ranks[r, t.step + S_BUCKETS_DOWN]
+            one, every = ranks[r, t.opt_block + S_BUCKET_DOWN], ranks[r, t.opt_block + S_BUCKETS_DOWN]
             ready = max(ready + one, ready - sync_all + every)
     elif t.zero3:
         ready = end_r + t.scatter                   # the last layer's gradient reduce-scatter
