@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# exactly torch==2.13.0: the CPU build pip finds on this machine's disk (an unpinned torch pulls CUDA)
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[torch,dev]'
+	$(BIN)/pip install -q -e '.[torch,dev,cluster]'
 	touch $(STAMP)
 
 demo: $(STAMP)
