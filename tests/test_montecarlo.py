@@ -81,17 +81,33 @@ def test_faults_outside_the_cluster_are_rejected():
         Faults.parse(slow_ranks="3:2")
 
 
-@pytest.mark.timeout(240)
-def test_runs_on_a_local_dask_cluster_of_two_workers_with_the_same_numbers():
+@pytest.fixture(scope="module")
+def dask_address():
     distributed = pytest.importorskip("distributed")
-    kw = dict(steps=4, variability="lognormal:0.05", seed=5)
-    here = monte_carlo(MODEL, CLUSTER, PLAN, workers=1, **kw)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=None) as cluster:
-        there = monte_carlo(MODEL, CLUSTER, PLAN, address=cluster.scheduler_address, **kw)
         with distributed.Client(cluster.scheduler_address) as client:
             assert len(client.scheduler_info()["workers"]) == 2
+        yield cluster.scheduler_address
+
+
+@pytest.mark.timeout(240)
+def test_runs_on_a_local_dask_cluster_of_two_workers_with_the_same_numbers(dask_address):
+    kw = dict(steps=4, variability="lognormal:0.05", seed=5)
+    here = monte_carlo(MODEL, CLUSTER, PLAN, workers=1, **kw)
+    there = monte_carlo(MODEL, CLUSTER, PLAN, address=dask_address, **kw)
     assert there.step_times.tolist() == here.step_times.tolist()
+
+
+@pytest.mark.timeout(240)
+def test_sweep_resimulates_on_the_dask_cluster_named_by_the_environment(dask_address, monkeypatch):
+    from parsim.api import sweep
+    here = sweep(MODEL, "a100-80g:8", gbs=16, fix="tp=1,2 mbs=1", resimulate=3, workers=1).rows(5)
+    monkeypatch.setenv("PARSIM_DASK_SCHEDULER", dask_address)
+    there = sweep(MODEL, "a100-80g:8", gbs=16, fix="tp=1,2 mbs=1", resimulate=3).rows(5)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "sim_wall_s"} for r in rows]   # noqa: E731
+    assert strip(there) == strip(here)
+    assert sum(r["source"] == "sim" for r in there) == 3
 
 
 def test_an_unreachable_scheduler_is_a_spec_error():
