@@ -56,15 +56,15 @@ def plot_goodput_curve(intervals_s, goodputs, best_s: float, young_s: float, dal
 
 
 def plot_critical_share(rank_share: dict, link_share: dict, path: str | Path, title: str = "",
-                        ranks: int = 16) -> Path:
-    """Bars: fraction of steps each rank was critical (the ``ranks`` most frequent), and the
-    mean fraction of the step the compute stream waited on each dimension's link."""
+                        ranks: int = 16, xlabel: str = "global rank") -> Path:
+    """Bars: fraction of steps each rank (or stage: ``xlabel``) was critical (the ``ranks`` most
+    frequent), and the mean fraction of the step the compute stream waited on each dimension's link."""
     items = sorted(rank_share.items(), key=lambda kv: -kv[1])[:ranks]
     with rc_context(RC):
         fig = new_figure(7.5, 3.2)
         left, right = fig.subplots(1, 2, width_ratios=[3, 1.4])
         left.bar([str(r) for r, _ in items], [v * 100 for _, v in items], color=BAR_COLOR)
-        left.set_xlabel("global rank")
+        left.set_xlabel(xlabel)
         left.set_ylabel("steps on the critical path (%)")
         left.tick_params(axis="x", rotation=60)
         left.set_title(title or "critical rank per step")
