@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# exactly torch==2.13.0: the CPU build pip finds on this machine's disk (an unpinned torch pulls CUDA)
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[torch,dev]'
+	$(BIN)/pip install -q -e '.[torch,dev,cluster]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -25,7 +25,8 @@ test: $(STAMP)
 
 # The studies that run in under 10 minutes and measure nothing about this machine (each README
 # gives its time; about 4 minutes of CPU in all). The timing studies (sim_speed,
-# executor_overhead, validation_cpu, merak's CPU checks, gpt3_175b_1024/bench_fast.py) are left
+# executor_overhead, validation_cpu, merak's CPU checks, gpt3_175b_1024/bench_fast.py,
+# at_scale/straggler_cpu.py and bench_montecarlo.py) are left
 # out: they need an idle machine. Scripts that only print get their results.txt through tee.
 # Narayanan et al. 2021 Table 1 lives outside the repo (studies/megatron2021/README.md)
 MEGATRON_TABLE ?= ../shared/validation/megatron2021_table1.csv
@@ -42,6 +43,7 @@ studies: $(STAMP)
 	$(BIN)/python studies/public_runs/run.py
 	$(BIN)/python studies/merak/run.py
 	$(BIN)/python studies/plots_demo/make_demo_plots.py
+	$(BIN)/python studies/at_scale/run.py
 
 # Did a refactor change any number? The corpus in both the reference commit and this tree.
 equivalence: $(STAMP)

@@ -5,19 +5,22 @@ from dataclasses import dataclass
 
 from parsim.specs import SpecError
 
-FAULT_KINDS = ("crash", "kill", "hang", "absent")
+FAULT_KINDS = ("crash", "kill", "hang", "absent", "slow")
 
 
 @dataclass(frozen=True)
 class FaultInjection:
-    """Test-only fault: ``rank`` misbehaves at ``step``.
+    """Injected fault: ``rank`` misbehaves at ``step``.
 
     ``crash``: raises mid-step (after its first forward action); ``kill``: SIGKILLs itself
-    mid-step; ``hang``: stops making progress mid-step; ``absent``: never joins the group."""
+    mid-step; ``hang``: stops making progress mid-step; ``absent``: never joins the group;
+    ``slow=F``: from ``step`` on, every forward and backward action's compute takes ``F`` x
+    as long (a straggler; ``trainer.compute_slowdown``)."""
 
     rank: int
     step: int
     kind: str = "crash"
+    factor: float = 1.0              # slow: compute-time factor
 
     @classmethod
     def parse(cls, text: str) -> "FaultInjection":
@@ -25,11 +28,22 @@ class FaultInjection:
         try:
             rank, step = int(parts[0]), int(parts[1])
             kind = parts[2] if len(parts) > 2 else "crash"
+            if len(parts) > 3 or rank < 0 or step < 0:
+                raise ValueError
         except (ValueError, IndexError):
-            raise SpecError("inject_fault", text, "RANK:STEP[:KIND], e.g. 1:2:crash") from None
-        if kind not in FAULT_KINDS:
-            raise SpecError("inject_fault", text, f"kind one of {', '.join(FAULT_KINDS)}")
-        return cls(rank, step, kind)
+            raise SpecError("inject_fault", text, "RANK:STEP[:KIND], e.g. 1:2:crash or 1:0:slow=1.5") from None
+        kind, _, value = kind.partition("=")
+        if kind not in FAULT_KINDS or bool(value) != (kind == "slow"):
+            raise SpecError("inject_fault", text, f"kind one of {', '.join(FAULT_KINDS[:-1])} or slow=FACTOR")
+        if kind != "slow":
+            return cls(rank, step, kind)
+        try:
+            factor = float(value)
+        except ValueError:
+            factor = float("nan")
+        if not factor >= 1.0:
+            raise SpecError("inject_fault", text, "slow=FACTOR with FACTOR >= 1 (compute-time factor), e.g. slow=1.5")
+        return cls(rank, step, kind, factor)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ class PipelineRuntime:
                  on_backward_done: Callable[[int], None] | None = None,
                  before_backward: Callable[[int, bool], None] | None = None):
         self.after_action: Callable[[object], None] = lambda action: None   # fault-injection point
+        # around every action's compute (inside its recorded span): an injected straggler
+        self.compute_slowdown: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
         self.schedule = schedule
         self.actions = schedule.actions[pp_rank]
         self.chunks = chunks
@@ -60,7 +62,7 @@ class PipelineRuntime:
             s, j = action.stage, action.microbatch
             if action.kind == "F":
                 x = self._forward_input(s, j, microbatches[j])
-                with self.recorder.action("F", s, j):
+                with self.recorder.action("F", s, j), self.compute_slowdown():
                     with self.autocast():
                         out = self.chunks[s](x, microbatches[j].targets if s == self.last_stage else None)
                 if s == self.last_stage:
@@ -72,7 +74,7 @@ class PipelineRuntime:
                 x, out = stash.pop((s, j))
                 grad = None if s == self.last_stage else self.p2p.recv(Message("grad", s + 1, j)).float()
                 self.before_backward(s, idx == self.last_backward[s])
-                with self.recorder.action("B", s, j):
+                with self.recorder.action("B", s, j), self.compute_slowdown():
                     if grad is None:
                         (out * loss_multiplier).backward()
                     else:

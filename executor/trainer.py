@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import time
+from functools import partial
 from typing import Callable
 
 import torch
@@ -150,7 +151,12 @@ def finish_gradients(training: Training, spec: ModelSpec, plan: Plan, dims: Para
 
 
 def _arm_fault(training: Training, fault: FaultInjection | None, rank: int, step: int) -> None:
-    """Test-only: misbehave after this rank's first action of the faulty step."""
+    """Misbehave after this rank's first action of the faulty step (crash, kill, hang), or be
+    a straggler from that step on (slow)."""
+    if fault is not None and fault.kind == "slow":
+        slow = fault.rank == rank and step >= fault.step
+        training.runtime.compute_slowdown = partial(compute_slowdown, fault.factor) if slow else contextlib.nullcontext
+        return
     if fault is None or fault.rank != rank or fault.step != step or fault.kind == "absent":
         training.runtime.after_action = lambda action: None
         return
@@ -164,3 +170,17 @@ def _arm_fault(training: Training, fault: FaultInjection | None, rank: int, step
             time.sleep(3600)
 
     training.runtime.after_action = misbehave
+
+
+@contextlib.contextmanager
+def compute_slowdown(factor: float):
+    """Make the compute inside this block take ``factor`` x as long: after it, sleep
+    (factor - 1) x the CPU time this thread spent in it. CPU time (``time.thread_time``) counts
+    this rank's own computing only: the gloo collectives it waits for run on gloo's threads and
+    block this one without CPU time, so communication is not stretched. Sleeping leaves the core
+    free, as a slow accelerator leaves its host idle. One thread per rank (``processes``)."""
+    start = time.thread_time()
+    yield
+    busy = time.thread_time() - start
+    if factor > 1.0 and busy > 0:
+        time.sleep((factor - 1.0) * busy)

@@ -81,3 +81,32 @@ def test_fault_injection_spec_is_validated():
 def _fault(text: str):
     from parsim.executor import FaultInjection
     return FaultInjection.parse(text)
+
+
+@pytest.mark.parametrize("text, expected", [("1:0:slow=1.5", (1, 0, "slow", 1.5)), ("0:2:crash", (0, 2, "crash", 1.0))])
+def test_slow_fault_parses(text, expected):
+    f = _fault(text)
+    assert (f.rank, f.step, f.kind, f.factor) == expected
+
+
+@pytest.mark.parametrize("text", ["1:0:slow", "1:0:slow=0.5", "1:0:slow=x", "1:0:crash=2", "1:0:fast=2", "-1:0:slow=2"])
+def test_bad_slow_faults_name_the_field(text):
+    with pytest.raises(SpecError) as err:
+        _fault(text)
+    assert err.value.field == "inject_fault"
+
+
+@pytest.mark.timeout(300)
+def test_a_slow_rank_computes_slower_and_only_from_its_step():
+    from parsim.executor import run_plan
+
+    res = run_plan(TINY_GPT, "dp=2 gbs=8 mbs=2 dtype=fp32", steps=3, warmup=1, timeout_s=60, track_memory=False,
+                   inject_fault=_fault("1:1:slow=4"))
+
+    def compute(rank: int) -> float:
+        return sum(e.end - e.start for e in res.trace.events if e.rank == rank and e.stream == "compute"
+                   and e.kind in ("F", "B"))
+
+    # 4x its compute CPU time: the wall time of rank 1's actions is well above rank 0's, even on a
+    # loaded machine where both also wait for a core
+    assert compute(1) > 2.0 * compute(0)

@@ -62,8 +62,8 @@ class Sweep:
 
 
 def _run_sweep(model: ModelLike, cluster: ClusterLike, *, profile: str | Path | None, gbs: int | None,
-               seq_len: int | None, headroom: float, fix: str | None, space: str | Path | None, workers: int,
-               resimulate: int, progress: bool) -> Sweep:
+               seq_len: int | None, headroom: float, fix: str | None, space: str | Path | None,
+               workers: int | None, resimulate: int, progress: bool, address: str | None = None) -> Sweep:
     """Check the inputs (in the order the CLI always has), enumerate, price, re-simulate, rank."""
     from dataclasses import replace
 
@@ -79,7 +79,7 @@ def _run_sweep(model: ModelLike, cluster: ClusterLike, *, profile: str | Path | 
     cluster = load_cluster(cluster, profile=profile)
     if not 0.0 <= headroom < 1.0:
         raise SpecError("headroom", headroom, "a fraction in [0, 1)")
-    if workers < 1:
+    if workers is not None and workers < 1:
         raise SpecError("workers", workers, "a positive integer")
     if gbs is not None and gbs < 1:
         raise SpecError("gbs", gbs, "a positive integer (global batch in sequences)")
@@ -87,7 +87,7 @@ def _run_sweep(model: ModelLike, cluster: ClusterLike, *, profile: str | Path | 
     if plans.gbs is None:
         plans = plans.narrowed({"gbs": (default_gbs(cluster),)})
     result = run_sweep(model, cluster, plans, headroom=headroom, resimulate_top=resimulate, workers=workers,
-                       progress=progress)
+                       progress=progress, address=address)
     if result.num_plans == 0:
         raise SpecError("space", fix or space or "defaults",
                         f"constraints that leave at least one valid plan for {model.name} on "
@@ -98,22 +98,23 @@ def _run_sweep(model: ModelLike, cluster: ClusterLike, *, profile: str | Path | 
 
 def sweep(model: ModelLike, cluster: ClusterLike, *, profile: str | Path | None = None, gbs: int | None = None,
           seq_len: int | None = None, headroom: float = 0.1, fix: str | None = None,
-          space: str | Path | None = None, resimulate: int = 10, workers: int = 1, out: str | Path | None = None,
-          progress: bool = False) -> Sweep:
+          space: str | Path | None = None, resimulate: int = 10, workers: int | None = None,
+          out: str | Path | None = None, progress: bool = False, address: str | None = None) -> Sweep:
     """Every valid plan for ``model`` on ``cluster`` through the fast path, the ``resimulate``
     best fitting ones re-run in SimPy, ranked (``parsim sweep``).
 
     ``gbs``: global batch in sequences [one per device]; ``seq_len``: tokens per sequence [the
     model's]; ``headroom``: fraction of device memory kept free (a plan fits if its peak <=
     capacity * (1 - headroom)); ``fix``: "k=v ..." holding plan keys (lists: mbs=1,2);
-    ``space``: YAML mapping plan keys to lists; ``workers``: processes for the re-simulation;
+    ``space``: YAML mapping plan keys to lists; ``workers``: processes for the re-simulation
+    [one per core]; ``address``: a Dask scheduler to re-simulate on instead (``study.workers``);
     ``out``: also write every plan to this .csv or .parquet; ``progress``: bars on stderr."""
     if resimulate < 0:
         raise SpecError("resimulate", resimulate, "a non-negative integer")
     if out and not str(out).endswith((".csv", ".parquet")):
         raise SpecError("out", out, "a path ending in .csv or .parquet")
     found = _run_sweep(model, cluster, profile=profile, gbs=gbs, seq_len=seq_len, headroom=headroom, fix=fix,
-                       space=space, workers=workers, resimulate=resimulate, progress=progress)
+                       space=space, workers=workers, resimulate=resimulate, progress=progress, address=address)
     if out:
         found.write(out)
     return found
@@ -121,8 +122,8 @@ def sweep(model: ModelLike, cluster: ClusterLike, *, profile: str | Path | None 
 
 def recommend(model: ModelLike, cluster: ClusterLike, *, top: int = 3, resimulate: int | None = None,
               profile: str | Path | None = None, gbs: int | None = None, seq_len: int | None = None,
-              headroom: float = 0.1, fix: str | None = None, space: str | Path | None = None, workers: int = 1,
-              progress: bool = False) -> "Recommendation":
+              headroom: float = 0.1, fix: str | None = None, space: str | Path | None = None,
+              workers: int | None = None, progress: bool = False, address: str | None = None) -> "Recommendation":
     """The ``top`` best plans and why: memory fit, bubble, exposed communication and the rule
     of thumb for the cluster (``parsim recommend``). Runs a sweep (arguments as ``sweep``) with
     the ``resimulate`` [``top``] best plans re-run in SimPy; ``.to_dict()`` is the command's JSON."""
@@ -133,7 +134,7 @@ def recommend(model: ModelLike, cluster: ClusterLike, *, top: int = 3, resimulat
     if resimulate < 0:
         raise SpecError("resimulate", resimulate, "a non-negative integer")
     found = _run_sweep(model, cluster, profile=profile, gbs=gbs, seq_len=seq_len, headroom=headroom, fix=fix,
-                       space=space, workers=workers, resimulate=resimulate, progress=progress)
+                       space=space, workers=workers, resimulate=resimulate, progress=progress, address=address)
     return advise(found.model, found.cluster, found.result, top=top)
 
 

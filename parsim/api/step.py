@@ -116,18 +116,20 @@ class Result:
 
 def simulate(model: ModelLike, cluster: ClusterLike, plan: PlanLike, *, profile: str | Path | None = None,
              mode: str | None = None, slowdown: str | dict[int, float] | None = None,
-             detail: bool = False) -> Result:
+             detail: bool = False, link_slowdown: dict[int, float] | None = None) -> Result:
     """One training step of ``plan`` through the SimPy engine (``parsim simulate``).
 
     ``mode``: "representative" (one device per pipeline rank; the default) or "full" (every
     device; the default with ``slowdown``). ``slowdown``: straggler what-if, {global rank:
     factor} or "3=1.5,5=1.2" (1.5 = compute 50% slower). ``detail``: also record per-layer
-    compute and per-collective TP events in the trace (slower)."""
+    compute and per-collective TP events in the trace (slower). ``link_slowdown``: {global rank:
+    factor} on the time of that rank's NIC transfers (a degraded NIC)."""
     from parsim.sim import simulate as run_engine
     model, cluster, plan, _ = load_specs(model, cluster, plan, profile)
     slow = parse_slowdown(slowdown)
     mode = mode or ("full" if slow else "representative")
-    return Result.from_sim(run_engine(model, cluster, plan, mode=mode, slowdown=slow, detail=detail))
+    return Result.from_sim(run_engine(model, cluster, plan, mode=mode, slowdown=slow, detail=detail,
+                                      link_slowdown=link_slowdown))
 
 
 # ------------------------------------------------------------------------------------- memory

@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name, mod in sorted(_command_modules().items()):
-        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        p = sub.add_parser(name.replace("_", "-"), help=mod.HELP, description=mod.HELP)   # plan_run: plan-run
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser

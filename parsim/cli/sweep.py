@@ -24,7 +24,9 @@ def add_sweep_arguments(p: argparse.ArgumentParser, model: str = "gpt3-1.3b", cl
                    help="fraction of device memory kept free: a plan fits if peak <= capacity*(1-headroom) [0.1]")
     p.add_argument("--fix", default=None, help="hold keys to values, e.g. \"tp=8 zero=1\" (lists: mbs=1,2)")
     p.add_argument("--space", default=None, help="YAML mapping plan keys to lists of values to sweep")
-    p.add_argument("--workers", type=int, default=1, help="processes for the SimPy re-simulation [1]")
+    p.add_argument("--workers", type=int, default=None, help="processes for the SimPy re-simulation [one per core]")
+    p.add_argument("--cluster-address", default=None, metavar="TCP://HOST:PORT",
+                   help="re-simulate on this Dask scheduler instead [$PARSIM_DASK_SCHEDULER]")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_json_argument(p)
 
@@ -40,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def sweep_options(args: argparse.Namespace) -> dict:
     """The arguments ``parsim.api.sweep`` and ``parsim.api.recommend`` share, from the command line."""
     return {"profile": args.profile, "gbs": args.gbs, "seq_len": args.seq_len, "headroom": args.headroom,
-            "fix": args.fix, "space": args.space, "workers": args.workers, "progress": not args.no_progress}
+            "fix": args.fix, "space": args.space, "workers": args.workers, "progress": not args.no_progress,
+            "address": args.cluster_address}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -25,7 +25,13 @@ overlap from its compute, paid before its next action (``Device.ledger``). GPUs:
 Modes: ``representative`` simulates one device per pipeline rank (DP rank 0, TP rank 0: DP
 replicas and TP peers do identical work; DESIGN.md) with collectives costed for the full
 groups; ``full`` simulates every device, collectives waiting for all members, and accepts
-per-rank compute ``slowdown`` factors (straggler what-ifs).
+per-rank compute ``slowdown`` factors (straggler what-ifs). Representative mode accepts slowdowns
+of its simulated ranks only: the DP replica and TP peers each one stands for run as slowly.
+
+Degraded links (``link_slowdown``, {global rank: factor}): every transfer over the NIC of such
+a rank takes ``factor`` x longer — its pipeline sends and receives over the NIC, and every
+inter-node collective of a group it belongs to (a ring runs at its slowest link's pace:
+Patarasuk & Yuan 2009, bandwidth-optimal all-reduce). Intra-node links are not affected.
 """
 from __future__ import annotations
 
@@ -87,7 +93,9 @@ class Simulation:
     """Everything one simulated step shares: specs, derived costs, devices, deliveries."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule, mode: str,
-                 slowdown: dict[int, float], recorder: Recorder, contention: ComputeScale | None = None):
+                 slowdown: dict[int, float], recorder: Recorder, contention: ComputeScale | None = None,
+                 link_slowdown: dict[int, float] | None = None):
+        self.link_slowdown = dict(link_slowdown or {})      # rank -> factor on its NIC transfers
         self.env = simpy.Environment(initial_time=0.0)
         # ranks sharing a host's cores (calibrated CPU profiles) compute slower; GPUs: identity
         self.host = HostModel(cluster, plan.world_size)
@@ -162,7 +170,7 @@ class Simulation:
                 members = tuple(r for r in group if r in simulated)
                 comms[key] = Communicator(name, tuple(group), members,
                                           tuple(getattr(ports[m], link) for m in sorted(members)), link,
-                                          group_shape(self.cluster, group))
+                                          group_shape(self.cluster, group), self._nic_factor(link, group))
             return comms[key]
 
         devices = {}
@@ -186,6 +194,12 @@ class Simulation:
                 compute_done=env.event(), last_backward={i: s for s, i in last_bwd.items()},
                 sync_order=sorted(last_bwd, key=last_bwd.get))
         return devices
+
+    def _nic_factor(self, link: str, ranks) -> float:
+        """Time factor of transfers over ``link`` among ``ranks``: the slowest degraded NIC."""
+        if link != "nic" or not self.link_slowdown:
+            return 1.0
+        return max(self.link_slowdown.get(r, 1.0) for r in ranks)
 
     def _needs_steps(self, rank: int, tp: Communicator, dp: Communicator) -> bool:
         """Step through actions when something inside them meets other processes."""
@@ -217,7 +231,7 @@ class Simulation:
     def cost(self, dev: Device, stage: int, kind: str) -> ActionCost:
         c = dev.costs.get((stage, kind))
         if c is None:
-            key = (stage, kind, dev.scale, dev.tp.shape)
+            key = (stage, kind, dev.scale, dev.tp.shape, dev.tp.link_factor)
             c = self._costs.get(key)
             if c is None:
                 c = self._costs[key] = self._price(dev, stage, kind, dev.scale)
@@ -232,7 +246,7 @@ class Simulation:
     def solo_seconds(self, dev: Device, stage: int, kind: str) -> tuple[float, float, float]:
         """(fixed, GEMM, memory-bound) seconds of an action computing alone on the host: the
         action priced with each kind's compute doubled in turn gives that kind's share."""
-        key = (stage, kind, dev.scale, dev.tp.shape)
+        key = (stage, kind, dev.scale, dev.tp.shape, dev.tp.link_factor)
         out = self._solo.get(key)
         if out is None:
             base, g, m = self.cost(dev, stage, kind).duration, dev.scale.gemm, dev.scale.membound
@@ -244,15 +258,17 @@ class Simulation:
     def comm_time(self, comm: Communicator, op: str, nbytes: float, in_situ: bool = False) -> float:
         """``collective_time`` memoised; ``in_situ`` for the synchronous TP collectives (with
         the plan's ranks per node sharing the host)."""
-        key = (comm.shape, op, nbytes, in_situ)
+        key = (comm.shape, op, nbytes, in_situ, comm.link_factor)
         t = self._comm.get(key)
         if t is None:
             host = self.host.ranks_on_host if in_situ else None
-            t = self._comm[key] = collective_time(self.cluster, op, nbytes, list(comm.ranks), in_situ, host)
+            t = collective_time(self.cluster, op, nbytes, list(comm.ranks), in_situ, host)
+            t = self._comm[key] = t * comm.link_factor if comm.link_factor != 1.0 else t
         return t
 
     def ps_time(self, comm: Communicator, nbytes: float) -> float:
-        return ps_time(self.cluster, nbytes, list(comm.ranks))
+        t = ps_time(self.cluster, nbytes, list(comm.ranks))
+        return t * comm.link_factor if comm.link_factor != 1.0 else t
 
     def overlapped_tp(self, cost: ActionCost) -> float:
         """Seconds of an action's TP collectives that its compute covers (placed actions)."""
@@ -273,7 +289,10 @@ class Simulation:
         if route is None:
             dst = self.layout.rank(to_stage % self.plan.pp, *dev.replica)
             duration = p2p_time(self.cluster, self.p2p_nbytes, dev.rank, dst)
-            route = dev.routes[to_stage] = (getattr(dev.ports, link_between(self.cluster, dev.rank, dst)), duration)
+            link = link_between(self.cluster, dev.rank, dst)
+            if link == "nic" and self.link_slowdown:
+                duration *= self._nic_factor("nic", (dev.rank, dst))
+            route = dev.routes[to_stage] = (getattr(dev.ports, link), duration)
         port, duration = route
         now = self.env.now
         start = port.reserve(now, duration)
@@ -289,8 +308,9 @@ class Simulation:
 
 
 def _run(model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule, mode: str, slowdown: dict,
-         record_events: bool, detail: bool, contention: ComputeScale | None) -> "Simulation":
-    sim = Simulation(model, cluster, plan, schedule, mode, slowdown, Recorder(record_events, detail), contention)
+         record_events: bool, detail: bool, contention: ComputeScale | None, links: dict) -> "Simulation":
+    sim = Simulation(model, cluster, plan, schedule, mode, slowdown, Recorder(record_events, detail), contention,
+                     links)
     sim.start()
     # A step allocates ~10 short-lived objects per SimPy event; the cyclic collector would
     # re-scan the growing trace again and again, so it waits until the run is over.
@@ -313,33 +333,33 @@ def _run(model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule,
 
 def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | str, *, mode: str = "representative",
              slowdown: dict[int, float] | None = None, schedule: Schedule | None = None,
-             record_events: bool = True, detail: bool = False) -> SimResult:
+             record_events: bool = True, detail: bool = False,
+             link_slowdown: dict[int, float] | None = None) -> SimResult:
     """One training step of ``plan`` through the SimPy engine.
 
     ``mode``: "representative" (one device per pipeline rank) or "full" (every device;
     needed for ``slowdown``: {global rank: factor on its compute time, 1.5 = 50% slower}). ``schedule``
     overrides the plan's generated one. ``record_events`` keeps the trace; ``detail`` adds
-    per-layer compute and per-collective TP events to it (slower)."""
+    per-layer compute and per-collective TP events to it (slower). ``link_slowdown``: {global
+    rank: factor on the time of its NIC transfers} (a degraded NIC; module docstring)."""
     wall = time.perf_counter()
     model, cluster, plan = load_model(model), load_cluster(cluster), parse_plan(plan)
     warnings = validate(model, cluster, plan)
     if mode not in MODES:
         raise SpecError("mode", mode, f"one of {', '.join(MODES)}")
-    slowdown = dict(slowdown or {})
-    for r, f in slowdown.items():
-        if not isinstance(r, int) or not 0 <= r < plan.world_size:
-            raise SpecError("slowdown", f"{r}={f}", f"rank must be an integer in 0..{plan.world_size - 1}")
-        if not isinstance(f, (int, float)) or not f > 0:
-            raise SpecError("slowdown", f"{r}={f}", "factor must be a positive number (1.5 = 50% slower)")
-    if slowdown and mode != "full":
+    slowdown = _factors("slowdown", slowdown, plan.world_size)
+    links = _factors("link_slowdown", link_slowdown, plan.world_size)
+    layout = RankLayout(plan.dp, plan.tp, plan.pp)
+    if mode != "full" and any(layout.coords(r)[1:] != (0, 0) for r in slowdown):
         raise SpecError("slowdown", ",".join(f"{r}={f}" for r, f in slowdown.items()),
-                        "per-rank slowdowns need mode=full (every device simulated)")
+                        "per-rank slowdowns need mode=full (every device simulated), or ranks of DP replica 0 "
+                        "and TP rank 0 in representative mode")
     if schedule is None:
         schedule = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
     elif (schedule.pp, schedule.vpp, schedule.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):
         raise SpecError("schedule", schedule.name, f"must have pp={plan.pp}, vpp={plan.vpp} and "
                         f"{plan.num_microbatches} microbatches to match the plan")
-    sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, None)
+    sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, None, links)
     if sim.sharing is None and sim.host.shared:
         # stepped actions on a shared host: a pipeline rank idle in a bubble leaves its core to
         # the others, so iterate the mean-field slowdown (``HostModel.settle``) over whole runs
@@ -348,5 +368,16 @@ def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | st
             scale = sim.host.settle(busy, max(sim.recorder.finish.values(), default=0.0), sim.contention)
             if scale is None:
                 break
-            sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, scale)
+            sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, scale, links)
     return assemble(sim, warnings, wall)
+
+
+def _factors(name: str, given: dict[int, float] | None, world: int) -> dict[int, float]:
+    """Checked {global rank: positive time factor}."""
+    out = dict(given or {})
+    for r, f in out.items():
+        if not isinstance(r, int) or not 0 <= r < world:
+            raise SpecError(name, f"{r}={f}", f"rank must be an integer in 0..{world - 1}")
+        if not isinstance(f, (int, float)) or not f > 0:
+            raise SpecError(name, f"{r}={f}", "factor must be a positive number (1.5 = 50% slower)")
+    return out

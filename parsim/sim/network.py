@@ -105,6 +105,7 @@ class Communicator:
     ports: tuple[Port, ...]                # the simulated members' ports on this group's link
     link: str
     shape: tuple[int, int] = (1, 1)        # (members, nodes spanned): what collective_time depends on
+    link_factor: float = 1.0               # time factor of a degraded NIC in the group (engine.link_slowdown)
     _seq: dict[int, int] = field(default_factory=dict)
     _pending: dict[int, _Rendezvous] = field(default_factory=dict)
 

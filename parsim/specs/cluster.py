@@ -46,6 +46,8 @@ class DeviceProfile:
     host_flops: float = 1e12              # CPU FLOP/s for offloaded optimizer steps
     host_memory_bandwidth: float = 1e11   # CPU DRAM bytes/s for offloaded optimizer steps
     usable_memory_fraction: float = 1.0   # memory the framework can use (allocator/context reserve)
+    power_w: float = 0.0                  # device power under load, watts (0: unknown); datasheet TDP = upper bound
+    power_source: str = ""                # where power_w comes from
     tables: CalibratedTables = field(default_factory=CalibratedTables)   # what a calibration measured
 
     def flops(self, dtype: str) -> float:

@@ -170,7 +170,9 @@ def device_from_dict(dev: dict[str, Any], default_name: str = "device") -> Devic
         memory_bandwidth=float(dev["memory_bandwidth"]),
         gemm=gemm,
         **{k: float(dev[k]) for k in ("membound_efficiency", "attention_efficiency", "kernel_overhead_s",
-                                       "host_flops", "host_memory_bandwidth", "usable_memory_fraction") if k in dev},
+                                       "host_flops", "host_memory_bandwidth", "usable_memory_fraction",
+                                       "power_w") if k in dev},
+        **({"power_source": str(dev["power_source"])} if "power_source" in dev else {}),
         tables=tables,
     )
 

@@ -1,4 +1,5 @@
-"""Re-run plans through the SimPy engine, in parallel worker processes when asked."""
+"""Re-run plans through the SimPy engine: in worker processes (one per core by default), or
+on a Dask cluster (``workers.run_tasks``)."""
 from __future__ import annotations
 
 import multiprocessing
@@ -9,6 +10,8 @@ from concurrent.futures import ProcessPoolExecutor
 from tqdm import tqdm
 
 from parsim.specs import ClusterSpec, ModelSpec, parse_plan
+
+from .workers import cluster_address, default_workers, run_tasks
 
 
 def simulate_plan(task: tuple[ModelSpec, ClusterSpec, str]) -> dict:
@@ -35,10 +38,14 @@ def simulate_plan(task: tuple[ModelSpec, ClusterSpec, str]) -> dict:
     }
 
 
-def resimulate(model: ModelSpec, cluster: ClusterSpec, plans: list[str], workers: int = 1,
-               progress: bool = False) -> list[dict]:
-    """SimPy results for ``plans`` (in their order); ``workers`` > 1 uses that many processes."""
+def resimulate(model: ModelSpec, cluster: ClusterSpec, plans: list[str], workers: int | None = None,
+               progress: bool = False, address: str | None = None) -> list[dict]:
+    """SimPy results for ``plans`` (in their order): ``workers`` processes [one per core], or
+    the Dask scheduler at ``address`` (or ``$PARSIM_DASK_SCHEDULER``)."""
     tasks = [(model, cluster, p) for p in plans]
+    if cluster_address(address):
+        return run_tasks(simulate_plan, tasks, address=address)
+    workers = workers or default_workers()
     bar = tqdm(total=len(tasks), desc="SimPy re-simulation", unit="plan", file=sys.stderr, disable=not progress,
                leave=False)
     results: list[dict] = []

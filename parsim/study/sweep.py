@@ -117,7 +117,8 @@ def rank_frame(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def run_sweep(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace, headroom: float = 0.1,
-              resimulate_top: int = 0, workers: int = 1, progress: bool = False) -> SweepResult:
+              resimulate_top: int = 0, workers: int | None = 1, progress: bool = False,
+              address: str | None = None) -> SweepResult:
     t0 = time.perf_counter()
     table = enumerate_plans(model, cluster, space)
     t1 = time.perf_counter()
@@ -128,7 +129,8 @@ def run_sweep(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace, headroo
     n_sim = 0
     if resimulate_top > 0 and len(df):
         top = df.index[df["fits"]][:resimulate_top]
-        results = resimulate(model, cluster, df.loc[top, "plan"].tolist(), workers=workers, progress=progress)
+        results = resimulate(model, cluster, df.loc[top, "plan"].tolist(), workers=workers, progress=progress,
+                             address=address)
         for i, res in zip(top, results):
             for k in METRICS:
                 df.at[i, k] = res[k]
