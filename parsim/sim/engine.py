@@ -50,6 +50,7 @@ from .memory import MemoryTimeline, stage_footprints, static_bytes
 from .network import Arrival, Communicator, Ports, device_ports, group_link, group_shape, link_between, ps_time
 from .record import SEND_B, SEND_F, Recorder
 from .result import SimResult, assemble
+from .symmetry import RankClasses, every_rank, rank_classes
 
 MODES = ("representative", "full")
 
@@ -85,7 +86,8 @@ class Simulation:
     """Everything one simulated step shares: specs, derived costs, devices, deliveries."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule, mode: str,
-                 slowdown: dict[int, float], recorder: Recorder, contention: ComputeScale | None = None):
+                 slowdown: dict[int, float], recorder: Recorder, contention: ComputeScale | None = None,
+                 symmetric: bool = True):
         self.env = simpy.Environment(initial_time=0.0)
         # ranks sharing a host's cores (calibrated CPU profiles) compute slower; GPUs: identity
         self.host = HostModel(cluster, plan.world_size)
@@ -126,6 +128,7 @@ class Simulation:
         # a given scale (the mean-field iteration's), else decided by ``_share_host``; GPUs: identity
         self.contention = ComputeScale() if contention is None else contention
         self.sharing: ProcessorSharing | None = None      # whole actions as jobs on a shared host
+        self.classes = self._rank_classes(slowdown, symmetric)
         self.devices = self._build_devices(slowdown)
         if contention is None and self.host.shared:
             self._share_host(slowdown)
@@ -144,12 +147,19 @@ class Simulation:
             per_device = world / len(self.devices)   # identical ranks a device stands for
             self.sharing = self.host.processor_sharing(self.env, per_device)
 
+    def _rank_classes(self, slowdown: dict[int, float], symmetric: bool) -> RankClasses:
+        """The devices to simulate: representative mode's one per pipeline rank; full mode's one
+        per class of identical ranks (``symmetry``), or every rank (``symmetric=False``, and on
+        a shared host, where every rank's compute depends on how many compute at once)."""
+        if self.mode != "full":
+            return every_rank([self.layout.rank(p, 0, 0) for p in range(self.plan.pp)])
+        if symmetric and not self.host.shared:
+            return rank_classes(self.cluster, self.plan, slowdown)
+        return every_rank(list(range(self.layout.world_size)))
+
     def _build_devices(self, slowdown: dict[int, float]) -> dict[int, Device]:
         plan, layout, env = self.plan, self.layout, self.env
-        if self.mode == "full":
-            ranks = list(range(layout.world_size))
-        else:
-            ranks = [layout.rank(p, 0, 0) for p in range(plan.pp)]
+        ranks = list(self.classes.simulated)
         simulated = set(ranks)
         ports = {r: device_ports() for r in ranks}
         comms: dict[tuple, Communicator] = {}
@@ -289,8 +299,9 @@ class Simulation:
 
 
 def _run(model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule, mode: str, slowdown: dict,
-         record_events: bool, detail: bool, contention: ComputeScale | None) -> "Simulation":
-    sim = Simulation(model, cluster, plan, schedule, mode, slowdown, Recorder(record_events, detail), contention)
+         record_events: bool, detail: bool, contention: ComputeScale | None, symmetric: bool = True) -> "Simulation":
+    sim = Simulation(model, cluster, plan, schedule, mode, slowdown, Recorder(record_events, detail), contention,
+                     symmetric)
     sim.start()
     # A step allocates ~10 short-lived objects per SimPy event; the cyclic collector would
     # re-scan the growing trace again and again, so it waits until the run is over.
@@ -308,18 +319,22 @@ def _run(model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule,
     stuck = [r for r in sim.devices if r not in sim.recorder.finish]
     if stuck:
         raise SpecError("schedule", schedule.name, f"deadlocks: ranks {stuck[:8]} never finish their actions")
+    if sim.classes.reduced:
+        sim.recorder.stand_for(sim.classes.members)    # every rank's accounts and events: its class's
     return sim
 
 
 def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | str, *, mode: str = "representative",
              slowdown: dict[int, float] | None = None, schedule: Schedule | None = None,
-             record_events: bool = True, detail: bool = False) -> SimResult:
+             record_events: bool = True, detail: bool = False, symmetric: bool = True) -> SimResult:
     """One training step of ``plan`` through the SimPy engine.
 
     ``mode``: "representative" (one device per pipeline rank) or "full" (every device;
     needed for ``slowdown``: {global rank: factor on its compute time, 1.5 = 50% slower}). ``schedule``
     overrides the plan's generated one. ``record_events`` keeps the trace; ``detail`` adds
-    per-layer compute and per-collective TP events to it (slower)."""
+    per-layer compute and per-collective TP events to it (slower). ``symmetric`` (full mode):
+    simulate one device per class of identical ranks and copy it to the others (``symmetry``;
+    the same numbers); False plays every device, the reference the tests hold it to."""
     wall = time.perf_counter()
     model, cluster, plan = load_model(model), load_cluster(cluster), parse_plan(plan)
     warnings = validate(model, cluster, plan)
@@ -339,7 +354,7 @@ def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | st
     elif (schedule.pp, schedule.vpp, schedule.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):
         raise SpecError("schedule", schedule.name, f"must have pp={plan.pp}, vpp={plan.vpp} and "
                         f"{plan.num_microbatches} microbatches to match the plan")
-    sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, None)
+    sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, None, symmetric)
     if sim.sharing is None and sim.host.shared:
         # stepped actions on a shared host: a pipeline rank idle in a bubble leaves its core to
         # the others, so iterate the mean-field slowdown (``HostModel.settle``) over whole runs
@@ -348,5 +363,5 @@ def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | st
             scale = sim.host.settle(busy, max(sim.recorder.finish.values(), default=0.0), sim.contention)
             if scale is None:
                 break
-            sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, scale)
+            sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, scale, symmetric)
     return assemble(sim, warnings, wall)

@@ -98,7 +98,7 @@ class SimResult:
 
 def assemble(sim: "Simulation", warnings: list[str], wall_start: float) -> SimResult:
     model, cluster, plan, rec = sim.model, sim.cluster, sim.plan, sim.recorder
-    ranks = sorted(sim.devices)
+    ranks = list(sim.classes.ranks)      # every rank: simulated, or standing in its class's representative
     step = max(rec.finish.values())
     n = plan.world_size
     peak_flops = cluster.device.flops(plan.dtype)
@@ -140,7 +140,7 @@ def assemble(sim: "Simulation", warnings: list[str], wall_start: float) -> SimRe
         mode=sim.mode,
         simulated_ranks=ranks,
         warnings=list(warnings),
-        timelines={r: sim.devices[r].memory for r in ranks},
+        timelines={r: sim.devices[sim.classes.representative[r]].memory for r in ranks},
         recorder=rec,
         trace_meta=meta,
     )
