@@ -24,8 +24,12 @@ overlap from its compute, paid before its next action (``Device.ledger``). GPUs:
 
 Modes: ``representative`` simulates one device per pipeline rank (DP rank 0, TP rank 0: DP
 replicas and TP peers do identical work; DESIGN.md) with collectives costed for the full
-groups; ``full`` simulates every device, collectives waiting for all members, and accepts
-per-rank compute ``slowdown`` factors (straggler what-ifs).
+groups; ``full`` plays every device, collectives waiting for all members, and accepts
+per-rank compute ``slowdown`` factors (straggler what-ifs). It simulates one device per class
+of identical ranks (``symmetry``: DP and TP indices that no slowdown or link tells apart)
+and copies it to the rest of its class, with the rank-by-rank run's numbers; a class with a
+single TP member takes the one-timeout actions of representative mode (within 1e-13
+relative of the stepped ones). ``simulate(symmetric=False)`` plays every rank by itself.
 """
 from __future__ import annotations
 
@@ -50,7 +54,7 @@ from .memory import MemoryTimeline, stage_footprints, static_bytes
 from .network import Arrival, Communicator, Ports, device_ports, group_link, group_shape, link_between, ps_time
 from .record import SEND_B, SEND_F, Recorder
 from .result import SimResult, assemble
-from .symmetry import RankClasses, every_rank, rank_classes
+from .symmetry import RankClasses, every_rank, exact, rank_classes
 
 MODES = ("representative", "full")
 
@@ -149,11 +153,11 @@ class Simulation:
 
     def _rank_classes(self, slowdown: dict[int, float], symmetric: bool) -> RankClasses:
         """The devices to simulate: representative mode's one per pipeline rank; full mode's one
-        per class of identical ranks (``symmetry``), or every rank (``symmetric=False``, and on
-        a shared host, where every rank's compute depends on how many compute at once)."""
+        per class of identical ranks (``symmetry``), or every rank (``symmetric=False``, and
+        where the rank-by-rank run is not symmetric itself: ``symmetry.exact``, shared hosts)."""
         if self.mode != "full":
             return every_rank([self.layout.rank(p, 0, 0) for p in range(self.plan.pp)])
-        if symmetric and not self.host.shared:
+        if symmetric and not self.host.shared and exact(self.cluster, self.plan):
             return rank_classes(self.cluster, self.plan, slowdown)
         return every_rank(list(range(self.layout.world_size)))
 
@@ -203,8 +207,8 @@ class Simulation:
             return True
         if plan.tp == 1:
             return False
-        if self.mode == "full":
-            return True                     # TP collectives wait for the peers
+        if len(tp.members) > 1:
+            return True                     # TP collectives wait for peers simulated apart (full mode)
         # TP collectives share their link with this device's pipeline sends or DP traffic
         p, d, t = self.layout.coords(rank)
         wrap = plan.vpp > 1                 # interleaving sends from the last rank to the first
