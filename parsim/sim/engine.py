@@ -28,8 +28,8 @@ groups; ``full`` plays every device, collectives waiting for all members, and ac
 per-rank compute ``slowdown`` factors (straggler what-ifs). It simulates one device per class
 of identical ranks (``symmetry``: DP and TP indices that no slowdown or link tells apart)
 and copies it to the rest of its class, with the rank-by-rank run's numbers; a class with a
-single TP member takes the one-timeout actions of representative mode (within 1e-13
-relative of the stepped ones). ``simulate(symmetric=False)`` plays every rank by itself.
+single TP member takes the one-timeout actions of representative mode (the same sums in
+another order: ~1e-13 relative from the stepped ones). ``simulate(symmetric=False)`` plays every rank by itself.
 """
 from __future__ import annotations
 
