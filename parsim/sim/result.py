@@ -57,6 +57,7 @@ class SimResult:
     timelines: dict[int, "MemoryTimeline"] = field(default_factory=dict, repr=False)
     recorder: "Recorder | None" = field(default=None, repr=False)
     trace_meta: dict[str, Any] = field(default_factory=dict, repr=False)
+    devices_simulated: int = 0            # SimPy device processes: full mode plays one per class of identical ranks
 
     @cached_property
     def trace(self) -> Trace:
@@ -143,4 +144,5 @@ def assemble(sim: "Simulation", warnings: list[str], wall_start: float) -> SimRe
         timelines={r: sim.devices[sim.classes.representative[r]].memory for r in ranks},
         recorder=rec,
         trace_meta=meta,
+        devices_simulated=len(sim.devices),
     )

@@ -8,12 +8,13 @@ before issue 22), side by side in one run, with and without a straggler.
   sharding, interleaved v4 (Dubey et al. 2024, Table 4 and Sec. 3.3.2) -- target <= 60 s.
   Rank by rank it is ~4 x 10^7 SimPy events (hours here), so it runs only with --old-405b.
 
-Median wall and CPU seconds of ``RUNS`` runs per engine (trace kept, as ``parsim simulate``),
+Median wall and CPU seconds of ``--runs`` runs by classes and ``--old-runs`` rank by rank
+(trace kept, as ``parsim simulate``),
 SimPy events, and whether the two engines report the same numbers (every ``--json`` field but
 wall clock and event count, and every rank's busy / exposed / finish time and peak memory,
 within 1e-9 relative).
 
-    .venv/bin/python studies/sim_speed/full_mode.py [--runs N] [--old-405b]   # writes full_mode.txt
+    .venv/bin/python studies/sim_speed/full_mode.py [--runs N] [--old-runs N] [--old-405b]   # full_mode.txt
 """
 from __future__ import annotations
 
@@ -64,8 +65,8 @@ def same(a, b) -> bool:
     return a == b
 
 
-def case_lines(label, specs, target, slowdown, runs: int, old: bool) -> list[str]:
-    new = measure(specs, slowdown, True, runs)
+def case_lines(label, specs, target, slowdown, runs: tuple[int, int], old: bool) -> list[str]:
+    new = measure(specs, slowdown, True, runs[0])
     rn = new["result"]
     what = "straggler 5=1.5" if slowdown else "no straggler"
     lines = [f"{label}, {what}: {len(rn.simulated_ranks):,} ranks, step {rn.step_time_s:.3f} s"]
@@ -77,7 +78,7 @@ def case_lines(label, specs, target, slowdown, runs: int, old: bool) -> list[str
         return lines
     numbers_new, events_new = numbers(rn), rn.num_events
     del rn, new["result"]                       # the rank-by-rank run needs the memory
-    ref = measure(specs, slowdown, False, runs)
+    ref = measure(specs, slowdown, False, runs[1])
     ro = ref["result"]
     lines.append(f"  rank by rank {ro.num_events:>11,} events  wall {ref['wall']:7.2f} s  cpu {ref['cpu']:7.2f} s"
                  "  (runs " + ", ".join(f"{w:.2f}" for w in ref["walls"]) + ")")
@@ -89,17 +90,19 @@ def case_lines(label, specs, target, slowdown, runs: int, old: bool) -> list[str
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=3, help="runs per engine and case [3]")
+    ap.add_argument("--runs", type=int, default=5, help="runs by classes per case [5]")
+    ap.add_argument("--old-runs", type=int, default=1, help="runs rank by rank per case [1]: minutes each")
     ap.add_argument("--old-405b", action="store_true", help="also run the 405B case rank by rank (hours)")
     args = ap.parse_args()
     lines = [f"parsim full-mode speed, {time.strftime('%Y-%m-%d %H:%M')}, python {platform.python_version()}, "
              f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start",
-             f"median of {args.runs} runs per engine (trace kept, no per-layer events)", ""]
+             f"median of {args.runs} runs by classes and {args.old_runs} rank by rank per case "
+             "(trace kept, no per-layer events)", ""]
     for label, model, cluster, plan, target in (GPT3, LLAMA):
         specs = (load_model(model), load_cluster(cluster), parse_plan(plan))
         old = label.startswith("GPT") or args.old_405b
         for slowdown in (None, STRAGGLER):
-            lines += case_lines(label, specs, target, slowdown, args.runs, old)
+            lines += case_lines(label, specs, target, slowdown, (args.runs, args.old_runs), old)
             print("\n".join(lines[-4:]), flush=True)
         lines.append("")
     lines.append(f"load average {os.getloadavg()[0]:.1f} at the end")
