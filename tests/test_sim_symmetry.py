@@ -97,3 +97,12 @@ def test_tp_and_dp_on_one_link_simulate_every_rank():
     full = simulate("tiny", "a100-80g:8", plan, mode="full")
     assert full.num_events == by_rank.num_events
     assert _close(_outputs(full), _outputs(by_rank))
+
+
+def test_a_detailed_trace_by_classes_has_the_rank_by_rank_events():
+    # per-layer compute and per-collective TP events: stepped rank by rank, placed by classes
+    plan = "dp=2 tp=8 pp=2 mbs=2 gbs=8 tp_overlap=subpipe"
+    by_rank = simulate("gpt3-1.3b", "a100-80g:32", plan, mode="full", detail=True, symmetric=False)
+    by_class = simulate("gpt3-1.3b", "a100-80g:32", plan, mode="full", detail=True)
+    assert len(by_class.trace.events) == len(by_rank.trace.events)
+    assert _close(_outputs(by_class), _outputs(by_rank))
