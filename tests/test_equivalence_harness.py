@@ -101,6 +101,16 @@ def test_failures_must_match_in_both_trees():
     assert difference.compare_records(ok, {"rc": 0, "stdout": _sim(sim_wall_s=1.0)}).verdict == "identical"
 
 
+def test_a_full_mode_event_count_is_engine_work_but_a_representative_one_is_compared():
+    full, rep = _sim(mode="full"), _sim(mode="representative")
+    fewer = {"rc": 0, "stdout": {**full, "num_events": 92}}
+    assert difference.compare_records({"rc": 0, "stdout": full}, fewer).verdict == "identical"
+    out = difference.compare_records({"rc": 0, "stdout": rep}, {"rc": 0, "stdout": {**rep, "num_events": 92}})
+    assert out.verdict == "different" and out.differences[0].path == "stdout.num_events"
+    slower = {"rc": 0, "stdout": {**full, "num_events": 92, "step_time_s": 0.37}}
+    assert difference.compare_records({"rc": 0, "stdout": full}, slower).verdict == "different"
+
+
 def test_table_rows_are_matched_by_plan_so_a_reordered_tie_is_no_difference():
     rows = [{"plan": "a", "step_time_s": 1.0}, {"plan": "b", "step_time_s": 1.0}]
     before = {"rc": 0, "stdout": {}, "table_rows": difference.rows_by_plan(rows)}

@@ -52,7 +52,9 @@ def report(r) -> str:
     """The human-readable summary of a SimResult."""
     n = len(r.simulated_ranks)
     world = r.trace_meta.get("world_size", n)
-    mode = "every device" if r.mode == "full" else f"{n} of {world} devices: one per pipeline rank"
+    mode = (f"every device ({r.devices_simulated} by classes of identical ranks)"
+            if r.mode == "full" and 0 < r.devices_simulated < n else
+            "every device" if r.mode == "full" else f"{n} of {world} devices: one per pipeline rank")
     ex = r.exposed_comm_s
     lines = [
         f"{r.model} on {r.cluster}  plan: {r.plan}",

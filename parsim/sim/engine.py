@@ -23,13 +23,15 @@ otherwise every rank computes at a mean-field slowdown (``HostModel.settle``, it
 overlap from its compute, paid before its next action (``Device.ledger``). GPUs: identity.
 
 Modes: ``representative`` simulates one device per pipeline rank (DP rank 0, TP rank 0: DP
-replicas and TP peers do identical work; DESIGN.md) with collectives costed for the full
-groups; ``full`` simulates every device, collectives waiting for all members, and accepts
-per-rank compute ``slowdown`` factors (straggler what-ifs). Representative mode accepts slowdowns
-of its simulated ranks only: the DP replica and TP peers each one stands for run as slowly.
-
+replicas and TP peers do identical work; DESIGN.md), collectives costed for the full groups,
+slowdowns of its simulated ranks applied to the peers each stands for. ``full`` plays every
+device, collectives waiting for all members, per-rank compute ``slowdown`` factors (straggler
+what-ifs), one device simulated per class of identical ranks (``symmetry``: indices no slowdown
+or link tells apart) and copied to its class with the rank-by-rank numbers (a class with one
+TP member takes representative mode's one-timeout actions: ~1e-13 relative from the stepped
+sums); ``simulate(symmetric=False)`` plays every rank by itself.
 Degraded links (``link_slowdown``, {global rank: factor}): every transfer over the NIC of such
-a rank takes ``factor`` x longer — its pipeline sends and receives over the NIC, and every
+a rank takes ``factor`` x longer: its pipeline sends and receives over the NIC, and every
 inter-node collective of a group it belongs to (a ring runs at its slowest link's pace:
 Patarasuk & Yuan 2009, bandwidth-optimal all-reduce). Intra-node links are not affected.
 """
@@ -58,6 +60,7 @@ from .memory import MemoryTimeline, stage_footprints, static_bytes
 from .network import Arrival, Communicator, Ports, device_ports, group_link, group_shape, link_between, ps_time
 from .record import SEND_B, SEND_F, Recorder
 from .result import SimResult, assemble
+from .symmetry import RankClasses, every_rank, exact, rank_classes
 
 MODES = ("representative", "full")
 
@@ -94,7 +97,7 @@ class Simulation:
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule, mode: str,
                  slowdown: dict[int, float], recorder: Recorder, contention: ComputeScale | None = None,
-                 link_slowdown: dict[int, float] | None = None):
+                 link_slowdown: dict[int, float] | None = None, symmetric: bool = True):
         self.link_slowdown = dict(link_slowdown or {})      # rank -> factor on its NIC transfers
         self.env = simpy.Environment(initial_time=0.0)
         # ranks sharing a host's cores (calibrated CPU profiles) compute slower; GPUs: identity
@@ -135,6 +138,7 @@ class Simulation:
         # a given scale (the mean-field iteration's), else decided by ``_share_host``; GPUs: identity
         self.contention = ComputeScale() if contention is None else contention
         self.sharing: ProcessorSharing | None = None      # whole actions as jobs on a shared host
+        self.classes = self._rank_classes(slowdown, symmetric)
         self.devices = self._build_devices(slowdown)
         if contention is None and self.host.shared:
             self._share_host(slowdown)
@@ -153,12 +157,19 @@ class Simulation:
             per_device = world / len(self.devices)   # identical ranks a device stands for
             self.sharing = self.host.processor_sharing(self.env, per_device)
 
+    def _rank_classes(self, slowdown: dict[int, float], symmetric: bool) -> RankClasses:
+        """The devices to simulate: representative mode's one per pipeline rank; full mode's one
+        per class of identical ranks (``symmetry``), or every rank (``symmetric=False``, and
+        where the rank-by-rank run is not symmetric itself: ``symmetry.exact``, shared hosts)."""
+        if self.mode != "full":
+            return every_rank([self.layout.rank(p, 0, 0) for p in range(self.plan.pp)])
+        if symmetric and not self.host.shared and exact(self.cluster, self.plan):
+            return rank_classes(self.cluster, self.plan, slowdown, self.link_slowdown)
+        return every_rank(list(range(self.layout.world_size)))
+
     def _build_devices(self, slowdown: dict[int, float]) -> dict[int, Device]:
         plan, layout, env = self.plan, self.layout, self.env
-        if self.mode == "full":
-            ranks = list(range(layout.world_size))
-        else:
-            ranks = [layout.rank(p, 0, 0) for p in range(plan.pp)]
+        ranks = list(self.classes.simulated)
         simulated = set(ranks)
         ports = {r: device_ports() for r in ranks}
         comms: dict[tuple, Communicator] = {}
@@ -208,8 +219,8 @@ class Simulation:
             return True
         if plan.tp == 1:
             return False
-        if self.mode == "full":
-            return True                     # TP collectives wait for the peers
+        if len(tp.members) > 1:
+            return True                     # TP collectives wait for peers simulated apart (full mode)
         # TP collectives share their link with this device's pipeline sends or DP traffic
         p, d, t = self.layout.coords(rank)
         wrap = plan.vpp > 1                 # interleaving sends from the last rank to the first
@@ -308,9 +319,10 @@ class Simulation:
 
 
 def _run(model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule, mode: str, slowdown: dict,
-         record_events: bool, detail: bool, contention: ComputeScale | None, links: dict) -> "Simulation":
+         record_events: bool, detail: bool, contention: ComputeScale | None, links: dict,
+         symmetric: bool = True) -> "Simulation":
     sim = Simulation(model, cluster, plan, schedule, mode, slowdown, Recorder(record_events, detail), contention,
-                     links)
+                     links, symmetric)
     sim.start()
     # A step allocates ~10 short-lived objects per SimPy event; the cyclic collector would
     # re-scan the growing trace again and again, so it waits until the run is over.
@@ -328,20 +340,24 @@ def _run(model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule,
     stuck = [r for r in sim.devices if r not in sim.recorder.finish]
     if stuck:
         raise SpecError("schedule", schedule.name, f"deadlocks: ranks {stuck[:8]} never finish their actions")
+    if sim.classes.reduced:
+        sim.recorder.stand_for(sim.classes.members)    # every rank's accounts and events: its class's
     return sim
 
 
 def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | str, *, mode: str = "representative",
              slowdown: dict[int, float] | None = None, schedule: Schedule | None = None,
              record_events: bool = True, detail: bool = False,
-             link_slowdown: dict[int, float] | None = None) -> SimResult:
+             link_slowdown: dict[int, float] | None = None, symmetric: bool = True) -> SimResult:
     """One training step of ``plan`` through the SimPy engine.
 
     ``mode``: "representative" (one device per pipeline rank) or "full" (every device;
     needed for ``slowdown``: {global rank: factor on its compute time, 1.5 = 50% slower}). ``schedule``
     overrides the plan's generated one. ``record_events`` keeps the trace; ``detail`` adds
     per-layer compute and per-collective TP events to it (slower). ``link_slowdown``: {global
-    rank: factor on the time of its NIC transfers} (a degraded NIC; module docstring)."""
+    rank: factor on the time of its NIC transfers} (a degraded NIC; module docstring).
+    ``symmetric`` (full mode): one device per class of identical ranks, copied to the others
+    (``symmetry``; the same numbers); False plays every device (the tests' reference)."""
     wall = time.perf_counter()
     model, cluster, plan = load_model(model), load_cluster(cluster), parse_plan(plan)
     warnings = validate(model, cluster, plan)
@@ -359,7 +375,7 @@ def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | st
     elif (schedule.pp, schedule.vpp, schedule.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):
         raise SpecError("schedule", schedule.name, f"must have pp={plan.pp}, vpp={plan.vpp} and "
                         f"{plan.num_microbatches} microbatches to match the plan")
-    sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, None, links)
+    sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, None, links, symmetric)
     if sim.sharing is None and sim.host.shared:
         # stepped actions on a shared host: a pipeline rank idle in a bubble leaves its core to
         # the others, so iterate the mean-field slowdown (``HostModel.settle``) over whole runs
@@ -368,7 +384,8 @@ def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | st
             scale = sim.host.settle(busy, max(sim.recorder.finish.values(), default=0.0), sim.contention)
             if scale is None:
                 break
-            sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, scale, links)
+            sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, scale, links,
+                       symmetric)
     return assemble(sim, warnings, wall)
 
 

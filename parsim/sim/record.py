@@ -37,6 +37,7 @@ class Recorder:
     busy: dict[int, float] = field(default_factory=dict)
     exposed: dict[int, dict[str, float]] = field(default_factory=dict)
     finish: dict[int, float] = field(default_factory=dict)
+    copies: dict[int, tuple[int, ...]] = field(default_factory=dict)   # simulated rank -> the ranks it stands for
 
     def add_rank(self, rank: int) -> None:
         self.busy[rank] = 0.0
@@ -58,9 +59,22 @@ class Recorder:
         if seconds > 0:
             self.exposed[rank][stream] += seconds
 
+    def stand_for(self, members: dict[int, tuple[int, ...]]) -> None:
+        """Each simulated rank stands for the ranks of its class (``symmetry``): they get its
+        accounts now and its events, rank renamed, when the trace is built."""
+        for rep, ranks in members.items():
+            for r in ranks:
+                if r != rep:
+                    self.busy[r] = self.busy[rep]
+                    self.exposed[r] = dict(self.exposed[rep])
+                    self.finish[r] = self.finish[rep]
+        self.copies = {rep: ranks for rep, ranks in members.items() if len(ranks) > 1}
+
     def events(self) -> list[Event]:
-        """The trace events, names formatted."""
+        """The trace events, names formatted; an event of a rank that stands for others once per
+        rank of its class, in rank order."""
         out = []
+        copies = self.copies
         for row in self.rows:
             name = row[10]
             if name is ACTION:
@@ -70,5 +84,9 @@ class Recorder:
                 if name[0] == "recv":      # the row is on the receiving stage; name the sender's
                     stage += -1 if name[1] == "F" else 1
                 name = f"{name[0]} {name[1]}{stage}.{row[4]}"
-            out.append(Event(*row[:10], name))
+            ranks = copies.get(row[0])
+            if ranks is None:
+                out.append(Event(*row[:10], name))
+            else:
+                out.extend(Event(r, *row[1:10], name) for r in ranks)
         return out

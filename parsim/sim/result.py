@@ -57,6 +57,7 @@ class SimResult:
     timelines: dict[int, "MemoryTimeline"] = field(default_factory=dict, repr=False)
     recorder: "Recorder | None" = field(default=None, repr=False)
     trace_meta: dict[str, Any] = field(default_factory=dict, repr=False)
+    devices_simulated: int = 0            # SimPy device processes: full mode plays one per class of identical ranks
 
     @cached_property
     def trace(self) -> Trace:
@@ -98,7 +99,7 @@ class SimResult:
 
 def assemble(sim: "Simulation", warnings: list[str], wall_start: float) -> SimResult:
     model, cluster, plan, rec = sim.model, sim.cluster, sim.plan, sim.recorder
-    ranks = sorted(sim.devices)
+    ranks = list(sim.classes.ranks)      # every rank: simulated, or standing in its class's representative
     step = max(rec.finish.values())
     n = plan.world_size
     peak_flops = cluster.device.flops(plan.dtype)
@@ -140,7 +141,8 @@ def assemble(sim: "Simulation", warnings: list[str], wall_start: float) -> SimRe
         mode=sim.mode,
         simulated_ranks=ranks,
         warnings=list(warnings),
-        timelines={r: sim.devices[r].memory for r in ranks},
+        timelines={r: sim.devices[sim.classes.representative[r]].memory for r in ranks},
         recorder=rec,
         trace_meta=meta,
+        devices_simulated=len(sim.devices),
     )
