@@ -86,6 +86,7 @@ def _run_sweep(model: ModelLike, cluster: ClusterLike, *, profile: str | Path | 
     plans = build_space(space_file=space, fix=fix, gbs=gbs)
     if plans.gbs is None:
         plans = plans.narrowed({"gbs": (default_gbs(cluster),)})
+    check_sweep_size(model, cluster, plans)
     result = run_sweep(model, cluster, plans, headroom=headroom, resimulate_top=resimulate, workers=workers,
                        progress=progress)
     if result.num_plans == 0:
@@ -94,6 +95,38 @@ def _run_sweep(model: ModelLike, cluster: ClusterLike, *, profile: str | Path | 
                         f"{cluster.num_devices} devices (dp*tp*pp must equal the device count, "
                         f"gbs divisible by dp*mbs, tp dividing heads={model.heads})")
     return Sweep(model, cluster, result)
+
+
+# A sweep holds every candidate plan as int64 columns while it filters them (~200 bytes each
+# with numpy's intermediates): 5,000,000 candidates is ~1 GiB. Override: $PARSIM_MAX_SWEEP_PLANS.
+DEFAULT_MAX_SWEEP_PLANS = 5_000_000
+MAX_SWEEP_PLANS_ENV = "PARSIM_MAX_SWEEP_PLANS"
+# A sweep factorises the device count (divisors up to its square root): 2**40 devices is 2**20 tries.
+MAX_SWEEP_DEVICES = 2**40
+
+
+def check_sweep_size(model: ModelSpec, cluster: ClusterSpec, plans) -> int:
+    """The number of candidate plans, or a SpecError before they are built when there are too many."""
+    import os
+
+    from parsim.study.enumerate import count_candidates
+    if cluster.num_devices > MAX_SWEEP_DEVICES:
+        raise SpecError("cluster", f"{cluster.name}:{cluster.num_devices}",
+                        f"at most 2**40 = {MAX_SWEEP_DEVICES:,} devices for a sweep (it factorises the device count); "
+                        "simulate one plan with `parsim simulate` instead")
+    raw = os.environ.get(MAX_SWEEP_PLANS_ENV, "").strip() or DEFAULT_MAX_SWEEP_PLANS
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise SpecError(MAX_SWEEP_PLANS_ENV, raw, "a positive integer (candidate plans a sweep may build)")
+    n = count_candidates(model, cluster, plans)
+    if n > limit:
+        raise SpecError("space", f"{cluster.num_devices} devices", (
+            f"a sweep of at most {limit:,} candidate plans (this one would build {n:,}, ~{n * 200 / 2**30:.3g} GiB): "
+            f"narrow it with --fix (e.g. \"tp=8 mbs=1\") or --space, or raise the limit with {MAX_SWEEP_PLANS_ENV}=N"))
+    return n
 
 
 def sweep(model: ModelLike, cluster: ClusterLike, *, profile: str | Path | None = None, gbs: int | None = None,

@@ -1,6 +1,7 @@
 """One plan: ``simulate`` (SimPy engine) and ``memory`` (analytic model)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
@@ -116,18 +117,38 @@ class Result:
 
 def simulate(model: ModelLike, cluster: ClusterLike, plan: PlanLike, *, profile: str | Path | None = None,
              mode: str | None = None, slowdown: str | dict[int, float] | None = None,
-             detail: bool = False) -> Result:
+             detail: bool = False, max_events: int | None = None) -> Result:
     """One training step of ``plan`` through the SimPy engine (``parsim simulate``).
 
     ``mode``: "representative" (one device per pipeline rank; the default) or "full" (every
     device; the default with ``slowdown``). ``slowdown``: straggler what-if, {global rank:
     factor} or "3=1.5,5=1.2" (1.5 = compute 50% slower). ``detail``: also record per-layer
-    compute and per-collective TP events in the trace (slower)."""
+    compute and per-collective TP events in the trace (slower). A plan whose simulation
+    would play more than ``max_events`` events [$PARSIM_MAX_EVENTS, 2,000,000] is refused
+    before it starts (``parsim.specs.bounds``)."""
     from parsim.sim import simulate as run_engine
+    from parsim.specs.bounds import check_work
     model, cluster, plan, _ = load_specs(model, cluster, plan, profile)
     slow = parse_slowdown(slowdown)
     mode = mode or ("full" if slow else "representative")
-    return Result.from_sim(run_engine(model, cluster, plan, mode=mode, slowdown=slow, detail=detail))
+    if mode not in ("representative", "full"):
+        raise SpecError("mode", mode, "representative or full")
+    check_work(model, cluster, plan, mode=mode, detail=detail, limit=max_events)
+    result = Result.from_sim(run_engine(model, cluster, plan, mode=mode, slowdown=slow, detail=detail))
+    check_finite(result.to_dict(), ("step_time_s", "tokens_per_s", "mfu", "hfu", "bubble_fraction",
+                                    "peak_memory_bytes", "model_flops_per_step"), cluster)
+    return result
+
+
+def check_finite(numbers: dict[str, Any], keys: tuple[str, ...] | None, cluster) -> None:
+    """No NaN, infinite or negative headline number leaves the program: such a result comes
+    from device or network numbers the engine cannot use (a zero bandwidth, a NaN peak)."""
+    for key in numbers if keys is None else keys:
+        v = numbers[key]
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            raise SpecError("cluster", f"{cluster.name}:{cluster.num_devices}",
+                            f"device and network numbers that give a finite, non-negative {key} (got {v!r}): "
+                            "bandwidths, latencies, peak FLOP/s and memory must be positive and finite")
 
 
 # ------------------------------------------------------------------------------------- memory
@@ -164,6 +185,8 @@ def memory(model: ModelLike, cluster: ClusterLike, plan: PlanLike, *,
     stages = [s.to_dict() for s in memory_by_stage(model, plan, cluster)]
     cap = device_capacity(cluster)
     peak = max(s["total"] for s in stages)
+    check_finite({"peak_memory_bytes": peak, "capacity_bytes": cap, **{f"stage {s['stage']} {k}": v for s in stages
+                  for k, v in s.items() if k != "stage"}}, None, cluster)
     return MemoryReport(model.name, f"{cluster.name}:{cluster.num_devices}", plan.to_string(), stages, peak, cap,
                         peak <= cap, warnings)
 

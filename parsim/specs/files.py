@@ -160,6 +160,22 @@ def finite_number(value: Any) -> bool:
 
 # ----------------------------------------------------------------------------------------- outputs
 
+def finite_json(obj: Any, default=None) -> str:
+    """``json.dumps`` with every non-finite float written as ``null``: JSON has no NaN or
+    infinity (RFC 8259, section 6), and no NaN or inf may leave the program as a number."""
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        if default is not None and not isinstance(x, (str, int, float, bool, type(None))):
+            return clean(default(x))
+        return x
+    return json.dumps(clean(obj), allow_nan=False)
+
+
 def check_output_path(path: str | Path, what: str = "out") -> Path:
     """Fail now, before the work that produces it, if ``path`` cannot be written: it is a
     directory, a parent is a file, or the nearest existing parent does not take a new file."""

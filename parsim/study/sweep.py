@@ -122,6 +122,12 @@ def rank_frame(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _simulable(model: ModelSpec, cluster: ClusterSpec, plan_text: str) -> bool:
+    from parsim.specs import parse_plan
+    from parsim.specs.bounds import estimate_work, max_events
+    return estimate_work(model, cluster, parse_plan(plan_text)).events <= max_events()
+
+
 def run_sweep(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace, headroom: float = 0.1,
               resimulate_top: int = 0, workers: int = 1, progress: bool = False) -> SweepResult:
     t0 = time.perf_counter()
@@ -133,7 +139,8 @@ def run_sweep(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace, headroo
     cap = device_capacity(cluster)
     n_sim = 0
     if resimulate_top > 0 and len(df):
-        top = df.index[df["fits"]][:resimulate_top]
+        # plans too big for the engine (parsim.specs.bounds) keep their fast-path numbers
+        top = [i for i in df.index[df["fits"]][:resimulate_top] if _simulable(model, cluster, df.at[i, "plan"])]
         results = resimulate(model, cluster, df.loc[top, "plan"].tolist(), workers=workers, progress=progress)
         for i, res in zip(top, results):
             for k in METRICS:
