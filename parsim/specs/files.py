@@ -105,10 +105,19 @@ def parse_document(text: str, what: str, source: str, as_json: bool = False) -> 
     except RecursionError:
         raise SpecError(what, source, f"a {kind} file nested at most {MAX_DEPTH} levels deep") from None
     except (yaml.YAMLError, ValueError) as e:     # json.JSONDecodeError is a ValueError; so are
-        detail = str(e).splitlines()[0][:160]     # integers past Python's 4300-digit limit
-        raise SpecError(what, source, f"a valid {kind} file ({e.__class__.__name__}: {detail})") from None
+        detail = _problem(e)                      # integers past Python's 4300-digit limit
+        raise SpecError(what, source, f"a valid {kind} file ({detail})") from None
     check_tree(data, what, source)
     return data
+
+
+def _problem(e: Exception) -> str:
+    """One line: what the parser found and where."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None)
+    if problem and mark is not None:
+        return f"{e.__class__.__name__}: {problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return f"{e.__class__.__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
 
 
 def check_tree(data: Any, what: str, source: str) -> None:

@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from parsim.specs import ModelSpec, Plan, SpecError, load_model, parse_plan
+from parsim.specs.files import path_exists, read_mapping
 
 CSV_NAME = "validation.csv"
 ROUNDS_NAME = "rounds.csv"
@@ -22,9 +21,19 @@ COLUMNS = ["plan", "model", "world_size", "measured_step_s", "measured_rounds_s"
            "measured_peak_bytes", "predicted_peak_bytes", "peak_memory_error", "max_rank_memory_error",
            "measured_bubble", "predicted_bubble", "measured_busy_s_by_rank", "predicted_busy_s_by_rank",
            "measured_peak_bytes_by_rank", "predicted_peak_bytes_by_rank", "losses", "trace_file",
-           "anchored_step_s", "anchored_error", "probe_drift", "probe_contention"]
+           "anchored_step_s", "anchored_error", "probe_drift", "probe_contention", "predicted_fits", "outcome"]
+# ``outcome`` of a plan: it ran, or it did not fit the device ("did not fit: <the executor's error>",
+# and only the plan's prediction is filled in); files written before the column read as RAN
+RAN = "ran"
+DID_NOT_FIT = "did not fit"
+_FLOAT_COLUMNS = ("measured_step_s", "predicted_step_s", "step_error", "measured_peak_bytes", "predicted_peak_bytes",
+                  "peak_memory_error", "max_rank_memory_error", "measured_bubble", "predicted_bubble")
 # columns that stay empty when the profile has no layer probe (or rounds.csv predates it)
 ANCHOR_COLUMNS = ("anchored_step_s", "anchored_error", "probe_drift", "probe_contention")
+
+
+_MATRIX_KEYS = ("model", "plans", "steps", "warmup", "rounds", "description")
+_MAX_COUNT = 10_000     # steps, warm-up steps or rounds of a validation: far beyond any use
 
 
 @dataclass(frozen=True)
@@ -38,22 +47,30 @@ class Matrix:
 
 def load_matrix(path: str | Path) -> Matrix:
     p = Path(path)
-    if not p.exists():
+    if not path_exists(p):
         raise SpecError("matrix", str(path), "an existing YAML file with 'model' and 'plans'")
-    data = yaml.safe_load(p.read_text())
-    if not isinstance(data, dict) or "plans" not in data:
+    data = read_mapping(p, "matrix")
+    if "plans" not in data:
         raise SpecError("matrix", str(path), "a YAML mapping with 'model' and a list 'plans'")
-    unknown = set(data) - {"model", "plans", "steps", "warmup", "rounds", "description"}
+    unknown = sorted((k for k in data if k not in _MATRIX_KEYS), key=str)
     if unknown:
-        k = sorted(unknown)[0]
+        k = unknown[0]
         raise SpecError(f"matrix.{k}", data[k], "unknown key; allowed: model, plans, steps, warmup, rounds, "
                         "description")
     for key, low in (("steps", 1), ("warmup", 0), ("rounds", 1)):
-        if key in data and (not isinstance(data[key], int) or isinstance(data[key], bool) or data[key] < low):
-            raise SpecError(f"matrix.{key}", data[key], f"an integer >= {low}")
+        if key in data and (not isinstance(data[key], int) or isinstance(data[key], bool) or data[key] < low
+                            or data[key] > _MAX_COUNT):
+            raise SpecError(f"matrix.{key}", data[key], f"an integer >= {low} (at most {_MAX_COUNT:,})")
+    if not isinstance(data["plans"], list) or not all(isinstance(t, (str, dict)) for t in data["plans"]):
+        raise SpecError("matrix.plans", data["plans"], "a list of plans, each a 'k=v ...' string or a mapping")
+    if not isinstance(data.get("model", "cpu-small"), str):
+        raise SpecError("matrix.model", data["model"], "a preset name, a model YAML or a HF config.json path")
     plans = [parse_plan(t) for t in data["plans"]]
     if not plans:
         raise SpecError("matrix.plans", [], "at least one plan")
+    if len({p.to_string() for p in plans}) < len(plans):
+        dup = next(p.to_string() for i, p in enumerate(plans) if p.to_string() in {q.to_string() for q in plans[:i]})
+        raise SpecError("matrix.plans", dup, "each plan once (a plan's rows and rounds are keyed by it)")
     return Matrix(model=load_model(data.get("model", "cpu-small")), plans=plans,
                   steps=int(data.get("steps", 4)), warmup=int(data.get("warmup", 1)),
                   rounds=int(data.get("rounds", 1)))
@@ -66,11 +83,10 @@ def read_rows(out_dir: Path) -> list[dict[str, Any]]:
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
     for r in rows:
-        for k in ("measured_step_s", "predicted_step_s", "step_error", "measured_peak_bytes", "predicted_peak_bytes",
-                  "peak_memory_error", "max_rank_memory_error", "measured_bubble", "predicted_bubble"):
-            r[k] = float(r[k])
-        for k in ANCHOR_COLUMNS:
+        r["outcome"] = r.get("outcome") or RAN
+        for k in _FLOAT_COLUMNS + ANCHOR_COLUMNS:
             r[k] = float(r[k]) if r.get(k) not in (None, "") else None
+        r["predicted_fits"] = {"True": True, "False": False}.get(r.get("predicted_fits") or "")
         r["world_size"] = int(r["world_size"])
     return rows
 
