@@ -48,6 +48,8 @@ def check_executable(model: ModelSpec, plan: Plan, config: ExecutorConfig | None
         raise SpecError("dp_impl", plan.dp_impl, "allreduce (the executor has no parameter server)")
     if config is not None and config.inject_fault is not None and config.inject_fault.rank >= plan.world_size:
         raise SpecError("inject_fault", config.inject_fault.rank, f"a rank below world size {plan.world_size}")
+    if config is not None:
+        config.check_files(model)       # checkpoint, data and output folders: before any rank starts
     return warnings
 
 
@@ -72,7 +74,7 @@ def run_plans(runs: list[RunSpec]) -> list[ExecutionResult]:
         rdzv = Rendezvous("127.0.0.1", server.port, world, timeout_s, run_dir=run_dir)
         store = dist.PrefixStore(rdzv.namespace, server)
 
-        def abort_message(rank: int, exitcode: int) -> str:
+        def abort_message(rank: int, exitcode: int | None) -> str:
             """The run's abort message: a rank's own if it published one first, else this one's cause."""
             if not store.check([ABORT_KEY]):
                 key = STEP_KEY.format(rank=rank)
@@ -81,7 +83,9 @@ def run_plans(runs: list[RunSpec]) -> list[ExecutionResult]:
             return store.get(ABORT_KEY).decode()
 
         try:
-            return run_ranks(launched_rank, (rdzv, runs), world, run_dir=run_dir, on_failure=abort_message)[0]
+            # a rank silent for half the timeout is named before its peers' collectives time out
+            return run_ranks(launched_rank, (rdzv, runs), world, run_dir=run_dir, on_failure=abort_message,
+                             stall_s=timeout_s / 2)[0]
         except LaunchError as err:
             raise ExecutorError(str(err), err.pids, err.shutdown_s) from None
 

@@ -3,7 +3,10 @@
 name, so adding a command is adding a file.
 
 Bad input (SpecError) prints one message naming the field, the value and what is allowed,
-and exits with code 2.
+and exits with code 2. Ctrl-C exits 130; SIGTERM is raised as an exception in the main thread
+(``Terminated``), so the same clean-up runs (the executor kills its ranks, partial outputs are
+removed) and the command exits 143 = 128 + 15, the status a shell reports for a process ended
+by SIGTERM, with one line and no traceback.
 """
 from __future__ import annotations
 
@@ -11,8 +14,11 @@ import argparse
 import importlib
 import json
 import pkgutil
+import signal
 import sys
+import threading
 import warnings
+from contextlib import contextmanager
 
 from parsim.specs import SpecError
 
@@ -44,13 +50,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread: clean-up runs as for Ctrl-C."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+@contextmanager
+def _sigterm_as_exception():
+    """While a command runs, SIGTERM raises ``Terminated`` (only the main thread can set handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _sigterm_as_exception():
             warnings.simplefilter("default")
             return int(args._run(args) or 0)
+    except Terminated:
+        print("parsim: terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except SpecError as err:
         if getattr(args, "json", False):
             print(json.dumps({"error": str(err), "field": err.field}))

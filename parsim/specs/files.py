@@ -199,7 +199,7 @@ def check_output_path(path: str | Path, what: str = "out") -> Path:
             raise SpecError(what, str(path), f"a path whose parent {parent} is not a dangling link")
         parent = parent.parent
     if not parent.is_dir():
-        raise SpecError(what, str(path), f"a path whose parent {parent} is a directory (it is a file)")
+        raise SpecError(what, str(path), f"a path under a directory ({parent} is a file)")
     try:
         with tempfile.TemporaryFile(dir=parent):
             pass
