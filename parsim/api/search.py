@@ -145,6 +145,9 @@ def sweep(model: ModelLike, cluster: ClusterLike, *, profile: str | Path | None 
         raise SpecError("resimulate", resimulate, "a non-negative integer")
     if out and not str(out).endswith((".csv", ".parquet")):
         raise SpecError("out", out, "a path ending in .csv or .parquet")
+    if out:
+        from parsim.specs.files import check_output_path
+        check_output_path(out, "out")            # before the sweep, not after it
     found = _run_sweep(model, cluster, profile=profile, gbs=gbs, seq_len=seq_len, headroom=headroom, fix=fix,
                        space=space, workers=workers, resimulate=resimulate, progress=progress)
     if out:

@@ -6,6 +6,7 @@ from parsim.schedules import (OVERLAP_F_B, DryRun, Schedule, build_schedule, bui
                               peak_inflight_per_rank, textbook_bubble_fraction)
 from parsim.specs import ALL_SCHEDULES, SpecError, parse_plan
 from parsim.specs.bounds import check_schedule_size
+from parsim.specs.files import check_output_path
 
 from .common import add_json_argument, emit_json
 
@@ -33,6 +34,9 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    for field, path in (("plot", args.plot), ("dump_csv", args.dump_csv)):
+        if path:
+            check_output_path(path, field)
     schedule = _schedule_from_args(args)
     if args.with_comms:
         schedule = lower_schedule(schedule)

@@ -66,8 +66,9 @@ def parse_action(text: str) -> Item | None:
 
 def dump_schedule_csv(schedule: Schedule, path: str | Path) -> Path:
     """Write ``schedule`` as torch's ``_dump_csv`` does (one row per rank)."""
+    from parsim.specs.files import output_file
     path = Path(path)
-    with open(path, "w", newline="") as f:
+    with output_file(path, "dump_csv") as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
         for order in schedule.actions:
             writer.writerow([action_text(a) for a in order])

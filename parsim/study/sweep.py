@@ -61,10 +61,12 @@ class SweepResult:
 
     def write(self, path: str) -> None:
         """CSV, or Parquet when the name ends in .parquet."""
-        if str(path).endswith(".parquet"):
-            self.frame.to_parquet(path, index=False)
-        else:
-            self.frame.to_csv(path, index=False)
+        from parsim.specs.files import output_file
+        with output_file(path) as tmp:       # whole or not at all
+            if str(path).endswith(".parquet"):
+                self.frame.to_parquet(tmp, index=False)
+            else:
+                self.frame.to_csv(tmp, index=False)
 
 
 def _plain(v):

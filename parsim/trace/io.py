@@ -12,6 +12,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import IO, Any
 
+from parsim.specs.files import output_file
+
 from .events import Event, Trace
 
 FORMAT = "parsim-trace"
@@ -36,9 +38,9 @@ def trace_from_json(obj: dict[str, Any]) -> Trace:
 
 def save_trace(trace: Trace, path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _open(path, "w") as f:
-        json.dump(trace_to_json(trace), f, default=jsonable)
+    with output_file(path, "trace") as tmp:       # whole or not at all (parsim.specs.files)
+        with _open(tmp, "w") as f:
+            json.dump(trace_to_json(trace), f, default=jsonable)
     return path
 
 

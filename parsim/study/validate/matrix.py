@@ -5,13 +5,14 @@ interrupted validation resumes from these files."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from parsim.specs import ModelSpec, Plan, SpecError, load_model, parse_plan
-from parsim.specs.files import path_exists, read_mapping
+from parsim.specs.files import path_exists, read_mapping, write_text
 
 CSV_NAME = "validation.csv"
 ROUNDS_NAME = "rounds.csv"
@@ -98,17 +99,17 @@ def append_row(out_dir: Path, row: dict[str, Any]) -> None:
 def _append_csv(path: Path, columns: list[str], row: dict[str, Any]) -> None:
     """Append ``row``; a file written before a column was added keeps its own header (the
     new columns are left out of its rows, and read back as missing)."""
-    if path.exists():
-        with path.open(newline="") as f:
-            header = next(csv.reader(f), None)
-        if header:
-            columns = header
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-        if new:
-            w.writeheader()
-        w.writerow(row)
+    old = path.open(newline="").read() if path.exists() else ""
+    header = next(csv.reader(io.StringIO(old)), None)
+    if header:
+        columns = header
+    buffer = io.StringIO()
+    w = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
+    if not header:
+        w.writeheader()
+    w.writerow(row)
+    # the table and the new row, written whole: a full disk leaves the old table, not half a row
+    write_text(path, old + buffer.getvalue(), "out")
 
 
 @dataclass
