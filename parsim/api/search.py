@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parsim.specs import ClusterSpec, ModelSpec, SpecError, load_cluster, load_model
+from parsim.specs.plan import MAX_INT
 
 from .inputs import ClusterLike, ModelLike, PlanLike
 
@@ -73,16 +74,16 @@ def _run_sweep(model: ModelLike, cluster: ClusterLike, *, profile: str | Path | 
 
     model = load_model(model)
     if seq_len is not None:
-        if seq_len < 1:
-            raise SpecError("seq-len", seq_len, "a positive integer (tokens per sequence)")
+        if not 1 <= seq_len <= MAX_INT:
+            raise SpecError("seq-len", seq_len, "a positive integer (tokens per sequence), at most 2**53")
         model = replace(model, seq_len=seq_len)
     cluster = load_cluster(cluster, profile=profile)
     if not 0.0 <= headroom < 1.0:
         raise SpecError("headroom", headroom, "a fraction in [0, 1)")
     if workers < 1:
         raise SpecError("workers", workers, "a positive integer")
-    if gbs is not None and gbs < 1:
-        raise SpecError("gbs", gbs, "a positive integer (global batch in sequences)")
+    if gbs is not None and not 1 <= gbs <= MAX_INT:
+        raise SpecError("gbs", gbs, "a positive integer (global batch in sequences), at most 2**53")
     plans = build_space(space_file=space, fix=fix, gbs=gbs)
     if plans.gbs is None:
         plans = plans.narrowed({"gbs": (default_gbs(cluster),)})

@@ -135,19 +135,24 @@ def simulate(model: ModelLike, cluster: ClusterLike, plan: PlanLike, *, profile:
         raise SpecError("mode", mode, "representative or full")
     check_work(model, cluster, plan, mode=mode, detail=detail, limit=max_events)
     result = Result.from_sim(run_engine(model, cluster, plan, mode=mode, slowdown=slow, detail=detail))
-    check_finite(result.to_dict(), ("step_time_s", "tokens_per_s", "mfu", "hfu", "bubble_fraction",
-                                    "peak_memory_bytes", "model_flops_per_step"), cluster)
+    check_finite(result.to_dict(), cluster)
     return result
 
 
-def check_finite(numbers: dict[str, Any], keys: tuple[str, ...] | None, cluster) -> None:
-    """No NaN, infinite or negative headline number leaves the program: such a result comes
+def check_finite(numbers: Any, cluster, where: str = "") -> None:
+    """No NaN, infinite or negative number leaves the program (every number of a simulated
+    step or a memory report is a time, a count, bytes or a fraction): such a result comes
     from device or network numbers the engine cannot use (a zero bandwidth, a NaN peak)."""
-    for key in numbers if keys is None else keys:
-        v = numbers[key]
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+    if isinstance(numbers, dict):
+        for k, v in numbers.items():
+            check_finite(v, cluster, f"{where}.{k}" if where else str(k))
+    elif isinstance(numbers, (list, tuple)):
+        for i, v in enumerate(numbers):
+            check_finite(v, cluster, f"{where}[{i}]")
+    elif isinstance(numbers, (int, float)) and not isinstance(numbers, bool):
+        if not (math.isfinite(numbers) and numbers >= 0):
             raise SpecError("cluster", f"{cluster.name}:{cluster.num_devices}",
-                            f"device and network numbers that give a finite, non-negative {key} (got {v!r}): "
+                            f"device and network numbers that give a finite, non-negative {where} (got {numbers!r}): "
                             "bandwidths, latencies, peak FLOP/s and memory must be positive and finite")
 
 
@@ -185,8 +190,7 @@ def memory(model: ModelLike, cluster: ClusterLike, plan: PlanLike, *,
     stages = [s.to_dict() for s in memory_by_stage(model, plan, cluster)]
     cap = device_capacity(cluster)
     peak = max(s["total"] for s in stages)
-    check_finite({"peak_memory_bytes": peak, "capacity_bytes": cap, **{f"stage {s['stage']} {k}": v for s in stages
-                  for k, v in s.items() if k != "stage"}}, None, cluster)
+    check_finite({"peak_memory_bytes": peak, "capacity_bytes": cap, "memory_by_stage": stages}, cluster)
     return MemoryReport(model.name, f"{cluster.name}:{cluster.num_devices}", plan.to_string(), stages, peak, cap,
                         peak <= cap, warnings)
 

@@ -36,6 +36,9 @@ def _command_modules() -> dict[str, object]:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's own errors also exit 2, with one line
+        message = " ".join(message.split())
+        if len(message) > 400:      # e.g. a pasted 5000-digit number in an "invalid int value" message
+            message = message[:397] + "..."
         self.exit(2, f"parsim: error: {message}\n")
 
 
