@@ -12,7 +12,7 @@ makes events, from the plan:
 * ``layer_steps``: per-layer work inside those actions (2 x microbatches x layers per
   simulated device chain), which becomes events only where the engine plays layers one by
   one: per-layer ZeRO-3 gathers or TP collectives between data-parallel replicas (~14 events
-  per layer step), TP collectives between simulated TP peers (``full``, or ``detail``: ~5),
+  per layer step), TP collectives between simulated TP peers (``full``, ``detail``, or pp > 1: ~5),
   per-layer compute spans (``detail`` with pp > 1: ~1);
 * ``dp_layers``: gradient buckets reduced once per step, per layer and simulated device (~8);
 * ``devices``: the engine lays out the groups of every device of the cluster (1 each).
@@ -63,7 +63,7 @@ def events_per_layer_step(plan: Plan, mode: str, detail: bool) -> int:
     """Engine events per layer step, by what the engine plays layer by layer (docstring)."""
     if plan.dp > 1 and (plan.zero == 3 or plan.tp > 1):
         return 14
-    if plan.tp > 1 and (mode == "full" or detail):
+    if plan.tp > 1 and (mode == "full" or detail or plan.pp > 1):
         return 5
     return 1 if detail and plan.pp > 1 else 0
 

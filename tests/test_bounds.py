@@ -1,0 +1,107 @@
+"""Bounded work (issue 23, item 2): the plan-side estimate of a simulation's events follows
+the engine's own count, and plans above the limit are refused before anything runs, with a
+message that says how big and what to use instead; the limit is overridable."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from parsim.api import simulate
+from parsim.sim import simulate as run_engine
+from parsim.specs import SpecError, load_cluster, load_model, parse_plan, validate
+from parsim.specs.bounds import DEFAULT_MAX_EVENTS, check_schedule_size, check_work, estimate_work, max_events
+
+
+def _random_valid_plans(n: int, seed: int = 7):
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        model = load_model(rng.choice(["tiny", "gpt3-125m", "gpt3-1.3b"]))
+        devices = rng.choice([1, 2, 4, 8])
+        dp = rng.choice([d for d in (1, 2, 4, 8) if devices % d == 0])
+        tp = rng.choice([t for t in (1, 2) if (devices // dp) % t == 0])
+        pp = devices // dp // tp
+        microbatches = rng.choice([1, 2, 4, 8, 16])
+        plan = parse_plan(dict(dp=dp, tp=tp, pp=pp, mbs=1, gbs=dp * microbatches, zero=rng.choice([0, 1, 3]),
+                               schedule=rng.choice(["1f1b", "gpipe"])))
+        cluster = load_cluster(f"a100-80g:{devices}")
+        try:
+            validate(model, cluster, plan)
+        except SpecError:
+            continue
+        out.append((model, cluster, plan, rng.choice(["representative", "full"]), rng.random() < 0.3))
+    return out
+
+
+def test_the_estimate_follows_the_engines_event_count():
+    ratios = []
+    for model, cluster, plan, mode, detail in _random_valid_plans(40):
+        actual = run_engine(model, cluster, plan, mode=mode, detail=detail).num_events
+        estimate = estimate_work(model, cluster, plan, mode=mode, detail=detail).events
+        ratios.append(estimate / actual)
+    ratios.sort()
+    assert ratios[0] > 0.3                      # never far below the engine: the bound holds
+    assert ratios[len(ratios) // 2] < 4         # and typically within a few times of it
+    assert ratios[-1] < 40
+
+
+def test_a_huge_batch_is_refused_naming_gbs_how_big_and_what_instead():
+    with pytest.raises(SpecError) as err:
+        simulate("gpt3-125m", "a100-80g:8", "dp=8 gbs=1000000000000")
+    text = str(err.value)
+    assert err.value.field == "gbs"
+    assert "125,000,000,000 microbatches" in text and "GiB of trace" in text
+    assert "fewer microbatches" in text and "parsim sweep" in text and "PARSIM_MAX_EVENTS" in text
+
+
+def test_full_mode_suggests_representative_and_the_device_count_names_the_cluster():
+    with pytest.raises(SpecError) as err:
+        simulate("gpt3-125m", "a100-80g:4096", "dp=4096 gbs=524288", mode="full")
+    assert "mode=representative" in str(err.value)
+    with pytest.raises(SpecError) as err:
+        simulate("tiny", "cpu:1000000000000", "dp=1000000000000")
+    assert err.value.field == "cluster" and "fewer devices" in str(err.value)
+
+
+def test_the_limit_is_overridable_by_argument_and_environment(monkeypatch):
+    model, cluster, plan = load_model("tiny"), load_cluster("cpu:2"), parse_plan("pp=2 gbs=64")
+    work = estimate_work(model, cluster, plan)
+    assert check_work(model, cluster, plan).events == work.events
+    with pytest.raises(SpecError):
+        check_work(model, cluster, plan, limit=work.events - 1)
+    monkeypatch.setenv("PARSIM_MAX_EVENTS", str(work.events - 1))
+    with pytest.raises(SpecError) as err:
+        simulate(model, cluster, plan)
+    assert "above the limit" in str(err.value)
+    assert simulate(model, cluster, plan, max_events=work.events).step_time_s > 0
+    monkeypatch.setenv("PARSIM_MAX_EVENTS", "lots")
+    with pytest.raises(SpecError) as err:
+        max_events()
+    assert err.value.field == "PARSIM_MAX_EVENTS"
+    monkeypatch.delenv("PARSIM_MAX_EVENTS")
+    assert max_events() == DEFAULT_MAX_EVENTS
+
+
+def test_schedules_are_bounded_by_their_action_count():
+    assert check_schedule_size(4, 1, 8) == 64
+    with pytest.raises(SpecError) as err:
+        check_schedule_size(4, 1, 10 ** 9)
+    assert err.value.field == "microbatches"
+
+
+def test_a_sweep_too_big_to_enumerate_is_refused_before_it_is_built(monkeypatch):
+    from parsim.api import sweep
+    monkeypatch.setenv("PARSIM_MAX_SWEEP_PLANS", "100")
+    with pytest.raises(SpecError) as err:
+        sweep("tiny", "cpu:8", resimulate=0)
+    assert err.value.field == "space" and "--fix" in str(err.value)
+    monkeypatch.delenv("PARSIM_MAX_SWEEP_PLANS")
+    assert sweep("tiny", "cpu:8", resimulate=0, fix="tp=1 pp=1 mbs=1").num_plans >= 1
+
+
+def test_a_sweep_re_simulates_only_plans_under_the_bound():
+    from parsim.api import sweep
+    found = sweep("gpt3-125m", "a100-80g:8", gbs=10 ** 12, resimulate=3, fix="tp=1 pp=1 zero=0 recompute=none")
+    assert found.num_plans >= 1 and found.result.num_resimulated == 0
+    assert all(r["source"] == "fast" for r in found.rows())
