@@ -8,6 +8,7 @@ import random
 import pytest
 
 from parsim.api import simulate
+from parsim.costs.work import gradient_buckets, simulation_work
 from parsim.sim import simulate as run_engine
 from parsim.specs import SpecError, load_cluster, load_model, parse_plan, validate
 from parsim.specs.bounds import DEFAULT_MAX_EVENTS, check_schedule_size, check_work, estimate_work, max_events
@@ -38,7 +39,7 @@ def test_the_estimate_follows_the_engines_event_count():
     ratios = []
     for model, cluster, plan, mode, detail in _random_valid_plans(40):
         actual = run_engine(model, cluster, plan, mode=mode, detail=detail).num_events
-        estimate = estimate_work(model, cluster, plan, mode=mode, detail=detail).events
+        estimate = simulation_work(model, cluster, plan, mode=mode, detail=detail).events
         ratios.append(estimate / actual)
     ratios.sort()
     assert ratios[0] > 0.3                      # never far below the engine: the bound holds
@@ -81,6 +82,16 @@ def test_the_limit_is_overridable_by_argument_and_environment(monkeypatch):
     assert err.value.field == "PARSIM_MAX_EVENTS"
     monkeypatch.delenv("PARSIM_MAX_EVENTS")
     assert max_events() == DEFAULT_MAX_EVENTS
+
+
+def test_gradient_buckets_of_a_huge_vocabulary_count_toward_the_bound(tmp_path):
+    from parsim.specs import model_from_dict
+    model = model_from_dict({"layers": 4, "hidden": 64, "heads": 4, "vocab": 10 ** 12})
+    plan = parse_plan("dp=2")
+    assert gradient_buckets(model, plan) > 10 ** 6 and gradient_buckets(model, parse_plan("tp=2")) == 0
+    with pytest.raises(SpecError) as err:
+        simulate(model, "a100-80g:2", plan)
+    assert err.value.field == "model" and "gradient buckets" in str(err.value)
 
 
 def test_schedules_are_bounded_by_their_action_count():

@@ -127,13 +127,13 @@ def simulate(model: ModelLike, cluster: ClusterLike, plan: PlanLike, *, profile:
     would play more than ``max_events`` events [$PARSIM_MAX_EVENTS, 2,000,000] is refused
     before it starts (``parsim.specs.bounds``)."""
     from parsim.sim import simulate as run_engine
-    from parsim.specs.bounds import check_work
+    from parsim.costs.work import check_simulation
     model, cluster, plan, _ = load_specs(model, cluster, plan, profile)
     slow = parse_slowdown(slowdown)
     mode = mode or ("full" if slow else "representative")
     if mode not in ("representative", "full"):
         raise SpecError("mode", mode, "representative or full")
-    check_work(model, cluster, plan, mode=mode, detail=detail, limit=max_events)
+    check_simulation(model, cluster, plan, mode=mode, detail=detail, limit=max_events)
     result = Result.from_sim(run_engine(model, cluster, plan, mode=mode, slowdown=slow, detail=detail))
     check_finite(result.to_dict(), cluster)
     return result

@@ -92,13 +92,13 @@ def simulate_both(model_arg: str, plan, cluster, result) -> dict:
     """Step time of the partition and of the uniform split in ``parsim.sim.simulate``."""
     from parsim.partition import resolve_source
     from parsim.sim import simulate
-    from parsim.specs.bounds import check_work
+    from parsim.costs.work import check_simulation
 
     source = resolve_source(model_arg)
     if source.spec is None:
         raise SpecError("simulate", model_arg, "a ModelSpec model (preset, YAML, HF config): the simulator "
                         "plays transformer layers, not an arbitrary module")
-    check_work(source.spec, cluster, plan)
+    check_simulation(source.spec, cluster, plan)
     extra = {"recompute_layers": result.recompute_layers} if plan.recompute == "stage-aware" else {}
     auto = simulate(source.spec, cluster, plan.replace(partition=result.partition, **extra))
     extra = ({"recompute_layers": tuple(s.recompute_layers for s in result.uniform_stages)}

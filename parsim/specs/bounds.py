@@ -15,7 +15,9 @@ makes events, from the plan:
   per layer step), TP collectives between simulated TP peers (``full``, ``detail``, or pp > 1: ~5),
   per-layer compute spans (``detail`` with pp > 1: ~1);
 * ``dp_layers``: gradient buckets reduced once per step, per layer and simulated device (~8);
-* ``devices``: the engine lays out the groups of every device of the cluster (1 each).
+* ``devices``: the engine lays out the groups of every device of the cluster (1 each);
+* ``dp_buckets``: gradient buckets reduced over data parallelism (2 events each), counted by
+  the caller from the cost model (``parsim.costs.work``: specs cannot price parameters).
 
 These per-kind counts were fitted to the engine's ``num_events`` on 120 random plans (tiny
 to llama2-7b, 1..16 devices, both modes): the estimate lands within 0.35x..3x of the count
@@ -41,6 +43,7 @@ MAX_EVENTS_ENV = "PARSIM_MAX_EVENTS"
 BYTES_PER_EVENT = 500          # measured: see the module docstring
 EVENTS_PER_ACTION = 3          # the action, its send and its receive
 EVENTS_PER_DP_LAYER = 8        # gradient bucket events per layer and simulated device, once per step
+EVENTS_PER_BUCKET = 2          # a DP gradient bucket: its reduction and its wait
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class WorkEstimate:
     layer_steps: int           # per-layer steps inside those actions
     dp_layers: int             # layers x simulated devices whose gradients are reduced once per step
     devices: int               # devices of the cluster the engine lays out
+    dp_buckets: int            # DP gradient buckets over the simulated devices (from the cost model)
     events: int                # estimated engine events
 
     @property
@@ -70,7 +74,7 @@ def events_per_layer_step(plan: Plan, mode: str, detail: bool) -> int:
 
 def estimate_work(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, mode: str = "representative",
                   detail: bool = False, events_per_action: float = EVENTS_PER_ACTION,
-                  events_per_layer: float | None = None) -> WorkEstimate:
+                  events_per_layer: float | None = None, dp_buckets: int = 0) -> WorkEstimate:
     """The work of one ``parsim.sim.simulate(model, cluster, plan, mode=mode, detail=detail)``."""
     microbatches = plan.gbs // (plan.dp * plan.mbs)
     replicas = plan.dp * plan.tp if mode == "full" else 1
@@ -80,8 +84,9 @@ def estimate_work(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, mode: s
     dp_layers = model.layers * simulated if plan.dp > 1 else 0
     per_layer = events_per_layer_step(plan, mode, detail) if events_per_layer is None else events_per_layer
     events = int(events_per_action * actions + per_layer * layer_steps + EVENTS_PER_DP_LAYER * dp_layers
-                 + cluster.num_devices)
-    return WorkEstimate(microbatches, simulated, actions, layer_steps, dp_layers, cluster.num_devices, events)
+                 + cluster.num_devices + EVENTS_PER_BUCKET * dp_buckets)
+    return WorkEstimate(microbatches, simulated, actions, layer_steps, dp_layers, cluster.num_devices, dp_buckets,
+                        events)
 
 
 def max_events(override: int | None = None) -> int:
@@ -101,10 +106,10 @@ def max_events(override: int | None = None) -> int:
 
 
 def check_work(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, mode: str = "representative",
-               detail: bool = False, limit: int | None = None) -> WorkEstimate:
+               detail: bool = False, limit: int | None = None, dp_buckets: int = 0) -> WorkEstimate:
     """The estimate, or a SpecError saying how big the simulation would be and what to use
     instead when it is above the limit."""
-    work = estimate_work(model, cluster, plan, mode=mode, detail=detail)
+    work = estimate_work(model, cluster, plan, mode=mode, detail=detail, dp_buckets=dp_buckets)
     cap = max_events(limit)
     if work.events <= cap:
         return work
@@ -112,6 +117,9 @@ def check_work(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, mode: str 
     instead = []
     if field == "cluster":
         instead.append("fewer devices (the engine lays out every device's process groups: ~1 s per million)")
+    if work.dp_buckets * EVENTS_PER_BUCKET * 2 > work.events:
+        instead.append(f"a smaller model or larger gradient buckets (its gradients make {work.dp_buckets:,} "
+                       f"buckets of dp_bucket_bytes={plan.dp_bucket_bytes:,} per step)")
     if mode == "full":
         instead.append("mode=representative (one device per pipeline rank)")
     if detail:
@@ -122,7 +130,8 @@ def check_work(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, mode: str 
     raise SpecError(field, value, (
         f"the simulation would play ~{work.events:.3g} events (~{work.trace_bytes / 2**30:.3g} GiB of trace; "
         f"{work.microbatches:,} microbatches x {plan.pp * plan.vpp} stages x {work.simulated_devices // plan.pp} "
-        f"device(s) per stage, {model.layers:,} layers, {work.devices:,} devices laid out), above the limit "
+        f"device(s) per stage, {model.layers:,} layers, {work.devices:,} devices laid out, {work.dp_buckets:,} "
+        f"gradient buckets), above the limit "
         f"{cap:,}: use {'; or '.join(instead)}; or raise the limit with {MAX_EVENTS_ENV}=N"))
 
 
@@ -143,6 +152,8 @@ def _culprit(work: WorkEstimate, model: ModelSpec, plan: Plan, cluster: ClusterS
     """The input that makes the simulation big: the device count, the layers or the batch."""
     if work.devices * 2 > work.events:
         return "cluster", f"{cluster.name}:{cluster.num_devices}"
+    if work.dp_buckets * EVENTS_PER_BUCKET * 2 > work.events:
+        return "model", model.name         # its gradients make the buckets
     if work.microbatches <= 16 and work.layer_steps > work.actions:
         return "model.layers", model.layers
     return "gbs", plan.gbs

@@ -126,8 +126,9 @@ def rank_frame(df: pd.DataFrame) -> pd.DataFrame:
 
 def _simulable(model: ModelSpec, cluster: ClusterSpec, plan_text: str) -> bool:
     from parsim.specs import parse_plan
-    from parsim.specs.bounds import estimate_work, max_events
-    return estimate_work(model, cluster, parse_plan(plan_text)).events <= max_events()
+    from parsim.costs.work import simulation_work
+    from parsim.specs.bounds import max_events
+    return simulation_work(model, cluster, parse_plan(plan_text)).events <= max_events()
 
 
 def run_sweep(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace, headroom: float = 0.1,
