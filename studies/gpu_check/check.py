@@ -74,15 +74,15 @@ def report_lines(device: str, n: int, calibration: dict, validation: dict) -> li
         for ranks, fit in per.items():
             bandwidth = f"{1 / fit['beta'] / 1e9:.1f} GB/s" if fit["beta"] > 0 else "no bandwidth term (beta <= 0)"
             lines.append(f"  {op} on {ranks} GPUs: alpha {fit['alpha'] * 1e6:.1f} us, {bandwidth}")
-    lines.append(f"{'plan':34s} {'measured ms':>12s} {'predicted ms':>13s} {'error':>7s} {'meas GiB':>9s} "
+    lines.append(f"{'plan':52s} {'measured ms':>12s} {'predicted ms':>13s} {'error':>7s} {'meas GiB':>9s} "
                  f"{'pred GiB':>9s}")
     for r in validation.get("rows", []):
-        lines.append(f"{r['plan'][:34]:34s} {r['measured_step_s'] * 1e3:12.1f} {r['predicted_step_s'] * 1e3:13.1f} "
+        lines.append(f"{r['plan'][:52]:52s} {r['measured_step_s'] * 1e3:12.1f} {r['predicted_step_s'] * 1e3:13.1f} "
                      f"{r['step_error']:+7.1%} {r['measured_peak_bytes'] / 2**30:9.2f} "
                      f"{r['predicted_peak_bytes'] / 2**30:9.2f}")
     for r in validation.get("did_not_fit", []):
         said = {True: "predicted to fit", False: "predicted not to fit"}.get(r.get("predicted_fits"), "")
-        lines.append(f"{r['plan'][:34]:34s} did not fit ({said}, {r['predicted_peak_bytes'] / 2**30:.1f} GiB): "
+        lines.append(f"{r['plan'][:52]:52s} did not fit ({said}, {r['predicted_peak_bytes'] / 2**30:.1f} GiB): "
                      f"{r['outcome'].split(': ', 1)[-1][:90]}")
     if validation.get("rows"):
         lines.append(f"MAPE step time {validation['mape_step_time']:.1%}, peak memory "
