@@ -82,12 +82,19 @@ class ExecutorConfig:
         if self.save_at is not None and not 1 <= self.save_at <= self.steps:
             raise SpecError("save_at", self.save_at, f"a step boundary between 1 and steps={self.steps}")
 
-    def check_files(self, model: ModelSpec) -> int:
+    def check_files(self, model: ModelSpec, planned: dict[str, tuple[int, str]] | None = None) -> int:
         """The checks that read the file system, done before any rank starts: the checkpoint
         to resume (a folder with ``meta.json`` of this model, below ``steps``), the data file,
-        and the folders written. Returns the first step the run executes."""
+        and the folders written. ``planned``: checkpoints that earlier runs of the same launch
+        will write ({folder: (step, model name)}), resumable before they exist. Returns the
+        first step the run executes."""
         first = 0
-        if self.resume_dir is not None:
+        if self.resume_dir is not None and str(self.resume_dir) in (planned or {}):
+            first, name = planned[str(self.resume_dir)]
+            if name != model.name:
+                raise SpecError("resume", str(self.resume_dir), f"a checkpoint of model {model.name} (an earlier "
+                                f"run of this launch writes one of {name} there)")
+        elif self.resume_dir is not None:
             first = resumed_step(self.resume_dir, model)
             if self.steps <= first:
                 raise SpecError("steps", self.steps, f"above the checkpoint's step {first} (a resumed run "
