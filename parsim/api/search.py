@@ -104,6 +104,9 @@ DEFAULT_MAX_SWEEP_PLANS = 5_000_000
 MAX_SWEEP_PLANS_ENV = "PARSIM_MAX_SWEEP_PLANS"
 # A sweep factorises the device count (divisors up to its square root): 2**40 devices is 2**20 tries.
 MAX_SWEEP_DEVICES = 2**40
+# The fast path walks some plans layer by layer (ZeRO-2 reduce-scatters, parsim.fast.timing): candidate
+# plans x layers at most 2e9 (~seconds in its compiled kernel).
+MAX_SWEEP_LAYER_STEPS = 2_000_000_000
 
 
 def check_sweep_size(model: ModelSpec, cluster: ClusterSpec, plans) -> int:
@@ -123,6 +126,10 @@ def check_sweep_size(model: ModelSpec, cluster: ClusterSpec, plans) -> int:
     if limit < 1:
         raise SpecError(MAX_SWEEP_PLANS_ENV, raw, "a positive integer (candidate plans a sweep may build)")
     n = count_candidates(model, cluster, plans)
+    if n * model.layers > MAX_SWEEP_LAYER_STEPS:
+        raise SpecError("model.layers", model.layers, (
+            f"a sweep walks some plans layer by layer: {n:,} candidate plans x {model.layers:,} layers is above "
+            f"{MAX_SWEEP_LAYER_STEPS:,}; narrow the sweep with --fix, or simulate one plan with `parsim simulate`"))
     if n > limit:
         raise SpecError("space", f"{cluster.num_devices} devices", (
             f"a sweep of at most {limit:,} candidate plans (this one would build {n:,}, ~{n * 200 / 2**30:.3g} GiB): "

@@ -3,10 +3,13 @@
 name, so adding a command is adding a file.
 
 Bad input (SpecError) prints one message naming the field, the value and what is allowed,
-and exits with code 2. Ctrl-C exits 130; SIGTERM is raised as an exception in the main thread
-(``Terminated``), so the same clean-up runs (the executor kills its ranks, partial outputs are
-removed) and the command exits 143 = 128 + 15, the status a shell reports for a process ended
-by SIGTERM, with one line and no traceback.
+and exits with code 2. Ctrl-C exits 130. For the commands that start processes
+(``SIGTERM_AS_EXCEPTION``: the executor's ranks, calibration's benchmark jobs), SIGTERM is
+raised as an exception in the main thread (``Terminated``), so the same clean-up runs (the
+ranks are killed, partial outputs removed) and the command exits 143 = 128 + 15, the status a
+shell reports for a process ended by SIGTERM, with one line and no traceback. The other
+commands keep SIGTERM's default action -- they end at once, silently, even inside a long
+compiled loop (a Python handler would wait for the loop) -- and start no process to clean up.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from contextlib import contextmanager
 from parsim.specs import SpecError
 
 _NOT_COMMANDS = {"common"}
+SIGTERM_AS_EXCEPTION = {"execute", "validate", "calibrate", "demo"}
 
 
 def _command_modules() -> dict[str, object]:
@@ -62,9 +66,9 @@ def _raise_terminated(signum, frame) -> None:
 
 
 @contextmanager
-def _sigterm_as_exception():
+def _sigterm_as_exception(wanted: bool):
     """While a command runs, SIGTERM raises ``Terminated`` (only the main thread can set handlers)."""
-    if threading.current_thread() is not threading.main_thread():
+    if not wanted or threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
@@ -78,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        with warnings.catch_warnings(), _sigterm_as_exception():
+        with warnings.catch_warnings(), _sigterm_as_exception(args.command in SIGTERM_AS_EXCEPTION):
             warnings.simplefilter("default")
             return int(args._run(args) or 0)
     except Terminated:

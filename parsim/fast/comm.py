@@ -23,9 +23,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from parsim.costs import (dp_buckets, embedding_params, head_params, state_bytes, zero3_gather_bytes_per_layer,
+from parsim.costs import (embedding_params, head_params, state_bytes, zero3_gather_bytes_per_layer,
                           zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs import timing
+from parsim.costs.comm import bucket_split
 from parsim.costs.timing import parameter_server_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
 
@@ -76,12 +77,12 @@ class CollectivePricer:
 
     def bucketed(self, op: str, total_bytes: float, bucket_bytes: int, group: tuple[int, ...]) -> tuple[float, float]:
         """(all buckets back to back, the last bucket)."""
-        buckets = dp_buckets(total_bytes, bucket_bytes)
-        if not buckets:
+        n, full_bytes, last_bytes = bucket_split(total_bytes, bucket_bytes)   # no list: n may be huge
+        if not n:
             return 0.0, 0.0
-        full = self(op, buckets[0], group) if len(buckets) > 1 else 0.0
-        last = self(op, buckets[-1], group)
-        return full * (len(buckets) - 1) + last, last
+        full = self(op, full_bytes, group) if n > 1 else 0.0
+        last = self(op, last_bytes, group)
+        return full * (n - 1) + last, last
 
 
 def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int, pp: int, vpp: int, dtype: int,
@@ -132,9 +133,9 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
 
 
 def _ps_bucketed(cluster: ClusterSpec, total_bytes: float, bucket_bytes: int, group: tuple[int, ...]):
-    buckets = dp_buckets(total_bytes, bucket_bytes)
-    if not buckets:
+    n, full_bytes, last_bytes = bucket_split(total_bytes, bucket_bytes)
+    if not n:
         return 0.0, 0.0
-    full = parameter_server_time(cluster, buckets[0], list(group)) if len(buckets) > 1 else 0.0
-    last = parameter_server_time(cluster, buckets[-1], list(group))
-    return full * (len(buckets) - 1) + last, last
+    full = parameter_server_time(cluster, full_bytes, list(group)) if n > 1 else 0.0
+    last = parameter_server_time(cluster, last_bytes, list(group))
+    return full * (n - 1) + last, last

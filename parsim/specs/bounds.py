@@ -15,7 +15,8 @@ makes events, from the plan:
   per layer step), TP collectives between simulated TP peers (``full``, ``detail``, or pp > 1: ~5),
   per-layer compute spans (``detail`` with pp > 1: ~1);
 * ``dp_layers``: gradient buckets reduced once per step, per layer and simulated device (~8);
-* ``devices``: the engine lays out the groups of every device of the cluster (1 each);
+* ``devices``: the engine lays out the groups of every device of the cluster (1 each), and
+  the recomputation policy of every layer of the model (1 each, ``sim.compute.stage_shapes``);
 * ``dp_buckets``: gradient buckets reduced over data parallelism (2 events each), counted by
   the caller from the cost model (``parsim.costs.work``: specs cannot price parameters).
 
@@ -84,7 +85,7 @@ def estimate_work(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *, mode: s
     dp_layers = model.layers * simulated if plan.dp > 1 else 0
     per_layer = events_per_layer_step(plan, mode, detail) if events_per_layer is None else events_per_layer
     events = int(events_per_action * actions + per_layer * layer_steps + EVENTS_PER_DP_LAYER * dp_layers
-                 + cluster.num_devices + EVENTS_PER_BUCKET * dp_buckets)
+                 + cluster.num_devices + model.layers + EVENTS_PER_BUCKET * dp_buckets)
     return WorkEstimate(microbatches, simulated, actions, layer_steps, dp_layers, cluster.num_devices, dp_buckets,
                         events)
 
