@@ -116,3 +116,32 @@ def test_a_sweep_re_simulates_only_plans_under_the_bound():
     found = sweep("gpt3-125m", "a100-80g:8", gbs=10 ** 12, resimulate=3, fix="tp=1 pp=1 zero=0 recompute=none")
     assert found.num_plans >= 1 and found.result.num_resimulated == 0
     assert all(r["source"] == "fast" for r in found.rows())
+
+
+# What the fuzzer (tests/fuzz/run.py) found unbounded, kept as regressions:
+
+def test_a_trillion_layers_without_data_parallelism_is_refused_before_the_engine_lays_them_out():
+    from parsim.specs import model_from_dict
+    model = model_from_dict({"layers": 10 ** 12, "hidden": 64, "heads": 4})
+    with pytest.raises(SpecError) as err:
+        simulate(model, "a100-80g:1", "dp=1")
+    assert err.value.field == "model.layers"
+
+
+def test_a_sweep_of_a_trillion_layers_is_refused_before_the_fast_path_walks_them():
+    from parsim.api import sweep
+    from parsim.specs import model_from_dict
+    model = model_from_dict({"layers": 10 ** 12, "hidden": 64, "heads": 4})
+    with pytest.raises(SpecError) as err:
+        sweep(model, "a100-80g:2", resimulate=0)
+    assert err.value.field == "model.layers" and "layer by layer" in str(err.value)
+
+
+def test_a_long_naive_pipeline_dry_runs_in_linear_time():
+    import time
+
+    from parsim.schedules import build_schedule, dry_run
+    start = time.monotonic()
+    grid = dry_run(build_schedule("naive", 1703, 8, 1))
+    assert time.monotonic() - start < 20          # minutes before the list scheduler woke only waiting ranks
+    assert grid.makespan == 8 * (1703 * 1 + 1703 * 2)   # naive: each microbatch's F and B cross every stage alone
