@@ -145,3 +145,19 @@ def test_a_long_naive_pipeline_dry_runs_in_linear_time():
     grid = dry_run(build_schedule("naive", 1703, 8, 1))
     assert time.monotonic() - start < 20          # minutes before the list scheduler woke only waiting ranks
     assert grid.makespan == 8 * (1703 * 1 + 1703 * 2)   # naive: each microbatch's F and B cross every stage alone
+
+
+def test_the_partitioner_refuses_a_model_it_would_take_minutes_and_gigabytes_to_cut():
+    from parsim.api import partition
+    from parsim.specs import model_from_dict
+    model = model_from_dict({"layers": 2000, "hidden": 64, "heads": 4})
+    start = time_now()
+    with pytest.raises(SpecError) as err:
+        partition(model, "pp=4", "a100-80g:4", graph="analytic")
+    assert err.value.field == "model.layers" and "at most 1,000 layers" in str(err.value)
+    assert time_now() - start < 5
+
+
+def time_now() -> float:
+    import time
+    return time.monotonic()
