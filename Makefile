@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 OUT     ?= out/demo
 
-.PHONY: demo test venv clean fuzz gpu-check
+.PHONY: demo test studies equivalence venv clean fuzz gpu-check
 
 venv: $(STAMP)
 
@@ -32,6 +32,30 @@ fuzz: $(STAMP)
 GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY))
 gpu-check:
 	$(GPU_PY) studies/gpu_check/check.py --out out/gpu_check
+
+# The studies that run in under 10 minutes and measure nothing about this machine (each README
+# gives its time; about 4 minutes of CPU in all). The timing studies (sim_speed,
+# executor_overhead, validation_cpu, merak's CPU checks, gpt3_175b_1024/bench_fast.py) are left
+# out: they need an idle machine. Scripts that only print get their results.txt through tee.
+# Narayanan et al. 2021 Table 1 lives outside the repo (studies/megatron2021/README.md)
+MEGATRON_TABLE ?= ../shared/validation/megatron2021_table1.csv
+studies: SHELL := /bin/bash
+studies: .SHELLFLAGS := -o pipefail -c
+studies: $(STAMP)
+	$(BIN)/python studies/bubble_vs_microbatches/run.py | tee studies/bubble_vs_microbatches/results.txt
+	$(BIN)/python studies/dp_ps_vs_allreduce/run.py | tee studies/dp_ps_vs_allreduce/results.txt
+	$(BIN)/python studies/zero_memory_7b/run.py | tee studies/zero_memory_7b/results.txt
+	$(BIN)/python studies/llama3_70b_64h100/run.py | tee studies/llama3_70b_64h100/results.txt
+	$(BIN)/python studies/rules_of_thumb/run.py | tee studies/rules_of_thumb/results.txt
+	$(BIN)/python studies/gpt3_175b_1024/run.py | tee studies/gpt3_175b_1024/results.txt
+	$(BIN)/python studies/megatron2021/run.py --table $(MEGATRON_TABLE)
+	$(BIN)/python studies/public_runs/run.py
+	$(BIN)/python studies/merak/run.py
+	$(BIN)/python studies/plots_demo/make_demo_plots.py
+
+# Did a refactor change any number? The corpus in both the reference commit and this tree.
+equivalence: $(STAMP)
+	$(BIN)/python studies/equivalence/compare.py
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

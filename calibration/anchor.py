@@ -1,6 +1,6 @@
 """Drift anchoring: a calibrated profile re-derived from a real-layer probe taken later.
 
-A profile's compute prices hang on its real-layer probe (``extra.layer_probe``,
+A profile's compute prices hang on its real-layer probe (``CalibratedTables.layer_probe``,
 ``contention_layer``), taken once when ``parsim calibrate`` ran. A shared machine drifts in
 speed, so the executor can re-take the same probe right before every timed step and after the
 last (``executor.layer_probe``; ``ExecutorConfig.layer_probe = probe_request(profile)``). The
@@ -11,27 +11,29 @@ exactly as ``parsim calibrate`` derived the profile's; nothing else changes. ``p
 says how much slower (> 1) the machine ran the same layer then than when it was calibrated.
 
 ``parsim validate`` and ``parsim demo`` predict every plan with the profile and with the profile
-anchored to the probes around its timed steps. Pure dict arithmetic: no torch.
+anchored to the probes around its timed steps. Profile mappings in and out, typed tables
+(``parsim.specs.CalibratedTables``) in between: no torch.
 """
 from __future__ import annotations
 
 import copy
 import statistics
+from dataclasses import replace
 from typing import Any
 
-from parsim.specs import ModelSpec
+from parsim.specs import ModelSpec, profile_tables, with_profile_tables
 
-from .profile import fit_layer_terms, profile_model
+from .layer_terms import profile_model, refit_data
 
 
 def probe_request(profile_data: dict[str, Any]) -> tuple[ModelSpec, int, str] | None:
     """(model, mbs, dtype) of the profile's real-layer probe, for ``ExecutorConfig.layer_probe``;
     None when the profile has none (GPU presets, profiles older than the probe)."""
-    probe = profile_data.get("device", {}).get("extra", {}).get("layer_probe")
+    probe = profile_tables(profile_data).layer_probe
     prov = profile_data.get("provenance", {})
-    if not probe or not (prov.get("model") or prov.get("model_spec")):
+    if probe is None or not (prov.get("model") or prov.get("model_spec")):
         return None
-    return profile_model(profile_data), int(probe.get("mbs", 1)), str(prov.get("dtype", "fp32"))
+    return profile_model(profile_data), int(probe.mbs), str(prov.get("dtype", "fp32"))
 
 
 def mean_probe(probes: list[dict[str, float]]) -> dict[str, float]:
@@ -46,9 +48,9 @@ def mean_probe(probes: list[dict[str, float]]) -> dict[str, float]:
 
 def probe_drift(profile_data: dict[str, Any], probes: list[dict[str, float]]) -> float:
     """The layer's solo forward + backward seconds around a run over the profile's (1 = as calibrated)."""
-    cal = profile_data["device"]["extra"]["layer_probe"]
+    cal = profile_tables(profile_data).layer_probe
     now = mean_probe(probes)
-    return (now["fwd_s"] + now["bwd_s"]) / (float(cal["fwd_s"]) + float(cal["bwd_s"]))
+    return (now["fwd_s"] + now["bwd_s"]) / (float(cal.fwd_s) + float(cal.bwd_s))
 
 
 def anchored_profile(profile_data: dict[str, Any], probes: list[dict[str, float]]) -> dict[str, Any]:
@@ -59,11 +61,9 @@ def anchored_profile(profile_data: dict[str, Any], probes: list[dict[str, float]
     is the profile's."""
     now = mean_probe(probes)
     data = copy.deepcopy(profile_data)
-    extra = data["device"]["extra"]
-    extra["layer_probe"].update(fwd_s=now["fwd_s"], bwd_s=now["bwd_s"])
-    if now["world"] > 1 and "contention_layer" in extra:
-        extra["contention_layer"][str(now["world"])] = now["contention"]
-    prov = data.get("provenance", {})
+    tables = profile_tables(data)
+    tables = tables.replace(layer_probe=replace(tables.layer_probe, fwd_s=now["fwd_s"], bwd_s=now["bwd_s"]))
+    if now["world"] > 1 and tables.contention_layer is not None:
+        tables = tables.replace(contention_layer=tables.contention_layer.with_value(now["world"], now["contention"]))
     # the probe's layer is the profile's model (``probe_request``), whatever the matrix's is
-    fit_layer_terms(data["device"], profile_model(data), prov.get("dtype", "fp32"), data.get("name", "device"))
-    return data
+    return refit_data(with_profile_tables(data, tables))

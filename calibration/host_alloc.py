@@ -12,8 +12,10 @@ from parsim.executor.host_alloc import ENV, host_memory_policy
 def profile_policy(profile_data: dict) -> str | None:
     """The policy a calibrated CPU profile was measured under (``provenance.host_memory``;
     profiles older than it: "system"); None for other profiles (GPU, presets)."""
+    from parsim.specs import profile_tables
+
     prov = profile_data.get("provenance") or {}
-    if prov.get("device", "cpu") != "cpu" or "layer_probe" not in profile_data.get("device", {}).get("extra", {}):
+    if prov.get("device", "cpu") != "cpu" or profile_tables(profile_data).layer_probe is None:
         return None
     return prov.get("host_memory", "system")
 

@@ -1,5 +1,5 @@
 """``python -m parsim.calibration.refit PROFILE``: re-derive a calibrated profile's layer terms
-(``profile.fit_layer_terms``) from the measurements it keeps, after a change to how ops are
+(``layer_terms.fit_layer_terms``) from the measurements it keeps, after a change to how ops are
 priced; nothing is measured again."""
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.refit).is_file():
         print(f"error: refit={args.refit!r}: allowed: an existing calibrated profile YAML", file=sys.stderr)
         return 2
-    from .profile import refit_profile
+    from .layer_terms import refit_profile
     factors = refit_profile(args.refit)
-    if not factors:
+    if factors is None:
         print(f"error: refit={args.refit!r}: allowed: a profile with a real-layer probe (extra.layer_probe); "
               "re-run parsim calibrate", file=sys.stderr)
         return 2
-    print(f"{args.refit}: layer_composition fwd {factors['fwd']:.4f}, bwd {factors['bwd']:.4f}")
+    print(f"{args.refit}: layer_composition fwd {factors.fwd:.4f}, bwd {factors.bwd:.4f}")
     return 0
 
 

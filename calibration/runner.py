@@ -170,7 +170,8 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     from parsim.executor.host_alloc import apply_host_memory_policy
 
     from .comm import COLLECTIVES, LIST_VARIANTS
-    from .profile import Measurements, build_profile, cpu_model, default_profile_name
+    from .machine import cpu_model, default_profile_name
+    from .profile import Measurements, build_profile
 
     t_start, load_before, cpu_before = time.perf_counter(), _load_average(), _cpu_seconds()
     started = dt.datetime.now(dt.timezone.utc)
@@ -230,7 +231,7 @@ class LayerProbe:
     """One real layer (the executor's Block, tp=1, the smallest mbs) timed alone in blocks of
     ``repeats`` forward + backward passes taken at several points of the run: its start, right
     after the per-op tables, and after every collectives job. Every compute price of the profile
-    hangs on this layer's time (``profile.layer_composition``), and a shared machine's speed
+    hangs on this layer's time (``layer_terms``: ``layer_composition``), and a shared machine's speed
     drifts over minutes (20-40% on a 2-vCPU VM), so one block can catch an unusually fast or
     slow minute; the profile takes the median over all blocks' samples and keeps each block's
     medians (``layer_probe.blocks``)."""
@@ -299,7 +300,7 @@ def _measure_compute(m, opts: CalibrationOptions, device, gemms, attns, mems, st
     # the contention GEMM (comm jobs): the model's MLP-up at the smallest TP degree
     shape = (spec.seq_len * min(s.mbs), spec.ffn_hidden // min(opts.tps), spec.hidden)
     # the real layer again right after the per-op tables: how far the per-op sum is from the
-    # composed layer (profile.layer_composition)
+    # composed layer (layer_terms: layer_composition)
     layer.block()
     step("layer probe 2")
     return shape
@@ -341,7 +342,7 @@ def insitu_gemm(spec: ModelSpec, tp: int, mbs: int) -> tuple[int, int, int] | No
 def _device_totals(m, device) -> None:
     import torch
 
-    from .profile import total_memory_bytes
+    from .machine import total_memory_bytes
     if device.type == "cuda":
         m.memory_bytes = float(torch.cuda.get_device_properties(device).total_memory)
         m.devices_per_node = torch.cuda.device_count()
@@ -355,7 +356,7 @@ def _provenance(opts: CalibrationOptions, device, worlds: list[int], started: dt
                 load_before: float | None) -> dict[str, Any]:
     import torch
 
-    from .profile import cpu_model, hostname
+    from .machine import cpu_model, hostname
     is_cuda = device.type == "cuda"
     s = opts.settings
     return {

@@ -4,7 +4,7 @@ import pytest
 from parsim.costs import (eq2_params, eq3_flops, hardware_flops_per_step, inflight_microbatches,
                           layer_activation_bytes, layer_ops, memory_by_stage, model_flops_per_step, p2p_bytes,
                           state_bytes, stage_params, total_params, tp_collectives_per_layer, zero_model_state_bytes)
-from parsim.costs import params as costs_params, timing
+from parsim.costs import host, params as costs_params, timing
 from parsim.specs import ModelSpec, Plan, load_cluster, load_model
 
 GB = 1e9
@@ -247,7 +247,7 @@ def test_skinny_gemms_run_at_lower_efficiency():
 
 
 def test_host_contention_is_one_without_a_calibrated_table():
-    assert timing.host_contention(load_cluster("a100-80g:8"), 8) == 1.0
+    assert host.host_contention(load_cluster("a100-80g:8"), 8) == 1.0
 
 
 def test_host_contention_reads_measured_table_and_extrapolates_per_core(tmp_path):
@@ -258,12 +258,12 @@ def test_host_contention_reads_measured_table_and_extrapolates_per_core(tmp_path
     f = tmp_path / "p.yaml"
     f.write_text(yaml.safe_dump(d))
     c = load_cluster("cpu:8", profile=str(f))
-    assert timing.host_contention(c, 1) == 1.0
-    assert timing.host_contention(c, 4) == pytest.approx(2.3)
-    assert timing.host_contention(c, 8) == pytest.approx(4.6)    # 2x the ranks of the largest measured count
+    assert host.host_contention(c, 1) == 1.0
+    assert host.host_contention(c, 4) == pytest.approx(2.3)
+    assert host.host_contention(c, 8) == pytest.approx(4.6)    # 2x the ranks of the largest measured count
     # between measured counts (an average number of ranks computing): linear
-    assert timing.host_contention(c, 3) == pytest.approx(1.7)
-    assert timing.host_contention(c, 1.5) == pytest.approx(1.05)
+    assert host.host_contention(c, 3) == pytest.approx(1.7)
+    assert host.host_contention(c, 1.5) == pytest.approx(1.05)
 
 
 def _cpu_cluster(tmp_path, n: int, **extra):
@@ -277,13 +277,13 @@ def _cpu_cluster(tmp_path, n: int, **extra):
 
 
 def test_comm_interference_reads_measured_table_linear_between_counts_and_held_beyond(tmp_path):
-    assert timing.comm_interference(load_cluster("a100-80g:8"), 8) == 0.0     # GPUs: not modelled
+    assert host.comm_interference(load_cluster("a100-80g:8"), 8) == 0.0     # GPUs: not modelled
     c = _cpu_cluster(tmp_path, 8, comm_interference={"2": 0.6, "4": 1.0})
-    assert timing.comm_interference(c, 1) == 0.0
-    assert timing.comm_interference(c, 2) == pytest.approx(0.6)
-    assert timing.comm_interference(c, 3) == pytest.approx(0.8)
-    assert timing.comm_interference(c, 8) == pytest.approx(1.0)
-    assert timing.comm_interference(c, 1.5) == pytest.approx(0.3)
+    assert host.comm_interference(c, 1) == 0.0
+    assert host.comm_interference(c, 2) == pytest.approx(0.6)
+    assert host.comm_interference(c, 3) == pytest.approx(0.8)
+    assert host.comm_interference(c, 8) == pytest.approx(1.0)
+    assert host.comm_interference(c, 1.5) == pytest.approx(0.3)
 
 
 def test_gradient_accumulation_costs_time_only_where_the_profile_says_unfused(tmp_path):

@@ -6,7 +6,8 @@ import re
 import pytest
 
 from parsim.costs import layer_ops, timing
-from parsim.specs import ModelSpec, Plan, RankLayout, load_cluster, load_profile_dict, profiles_dir
+from parsim.specs import (CalibratedTables, GemmWaves, ModelSpec, Plan, RankLayout, load_cluster, load_profile_dict,
+                          profiles_dir)
 
 GPUS = ("a100-80g", "a100-40g", "h100-sxm", "h200")
 GiB = 2**30
@@ -77,7 +78,7 @@ def test_wave_quantisation_charges_the_idle_sms_of_the_last_wave():
     c = load_cluster("a100-80g:8")
     assert timing.wave_efficiency(c.device, 4096, 4096) == 1.0            # off unless the profile asks
     from dataclasses import replace
-    dev = replace(c.device, extra={"gemm_waves": {"sms": 108, "tile_m": 128, "tile_n": 128}})
+    dev = replace(c.device, tables=CalibratedTables(gemm_waves=GemmWaves(sms=108, tile_m=128, tile_n=128)))
     assert timing.wave_efficiency(dev, 128 * 108, 128) == 1.0           # exactly one full wave
     assert timing.wave_efficiency(dev, 128 * 109, 128) == pytest.approx(109 / 216)
     assert timing.gemm_time(dev, 128 * 109, 128, 4096, "fp16") > timing.gemm_time(c.device, 128 * 109, 128, 4096, "fp16")

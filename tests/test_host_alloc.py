@@ -60,8 +60,9 @@ def test_launchers_adopt_the_profiles_policy_unless_the_user_set_another_which_i
     from parsim.executor.host_alloc import ENV
     from parsim.specs import SpecWarning
 
-    cpu = {"provenance": {"device": "cpu"}, "device": {"extra": {"layer_probe": {}}}}
-    kept = {"provenance": {"device": "cpu", "host_memory": "keep"}, "device": {"extra": {"layer_probe": {}}}}
+    probe = {"layer_probe": {"mbs": 1, "fwd_s": 0.01, "bwd_s": 0.02}}
+    cpu = {"provenance": {"device": "cpu"}, "device": {"extra": probe}}
+    kept = {"provenance": {"device": "cpu", "host_memory": "keep"}, "device": {"extra": probe}}
     gpu = {"provenance": {"device": "cuda"}, "device": {"extra": {}}}
     assert (profile_policy(cpu), profile_policy(kept), profile_policy(gpu)) == ("system", "keep", None)
     monkeypatch.setenv(ENV, "system")         # recorded first, so the test leaves the variable as it found it

@@ -2,6 +2,7 @@
 analytic graph of a ModelSpec (torch-free)."""
 import itertools
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -20,6 +21,8 @@ from parsim.specs import ModelSpec, Plan, SpecError, load_cluster, validate
 HEAVY_HEAD = ModelSpec(name="heavy-head", layers=8, hidden=512, heads=8, ffn_hidden=2048, vocab=32000,
                        seq_len=128, dropout=False)
 CPU2 = load_cluster("cpu:2")
+
+CPU_CALIBRATED = str(Path(__file__).resolve().parent / "fixtures" / "cpu-calibrated.yaml")   # frozen measured profile
 
 
 def chain_graph(times, params, acts=None) -> CostGraph:
@@ -195,10 +198,13 @@ def test_bad_inputs_name_their_field():
 
 def shared_host(gemm: float, membound: float):
     """The calibrated 2-rank CPU host with these measured slowdowns for 2 ranks computing at once."""
-    cluster = load_cluster("cpu:2", profile="cpu-calibrated")
-    cluster.device.extra["contention"] = {"2": gemm}
-    cluster.device.extra["contention_membound"] = {"2": membound}
-    return cluster
+    from dataclasses import replace
+
+    from parsim.specs import RankCurve
+    cluster = load_cluster("cpu:2", profile=CPU_CALIBRATED)
+    tables = cluster.device.tables.replace(contention=RankCurve(((2, gemm),)),
+                                           contention_membound=RankCurve(((2, membound),)))
+    return replace(cluster, device=replace(cluster.device, tables=tables))
 
 
 def test_stage_times_without_a_shared_host_are_the_solo_times_and_the_list_scheduled_step():

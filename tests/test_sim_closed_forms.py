@@ -13,7 +13,8 @@ from parsim.costs.ops import head_ops
 from parsim.costs.timing import collective_time, op_time, p2p_time
 from parsim.schedules import build_schedule, dry_run, textbook_bubble_fraction
 from parsim.sim import simulate
-from parsim.specs import ClusterSpec, DeviceProfile, LinkProfile, ModelSpec, NetworkProfile, Plan
+from parsim.specs import (CalibratedTables, ClusterSpec, DeviceProfile, GemmTable, LinkProfile, ModelSpec, NetworkProfile,
+                          Plan)
 
 MODEL = ModelSpec(name="uniform", layers=8, hidden=256, heads=4, vocab=3000, seq_len=128, dropout=False)
 RATE = 2.0e12                         # FLOP/s of every transformer-layer GEMM on the ideal device
@@ -38,7 +39,7 @@ def ideal_cluster(n: int, intra: LinkProfile = FREE, inter: LinkProfile = FREE, 
             rows += [[*s, math.inf] for s in _shapes(head_ops(MODEL, plan))]
     device = DeviceProfile(name="ideal", peak_flops={"bf16": 1e14, "fp32": 1e14, "fp16": 1e14}, memory_bytes=80e9,
                            memory_bandwidth=math.inf, kernel_overhead_s=0.0, host_memory_bandwidth=math.inf,
-                           extra={"gemm_table": {"bf16": rows}})
+                           tables=CalibratedTables(gemm={"bf16": GemmTable(tuple(map(tuple, rows)))}))
     net = NetworkProfile(intra_node=intra, inter_node=inter, host_link=FREE, nics_per_node=per_node)
     return ClusterSpec(name="ideal", device=device, network=net, devices_per_node=per_node, num_devices=n)
 

@@ -87,7 +87,7 @@ def test_fsdp2_memory_keeps_the_sharded_copy_under_zero2_and_the_layer_gradients
 
     model = load_model("cpu-small")
     base = load_cluster("cpu:2")
-    fsdp = replace(base, device=replace(base.device, extra={**base.device.extra, "zero_copies": "fsdp2"}))
+    fsdp = replace(base, device=replace(base.device, tables=base.device.tables.replace(zero_copies="fsdp2")))
     sb = state_bytes("fp32")
     for text in ("dp=2 gbs=4 zero=2 dtype=fp32", "dp=2 gbs=4 zero=3 dtype=fp32"):
         plan = parse_plan(text)

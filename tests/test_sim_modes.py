@@ -1,10 +1,14 @@
 """Representative ranks vs every device, stragglers, and what a SimResult carries."""
+from pathlib import Path
+
 import pytest
 
 from parsim.schedules import build_schedule
 from parsim.sim import simulate
 from parsim.specs import RankLayout, SpecError, parse_plan
 from parsim.trace.metrics import exposed_comm
+
+CPU_CALIBRATED = str(Path(__file__).resolve().parent / "fixtures" / "cpu-calibrated.yaml")   # frozen measured profile
 
 SMALL_PLANS = [
     ("gpt3-1.3b", "a100-80g:8", "dp=2 pp=4 gbs=16"),
@@ -157,21 +161,26 @@ def test_a_schedule_that_deadlocks_is_reported_not_hung():
 def test_host_contention_applies_to_ranks_computing_at_once_not_to_idle_ones():
     """4 ranks on a 2-core host: with every rank busy (dp=4) the step runs at the measured
     4-rank slowdown; a pipeline with big bubbles (pp=4, 4 microbatches) computes at a
-    smaller mean-field slowdown, so it is faster than with the 4-rank slowdown throughout."""
-    from parsim.costs.timing import host_contention, host_scale
-    from parsim.schedules import build_schedule
-    from parsim.sim.engine import _run
-    from parsim.specs import load_cluster, load_model, parse_plan
+    smaller mean-field slowdown, so it is faster than with the 4-rank slowdown throughout.
+    "Throughout" is the same host without its contention table and every rank a straggler
+    by the 4-rank slowdown (GEMM and memory-bound ops share one table here, so one factor
+    is the whole slowdown)."""
+    from parsim.costs.host import host_contention
+    from parsim.specs import cluster_from_dict, load_model, load_profile_dict, parse_plan
 
     model = load_model("cpu-small")
-    cluster = load_cluster("cpu:4", profile="cpu-calibrated")
+    shared = load_profile_dict(CPU_CALIBRATED)
+    shared["device"]["extra"].pop("contention_membound")
+    cluster = cluster_from_dict(shared, num_devices=4)
     c4 = host_contention(cluster, 4)
-    assert c4 > 1.5
+    assert c4 > 1.5 and host_contention(cluster, 4, "membound") == c4
+    alone = load_profile_dict(CPU_CALIBRATED)
+    for key in ("contention", "contention_membound"):
+        alone["device"]["extra"].pop(key)
+    no_sharing = cluster_from_dict(alone, num_devices=4)
     for text, busy in (("dp=4 gbs=8 dtype=fp32", True), ("pp=4 gbs=4 dtype=fp32", False)):
         plan = parse_plan(text)
-        fixed = _run(model, cluster, plan, build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp),
-                     "representative", {}, False, False, host_scale(cluster, 4))
-        step_fixed = max(fixed.recorder.finish.values())
+        step_fixed = simulate(model, no_sharing, plan, mode="full", slowdown={r: c4 for r in range(4)}).step_time_s
         step = simulate(model, cluster, plan).step_time_s
         if busy:
             assert step == pytest.approx(step_fixed, rel=0.05)
@@ -181,11 +190,10 @@ def test_host_contention_applies_to_ranks_computing_at_once_not_to_idle_ones():
 
 def _with_interference(cluster, value, **keys):
     from dataclasses import replace
-    extra = {k: v for k, v in cluster.device.extra.items() if k != "comm_interference"}
-    if value is not None:
-        extra["comm_interference"] = {"2": value}
-    extra.update(keys)
-    return replace(cluster, device=replace(cluster.device, extra=extra))
+    from parsim.specs import RankCurve
+    tables = cluster.device.tables.replace(comm_interference=None if value is None else RankCurve(((2, value),)),
+                                           **keys)
+    return replace(cluster, device=replace(cluster.device, tables=tables))
 
 
 def _overlap(intervals, others):
@@ -198,7 +206,7 @@ def test_comm_interference_delays_compute_by_the_overlapped_collective_time():
     from parsim.specs import load_cluster, load_model, parse_plan
 
     model = load_model("cpu-small")
-    base = load_cluster("cpu:2", profile="cpu-calibrated")
+    base = load_cluster("cpu:2", profile=CPU_CALIBRATED)
     plan = parse_plan("dp=2 gbs=2 mbs=1 dtype=fp32 dp_bucket_bytes=4000000")
     plain = simulate(model, _with_interference(base, None), plan)
     r0 = [e for e in plain.trace.events if e.rank == 0]
@@ -215,7 +223,7 @@ def test_comm_interference_costs_nothing_when_the_collective_overlaps_no_compute
     from parsim.specs import load_cluster, load_model, parse_plan
 
     model = load_model("cpu-small")
-    base = load_cluster("cpu:2", profile="cpu-calibrated")
+    base = load_cluster("cpu:2", profile=CPU_CALIBRATED)
     plan = parse_plan("dp=2 gbs=4 mbs=1 dtype=fp32 dp_overlap=false")
     plain = simulate(model, _with_interference(base, None), plan)
     hit = simulate(model, _with_interference(base, 0.9), plan)
@@ -226,7 +234,7 @@ def test_comm_interference_slows_zero3_whose_gathers_overlap_every_layer():
     from parsim.specs import load_cluster, load_model, parse_plan
 
     model = load_model("cpu-small")
-    base = load_cluster("cpu:2", profile="cpu-calibrated")
+    base = load_cluster("cpu:2", profile=CPU_CALIBRATED)
     plan = parse_plan("dp=2 gbs=4 mbs=1 zero=3 dtype=fp32")
     # collectives on a side stream (overlapping), no FSDP2 copies
     plain = simulate(model, _with_interference(base, None, zero_overlap=True, zero_copies="none"), plan)
@@ -245,10 +253,10 @@ def test_processor_sharing_host_slows_jobs_only_while_they_overlap():
     the first ends at 1.5 s and the second (half done by then) alone at 2.0 s."""
     import simpy
 
-    from parsim.sim.host import Host
+    from parsim.costs.host import ProcessorSharing
 
     env = simpy.Environment()
-    host = Host(env, lambda n: (float(n), 1.0))
+    host = ProcessorSharing(env, lambda n: (float(n), 1.0))
     ends = {}
 
     def job(name, at, fixed=0.0, gemm=1.0):
@@ -262,7 +270,7 @@ def test_processor_sharing_host_slows_jobs_only_while_they_overlap():
     assert ends["a"] == pytest.approx(1.5) and ends["b"] == pytest.approx(2.0)
     # a fixed (not shared) part is not slowed
     env = simpy.Environment()
-    host = Host(env, lambda n: (float(n), 1.0))
+    host = ProcessorSharing(env, lambda n: (float(n), 1.0))
     ends.clear()
     env.process(job("a", 0.0, fixed=1.0, gemm=0.0))
     env.process(job("b", 0.0, fixed=1.0, gemm=0.0))
@@ -273,10 +281,10 @@ def test_processor_sharing_host_slows_jobs_only_while_they_overlap():
 def test_pipeline_ranks_on_a_shared_host_compute_faster_in_the_bubbles_than_in_the_steady_state():
     """pp=4 on 2 cores: rank 0's first forward runs alone (fast); in the steady state all four
     ranks compute at once and its forwards take about the 4-rank slowdown longer."""
-    from parsim.costs.timing import host_contention
+    from parsim.costs.host import host_contention
     from parsim.specs import load_cluster, load_model, parse_plan
 
-    cluster = load_cluster("cpu:4", profile="cpu-calibrated")
+    cluster = load_cluster("cpu:4", profile=CPU_CALIBRATED)
     res = simulate(load_model("cpu-small"), cluster, parse_plan("pp=4 gbs=8 dtype=fp32"))
     forwards = [e.end - e.start for e in res.trace.events if e.rank == 0 and e.kind == "F"]
     assert len(forwards) == 8
@@ -290,7 +298,7 @@ def _cpu_with(**extra):
 
     from parsim.specs import load_cluster
     base = load_cluster("cpu:2")          # no contention table: no host sharing to move times
-    return replace(base, device=replace(base.device, extra={**base.device.extra, **extra}))
+    return replace(base, device=replace(base.device, tables=base.device.tables.replace(**extra)))
 
 
 def test_blocking_zero_collectives_never_overlap_compute():
@@ -334,7 +342,7 @@ def test_sub_pipelined_tp_collectives_under_compute_take_interference_on_a_cpu_h
     from parsim.specs import load_cluster, load_model, parse_plan
 
     model = load_model("cpu-small")
-    base = load_cluster("cpu:2", profile="cpu-calibrated")
+    base = load_cluster("cpu:2", profile=CPU_CALIBRATED)
     plan = parse_plan("tp=2 mbs=2 gbs=4 dtype=fp32 tp_overlap=subpipe")
     plain = simulate(model, _with_interference(base, None), plan)
     hit = simulate(model, _with_interference(base, 0.5), plan)

@@ -1,6 +1,7 @@
 """Synchronous TP collectives are priced in situ (``alpha_insitu``) where a calibrated profile
 measured it, in both engines; DP collectives and profiles without the key keep their prices."""
 import copy
+from pathlib import Path
 
 import pytest
 
@@ -9,14 +10,15 @@ from parsim.sim import simulate
 from parsim.specs import cluster_from_dict, load_model, load_profile_dict, parse_plan
 
 EXTRA = 1e-3      # seconds of in-situ latency added to every calibrated entry
+CPU_CALIBRATED = str(Path(__file__).resolve().parent / "fixtures" / "cpu-calibrated.yaml")   # frozen measured profile
 
 
 def _clusters(world: int, shared: dict | None = None, host_contention: bool = True):
     """The shipped CPU profile without in-situ keys, and with alpha_insitu = alpha + EXTRA
     everywhere (and ``shared``: {ranks on the host: extra seconds} as alpha_insitu_shared).
     ``host_contention=False`` drops the measured compute contention, so ranks do not slow each
-    other down (``sim.host``): a longer TP latency then moves no rank's compute against another's."""
-    base = load_profile_dict("cpu-calibrated")
+    other down (``costs.host``): a longer TP latency then moves no rank's compute against another's."""
+    base = load_profile_dict(CPU_CALIBRATED)
     if not host_contention:
         for key in ("contention", "contention_membound", "contention_layer", "contention_gemm_probe"):
             base["device"]["extra"].pop(key, None)

@@ -4,13 +4,16 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
 from parsim.cli import main
-from parsim.specs import SpecError, parse_plan
+from parsim.specs import SpecError, parse_plan, profile_tables
 from parsim.study.validate import (MeasuredRound, launches, load_matrix, median_round, read_rounds, run_validation,
                                    spearman_rho)
+
+CPU_CALIBRATED = str(Path(__file__).resolve().parent / "fixtures" / "cpu-calibrated.yaml")   # frozen measured profile
 
 
 def test_spearman_rho_is_one_for_the_same_order_and_minus_one_reversed():
@@ -71,7 +74,7 @@ def test_validation_runs_rounds_on_real_processes_and_resumes_without_rerunning(
                  "plans: ['dp=2 gbs=4 dtype=fp32', 'pp=2 gbs=4 schedule=1f1b dtype=fp32']\n")
     matrix = load_matrix(f)
     out = tmp_path / "out"
-    report = run_validation(matrix, "cpu-calibrated", out, progress=False)
+    report = run_validation(matrix, CPU_CALIBRATED, out, progress=False)
     assert len(report.rows) == 2
     rounds = read_rounds(out)
     assert sorted((m.plan, m.round) for m in rounds) == sorted((p.to_string(), k) for p in matrix.plans for k in (0, 1))
@@ -90,7 +93,7 @@ def test_validation_runs_rounds_on_real_processes_and_resumes_without_rerunning(
     # the table is lost but the rounds are kept: the rows come back without running the executor again
     (out / "validation.csv").unlink()
     before = (out / "rounds.csv").read_text()
-    again = run_validation(matrix, "cpu-calibrated", out, progress=False)
+    again = run_validation(matrix, CPU_CALIBRATED, out, progress=False)
     assert (out / "rounds.csv").read_text() == before
     assert [r["measured_step_s"] for r in again.rows] == pytest.approx([r["measured_step_s"] for r in report.rows])
     with (out / "validation.csv").open() as fh:
@@ -99,41 +102,40 @@ def test_validation_runs_rounds_on_real_processes_and_resumes_without_rerunning(
 
 def _probes_like(profile, scale=1.0, contention=None, world=2):
     """Layer probes (before, after) reading the profile's own probe times, scaled."""
-    extra = profile["device"]["extra"]
-    fwd, bwd = extra["layer_probe"]["fwd_s"] * scale, extra["layer_probe"]["bwd_s"] * scale
-    slow = extra["contention_layer"][str(world)] if contention is None else contention
+    tables = profile_tables(profile)
+    fwd, bwd = tables.layer_probe.fwd_s * scale, tables.layer_probe.bwd_s * scale
+    slow = tables.contention_layer.get(world) if contention is None else contention
     return [{"solo_fwd_s": fwd, "solo_bwd_s": bwd, "concurrent_s": (fwd + bwd) * slow, "world": world}] * 2
 
 
 def test_anchoring_to_the_profiles_own_probe_changes_nothing_and_a_slower_layer_scales_compute():
-    import copy
-
-    from parsim.calibration.profile import fit_layer_terms
+    from parsim.calibration.layer_terms import fit_layer_terms
     from parsim.sim import simulate
-    from parsim.specs import cluster_from_dict, load_model, load_profile_dict
     from parsim.calibration.anchor import anchored_profile, probe_drift, probe_request
+    from parsim.specs import cluster_from_dict, device_from_dict, load_model, load_profile_dict
 
-    prof = load_profile_dict("cpu-calibrated")
+    prof = load_profile_dict(CPU_CALIBRATED)
     assert probe_request(prof) == (load_model("cpu-small"), 1, "fp32")
-    refit = copy.deepcopy(prof)
-    fit_layer_terms(refit["device"], load_model("cpu-small"), "fp32")
+    refit = fit_layer_terms(device_from_dict(prof["device"]), load_model("cpu-small"), "fp32")
     same = anchored_profile(prof, _probes_like(prof))
-    for key in ("layer_composition", "contention"):
-        for k, v in refit["device"]["extra"][key].items():
-            assert same["device"]["extra"][key][k] == pytest.approx(v, rel=1e-9), (key, k)
+    anchored = profile_tables(same)
+    assert anchored.layer_composition.fwd == pytest.approx(refit.layer_composition.fwd, rel=1e-9)
+    assert anchored.layer_composition.bwd == pytest.approx(refit.layer_composition.bwd, rel=1e-9)
+    for n, v in refit.contention.values:
+        assert anchored.contention.get(n) == pytest.approx(v, rel=1e-9), n
     assert probe_drift(prof, _probes_like(prof)) == pytest.approx(1.0)
-    assert prof["device"]["extra"]["layer_probe"] == load_profile_dict("cpu-calibrated")["device"]["extra"]["layer_probe"]
+    assert profile_tables(prof) == profile_tables(load_profile_dict(CPU_CALIBRATED))    # the input is untouched
 
     slow = anchored_profile(prof, _probes_like(prof, scale=1.25))
     assert probe_drift(prof, _probes_like(prof, scale=1.25)) == pytest.approx(1.25)
     for p in ("fwd", "bwd"):
-        assert slow["device"]["extra"]["layer_composition"][p] == pytest.approx(
-            1.25 * refit["device"]["extra"]["layer_composition"][p], rel=1e-9)
+        assert profile_tables(slow).layer_composition.factor(p) == pytest.approx(
+            1.25 * refit.layer_composition.factor(p), rel=1e-9)
     # a 4-rank probe reading more contention raises the 4-rank GEMM contention only
-    crowded = anchored_profile(prof, _probes_like(prof, world=4,
-                                                  contention=prof["device"]["extra"]["contention_layer"]["4"] + 1.0))
-    assert crowded["device"]["extra"]["contention"]["4"] > refit["device"]["extra"]["contention"]["4"] + 0.5
-    assert crowded["device"]["extra"]["contention"]["2"] == pytest.approx(refit["device"]["extra"]["contention"]["2"])
+    crowded = profile_tables(anchored_profile(prof, _probes_like(
+        prof, world=4, contention=profile_tables(prof).contention_layer.get(4) + 1.0)))
+    assert crowded.contention.get(4) > refit.contention.get(4) + 0.5
+    assert crowded.contention.get(2) == pytest.approx(refit.contention.get(2))
 
     model, plan = load_model("cpu-small"), parse_plan("pp=2 gbs=8 schedule=1f1b dtype=fp32")
     base = simulate(model, cluster_from_dict(same, 2), plan, mode="full").step_time_s
@@ -172,9 +174,8 @@ def test_a_profile_calibrated_on_a_model_file_keeps_its_spec_so_the_layer_probe_
     from parsim.calibration.anchor import anchored_profile, probe_request
 
     custom = ModelSpec(name="not-a-preset", layers=2, hidden=256, heads=4, ffn_hidden=1024, vocab=5000, seq_len=64)
-    prof = copy.deepcopy(load_profile_dict("cpu-calibrated"))
+    prof = copy.deepcopy(load_profile_dict(CPU_CALIBRATED))
     prof["provenance"].update(model="not-a-preset", model_spec=dataclasses.asdict(custom))
     assert probe_request(prof) == (custom, 1, "fp32")
     anchored = anchored_profile(prof, _probes_like(prof, scale=1.1))
-    assert anchored["device"]["extra"]["layer_probe"]["fwd_s"] == pytest.approx(
-        1.1 * prof["device"]["extra"]["layer_probe"]["fwd_s"])
+    assert profile_tables(anchored).layer_probe.fwd_s == pytest.approx(1.1 * profile_tables(prof).layer_probe.fwd_s)

@@ -70,7 +70,12 @@ class Calibration:
 def profile_summary(profile: dict[str, Any]) -> dict[str, Any]:
     """The headline numbers of a profile: peak FLOP/s per dtype, memory bandwidth (bytes/s),
     op overhead (s), GEMM curve, contention, and alpha (s) / beta (s/byte) per collective."""
-    dev, net = profile["device"], profile["network"]
+    from parsim.specs import CollectiveTables, profile_tables
+
+    dev, tables = profile["device"], profile_tables(profile)
+    layer = {k: v.to_dict() for k, v in (("layer_composition", tables.layer_composition),
+                                         ("contention_layer", tables.contention_layer)) if v is not None}
+    collectives = CollectiveTables.from_dict(profile["network"].get("collectives"))
     return {
         "name": profile["name"],
         "duration_s": profile["provenance"]["duration_s"],
@@ -79,11 +84,14 @@ def profile_summary(profile: dict[str, Any]) -> dict[str, Any]:
         "kernel_overhead_s": dev["kernel_overhead_s"],
         "gemm": dev["gemm"],
         "attention_efficiency": dev["attention_efficiency"],
-        "contention": dev["extra"]["contention"],
-        **{k: dev["extra"][k] for k in ("layer_composition", "contention_layer") if k in dev["extra"]},
-        "collectives": {op: {n: {k: e[k] for k in ("alpha", "beta", "alpha_insitu", "alpha_insitu_shared") if k in e}
-                             for n, e in per.items()}
-                        for op, per in net.get("collectives", {}).items()},
+        "contention": tables.contention.to_dict(),
+        **layer,
+        "collectives": {op: {str(n): {k: v for k, v in (("alpha", f.alpha), ("beta", f.beta),
+                                                        ("alpha_insitu", f.alpha_insitu),
+                                                        ("alpha_insitu_shared", f.alpha_insitu_shared and
+                                                         f.alpha_insitu_shared.to_dict())) if v is not None}
+                             for n, f in per.items()}
+                        for op, per in (collectives.ops or {}).items()},
     }
 
 

@@ -38,32 +38,33 @@ def run(args) -> int:
 
 
 def render(profile: dict, path: Path) -> str:
-    dev, net, prov = profile["device"], profile["network"], profile["provenance"]
+    from parsim.specs import CollectiveTables, profile_tables
+
+    dev, prov, tables = profile["device"], profile["provenance"], profile_tables(profile)
     lines = [f"{profile['name']}: {prov['cpu']} x {prov['cores']} cores, torch {prov['torch']} {prov['backend']}, "
              f"{prov['duration_s']:.0f} s",
              "peak GEMM " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in dev["peak_flops"].items())
              + f"; gemm curve max_eff {dev['gemm']['max_efficiency']:.2f} half_dim {dev['gemm']['half_dim']:.0f}",
              f"memory-bound {dev['memory_bandwidth'] / 1e9:.2f} GB/s; op overhead {dev['kernel_overhead_s'] * 1e6:.1f} us; "
              f"attention eff {dev['attention_efficiency']:.2f}",
-             "contention (ranks: slowdown) " + ", ".join(f"{k}: {v:.2f}" for k, v in dev["extra"]["contention"].items())]
-    extra = dev["extra"]
-    if "layer_composition" in extra:
-        probe, comp = extra["layer_probe"], extra["layer_composition"]
-        lines.append(f"real layer (mbs={probe['mbs']}, tp=1): forward {probe['fwd_s'] * 1e3:.1f} ms "
-                     f"(x{comp['fwd']:.3f} the per-op sum), backward {probe['bwd_s'] * 1e3:.1f} ms (x{comp['bwd']:.3f})"
+             "contention (ranks: slowdown) " + ", ".join(f"{k}: {v:.2f}" for k, v in tables.contention.values)]
+    if tables.layer_composition is not None:
+        probe, comp = tables.layer_probe, tables.layer_composition
+        lines.append(f"real layer (mbs={probe.mbs}, tp=1): forward {probe.fwd_s * 1e3:.1f} ms "
+                     f"(x{comp.fwd:.3f} the per-op sum), backward {probe.bwd_s * 1e3:.1f} ms (x{comp.bwd:.3f})"
                      + ("; slowdown with N ranks at once " + ", ".join(f"{k}: {v:.2f}" for k, v in
-                                                                      extra["contention_layer"].items())
-                        if "contention_layer" in extra else ""))
-        if probe.get("blocks"):
-            sums = [(f + b) * 1e3 for f, b in probe["blocks"]]
+                                                                      tables.contention_layer.values)
+                        if tables.contention_layer is not None else ""))
+        if probe.blocks:
+            sums = [(f + b) * 1e3 for f, b in probe.blocks]
             lines.append(f"  the layer's forward + backward in {len(sums)} blocks over the run: "
                          + " / ".join(f"{x:.1f}" for x in sums)
                          + f" ms (the machine's drift: {(max(sums) - min(sums)) / min(sums):.0%}; the profile takes "
                          "the median of all samples)")
     lines.append("")
-    rows = [[op, n, f"{e['alpha'] * 1e3:.3f}", f"{e['alpha_insitu'] * 1e3:.3f}" if "alpha_insitu" in e else "-",
-             f"{1 / e['beta'] / 1e9:.3f}" if e["beta"] > 0 else "inf", f"{e['spread']:.2f}", f"{e['fit_rms_rel']:.2f}"]
-            for op, per in net.get("collectives", {}).items() for n, e in per.items()]
+    rows = [[op, str(n), f"{f.alpha * 1e3:.3f}", f"{f.alpha_insitu * 1e3:.3f}" if f.alpha_insitu is not None else "-",
+             f"{1 / f.beta / 1e9:.3f}" if f.beta > 0 else "inf", f"{f.spread:.2f}", f"{f.fit_rms_rel:.2f}"]
+            for op, n, f in CollectiveTables.from_dict(profile["network"].get("collectives")).entries()]
     if rows:
         lines.append(table(rows, ["collective", "ranks", "alpha ms", "in situ ms", "1/beta GB/s", "spread", "fit rms"]))
     lines.append(f"wrote {path}")

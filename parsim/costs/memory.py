@@ -128,7 +128,7 @@ def fsdp2_bytes(model: ModelSpec, plan: Plan, n_params: float) -> tuple[float, f
 
 
 def uses_fsdp2(cluster: ClusterSpec | None) -> bool:
-    return cluster is not None and cluster.device.extra.get("zero_copies") == "fsdp2"
+    return cluster is not None and cluster.device.tables.fsdp2_copies
 
 
 def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[StageFootprint]:

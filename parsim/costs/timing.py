@@ -14,20 +14,22 @@
   one channel per NIC and pipelines chunks through the NVLink hops, so a sequential
   intra-RS / inter-AR / intra-AG sum would overstate the time; Jeaugey, "Massively Scale
   Your Deep Learning Training with NCCL 2.4", NVIDIA blog 2019).
-  A calibrated profile's ``collectives`` (alpha + beta*x per op and group size) takes
-  precedence, where x is the per-rank tensor passed to the call (input of all_gather,
-  input of reduce_scatter, the buffer of all_reduce, the message of send/recv); TP
-  collectives (``in_situ``) take its ``alpha_insitu`` where the profile has one.
-* GPU GEMMs: optional tile/wave quantisation (``device.extra["gemm_waves"]``), and fused
+  A calibrated profile's ``collectives`` (alpha + beta*x per op and group size,
+  ``specs.CollectiveTables``) take precedence, where x is the per-rank tensor passed to the
+  call (input of all_gather, input of reduce_scatter, the buffer of all_reduce, the message
+  of send/recv); TP collectives (``in_situ``) take its ``alpha_insitu`` where the profile
+  has one.
+* GPU GEMMs: optional tile/wave quantisation (``CalibratedTables.gemm_waves``), and fused
   causal attention (FlashAttention) skips the masked half of the score blocks.
+
+Calibrated tables are read from ``DeviceProfile.tables`` (``specs.CalibratedTables``). How
+ranks sharing a CPU host slow each other down is ``costs.host``.
 """
 from __future__ import annotations
 
-import bisect
 import math
-from dataclasses import dataclass
 
-from parsim.specs import ClusterSpec, DeviceProfile
+from parsim.specs import AttentionTable, ClusterSpec, DeviceProfile
 
 from .ops import Op
 
@@ -40,9 +42,9 @@ def gemm_time(device: DeviceProfile, m: float, n: float, k: float, dtype: str, b
     flops = 2.0 * m * n * k * batch
     if flops <= 0:
         return 0.0
-    table = device.extra.get("gemm_table", {}).get(dtype)
-    if table:
-        rate = _table_rate(table, m, n, k)
+    table = device.tables.gemm_table(dtype)
+    if table is not None:
+        rate = table.nearest_rate(m, n, k)
     else:
         eff = device.gemm.efficiency(m, n, k) * wave_efficiency(device, m, n, batch)
         rate = device.flops(dtype) * max(eff, 1e-6)
@@ -54,54 +56,41 @@ def wave_efficiency(device: DeviceProfile, m: float, n: float, batch: int = 1) -
     thread block each, run in waves of ``sms`` blocks; the last partial wave leaves SMs idle.
     efficiency = tiles / (ceil(tiles / sms) * sms)  (NVIDIA, "Matrix Multiplication
     Background User's Guide", Sec. "Wave Quantization"). Off unless the profile gives
-    ``extra.gemm_waves: {sms, tile_m, tile_n}``."""
-    waves = device.extra.get("gemm_waves")
-    if not waves:
+    ``gemm_waves: {sms, tile_m, tile_n}``."""
+    waves = device.tables.gemm_waves
+    if waves is None:
         return 1.0
-    sms = int(waves["sms"])
-    tiles = math.ceil(m / float(waves["tile_m"])) * math.ceil(n / float(waves["tile_n"])) * batch
+    sms = int(waves.sms)
+    tiles = math.ceil(m / float(waves.tile_m)) * math.ceil(n / float(waves.tile_n)) * batch
     return tiles / (math.ceil(tiles / sms) * sms)
-
-
-def _table_rate(table: list, m: float, n: float, k: float) -> float:
-    """Achieved FLOP/s of the measured shape nearest in log space (shapes a model uses
-    repeat exactly, so nearest is usually an exact hit)."""
-    best, best_d = None, math.inf
-    lm, ln, lk = math.log(m), math.log(n), math.log(k)
-    for row in table:
-        d = (math.log(row[0]) - lm) ** 2 + (math.log(row[1]) - ln) ** 2 + (math.log(row[2]) - lk) ** 2
-        if d < best_d:
-            best, best_d = row, d
-    return float(best[3])
 
 
 def membound_time(device: DeviceProfile, nbytes: float, op_name: str = "") -> float:
     if nbytes <= 0:
         return 0.0
-    table = device.extra.get("membound_table", {})
-    bw = table.get(op_name) or device.memory_bandwidth * device.membound_efficiency
+    bw = device.tables.membound_rate(op_name) or device.memory_bandwidth * device.membound_efficiency
     return nbytes / float(bw) + device.kernel_overhead_s
 
 
 def op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
     """Duration of ``op`` in pass "fwd", "bwd_input", "bwd_weight" or "bwd" (both), seconds.
 
-    Profiles calibrated with the real-layer probe carry ``device.extra.layer_composition``
+    Profiles calibrated with the real-layer probe carry ``tables.layer_composition``
     {fwd, bwd}: a real layer's measured forward / backward time over the sum of its ops
     priced from the per-op tables, on the same machine in the same run (``parsim calibrate``;
-    ``calibration.profile._layer_calibration``). Ops timed alone miss what composing them
+    ``calibration.layer_terms``). Ops timed alone miss what composing them
     costs (autograd's engine, bias-gradient reductions, layout copies, allocation, evicted
     caches), so every op of a pass is scaled by its pass's factor. Other profiles: 1."""
     if pass_ == "bwd":
         return op_time(device, op, "bwd_input", dtype) + op_time(device, op, "bwd_weight", dtype)
-    composition = device.extra.get("layer_composition")
-    factor = float(composition["fwd" if pass_ == "fwd" else "bwd"]) if composition else 1.0
+    composition = device.tables.layer_composition
+    factor = composition.factor(pass_) if composition is not None else 1.0
     return _op_time(device, op, pass_, dtype) * factor
 
 
 def _op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
     if op.grad_accumulation:
-        if pass_ != "bwd_weight" or device.extra.get("grad_accumulation", "fused") != "unfused":
+        if pass_ != "bwd_weight" or not device.tables.unfused_grad_accumulation:
             return 0.0
         return membound_time(device, op.bwd_bytes, "grad_accumulate")
     if op.kind == "membound":
@@ -112,8 +101,8 @@ def _op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
     if flops <= 0:
         return 0.0
     if op.kind == "attention":
-        table = device.extra.get("attention_table", {}).get(dtype)
-        if table:
+        table = device.tables.attention_table(dtype)
+        if table is not None:
             return flops / _attention_rate(table, op, pass_) + device.kernel_overhead_s
         # Causal FlashAttention skips the score blocks above the diagonal: it executes about
         # half of the 4 b s^2 h FLOPs counted (Dao 2023, FlashAttention-2, Sec. 3.1.1; its
@@ -129,15 +118,13 @@ def _op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
     return gemm_time(device, *shape, dtype, batch=op.batch) * gemms
 
 
-def _attention_rate(table: list, op: Op, pass_: str = "fwd") -> float:
+def _attention_rate(table: AttentionTable, op: Op, pass_: str = "fwd") -> float:
     """FLOP/s of a fused attention op in ``pass_`` from the measured table, rows
     [batch_heads, seq, head_dim, fwd_s, bwd_s] (``parsim calibrate``): the row nearest in log
     space over all three (an exact hit for the model's own shapes; rows of equal key, e.g. MHA
     and GQA splits, are averaged), with the op's counted FLOPs per pass (backward = 2.5x
     forward, ``costs.ops``) over the row's measured seconds of that pass."""
-    key = (op.batch, op.shape[0], op.shape[2])
-    dists = [sum((math.log(a) - math.log(b)) ** 2 for a, b in zip(r[:3], key)) for r in table]
-    rows = [r for r, x in zip(table, dists) if x == min(dists)]
+    rows = table.nearest((op.batch, op.shape[0], op.shape[2]))
     bh, s, d = rows[0][:3]
     row_flops = 4.0 * bh * s * s * d
     column, flops_per_fwd = (3, 1.0) if pass_ == "fwd" else (4, op.bwd_input_flops / op.fwd_flops)
@@ -152,18 +139,10 @@ _CAL_KEYS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_sca
 
 def _calibrated(cluster: ClusterSpec, op: str, n: int, x: float, in_situ: bool = False,
                 host_ranks: int | None = None) -> float | None:
-    table = cluster.network.collectives.get(_CAL_KEYS.get(op, op))
-    if not table:
+    fit = cluster.network.collectives.fit(_CAL_KEYS.get(op, op), n)
+    if fit is None:
         return None
-    sizes = sorted(int(k) for k in table)
-    key = str(n) if str(n) in table else str(sizes[min(bisect.bisect_left(sizes, n), len(sizes) - 1)])
-    ab = table[key]
-    alpha = ab["alpha"]
-    if in_situ:
-        alpha = ab.get("alpha_insitu", alpha)
-        if host_ranks is not None and host_ranks > n:
-            alpha = ab.get("alpha_insitu_shared", {}).get(str(host_ranks), alpha)
-    return float(alpha) + float(ab["beta"]) * x
+    return fit.seconds(x, in_situ, host_ranks, group=n)
 
 
 def collective_time(cluster: ClusterSpec, op: str, nbytes: float, group: list[int], in_situ: bool = False,
@@ -243,84 +222,6 @@ def optimizer_time(cluster: ClusterSpec, num_params: float, dtype: str, on_host:
     if on_host:
         return nbytes / dev.host_memory_bandwidth
     return membound_time(dev, nbytes, "adamw")
-
-
-@dataclass(frozen=True)
-class ComputeScale:
-    """Factors on a rank's compute time: GEMMs and attention, and memory-bound ops (which
-    slow down more when ranks share a host's memory bandwidth than GEMMs do)."""
-    gemm: float = 1.0
-    membound: float = 1.0
-
-    def of(self, op: Op) -> float:
-        return self.membound if op.kind == "membound" else self.gemm
-
-    def times(self, factor: float) -> "ComputeScale":
-        return ComputeScale(self.gemm * factor, self.membound * factor)
-
-
-def host_scale(cluster: ClusterSpec, ranks: float) -> ComputeScale:
-    """``host_contention`` of both op kinds for ``ranks`` ranks computing at once."""
-    return ComputeScale(host_contention(cluster, ranks, "gemm"), host_contention(cluster, ranks, "membound"))
-
-
-def host_sharing(cluster: ClusterSpec, ranks_per_job: float):
-    """The sharing law of a host whose jobs each stand for ``ranks_per_job`` identical ranks:
-    n jobs computing at once -> their (GEMM, memory-bound) slowdown, ``host_contention`` at
-    n * ranks_per_job ranks (``parsim.sim.host.Host``; the engine and the partitioner)."""
-    return lambda n: (host_contention(cluster, n * ranks_per_job, "gemm"),
-                      host_contention(cluster, n * ranks_per_job, "membound"))
-
-
-def host_contention(cluster: ClusterSpec, ranks: float, kind: str = "gemm") -> float:
-    """Compute slowdown when ``ranks`` processes of one plan compute at once on a host's cores.
-
-    Calibrated CPU profiles carry ``device.extra.contention``: {concurrent ranks: measured
-    per-rank GEMM slowdown when that many ranks multiply at once} and
-    ``contention_membound`` (the same for a streaming add: memory bandwidth is shared even
-    when cores are not) (``parsim calibrate``); ``kind`` picks "gemm" or "membound" (which
-    falls back to the GEMM table).
-    Between measured counts the slowdown is interpolated linearly (``ranks`` may be a
-    fraction: the average number of ranks computing, see ``sim.engine.simulate``); beyond the
-    largest it scales with ranks per core (processor sharing). GPUs and uncalibrated
-    profiles: 1 (each rank owns its device)."""
-    extra = cluster.device.extra
-    table = (extra.get("contention_membound") if kind == "membound" else None) or extra.get("contention")
-    on_host = min(float(ranks), float(cluster.devices_per_node))
-    if not table or on_host <= 1:
-        return 1.0
-    return max(_per_ranks(table, on_host, 1.0, beyond="scale"), 1.0)
-
-
-def comm_interference(cluster: ClusterSpec, ranks: float) -> float:
-    """Seconds of compute a rank loses per second of collective that runs while it computes.
-
-    On a CPU host the collective is CPU work: gloo's threads reduce and copy the buffers and
-    the kernel moves the loopback TCP bytes, on the same cores as the rank's GEMMs, so an
-    "overlapped" gradient all-reduce still delays the compute it overlaps. Calibrated CPU
-    profiles carry ``device.extra.comm_interference``: {ranks: measured (T_both - T_compute)
-    / T_comm} when ``ranks`` ranks compute while all-reducing 4 MiB buffers in the
-    background (``calibration.comm``), interpolated linearly between counts and held beyond
-    the largest. GPUs and uncalibrated profiles: 0 (a GPU collective runs on its own SMs and
-    copy engines; the few percent it takes from concurrent GEMMs are not modelled).
-    Dimensionless, >= 0."""
-    table = cluster.device.extra.get("comm_interference")
-    on_host = min(float(ranks), float(cluster.devices_per_node))
-    if not table or on_host <= 1:
-        return 0.0
-    return max(_per_ranks(table, on_host, 0.0, beyond="hold"), 0.0)
-
-
-def _per_ranks(table: dict, ranks: float, at_one: float, beyond: str) -> float:
-    """A per-rank-count table {count: value} at ``ranks`` (may be fractional): linear between
-    measured counts (``at_one`` at 1 rank); past the largest, ``beyond`` = "scale" (grows
-    with ranks: processor sharing) or "hold" (the last value)."""
-    points = sorted({1: at_one, **{int(k): float(v) for k, v in table.items()}}.items())
-    for (k0, v0), (k1, v1) in zip(points, points[1:]):
-        if ranks <= k1:
-            return v0 + (v1 - v0) * (ranks - k0) / (k1 - k0)
-    k, v = points[-1]
-    return v * ranks / k if beyond == "scale" else v
 
 
 def parameter_server_time(cluster: ClusterSpec, nbytes: float, group: list[int]) -> float:

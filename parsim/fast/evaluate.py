@@ -50,14 +50,11 @@ def link_row(cluster: ClusterSpec) -> np.ndarray:
     k[K.K_INTRA_BW], k[K.K_INTRA_A] = net.intra_node.bandwidth, net.intra_node.latency
     k[K.K_INTER_BW], k[K.K_INTER_A] = net.inter_node.bandwidth, net.inter_node.latency
     k[K.K_HOST_BW], k[K.K_HOST_A] = net.host_link.bandwidth, net.host_link.latency
-    cal = net.collectives.get("send_recv")
-    if cal:
-        # timing._calibrated picks the table entry for 2 ranks (or the nearest above)
-        sizes = sorted(int(s) for s in cal)
-        key = "2" if "2" in cal else str(next((s for s in sizes if s >= 2), sizes[-1]))
-        k[K.K_P2P_CAL], k[K.K_P2P_A], k[K.K_P2P_B] = 1.0, float(cal[key]["alpha"]), float(cal[key]["beta"])
+    cal = net.collectives.fit("send_recv", 2)       # as timing.p2p_time prices a send
+    if cal is not None:
+        k[K.K_P2P_CAL], k[K.K_P2P_A], k[K.K_P2P_B] = 1.0, float(cal.alpha), float(cal.beta)
     k[K.K_DPN] = cluster.devices_per_node
-    bw = dev.extra.get("membound_table", {}).get("adamw") or dev.memory_bandwidth * dev.membound_efficiency
+    bw = dev.tables.membound_rate("adamw") or dev.memory_bandwidth * dev.membound_efficiency
     k[K.K_MEMBOUND_BW] = float(bw)
     k[K.K_OVERHEAD] = dev.kernel_overhead_s
     k[K.K_HOST_MEM_BW] = dev.host_memory_bandwidth

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numba
 
 from .memory import plan_memory
-from .timing import plan_time
+from .timing import DPSync, PlanKnobs, plan_time
 
 
 @numba.njit(cache=True)
@@ -25,5 +25,5 @@ def evaluate_all(out, dp, tp, pp, vpp, mbs, gbs, schedule, zero, offload, recomp
         lrow, hrow, drow = layer[layer_id[i]], head[head_id[i]], dtype[dtype_id[i]]
         plan_memory(out[i], dp[i], pp[i], vpp[i], zero[i], offload[i], lrow, hrow, drow, ranks, moments,
                     moment_start[moff:moff + pp[i]], moment_count[moff:moff + pp[i]], bucket_bytes)
-        plan_time(out[i], dp[i], tp[i], pp[i], vpp[i], m, schedule[i], zero[i], offload[i], dp_impl[i], lrow, hrow,
-                  drow, ranks, bucket_bytes, dp_overlap, k)
+        plan_time(out[i], PlanKnobs(dp[i], tp[i], pp[i], vpp[i], m, schedule[i], zero[i], offload[i], dp_impl[i]),
+                  lrow, hrow, drow, ranks, DPSync(bucket_bytes, dp_overlap), k)

@@ -98,7 +98,7 @@ def _tp_seconds(cluster: ClusterSpec, model: ModelSpec, plan: Plan, phase: str, 
 def _prices_by_host_ranks(cluster: ClusterSpec) -> bool:
     """Does a calibrated collective price in-situ calls by the ranks sharing the host
     (``alpha_insitu_shared``)? Then the layer rows depend on the plan's ranks per node."""
-    return any("alpha_insitu_shared" in e for per in cluster.network.collectives.values() for e in per.values())
+    return cluster.network.collectives.prices_by_host_ranks
 
 
 def _compute_before_first_collective(cluster: ClusterSpec, model: ModelSpec, plan: Plan, phase: str, ops) -> float:

@@ -33,6 +33,7 @@ parameter server's broadcast. The step ends when the slowest rank is done.
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 
 import numba
 import numpy as np
@@ -117,18 +118,49 @@ def _sync_rounds(c, zero, dp_impl):
     return c[C_RS_ALL], c[C_RS_LAST], c[C_AG_ALL]     # ZeRO-1: reduce-scatter, then all-gather
 
 
+# What ``plan_time`` reads of one plan (numba-compatible records: plain tuples with names).
+# The plan's integer knobs (codes: ``fast.codes``; ``m`` the microbatches per step):
+PlanKnobs = namedtuple("PlanKnobs", "dp tp pp vpp m schedule zero offload dp_impl")
+# the sweep's DP bucketing: bucket bytes, and whether buckets overlap the last backward
+DPSync = namedtuple("DPSync", "bucket_bytes overlap")
+# the plan's terms shared by the pipeline and the end of the step (seconds, parameters, bytes;
+# flags), read once from its rows so the per-rank steps take scalars
+PlanTerms = namedtuple("PlanTerms", "f_layer b_layer tp_layer tp_f tp_b gather scatter f_wait b_wait h2d "
+                                    "zero3 zero2 shared tp_last_layer layer_params grad_bytes emb_bwd head_bwd "
+                                    "emb_params head_params")
+
+
 @numba.njit(cache=True)
-def plan_time(out, dp, tp, pp, vpp, m, schedule, zero, offload, dp_impl, lrow, hrow, drow, ranks,
-              bucket_bytes, dp_overlap, k):
-    """Write step time, pipeline time, bubble fraction and exposed communication into ``out``."""
-    last = pp - 1
-    lp = lrow[L_PARAMS]
-    pb, gb = drow[D_PARAM], drow[D_GRAD]
+def plan_time(out, plan, lrow, hrow, drow, ranks, sync, k):
+    """Write step time, pipeline time, bubble fraction and exposed communication into ``out``:
+    ``plan`` a ``PlanKnobs``; its rows of the cost tables (``fast.tables``): ``lrow`` (layer),
+    ``hrow`` (embedding / head), ``drow`` (dtype) and the (pp, ...) ``ranks`` rows; ``sync`` the
+    sweep's ``DPSync``; ``k`` the cluster's link row (``fast.codes``). The per-rank steps read
+    scalars only (``PlanTerms``): array arguments of inlined helpers cost a reference count
+    each, a quarter more time per plan."""
+    t = _plan_terms(plan, lrow, hrow, drow, ranks, k)
+    t_pipe, rank_x, sends, tp_total, queued_tp, max_b, max_x = _pipeline(plan, hrow, ranks, t, k)
+    step, exposed_dp, busy = _end_of_step(plan, hrow, drow, ranks, t, k, sync, t_pipe, rank_x, max_b, max_x)
+    m, pp = plan.m, plan.pp
+    out[O_STEP] = step
+    out[O_PIPE] = t_pipe
+    out[O_BUBBLE] = 1.0 - busy / (pp * step) if step > 0 else 0.0
+    out[O_TP] = m * (tp_total + queued_tp) / pp
+    out[O_DP] = (exposed_dp - m * queued_tp) / pp
+    # each rank waits one send per microbatch on the wire, and once more in the fill
+    out[O_PP] = (2.0 * m if plan.schedule == NAIVE else m + 1.0) * sends / pp
+
+
+@numba.njit(cache=True, inline="always")
+def _plan_terms(plan, lrow, hrow, drow, ranks, k):
+    """One layer's forward / backward seconds (TP collectives and recomputation in), the
+    ZeRO-3 per-layer DP work and the waits before an action's first layer, and what the end
+    of the step reads of the layer, dtype and head rows."""
     f_layer = lrow[L_FWD] + lrow[L_TP_FWD]
     b_layer = lrow[L_BWD] + lrow[L_TP_BWD] + lrow[L_RECOMPUTE] + lrow[L_TP_RECOMPUTE]
     tp_layer = lrow[L_TP_FWD] + lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE]
-    zero3 = zero >= 3 and dp > 1
-    zero2 = zero == 2 and dp > 1 and dp_impl != PS
+    zero3 = plan.zero >= 3 and plan.dp > 1
+    zero2 = plan.zero == 2 and plan.dp > 1 and plan.dp_impl != PS
     # TP and DP on one port: the DP stream's transfers queue with the TP collectives
     shared = ranks[0, R_COMM + C_SHARED_LINK] > 0
     # a layer's first TP collective queues behind the DP transfers issued at its start, so on
@@ -139,89 +171,97 @@ def plan_time(out, dp, tp, pp, vpp, m, schedule, zero, offload, dp_impl, lrow, h
     f_wait, b_wait, h2d = 0.0, 0.0, 0.0
     if zero3:
         gather = ranks[0, R_COMM + C_Z3_GATHER]
-        if offload == OFF_OPT_PARAMS:
-            h2d = host_copy(k, lp * pb / dp)       # over PCIe, not the port TP uses
+        if plan.offload == OFF_OPT_PARAMS:
+            h2d = host_copy(k, lrow[L_PARAMS] * drow[D_PARAM] / plan.dp)   # over PCIe, not the port TP uses
             gather += h2d
         scatter = ranks[0, R_COMM + C_Z3_SCATTER]
         # an action's first gather waits behind the previous backward's last reduce-scatter
         # when it follows that backward directly: forwards in 1F1B, backwards in GPipe
+        schedule = plan.schedule
         f_wait = gather + (scatter if schedule == ONE_F_ONE_B or schedule == INTERLEAVED else 0.0)
         b_wait = gather + (scatter if schedule == GPIPE else 0.0)
+    head_params = hrow[H_HEAD_PARAMS_PP1] if plan.pp == 1 else hrow[H_HEAD_PARAMS_PPN]
+    return PlanTerms(f_layer, b_layer, tp_layer, tp_f, tp_b, gather, scatter, f_wait, b_wait, h2d, zero3, zero2,
+                     shared, lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE], lrow[L_PARAMS], drow[D_GRAD], hrow[H_EMB_BWD],
+                     hrow[H_HEAD_BWD], hrow[H_EMB_PARAMS], head_params)
+
+
+@numba.njit(cache=True, inline="always")
+def _backward(t, L, vpp):
+    """The backward of a rank's ``L`` layers in ``vpp`` actions (ZeRO-3: their DP waits in)."""
+    if t.zero3:
+        return _chained(L, vpp, t.b_wait, t.b_layer, max(t.gather + t.scatter, t.gather - t.h2d + t.scatter + t.tp_b))
+    return L * t.b_layer
+
+
+@numba.njit(cache=True, inline="always")
+def _pipeline(plan, hrow, ranks, t, k):
+    """One microbatch per rank, and the pipeline: (pipeline time, each rank's forward +
+    backward per microbatch, sends of the fill, TP time per microbatch, TP time queued behind
+    ZeRO-3 transfers, the slowest rank's backward, the slowest rank's forward + backward)."""
+    pp, vpp = plan.pp, plan.vpp
+    last = pp - 1
     p2p = hrow[H_P2P_BYTES]
-    # ---- one microbatch per rank, and the pipeline
     sum_x, max_x, sends, tp_total = 0.0, 0.0, 0.0, 0.0
     rank_x = np.zeros(pp)
     queued_tp = 0.0        # TP collectives waiting behind ZeRO-3 transfers on a shared port
     max_b = 0.0            # the slowest rank's backward (GPipe's backwards run at its pace)
     for r in range(pp):
         L = ranks[r, R_LAYERS]
-        if zero3:
-            x = (_chained(L, vpp, f_wait, f_layer, max(gather, gather - h2d + tp_f))
-                 + _chained(L, vpp, b_wait, b_layer, max(gather + scatter, gather - h2d + scatter + tp_b)))
-            if shared:
-                queued_tp += x - (_chained(L, vpp, f_wait, f_layer, gather)
-                                  + _chained(L, vpp, b_wait, b_layer, gather + scatter))
+        if t.zero3:
+            x = (_chained(L, vpp, t.f_wait, t.f_layer, max(t.gather, t.gather - t.h2d + t.tp_f))
+                 + _backward(t, L, vpp))
+            if t.shared:
+                queued_tp += x - (_chained(L, vpp, t.f_wait, t.f_layer, t.gather)
+                                  + _chained(L, vpp, t.b_wait, t.b_layer, t.gather + t.scatter))
         else:
-            x = L * (f_layer + b_layer)
-        root_b = _root_unit(zero3, ranks[r, R_COMM:R_CHUNK], False)
-        x += _edges(r, last, hrow) + _root_unit(zero3, ranks[r, R_COMM:R_CHUNK], True) + root_b
-        max_b = max(max_b, L * b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0)
+            x = L * (t.f_layer + t.b_layer)
+        root_b = _root_unit(t.zero3, ranks[r, R_COMM:R_CHUNK], False)
+        x += _edges(r, last, hrow) + _root_unit(t.zero3, ranks[r, R_COMM:R_CHUNK], True) + root_b
+        max_b = max(max_b, L * t.b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0)
                     + (hrow[H_HEAD_BWD] if r == last else 0.0) + root_b)
         rank_x[r] = x
         sum_x += x
         max_x = max(max_x, x)
-        tp_total += L * tp_layer
+        tp_total += L * t.tp_layer
         if r < last:
-            sends += p2p_seconds(k, p2p, r * dp * tp, (r + 1) * dp * tp)
-    if schedule == NAIVE:
+            sends += p2p_seconds(k, p2p, r * plan.dp * plan.tp, (r + 1) * plan.dp * plan.tp)
+    m = plan.m
+    if plan.schedule == NAIVE:
         t_pipe = m * (sum_x + 2.0 * sends)
-    elif schedule == INTERLEAVED:
+    elif plan.schedule == INTERLEAVED:
         t_pipe = sum_x / vpp + (m - 1.0 / vpp) * max_x + 2.0 * sends
     else:
         t_pipe = sum_x + (m - 1) * max_x + 2.0 * sends
-    # ---- end of step, rank by rank (rank 0 runs the last backward; rank r ends earlier by the
-    # backwards and sends of the ranks before it)
+    return t_pipe, rank_x, sends, tp_total, queued_tp, max_b, max_x
+
+
+@numba.njit(cache=True, inline="always")
+def _end_of_step(plan, hrow, drow, ranks, t, k, sync, t_pipe, rank_x, max_b, max_x):
+    """End of the step, rank by rank (rank 0 runs the last backward; rank r ends earlier by the
+    backwards and sends of the ranks before it): (step time, exposed DP time summed over
+    ranks, compute-busy rank-seconds)."""
+    pp, vpp, m, dp, zero = plan.pp, plan.vpp, plan.m, plan.dp, plan.zero
+    last = pp - 1
+    p2p = hrow[H_P2P_BYTES]
+    pb, gb = drow[D_PARAM], drow[D_GRAD]
     step, exposed_dp, busy = 0.0, 0.0, 0.0
     end_r = t_pipe
+    on_host = plan.offload != OFF_NONE
     for r in range(pp):
         L = ranks[r, R_LAYERS]
         n = ranks[r, R_PARAMS]
-        b_rank = (_chained(L, vpp, b_wait, b_layer, max(gather + scatter, gather - h2d + scatter + tp_b)) if zero3
-                  else L * b_layer)
+        b_rank = _backward(t, L, vpp)
         if r == 0:
             b_rank += hrow[H_EMB_BWD]
         if r == last:
             b_rank += hrow[H_HEAD_BWD]
-        b_rank += _root_unit(zero3, ranks[r, R_COMM:R_CHUNK], False)
+        b_rank += _root_unit(t.zero3, ranks[r, R_COMM:R_CHUNK], False)
         if r > 0:
-            end_r -= b_rank / vpp + p2p_seconds(k, p2p, (r - 1) * dp * tp, r * dp * tp)
+            end_r -= b_rank / vpp + p2p_seconds(k, p2p, (r - 1) * dp * plan.tp, r * dp * plan.tp)
         shard = n / (dp if zero >= 1 else 1)
-        on_host = offload != OFF_NONE
-        ready = end_r
-        post = 0.0
-        if zero2:
-            # from the rank's first backward to its last one's end: m backwards at the pipeline's pace
-            pace = t_pipe / m if schedule == NAIVE else (max_b if schedule == GPIPE else max_x)
-            window = (m - 1.0 / vpp) * pace + b_rank / vpp
-            ready = _scatter_end(r, last, vpp, L, L if vpp == 1 else ranks[r, R_CHUNK], end_r, b_layer, hrow,
-                                 ranks[r, R_COMM:R_CHUNK], m, window)
-            post = ranks[r, R_COMM + C_AG_ALL]
-        elif dp > 1 and not zero3:
-            sync_all, sync_last, post = _sync_rounds(ranks[r, R_COMM:R_CHUNK], zero, dp_impl)
-            ready = _sync_end(r, last, L, n, lp, vpp, pp, end_r, b_rank, b_layer, hrow, ranks, sync_all, sync_last,
-                              dp_overlap)
-            if shared and dp_overlap:
-                # the buckets and the last backward's TP collectives take turns on the port
-                tp_last = L * (lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE]) / vpp
-                ready = max(ready, end_r - b_rank / vpp + b_layer + sync_all + tp_last)
-            if on_host:
-                # each reduced bucket's shard goes down over PCIe as it is done
-                d2h = host_copy(k, min(bucket_bytes, n * gb) / dp)
-                d2h_all = math.ceil(n * gb / bucket_bytes) * d2h
-                ready = max(ready + d2h, ready - sync_all + d2h_all)
-        elif zero3:
-            ready = end_r + scatter                   # the last layer's gradient reduce-scatter
-        if on_host and (zero3 or zero2):
+        ready, post = _gradients_ready(plan, ranks, t, k, sync, r, end_r, b_rank, t_pipe, max_b, max_x)
+        if on_host and (t.zero3 or t.zero2):
             ready += host_copy(k, shard * gb)          # the accumulated gradient shard
         exposed = ready - end_r + post
         opt = optimizer_seconds(k, shard, drow[D_ADAM_BYTES], on_host)
@@ -229,68 +269,97 @@ def plan_time(out, dp, tp, pp, vpp, m, schedule, zero, offload, dp_impl, lrow, h
             opt += host_copy(k, shard * pb)          # the updated parameter shard comes back
         else:
             busy += opt
-        if zero3:
+        if t.zero3:
             # inside the actions: the waits for gathers that compute did not hide
-            exposed += m * (rank_x[r] - L * (f_layer + b_layer) - _edges(r, last, hrow))
+            exposed += m * (rank_x[r] - L * (t.f_layer + t.b_layer) - _edges(r, last, hrow))
         step = max(step, ready + opt + post)
         exposed_dp += exposed
         busy += m * rank_x[r]                       # whole actions, waits inside them included
-    out[O_STEP] = step
-    out[O_PIPE] = t_pipe
-    out[O_BUBBLE] = 1.0 - busy / (pp * step) if step > 0 else 0.0
-    out[O_TP] = m * (tp_total + queued_tp) / pp
-    out[O_DP] = (exposed_dp - m * queued_tp) / pp
-    # each rank waits one send per microbatch on the wire, and once more in the fill
-    out[O_PP] = (2.0 * m if schedule == NAIVE else m + 1.0) * sends / pp
+    return step, exposed_dp, busy
 
 
-@numba.njit(cache=True)
-def _scatter_end(r, last, vpp, L, layers, end_r, b_layer, hrow, c, m, window):
+@numba.njit(cache=True, inline="always")
+def _gradients_ready(plan, ranks, t, k, sync, r, end_r, b_rank, t_pipe, max_b, max_x):
+    """(when rank r's gradients are reduced and on their way to the optimizer, the DP
+    parameter traffic after its step) for a rank whose last backward ends at ``end_r``."""
+    L, n = ranks[r, R_LAYERS], ranks[r, R_PARAMS]
+    m, vpp, dp = plan.m, plan.vpp, plan.dp
+    ready, post = end_r, 0.0
+    if t.zero2:
+        # from the rank's first backward to its last one's end: m backwards at the pipeline's pace
+        pace = t_pipe / m if plan.schedule == NAIVE else (max_b if plan.schedule == GPIPE else max_x)
+        window = (m - 1.0 / vpp) * pace + b_rank / vpp
+        ready = _scatter_end(plan, ranks, t, r, L if vpp == 1 else ranks[r, R_CHUNK], end_r, window)
+        post = ranks[r, R_COMM + C_AG_ALL]
+    elif dp > 1 and not t.zero3:
+        sync_all, sync_last, post = _sync_rounds(ranks[r, R_COMM:R_CHUNK], plan.zero, plan.dp_impl)
+        ready = _sync_end(plan, ranks, t, r, end_r, b_rank, sync_all, sync_last, sync.overlap)
+        if t.shared and sync.overlap:
+            # the buckets and the last backward's TP collectives take turns on the port
+            tp_last = L * t.tp_last_layer / vpp
+            ready = max(ready, end_r - b_rank / vpp + t.b_layer + sync_all + tp_last)
+        if plan.offload != OFF_NONE:
+            # each reduced bucket's shard goes down over PCIe as it is done
+            gb = t.grad_bytes
+            d2h = host_copy(k, min(sync.bucket_bytes, n * gb) / dp)
+            d2h_all = math.ceil(n * gb / sync.bucket_bytes) * d2h
+            ready = max(ready + d2h, ready - sync_all + d2h_all)
+    elif t.zero3:
+        ready = end_r + t.scatter                   # the last layer's gradient reduce-scatter
+    return ready, post
+
+
+@numba.njit(cache=True, inline="always")
+def _scatter_end(plan, ranks, t, r, layers, end_r, window):
     """ZeRO-2: when the reduce-scatters of the rank's last backward (model chunk 0: ``layers``
     layers, the embedding on rank 0, the head on the last rank without interleaving) are
     through, each starting when backward completes its gradients and the one before it is done;
-    and no earlier than the step's whole DP stream work (m backwards of the rank's ``L`` layers
-    and edges) fits after the rank's first backward, ``window`` before ``end_r``."""
-    emb = hrow[H_EMB_BWD] if r == 0 else 0.0
-    head = hrow[H_HEAD_BWD] if r == last and vpp == 1 else 0.0
-    t = end_r - layers * b_layer - emb - head          # the last backward's start
+    and no earlier than the step's whole DP stream work (m backwards of the rank's layers and
+    edges) fits after the rank's first backward, ``window`` before ``end_r``."""
+    c = ranks[r, R_COMM:R_CHUNK]
+    last, vpp, L = plan.pp - 1, plan.vpp, ranks[r, R_LAYERS]
+    emb = t.emb_bwd if r == 0 else 0.0
+    head = t.head_bwd if r == last and vpp == 1 else 0.0
+    t_ = end_r - layers * t.b_layer - emb - head          # the last backward's start
     end = -1e300
     if r == last and vpp == 1:
-        t += head
-        end = t + c[C_Z2_HEAD]
+        t_ += head
+        end = t_ + c[C_Z2_HEAD]
     for _ in range(int(layers)):
-        t += b_layer
-        end = max(end, t) + c[C_Z3_SCATTER]
+        t_ += t.b_layer
+        end = max(end, t_) + c[C_Z3_SCATTER]
     if r == 0:
         end = max(end, end_r) + c[C_Z2_EMB]
     per_microbatch = L * c[C_Z3_SCATTER] + (c[C_Z2_EMB] if r == 0 else 0.0) + (c[C_Z2_HEAD] if r == last else 0.0)
-    return max(max(end, end_r), end_r - window + m * per_microbatch)
+    return max(max(end, end_r), end_r - window + plan.m * per_microbatch)
 
 
-@numba.njit(cache=True)
-def _sync_end(r, last, L, n, lp, vpp, pp, end_r, b_rank, b_layer, hrow, ranks, sync_all, sync_last, overlap):
+@numba.njit(cache=True, inline="always")
+def _sync_end(plan, ranks, t, r, end_r, b_rank, sync_all, sync_last, overlap):
     """When the rank's gradient buckets are all reduced: chunk by chunk (last chunk first),
     each starting when its first bucket is complete in its last backward and never ending
     before its last bucket, produced at the end of that backward, is through. The output
     head's gradients come first, the embedding's last."""
     if not overlap:
         return end_r + sync_all
+    pp, vpp = plan.pp, plan.vpp
+    last, L, n, lp = pp - 1, ranks[r, R_LAYERS], ranks[r, R_PARAMS], t.layer_params
     b_chunk = b_rank / vpp
-    emb = hrow[H_EMB_PARAMS] if r == 0 else 0.0
-    head = (hrow[H_HEAD_PARAMS_PP1] if pp == 1 else hrow[H_HEAD_PARAMS_PPN]) if r == last else 0.0
-    t = -1e300
+    emb = t.emb_params if r == 0 else 0.0
+    head = t.head_params if r == last else 0.0
+    t_ = -1e300
     for i in range(vpp):
         c = vpp - 1 - i
         chunk_end = end_r - c * pp * b_chunk
         chunk_start = chunk_end - b_chunk
         share = (ranks[r, R_CHUNK + c] if vpp > 1 else L) * lp
-        first, tail = b_layer, sync_last
+        first, tail = t.b_layer, sync_last
         if c == vpp - 1 and head > 0:
             share += head
-            first = hrow[H_HEAD_BWD]
+            first = t.head_bwd
         if c == 0 and emb > 0:
             share += emb
             tail = max(sync_last, sync_all * emb / n)
         duration = sync_all * share / n if n > 0 else 0.0
-        t = max(max(t, chunk_start + first) + duration, chunk_end + tail)
-    return t
+        t_ = max(max(t_, chunk_start + first) + duration, chunk_end + tail)
+    return t_

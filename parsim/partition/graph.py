@@ -34,7 +34,7 @@ class CostNode:
     unit: int = -1                 # recomputation unit (transformer layer index); -1: none
     is_tensor: bool = True         # False for shapes/ints (carried as metadata, never counted live)
     scope: str = ""                # the module it runs in (e.g. "blocks.3.attn"), "" at top level
-    # what slows the pass times down when ranks share a host's cores (``parsim.sim.host``):
+    # what slows the pass times down when ranks share a host's cores (``costs.host``):
     # the memory-bound part and the synchronous collectives (not slowed) inside fwd_s / bwd_s;
     # the rest is GEMM and attention compute
     fwd_membound_s: float = 0.0

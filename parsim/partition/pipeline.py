@@ -9,19 +9,18 @@ unequal stages the slowest stage sets the steady state (Merak, Lai et al. 2023, 
 
 When the pipeline ranks share one host's cores (calibrated CPU profiles), an action's
 duration depends on how many ranks compute beside it at each moment: ``shared_host_run``
-replays the schedule on the SimPy engine's processor-sharing ``Host`` (``parsim.sim.host``),
-each action a job of (fixed, GEMM, memory-bound) solo seconds. A stage that computes while
+replays the schedule on the host model's processor sharing (``costs.host.HostModel``, as the
+SimPy engine does), each action a job of (fixed, GEMM, memory-bound) solo seconds. A stage that computes while
 the others idle runs at its solo speed; one that always overlaps the others runs at the
 contended speed. Its per-stage times are the mean durations of the stage's actions, which is
 what the executor's trace measures.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import simpy
-
+from parsim.costs.host import HostModel
 from parsim.schedules import build_schedule_for_plan
 from parsim.schedules.check import ScheduleError, TimedAction, dependencies, list_schedule
 from parsim.specs import Plan, SpecError
@@ -47,17 +46,18 @@ def pipeline_step_time(plan: Plan, fwd_s: Sequence[float], bwd_s: Sequence[float
 
 
 def shared_host_run(plan: Plan, fwd: Sequence[Job], bwd: Sequence[Job], send_s: Sequence[float] | None = None,
-                    factors: Callable[[int], tuple[float, float]] | None = None) -> PipelineRun:
-    """One step of the plan's schedule with per-stage forward / backward jobs. ``factors(n)``:
-    the (GEMM, memory-bound) slowdown with ``n`` pipeline ranks computing at once on the host
-    (``Host``); None: every rank owns its device (GPUs), and a job takes its solo seconds."""
+                    host: HostModel | None = None) -> PipelineRun:
+    """One step of the plan's schedule with per-stage forward / backward jobs on ``host``:
+    where its ranks share the cores (``HostModel.shared``), each pipeline rank standing for its
+    dp x tp identical peers as in the SimPy engine; else (GPUs, or None) every rank owns its
+    device and a job takes its solo seconds."""
     schedule, send = _checked(plan, len(fwd), len(bwd), send_s)
     hop = _hop(send)
-    if factors is None:
+    if host is None or not host.shared:
         timed = list_schedule(schedule, lambda a: sum(fwd[a.stage] if a.kind == "F" else bwd[a.stage]), hop)
     else:
         timed = _processor_sharing(schedule, lambda a: fwd[a.stage] if a.kind == "F" else bwd[a.stage], hop,
-                                   factors)
+                                   host, plan.world_size / plan.pp)
     durations: dict[tuple[str, int], list[float]] = {}
     for rank in timed:
         for t in rank:
@@ -85,12 +85,13 @@ def _hop(send: list[float]):
     return hop
 
 
-def _processor_sharing(schedule, job, hop, factors) -> list[list[TimedAction]]:
-    """``list_schedule`` with every action a job on one shared ``Host`` (SimPy)."""
-    from parsim.sim.host import Host      # the engine's sharing law, so both price a shared host alike
+def _processor_sharing(schedule, job, hop, host: HostModel, ranks_per_job: float) -> list[list[TimedAction]]:
+    """``list_schedule`` with every action a job on the host's processor sharing (a SimPy
+    replay: the engine's sharing law, so both price a shared host alike)."""
+    import simpy      # only shared CPU hosts replay on an event loop
 
     env = simpy.Environment()
-    host = Host(env, factors)
+    sharing = host.processor_sharing(env, ranks_per_job)
     present = {a for order in schedule.actions for a in order}
     done = {a: env.event() for a in present}
     end: dict = {}
@@ -106,7 +107,7 @@ def _processor_sharing(schedule, job, hop, factors) -> list[list[TimedAction]]:
                 if ready > env.now:
                     yield env.timeout(ready - env.now)
             start = env.now
-            yield host.run(*job(action))
+            yield sharing.run(*job(action))
             end[action], rank_of[action] = env.now, rank
             timed[rank].append(TimedAction(action, rank, start, env.now))
             done[action].succeed()

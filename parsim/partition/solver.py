@@ -18,10 +18,10 @@ whose cores the ranks share, each action slowed only while other ranks compute b
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from parsim.costs.timing import ComputeScale, host_scale, host_sharing, p2p_time
+from parsim.costs.host import HostModel
+from parsim.costs.timing import p2p_time
 from parsim.specs import ClusterSpec, Plan, RankLayout, SpecError
 
 from .graph import CostGraph, Segment, build_segments, candidate_cuts
@@ -178,7 +178,7 @@ def _stage_results(graph: CostGraph, segments: list[Segment], coster: StageCoste
     with these stages (``shared_host_run``). The min-max cut balances solo times; the times
     reported are those the stages take in the pipeline: on a CPU host shared by the ranks
     (calibrated profiles) a stage computing beside others runs slower than one computing while
-    they idle (``host_factors``), which moves a light stage's time more than a heavy one's."""
+    they idle (``costs.host.HostModel``), which moves a light stage's time more than a heavy one's."""
     costs = [coster.cost(k, a, b) for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
     sends = [segments[b].input_bytes if b < len(segments) else 0.0 for b in bounds[1:]]
     layout = RankLayout(plan.dp, plan.tp, plan.pp)
@@ -188,7 +188,7 @@ def _stage_results(graph: CostGraph, segments: list[Segment], coster: StageCoste
         dst = layout.rank((k + 1) % plan.pp, 0, 0)
         send_s.append(p2p_time(cluster, nbytes, src, dst) if src != dst else 0.0)
     jobs = [c.host_jobs() for c in costs]
-    run = shared_host_run(plan, [j[0] for j in jobs], [j[1] for j in jobs], send_s, host_factors(cluster, plan))
+    run = shared_host_run(plan, [j[0] for j in jobs], [j[1] for j in jobs], send_s, HostModel(cluster, plan.world_size))
     out = []
     for k, ((a, b), c) in enumerate(zip(zip(bounds[:-1], bounds[1:]), costs)):
         out.append(StageResult(
@@ -200,12 +200,3 @@ def _stage_results(graph: CostGraph, segments: list[Segment], coster: StageCoste
             send_bytes=sends[k], solo_s=c.time_s))
     return tuple(out), run.step_time_s
 
-
-def host_factors(cluster: ClusterSpec, plan: Plan) -> Callable[[int], tuple[float, float]] | None:
-    """(GEMM, memory-bound) slowdown with ``n`` of the plan's pipeline ranks computing at once,
-    each standing for its dp x tp identical peers (as ``parsim.sim.engine`` builds its ``Host``):
-    the profile's measured host contention (``costs.timing.host_contention``); None on hosts
-    without it (GPUs, uncalibrated CPU profiles)."""
-    if host_scale(cluster, plan.world_size) == ComputeScale():
-        return None
-    return host_sharing(cluster, plan.world_size / plan.pp)

@@ -26,7 +26,7 @@ from .graph import CostGraph, CostNode
 @dataclass(frozen=True)
 class PassTimes:
     """Seconds of a group of ops per pass, and the memory-bound part of each (what a shared
-    host slows by its streaming contention, ``parsim.sim.host``; the rest is GEMM/attention)."""
+    host slows by its streaming contention, ``costs.host``; the rest is GEMM/attention)."""
     fwd: float = 0.0
     bwd: float = 0.0
     fwd_membound: float = 0.0

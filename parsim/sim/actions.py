@@ -6,7 +6,7 @@ ZeRO-2's per-microbatch gradient reduce-scatters (``zero2_scatters``) run beside
 stepped or not.
 
 Actions with nothing to interleave take one ``env.timeout`` of their precomputed duration
-(``engine.device``); this module is the slow, exact path for the rest.
+(``device.start_whole``); this module is the slow, exact path for the rest.
 """
 from __future__ import annotations
 
@@ -107,16 +107,16 @@ def _walk(env: simpy.Environment, run: ActionRun, chain: tuple[Segment, ...], ha
             yield from _enter_layer(env, run, layer)
         if s.stream == "compute":
             if half is None:
-                start = dev.busy_since = env.now
+                start = dev.ledger.busy_since = env.now
                 yield env.timeout(s.duration)
             else:
                 with dev.compute.request() as req:
                     yield req
-                    start = dev.busy_since = env.now
+                    start = dev.ledger.busy_since = env.now
                     yield env.timeout(s.duration)
             run.cover.append((start, env.now))
             if sim.interference > 0:
-                dev.computed(start, env.now)
+                dev.ledger.computed(start, env.now)
             if rec.detail:
                 rec.event(dev.rank, stage, "compute", s.kind, mb, s.layer, start, env.now, flops=s.flops, name=s.name)
             scatter = _segment_done(env, run, s)
@@ -130,7 +130,7 @@ def _walk(env: simpy.Environment, run: ActionRun, chain: tuple[Segment, ...], ha
             start = yield from collective(env, dev.tp, dev.rank, s.duration)
             run.comm.append((asked, env.now))
             if half is not None:        # sub-pipelined: the other half computes meanwhile
-                sim.interfere(dev, start, env.now)
+                dev.ledger.collective(start, env.now)
             if rec.detail:
                 rec.event(dev.rank, stage, "tp", s.kind, mb, s.layer, start, env.now, nbytes=s.nbytes, name=s.name)
             if req is not None:
@@ -193,7 +193,7 @@ def zero3_collective(env: simpy.Environment, sim: "Simulation", dev: "Device", o
         seconds = sim.comm_time(dev.dp, op, nbytes, in_situ=sim.zero_blocking)
         start = yield from collective(env, dev.dp, dev.rank, seconds)
         rec.event(dev.rank, stage, "dp", kind, mb, layer, start, env.now, nbytes=nbytes)
-        sim.interfere(dev, start, env.now)
+        dev.ledger.collective(start, env.now)
         if sim.zero_copies and op == "all_gather":
             yield from fsdp_copy(env, sim, dev, nbytes, "fsdp_copy_out", stage, mb, layer)
 
@@ -205,10 +205,10 @@ def fsdp_copy(env: simpy.Environment, sim: "Simulation", dev: "Device", nbytes: 
     and written once, a memory-bound op at the device's streaming bandwidth (PyTorch FSDP2
     ``foreach_reduce`` / ``foreach_all_gather_copy_out``; Zhao et al. 2023, Sec. 4.2 on the
     flat-parameter layout), then the collective (copy-in) or the layer (copy-out) goes on.
-    With side streams (GPUs) the copy is compute the device owes (``Simulation.interfere``)."""
+    With side streams (GPUs) the copy is compute the device owes (``Device.ledger``)."""
     seconds = membound_time(sim.cluster.device, 2 * nbytes, "fsdp_copy") * dev.scale.membound
     if not sim.zero_blocking:       # a side stream runs the collective: the compute pays later
-        dev.debt += seconds
+        dev.ledger.owe(seconds)
         return
     start = env.now
     yield env.timeout(seconds)

@@ -34,7 +34,8 @@ import simpy
 
 from parsim.costs import (embedding_ops, head_ops, layer_ops, stage_recompute, tp_collectives_edge,
                           tp_collectives_per_layer)
-from parsim.costs.timing import ComputeScale, op_time
+from parsim.costs.host import ComputeScale
+from parsim.costs.timing import op_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 
 # trace kind of a TP collective op (parsim.trace.events.COMM_KINDS)

@@ -75,7 +75,7 @@ def gradient_sync(env: simpy.Environment, sim: "Simulation", dev: "Device"):
             seconds = sim.ps_time(dev.dp, nbytes) if ps else sim.comm_time(dev.dp, op, nbytes)
             start = yield from collective(env, dev.dp, dev.rank, seconds)
             rec.event(dev.rank, stage, "dp", kind, -1, -1, start, env.now, nbytes=nbytes)
-            sim.interfere(dev, start, env.now)
+            dev.ledger.collective(start, env.now)
             if plan.offload != "none":
                 # ZeRO-Offload: the reduced shard goes to the host as soon as it is there
                 copies.append(env.process(_to_host(env, sim, dev, stage, nbytes / plan.dp, env.now)))
@@ -114,11 +114,11 @@ def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     else:
         start = env.now
         # AdamW is memory-bound: on a shared host it slows down like the other memory-bound ops
-        # (after the compute that collectives overlapping the last backward took: ``interfere``)
-        if sim.host is not None:   # ranks sharing the host's cores (``host``)
-            yield sim.host.run(dev.pay_debt(), 0.0, optimizer_time(cluster, shard, plan.dtype) * dev.scale.membound)
+        # (after the compute that collectives overlapping the last backward took: ``ledger``)
+        if sim.sharing is not None:   # a job among the ranks sharing the host's cores
+            yield sim.sharing.run(dev.ledger.pay(), 0.0, optimizer_time(cluster, shard, plan.dtype) * dev.scale.membound)
         else:
-            yield env.timeout(dev.pay_debt() + optimizer_time(cluster, shard, plan.dtype) * dev.scale.membound)
+            yield env.timeout(dev.ledger.pay() + optimizer_time(cluster, shard, plan.dtype) * dev.scale.membound)
         rec.compute(rank, -1, "optimizer", -1, start, env.now, name="optimizer")
     waited = env.now
 

@@ -1,7 +1,7 @@
 """The SimPy engine: one process per simulated device, walking its Schedule-IR actions.
 
-``simulate(model, cluster, plan)`` plays one training step. Each device process runs its
-pipeline rank's actions in order; an action waits for its input (activations of the previous
+``simulate(model, cluster, plan)`` plays one training step. Each device process
+(``device.device``) runs its pipeline rank's actions in order; an action waits for its input (activations of the previous
 stage for F, gradients of the next stage for B/I), sent (``Simulation.send``) over the
 sender's NVLink port (same node) or NIC; after the rank's last backward of each stage its
 gradients are synchronised over DP (``dp``; ZeRO-2 and ZeRO-3 reduce-scatter them in every
@@ -15,11 +15,12 @@ precomputed offsets; links are FIFO reservations (``network``). Only actions wit
 collectives that wait for peers or share a link, ZeRO-3 gathers) are stepped segment by
 segment (``actions``).
 
-CPU hosts (calibrated profiles with a contention table): ranks share the host's cores. When
-no action is stepped, actions and optimizer steps are jobs of a processor-sharing ``host``
-whose speed follows how many ranks compute at that instant; otherwise every rank computes at
-a mean-field slowdown (``simulate``). Collectives that run while a rank computes take
-``comm_interference`` x the overlap from its compute, paid before its next action.
+CPU hosts (calibrated profiles with a contention table): ranks share the host's cores
+(``costs.host.HostModel``). When no action is stepped, actions and optimizer steps are jobs of
+a ``ProcessorSharing`` host whose speed follows how many ranks compute at that instant;
+otherwise every rank computes at a mean-field slowdown (``HostModel.settle``, iterated by
+``simulate``). Collectives that run while a rank computes take ``comm_interference`` x the
+overlap from its compute, paid before its next action (``Device.ledger``). GPUs: identity.
 
 Modes: ``representative`` simulates one device per pipeline rank (DP rank 0, TP rank 0: DP
 replicas and TP peers do identical work; DESIGN.md) with collectives costed for the full
@@ -36,19 +37,18 @@ import simpy
 
 from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, stage_params, state_bytes,
                           zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
-from parsim.costs.timing import (ComputeScale, collective_time, comm_interference, host_scale, host_sharing,
-                                 host_transfer_time, p2p_time)
+from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing
+from parsim.costs.timing import collective_time, host_transfer_time, p2p_time
 from parsim.schedules import Action, Schedule, build_schedule
 from parsim.specs import (ClusterSpec, ModelSpec, Plan, RankLayout, SpecError, load_cluster, load_model, parse_plan,
                           validate)
 
-from .actions import ActionRun, run_stepped, zero2_scatters
 from .compute import ActionCost, action_cost, stage_shapes
-from .host import Host
-from .dp import finish_step, gradient_sync
-from .memory import ACTIVATIONS, OTHER, MemoryTimeline, stage_footprints, static_bytes
+from .device import device
+from .dp import gradient_sync
+from .memory import MemoryTimeline, stage_footprints, static_bytes
 from .network import Arrival, Communicator, Ports, device_ports, group_link, group_shape, link_between, ps_time
-from .record import ACTION, RECV_B, RECV_F, SEND_B, SEND_F, Recorder
+from .record import SEND_B, SEND_F, Recorder
 from .result import SimResult, assemble
 
 MODES = ("representative", "full")
@@ -62,6 +62,7 @@ class Device:
     replica: tuple[int, int]              # (dp_rank, tp_rank)
     actions: tuple[Action, ...]
     scale: ComputeScale                   # compute slowdown factors (stragglers x host contention)
+    ledger: ComputeLedger                 # compute owed to collectives and side streams (``costs.host``)
     stepped: bool                         # run actions segment by segment
     ports: Ports
     tp: Communicator
@@ -78,28 +79,6 @@ class Device:
     pending_dp: list = field(default_factory=list)
     costs: dict = field(default_factory=dict)             # (stage, kind) -> ActionCost
     routes: dict = field(default_factory=dict)            # stage sent to -> (port, seconds)
-    # CPU hosts (``Simulation.interference`` > 0): recent compute intervals, the running
-    # action's start, and compute seconds owed to collectives that ran during compute
-    busy_log: list = field(default_factory=list)
-    busy_since: float | None = None
-    debt: float = 0.0
-
-    def busy_between(self, t0: float, t1: float) -> float:
-        """Seconds this device computed in [t0, t1] (recent intervals only)."""
-        total = sum(max(0.0, min(e, t1) - max(s, t0)) for s, e in self.busy_log)
-        if self.busy_since is not None:
-            total += max(0.0, t1 - max(t0, self.busy_since))
-        return total
-
-    def computed(self, start: float, end: float) -> None:
-        self.busy_since = None
-        self.busy_log.append((start, end))
-        if len(self.busy_log) > 64:
-            del self.busy_log[:32]
-
-    def pay_debt(self) -> float:
-        owed, self.debt = self.debt, 0.0
-        return owed
 
 
 class Simulation:
@@ -108,16 +87,16 @@ class Simulation:
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule, mode: str,
                  slowdown: dict[int, float], recorder: Recorder, contention: ComputeScale | None = None):
         self.env = simpy.Environment(initial_time=0.0)
-        # ranks sharing a host's cores (calibrated CPU profiles) compute slower; GPUs: 1
-        self.contention = host_scale(cluster, plan.world_size) if contention is None else contention
+        # ranks sharing a host's cores (calibrated CPU profiles) compute slower; GPUs: identity
+        self.host = HostModel(cluster, plan.world_size)
         # CPU hosts: collectives running while a rank computes take compute time from it
-        self.interference = comm_interference(cluster, plan.world_size)
+        self.interference = self.host.interference
         self.model, self.cluster, self.plan, self.schedule, self.mode = model, cluster, plan, schedule, mode
         self.recorder = recorder
         self.layout = RankLayout(plan.dp, plan.tp, plan.pp)
         self.num_stages = plan.pp * plan.vpp
         self.shapes = stage_shapes(model, plan)
-        self.footprints = stage_footprints(model, plan, cluster.device.extra.get("zero_copies") == "fsdp2")
+        self.footprints = stage_footprints(model, plan, cluster.device.tables.fsdp2_copies)
         self.state = state_bytes(plan.dtype)
         self.rank_params = stage_params(model, plan)
         self.layer_params = layer_params(model, plan.tp)
@@ -133,8 +112,8 @@ class Simulation:
         # ZeRO-2/3 as the reference executor runs them (FSDP2, profile keys; ``actions``):
         # collectives waited for in place where FSDP2 has no side streams (CPU), and the
         # copy-in / copy-out of its flat communication buffers on the compute stream
-        self.zero_blocking = cluster.device.extra.get("zero_overlap", True) is False
-        self.zero_copies = cluster.device.extra.get("zero_copies") == "fsdp2"
+        self.zero_blocking = cluster.device.tables.zero_blocking
+        self.zero_copies = cluster.device.tables.fsdp2_copies
         self.param_shard_bytes = self.layer_params * self.state.param / plan.dp
         self.param_h2d_s = (host_transfer_time(cluster, self.param_shard_bytes)
                             if plan.offload == "optimizer+params" else 0.0)
@@ -142,26 +121,28 @@ class Simulation:
         self.deliveries: dict[tuple, Arrival | tuple[float, float]] = {}   # sent, not yet received
         self._costs: dict[tuple, ActionCost] = {}
         self._comm: dict[tuple, float] = {}
-        self.host: Host | None = None
-        shared = contention is None and self.contention != ComputeScale()
-        if shared:
-            self.contention = ComputeScale()
         self._solo: dict[tuple, tuple[float, float, float]] = {}
         self._overlapped: dict[int, float] = {}
+        # a given scale (the mean-field iteration's), else decided by ``_share_host``; GPUs: identity
+        self.contention = ComputeScale() if contention is None else contention
+        self.sharing: ProcessorSharing | None = None      # whole actions as jobs on a shared host
         self.devices = self._build_devices(slowdown)
-        if shared:
-            # ranks share the host's cores: processor sharing (``host``) when no action is
-            # stepped; else the slowdown at all ranks computing (``simulate`` then iterates a
-            # mean-field one)
-            if any(d.stepped for d in self.devices.values()):
-                self.contention = host_scale(cluster, plan.world_size)
-                for d in self.devices.values():
-                    d.scale = self.contention.times(float(slowdown.get(d.rank, 1.0)))
-            else:
-                per_device = plan.world_size / len(self.devices)   # identical ranks a device stands for
-                self.host = Host(self.env, host_sharing(cluster, per_device))
+        if contention is None and self.host.shared:
+            self._share_host(slowdown)
 
     # ------------------------------------------------------------------ set-up
+
+    def _share_host(self, slowdown: dict[int, float]) -> None:
+        """Ranks share the host's cores: processor sharing when no action is stepped; else the
+        slowdown at all ranks computing (``simulate`` then iterates a mean-field one)."""
+        world = self.plan.world_size
+        if any(d.stepped for d in self.devices.values()):
+            self.contention = self.host.slowdown(world)
+            for d in self.devices.values():
+                d.scale = self.contention.times(float(slowdown.get(d.rank, 1.0)))
+        else:
+            per_device = world / len(self.devices)   # identical ranks a device stands for
+            self.sharing = self.host.processor_sharing(self.env, per_device)
 
     def _build_devices(self, slowdown: dict[int, float]) -> dict[int, Device]:
         plan, layout, env = self.plan, self.layout, self.env
@@ -197,6 +178,7 @@ class Simulation:
             self.recorder.add_rank(r)
             devices[r] = Device(
                 rank=r, pp_rank=p, replica=(d, t), actions=actions, scale=contention.times(float(slowdown.get(r, 1.0))),
+                ledger=ComputeLedger(self.interference),
                 stepped=self._needs_steps(r, tp, dp), ports=ports[r], tp=tp, dp=dp,
                 memory=MemoryTimeline.starting_with(static_bytes(self.model, plan, p, self.zero_copies)),
                 compute=simpy.Resource(env, 1), tp_stream=simpy.Resource(env, 1), dp_stream=simpy.Resource(env, 1),
@@ -264,7 +246,7 @@ class Simulation:
         key = (comm.shape, op, nbytes, in_situ)
         t = self._comm.get(key)
         if t is None:
-            host = min(self.plan.world_size, self.cluster.devices_per_node) if in_situ else None
+            host = self.host.ranks_on_host if in_situ else None
             t = self._comm[key] = collective_time(self.cluster, op, nbytes, list(comm.ranks), in_situ, host)
         return t
 
@@ -279,13 +261,6 @@ class Simulation:
             comm = sum(p.end - p.start for p in cost.placed if p.segment.stream != "compute")
             out = self._overlapped[key] = max(comm - cost.exposed_tp, 0.0)
         return out
-
-    def interfere(self, dev: Device, start: float, end: float) -> None:
-        """A collective of ``dev`` ran over [start, end]: on a CPU host the compute it overlapped
-        is delayed by ``interference`` x the overlap, owed until the device's next compute
-        (``comm_interference``)."""
-        if self.interference > 0 and end > start:
-            dev.debt += self.interference * dev.busy_between(start, end)
 
     # ------------------------------------------------------------------ pipeline p2p
 
@@ -311,144 +286,6 @@ class Simulation:
         if self.recorder.keep_events and duration > 0:
             self.recorder.rows.append((dev.rank, key[1], "pp", "send", microbatch, -1, start, start + duration,
                                        self.p2p_nbytes, 0.0, SEND_F if key[0] == "act" else SEND_B))
-
-
-def device(env: simpy.Environment, sim: Simulation, dev: Device):
-    """One device: its actions in schedule order, then the end of its step.
-
-    This loop runs once per action of the step (10^5 times for the 1T benchmark), so it keeps
-    its lookups in locals and skips the zero-byte memory changes."""
-    rec, mem, rank, replica = sim.recorder, dev.memory, dev.rank, dev.replica
-    deliveries, footprints, keep = sim.deliveries, sim.footprints, rec.keep_events
-    exposed = rec.exposed[rank]
-    last_stage = sim.num_stages - 1
-    interfered = sim.interference > 0
-    for idx, (kind, stage, mb) in enumerate(dev.actions):
-        forward, backward = kind == "F", kind in ("B", "I")
-        # input: activations of the previous stage (F), gradients of the next stage (B, I)
-        key = (("act", stage - 1, mb) if forward and stage > 0 else
-               ("grad", stage + 1, mb) if backward and stage < last_stage else None)
-        now = env.now
-        if key is not None:
-            sent = deliveries.pop((replica, key), None)
-            if sent is None:                       # not sent yet: wait for the sender
-                ev = deliveries[(replica, key)] = Arrival(env)
-                yield ev
-                start, on_wire = env.now, ev.value
-            else:                                  # sent: the action starts when it arrives
-                start, on_wire = max(now, sent[0]), sent[1]
-            on_wire = max(now, on_wire)
-            if start > on_wire:                    # blocked while the transfer was on the wire
-                exposed["pp"] += start - on_wire
-                if keep:
-                    rec.rows.append((rank, stage, "pp", "recv", mb, -1, on_wire, start, sim.p2p_nbytes, 0.0,
-                                     RECV_F if forward else RECV_B))
-        else:
-            start = now
-        now = env.now                              # start >= now: the wait may be folded into the action
-        begin = start
-        if dev.debt:
-            # compute owed to collectives (interference, FSDP copies) runs first
-            start += dev.pay_debt()
-        if interfered and not dev.stepped:  # stepped actions log their compute segments
-            dev.busy_since = begin
-        cost = dev.costs.get((stage, kind)) or sim.cost(dev, stage, kind)
-        fp = footprints[stage]
-        if forward:
-            mem.change(start, ACTIVATIONS, fp.activations)
-        elif backward and fp.backward:
-            mem.change(start, OTHER, fp.backward)
-        if fp.gathered_params:
-            mem.change(start, OTHER, fp.gathered_params)
-        completes = dev.sync is not None and idx in dev.last_backward
-        scatters = sim.zero2_scatters and (kind == "B" or kind == "W")
-        issued = len(dev.pending_dp)
-        if dev.stepped:
-            if start > now:
-                yield env.timeout(start - now)
-            run = ActionRun(sim, dev, cost, mb)
-            if completes:
-                parts = []
-                for gp in cost.grads_ready:
-                    ev = env.timeout(0) if gp.trigger is None else run.grad_events.setdefault(gp.trigger, env.event())
-                    parts.append((ev, gp.params))
-                dev.grads_started[stage].succeed(parts)
-            if scatters and not sim.zero_blocking:
-                ready = [env.timeout(0) if gp.trigger is None else run.grad_events.setdefault(gp.trigger, env.event())
-                         for gp in cost.grads_ready]
-                dev.pending_dp.append(env.process(zero2_scatters(env, sim, dev, stage, mb, cost.grads_ready, ready)))
-            yield from run_stepped(env, run)
-            if scatters and sim.zero_blocking:
-                # no side stream: the reduce-scatters run one after the other, compute waiting
-                # (each FSDP2 post-backward waits for its collective); their sum follows the action
-                dev.pending_dp.append(env.process(zero2_scatters(env, sim, dev, stage, mb, cost.grads_ready,
-                                                                 [env.now] * len(cost.grads_ready))))
-        else:
-            if sim.host is not None:
-                # ranks sharing the host's cores: the action's speed follows how many compute
-                # (``host``); its gradients complete at the offsets stretched by the sharing at
-                # its start
-                if start > now:
-                    yield env.timeout(start - now)
-                    now = env.now
-                solo = sim.solo_seconds(dev, stage, kind)
-                stretch = sim.host.estimate(*solo) / cost.duration if cost.duration > 0 else 1.0
-                done = sim.host.run(*solo)
-            else:
-                # the action's end is scheduled before the gradient-ready times it contains, so at
-                # equal times its pipeline send queues before the DP bucket it completes
-                stretch = 1.0
-                done = env.timeout(start - now + cost.duration)
-            if completes:
-                dev.grads_started[stage].succeed([(env.timeout(start - now + gp.offset * stretch), gp.params)
-                                                  for gp in cost.grads_ready])
-            if scatters:
-                # no side stream (blocking): the reduce-scatters follow the compute one after the other
-                ready = ([done] * len(cost.grads_ready) if sim.zero_blocking else
-                         [start + gp.offset * stretch for gp in cost.grads_ready])
-                dev.pending_dp.append(env.process(zero2_scatters(env, sim, dev, stage, mb, cost.grads_ready, ready)))
-            yield done
-            if interfered:
-                dev.computed(begin, env.now)
-                # sub-pipelined TP: collectives the action overlaps with its other half's compute
-                overlapped = sim.overlapped_tp(cost)
-                if overlapped > 0:
-                    dev.debt += sim.interference * overlapped
-            if cost.exposed_tp:
-                exposed["tp"] += cost.exposed_tp
-            if rec.detail:
-                for p in cost.placed:
-                    s = p.segment
-                    rec.event(rank, stage, s.stream, s.kind, mb, s.layer, start + p.start * stretch,
-                              start + p.end * stretch, nbytes=s.nbytes, flops=s.flops, name=s.name)
-        released = False
-        if sim.zero_blocking and len(dev.pending_dp) > issued:
-            # the action's ZeRO reduce-scatters are waited for before it ends (no side stream)
-            if dev.stepped:
-                run.release_final_gradients()
-                released = True
-            waited = env.now
-            yield env.all_of(dev.pending_dp[issued:])
-            rec.expose(rank, "dp", env.now - waited)
-        end = env.now
-        if fp.gathered_params:
-            mem.change(end, OTHER, -fp.gathered_params)
-        if backward and fp.backward:
-            mem.change(end, OTHER, -fp.backward)
-        if kind == "B" or kind == "W":
-            mem.change(end, ACTIVATIONS, -fp.activations)
-        rec.busy[rank] += end - begin
-        if keep:
-            rec.rows.append((rank, stage, "compute", kind, mb, -1, begin, end, 0.0, cost.flops, ACTION))
-        # output: to the next stage (F) or the previous one (B, I)
-        if forward and stage < last_stage:
-            sim.send(dev, ("act", stage, mb), stage + 1, mb)
-        elif backward and stage > 0:
-            sim.send(dev, ("grad", stage, mb), stage - 1, mb)
-        if dev.stepped and not released:
-            run.release_final_gradients()
-    dev.compute_done.succeed(env.now)
-    yield from finish_step(env, sim, dev)
 
 
 def _run(model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule, mode: str, slowdown: dict,
@@ -503,20 +340,13 @@ def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | st
         raise SpecError("schedule", schedule.name, f"must have pp={plan.pp}, vpp={plan.vpp} and "
                         f"{plan.num_microbatches} microbatches to match the plan")
     sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, None)
-    if sim.host is None and host_scale(cluster, plan.world_size) != ComputeScale():
-        # Ranks sharing a host's cores slow each other down only while they compute at once:
-        # a pipeline rank idle in a bubble leaves its core to the others (processor sharing).
-        # Mean-field fixed point: the slowdown at the average number of ranks computing,
-        # sum of busy time / step time, until it moves by less than 1%.
+    if sim.sharing is None and sim.host.shared:
+        # stepped actions on a shared host: a pipeline rank idle in a bubble leaves its core to
+        # the others, so iterate the mean-field slowdown (``HostModel.settle``) over whole runs
         for _ in range(6):
             busy = sum(sim.recorder.busy[r] for r in sim.devices) * plan.world_size / len(sim.devices)
-            finish = max(sim.recorder.finish.values(), default=0.0)
-            if finish <= 0:
+            scale = sim.host.settle(busy, max(sim.recorder.finish.values(), default=0.0), sim.contention)
+            if scale is None:
                 break
-            target, now = host_scale(cluster, max(busy / finish, 1.0)), sim.contention
-            if abs(target.gemm - now.gemm) <= 0.01 * now.gemm and abs(target.membound - now.membound) <= 0.01 * now.membound:
-                break
-            # damped: the busy fraction itself grows with the slowdown
-            sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail,
-                       ComputeScale(0.5 * (now.gemm + target.gemm), 0.5 * (now.membound + target.membound)))
+            sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, scale)
     return assemble(sim, warnings, wall)

@@ -6,9 +6,10 @@ machines). Every number is SI: FLOP/s, bytes, bytes/s, seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from .collectives import CollectiveTables
 from .errors import SpecError
+from .tables import CalibratedTables
 
 DTYPES = ("fp32", "bf16", "fp16")
 
@@ -45,7 +46,7 @@ class DeviceProfile:
     host_flops: float = 1e12              # CPU FLOP/s for offloaded optimizer steps
     host_memory_bandwidth: float = 1e11   # CPU DRAM bytes/s for offloaded optimizer steps
     usable_memory_fraction: float = 1.0   # memory the framework can use (allocator/context reserve)
-    extra: dict[str, Any] = field(default_factory=dict)  # calibrated tables (op kind -> curve)
+    tables: CalibratedTables = field(default_factory=CalibratedTables)   # what a calibration measured
 
     def flops(self, dtype: str) -> float:
         try:
@@ -66,7 +67,7 @@ class NetworkProfile:
     inter_node: LinkProfile              # per-NIC InfiniBand/Ethernet
     host_link: LinkProfile               # PCIe device <-> host
     nics_per_node: int = 1
-    collectives: dict[str, Any] = field(default_factory=dict)  # calibrated alpha-beta per op/group size
+    collectives: CollectiveTables = field(default_factory=CollectiveTables)  # calibrated alpha-beta per op/group size
 
     def inter_node_bandwidth_per_device(self, devices_per_node: int) -> float:
         """Inter-node bytes/s one device gets when all devices of a node talk at once."""

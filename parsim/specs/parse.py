@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from .cluster import ClusterSpec, DeviceProfile, GemmEfficiency, LinkProfile, NetworkProfile
+from .collectives import CollectiveTables
 from .errors import SpecError
 from .files import finite_number, path_exists, read_mapping
 from .model import MODEL_PRESETS, ModelSpec
 from .plan import MAX_INT, Plan
+from .tables import CalibratedTables
 
 
 # ----------------------------------------------------------------------------- models
@@ -201,7 +203,7 @@ def cluster_from_dict(data: dict[str, Any], num_devices: int) -> ClusterSpec:
             inter_node=_link(net["inter_node"]),
             host_link=_link(net["host_link"]),
             nics_per_node=int(net.get("nics_per_node", 1)),
-            collectives=dict(net.get("collectives", {})),
+            collectives=CollectiveTables.from_dict(net.get("collectives")),
         )
         return ClusterSpec(name=str(data.get("name", device.name)), device=device, network=network,
                            devices_per_node=int(data.get("devices_per_node", 8)), num_devices=int(num_devices))
@@ -217,14 +219,7 @@ def device_from_dict(dev: dict[str, Any], default_name: str = "device") -> Devic
     """A profile's ``device`` section (KeyError / TypeError / ValueError when malformed:
     ``cluster_from_dict`` turns them into a SpecError)."""
     gemm = GemmEfficiency(**{k: float(v) for k, v in dev.get("gemm", {}).items()})
-    composition = dev.get("extra", {}).get("layer_composition")
-    if composition is not None:
-        ok = isinstance(composition, dict) and all(
-            isinstance(composition.get(k), (int, float)) and not isinstance(composition.get(k), bool)
-            and 0 < composition[k] < 10 for k in ("fwd", "bwd"))
-        if not ok:
-            raise SpecError("profile.device.extra.layer_composition", composition,
-                            "{fwd: x, bwd: y} with 0 < x, y < 10 (measured layer time / per-op sum)")
+    tables = CalibratedTables.from_dict(dev.get("extra", {}))
     return DeviceProfile(
         name=str(dev.get("name", default_name)),
         peak_flops={k: float(v) for k, v in dev["peak_flops"].items()},
@@ -233,8 +228,22 @@ def device_from_dict(dev: dict[str, Any], default_name: str = "device") -> Devic
         gemm=gemm,
         **{k: float(dev[k]) for k in ("membound_efficiency", "attention_efficiency", "kernel_overhead_s",
                                        "host_flops", "host_memory_bandwidth", "usable_memory_fraction") if k in dev},
-        extra=dict(dev.get("extra", {})),
+        tables=tables,
     )
+
+
+def profile_tables(data: dict[str, Any]) -> CalibratedTables:
+    """The calibrated tables of a profile mapping (``load_profile_dict``): its ``device.extra``."""
+    return CalibratedTables.from_dict((data.get("device") or {}).get("extra", {}))
+
+
+def with_profile_tables(data: dict[str, Any], tables: CalibratedTables) -> dict[str, Any]:
+    """A copy of the profile mapping with ``tables`` as its ``device.extra`` (the rest shared;
+    no ``extra`` section where there was none and there are no tables)."""
+    extra = tables.to_dict()
+    if not extra and "extra" not in data["device"]:
+        return {**data, "device": dict(data["device"])}
+    return {**data, "device": {**data["device"], "extra": extra}}
 
 
 def _link(d: dict[str, Any]) -> LinkProfile:

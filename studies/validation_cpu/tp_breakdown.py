@@ -174,7 +174,7 @@ def probe(profile: dict, worlds=(2, 4), repeats: int = 10) -> dict:
 
     from parsim.calibration.comm import CommJob, run_comm_job
     from parsim.calibration.insitu import INSITU_OPS, per_rank_bytes
-    from parsim.calibration.profile import group_samples
+    from parsim.calibration.tables import group_samples
     from parsim.calibration.runner import insitu_gemm, insitu_sizes
 
     model = load_model("cpu-small")
@@ -205,23 +205,23 @@ def probe(profile: dict, worlds=(2, 4), repeats: int = 10) -> dict:
 
 def merge_insitu(profile: dict, measured: dict) -> dict:
     """A copy of ``profile`` with the in-situ keys fitted from ``probe`` results against the
-    profile's own back-to-back beta (``calibration.profile.insitu_entry``)."""
-    from parsim.calibration.profile import insitu_entry
+    profile's own back-to-back beta (``calibration.tables.insitu_fit``)."""
+    from parsim.calibration.tables import insitu_fit
+    from parsim.specs import CollectiveTables
 
     prof = copy.deepcopy(profile)
     prof["name"] = f"{profile['name']}-insitu"
     prof["source"] = f"{profile.get('source', '?')}; in-situ TP collectives merged by tp_breakdown.py --probe"
-    table = prof["network"]["collectives"]
+    table = CollectiveTables.from_dict(prof["network"]["collectives"])
     for world, ranks in sorted(measured.items()):
         for op, samples in ranks[0]["insitu"].items():
-            entry = table[op][str(world)]
-            entry.update(insitu_entry(samples, entry["beta"]))
+            fit = table.ops[op][world]
+            table = table.with_fit(op, world, fit.with_insitu(insitu_fit(samples, fit.beta)))
         for n, per in ranks[0]["insitu_groups"].items():
             for op, samples in per.items():
-                entry = table[op][str(n)]
-                fit = insitu_entry(samples, entry["beta"])
-                entry.setdefault("alpha_insitu_shared", {})[str(world)] = fit["alpha_insitu"]
-                entry.setdefault("insitu_shared_points", {})[str(world)] = fit["insitu_points"]
+                fit = table.ops[op][n]
+                table = table.with_fit(op, n, fit.with_insitu(insitu_fit(samples, fit.beta), host_ranks=world))
+    prof["network"]["collectives"] = table.to_dict()
     import datetime as dt
     prof.setdefault("provenance", {})["insitu"] = {
         "by": "studies/validation_cpu/tp_breakdown.py --probe (calibration.insitu, cpu-small mbs=1 fp32)",
@@ -260,7 +260,7 @@ def main() -> None:
         if args.execute:
             execute_tp2()
         if args.write_profile:
-            from parsim.calibration.profile import write_profile
+            from parsim.calibration import write_profile
             profile = merge_insitu(profile, measured)
             write_profile(profile, args.write_profile)
             print(f"wrote {args.write_profile}")

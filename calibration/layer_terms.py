@@ -1,0 +1,116 @@
+"""The layer terms of a calibrated profile: what a real layer costs beyond its ops priced one
+by one, and the GEMM contention fitted to the real layer's slowdown.
+
+They depend on how ``parsim.costs.timing.op_time`` prices ops, so they are derived from the
+measurements the profile keeps (``CalibratedTables.layer_probe``, ``contention_layer``,
+``contention_membound``) by ``fit_layer_terms``: once by ``parsim calibrate``, again by
+``python -m parsim.calibration.refit PROFILE`` after a change to how ops are priced, and for
+each run by ``parsim validate``'s anchoring (``parsim.study.validate.anchored_profile``).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from parsim.specs import (CalibratedTables, DeviceProfile, LayerComposition, LayerProbe, RankCurve, device_from_dict,
+                          with_profile_tables)
+
+from .profile_io import write_profile_text
+from .tables import contention_curve
+
+PROBE_CALL = "parsim.executor.model Block (tp=1): forward, then backward of a fixed output gradient"
+
+
+def layer_probe_tables(tables: CalibratedTables, layer, blocks: list[tuple[float, float]],
+                       comm: dict[int, list[dict]]) -> CalibratedTables:
+    """The real-layer probe's measurements (``compute.bench_layer``: (mbs, forward, backward)
+    Summaries of one layer alone; the probe's ``blocks`` over the run; the concurrent
+    ``layer_rounds`` of ``comm._alternating_rounds``) added to ``tables``: ``layer_probe``,
+    ``contention_layer`` L(N) (the real layer's slowdown with N ranks at once), and the GEMM
+    probe's contention kept as ``contention_gemm_probe`` (``fit_layer_terms`` replaces it)."""
+    mbs, fwd, bwd = layer
+    probe = LayerProbe(mbs=mbs, fwd_s=fwd.median, bwd_s=bwd.median, call=PROBE_CALL, tp=1,
+                       spread=(fwd.rel_spread, bwd.rel_spread),
+                       # the probe's blocks, spread over the run, in the order taken (the machine's drift)
+                       blocks=tuple((f, b) for f, b in blocks) if len(blocks) > 1 else None)
+    tables = tables.replace(layer_probe=probe)
+    curve = contention_curve(comm, "layer_rounds")
+    if len(curve) > 1:
+        tables = tables.replace(contention_gemm_probe=tables.contention, contention_layer=curve)
+    return tables
+
+
+def fit_layer_terms(device: DeviceProfile, model, dtype: str) -> CalibratedTables:
+    """``device.tables`` with the layer terms derived from its layer probe (unchanged
+    without one):
+
+    * ``layer_composition`` {fwd, bwd}: the measured layer time over the sum of its ops
+      priced by this profile's tables (``costs.layer_ops`` at tp=1 and the probe's mbs,
+      through ``timing.op_time``). It is what composing the ops costs beyond the ops timed
+      alone -- autograd's graph and engine, bias-gradient reductions, layout copies,
+      allocation, caches that a layer's working set evicts -- and ``timing.op_time``
+      multiplies every compute op by it (per pass). Dimensionless; 1 = the per-op sum is exact.
+    * ``contention``: the per-rank GEMM slowdown when N ranks compute at once, fitted to the
+      real layer's slowdown L(N) (``contention_layer``) instead of one GEMM repeated: the
+      layer's op sum is G (GEMMs and attention) + M (memory-bound ops, whose slowdown c_m(N)
+      the streaming probe measures), so L(N) (G + M) = c_g(N) G + c_m(N) M gives
+      c_g(N) = (L(N) (G + M) - c_m(N) M) / G (>= 1).
+    * the probe's ``ops_fwd_s`` / ``ops_bwd_s``: its ops' priced sums, seconds."""
+    from parsim.costs import layer_ops
+    from parsim.costs.timing import op_time
+    from parsim.specs import Plan
+
+    tables = device.tables
+    probe = tables.layer_probe
+    if probe is None:
+        return tables
+    dev = replace(device, tables=tables.replace(layer_composition=None))
+    ops = layer_ops(model, Plan(mbs=int(probe.mbs), gbs=int(probe.mbs), dtype=dtype))
+    pred = {p: {kind: sum(op_time(dev, op, p, dtype) for op in ops if (op.kind == "membound") == (kind == "m"))
+                for kind in ("g", "m")} for p in ("fwd", "bwd")}
+    ops_fwd, ops_bwd = sum(pred["fwd"].values()), sum(pred["bwd"].values())
+    tables = tables.replace(
+        layer_composition=LayerComposition(float(probe.fwd_s) / ops_fwd, float(probe.bwd_s) / ops_bwd),
+        layer_probe=replace(probe, ops_fwd_s=ops_fwd, ops_bwd_s=ops_bwd))
+    layer = tables.contention_layer
+    if layer is not None and len(layer) > 1:
+        g = pred["fwd"]["g"] + pred["bwd"]["g"]
+        mem = pred["fwd"]["m"] + pred["bwd"]["m"]
+        membound = tables.contention_membound or RankCurve()
+        tables = tables.replace(contention=RankCurve(tuple(
+            (n, max(1.0, (float(slow) * (g + mem) - float(membound.get(n, 1.0)) * mem) / g)) for n, slow in layer.values)))
+    return tables
+
+
+def refit_data(data: dict[str, Any]) -> dict[str, Any]:
+    """A profile mapping with its layer terms re-derived (``fit_layer_terms``), on the model
+    its probe measured (``profile_model``) and the dtype it was calibrated in."""
+    prov = data.get("provenance", {})
+    device = device_from_dict(data["device"], data.get("name", "device"))
+    return with_profile_tables(data, fit_layer_terms(device, profile_model(data), prov.get("dtype", "fp32")))
+
+
+def profile_model(data: dict[str, Any]):
+    """The ModelSpec whose shapes a calibrated profile measured (its layer probe's layer): the
+    spec the profile keeps (``provenance.model_spec``), else its preset name (profiles written
+    before the spec was kept, which were all calibrated on presets)."""
+    from parsim.specs import load_model, model_from_dict
+
+    prov = data.get("provenance", {})
+    spec = prov.get("model_spec")
+    return model_from_dict(spec) if spec else load_model(prov.get("model", "cpu-small"))
+
+
+def refit_profile(path: str) -> LayerComposition | None:
+    """Re-derive a calibrated profile's layer terms in place (``fit_layer_terms``); the
+    measurements and the header comment are kept. Returns the new composition factors
+    (None: the profile has no layer probe)."""
+    text = Path(path).read_text()
+    data = refit_data(yaml.safe_load(text))
+    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
+    note = "# Layer terms re-derived from the stored measurements by `python -m parsim.calibration.refit`.\n"
+    write_profile_text(path, header + ("" if note in header else note), data)
+    return device_from_dict(data["device"]).tables.layer_composition

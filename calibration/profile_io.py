@@ -1,0 +1,64 @@
+"""Profile YAML out: a header naming the provenance, then the mapping with each table row on
+one line and floats at 6 significant digits (``parsim.specs.load_profile_dict`` reads it
+back; the calibrated tables in it are ``parsim.specs.CalibratedTables.to_dict``)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+
+def write_profile(profile: dict[str, Any], path: str | Path) -> Path:
+    """Write ``profile`` as YAML (with a header naming its provenance) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prov = profile.get("provenance", {})
+    header = (f"# Measured by `parsim calibrate` on {prov.get('host', '?')} ({prov.get('cpu', '?')}), "
+              f"{prov.get('date', '?')}.\n# Numbers are medians of repeated runs; re-run the command to "
+              f"refresh them rather than editing by hand. SI units: s, bytes, FLOP/s, bytes/s.\n")
+    return write_profile_text(path, header, profile)
+
+
+def write_profile_text(path: str | Path, header: str, profile: dict[str, Any]) -> Path:
+    path = Path(path)
+    body = yaml.dump(_plain(profile), Dumper=_ProfileDumper, sort_keys=False, width=140)
+    from parsim.specs.files import write_text
+    return write_text(path, header + body)     # whole or not at all
+
+
+class _ProfileDumper(yaml.SafeDumper):
+    """Safe YAML with each table row (a list of scalars) on one line."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
+    flow = all(not isinstance(x, (list, dict)) for x in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+def _represent_float(dumper: yaml.SafeDumper, x: float) -> yaml.Node:
+    """6 significant digits, exponent form for large/small magnitudes; the mantissa keeps a
+    dot so YAML 1.1 loaders read it back as a float (``3e+10`` would be a string)."""
+    if not math.isfinite(x) or x == 0 or 1e-3 <= abs(x) < 1e6:
+        return dumper.represent_float(float(f"{x:.6g}") if math.isfinite(x) else x)
+    mantissa, _, exponent = f"{x:.5e}".partition("e")
+    mantissa = mantissa.rstrip("0")
+    mantissa = mantissa + "0" if mantissa.endswith(".") else mantissa
+    return dumper.represent_scalar("tag:yaml.org,2002:float", f"{mantissa}e{exponent}")
+
+
+_ProfileDumper.add_representer(list, _represent_list)
+_ProfileDumper.add_representer(float, _represent_float)
+
+
+def _plain(x: Any) -> Any:
+    """numpy scalars / tuples -> plain YAML types."""
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x

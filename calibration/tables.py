@@ -1,0 +1,147 @@
+"""Measured samples -> the calibrated tables of a profile (``parsim.specs.CalibratedTables``
+and ``CollectiveTables``). Pure: numbers in, typed tables out; ``profile.build_profile``
+assembles them, ``layer_terms`` derives the terms that depend on how ops are priced.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from parsim.specs import AttentionTable, CollectiveFit, CollectiveTables, RankCurve
+from parsim.specs.collectives import InsituFit
+
+from .comm import CALLS
+from .fit import AlphaBeta, Summary, fit_alpha_beta, summarize
+from .shapes import OP_NAME_ALIASES
+
+# parsim.costs.ops / timing: causal fused attention executes half of the counted 4 b s^2 h d
+# FLOPs (Dao 2023, Sec. 3.1.1) and its backward counts 2.5x the forward (Dao 2022, Sec. 3.1).
+CAUSAL_FRACTION = 0.5
+ATTENTION_BWD_FACTOR = 2.5
+
+
+def membound_table(results, overhead: float, norm: str) -> dict[str, dict]:
+    """bytes/s per op = counted bytes (fwd + bwd) / (measured time - per-op overhead), so
+    timing.membound_time (bytes / bw + overhead per pass) gives back the measured time;
+    the median over the model's sizes (tp, mbs) stands for the op. Returns the ops
+    ``measured``, the ``table`` (with the aliases of ``shapes.OP_NAME_ALIASES``) and the
+    per-size ``detail`` rows (source, fwd bytes, fwd s, bwd s)."""
+    per_op: dict[str, list[float]] = {}
+    detail: dict[str, list] = {}
+    for p, fwd, bwd in results:
+        passes = 1 if bwd is None else 2
+        seconds = fwd.median + (bwd.median if bwd else 0.0)
+        busy = max(seconds - passes * overhead, 0.2 * seconds)   # never credit more than 5x
+        per_op.setdefault(p.name, []).append((p.fwd_bytes + p.bwd_bytes) / busy)
+        detail.setdefault(p.name, []).append((p.source, float(p.fwd_bytes), fwd.median, bwd.median if bwd else 0.0))
+    measured = {k: float(np.median(v)) for k, v in per_op.items()}
+    table = dict(measured)
+    for alias, target in OP_NAME_ALIASES.items():
+        target = target.format(norm=norm)
+        if target in measured:
+            table[alias] = measured[target]
+    return {"measured": measured, "table": table, "detail": {k: tuple(v) for k, v in detail.items()}}
+
+
+def attention_table(results) -> AttentionTable:
+    """Rows (batch x heads, seq, head_dim, forward s, backward s) of measured attention."""
+    return AttentionTable(tuple((p.batch_heads, p.seq, p.head_dim, fwd.median, bwd.median) for p, fwd, bwd in results))
+
+
+def attention_efficiency(results, peak: float, overhead: float) -> float:
+    """Achieved fraction of peak on the executed FLOPs of fused causal attention, so that
+    timing.op_time's fallback reproduces the measured fwd + bwd time."""
+    if not results:
+        return 0.5
+    effs = []
+    for p, fwd, bwd in results:
+        executed = CAUSAL_FRACTION * p.fwd_flops * (1.0 + ATTENTION_BWD_FACTOR)
+        busy = max(fwd.median + bwd.median - 2 * overhead, 0.2 * (fwd.median + bwd.median))
+        effs.append(executed / (peak * busy))
+    return float(np.median(effs))
+
+
+def group_samples(rank_results: list[dict], op: str) -> dict[int, Summary]:
+    """Per size: the max over ranks of each sample (a collective ends with its slowest rank)."""
+    per_rank = [r["collectives"][op] for r in rank_results if op in r["collectives"]]
+    out = {}
+    for size in per_rank[0]:
+        samples = np.max(np.array([pr[size] for pr in per_rank]), axis=0)
+        out[int(size)] = summarize(samples.tolist())
+    return out
+
+
+def collective_fits(comm: dict[int, list[dict]]) -> CollectiveTables:
+    """alpha + beta * x per collective and group size from the collectives jobs' results
+    {world: per-rank results of ``comm.run_comm_job``}, with the in-situ latencies where the
+    job timed them (``insitu_fit``)."""
+    table = CollectiveTables({})
+    for world, ranks in sorted(comm.items()):
+        for op in ranks[0]["collectives"]:
+            pts = group_samples(ranks, op)
+            sizes = sorted(pts)
+            ab: AlphaBeta = fit_alpha_beta(sizes, [pts[s].median for s in sizes])
+            n = 2 if op == "send_recv" else world
+            fit = CollectiveFit(alpha=ab.alpha, beta=ab.beta, call=CALLS.get(op, op),
+                                spread=float(np.median([pts[s].rel_spread for s in sizes])), fit_rms_rel=ab.rms_rel,
+                                points=tuple((s, pts[s].median, pts[s].p10, pts[s].p90) for s in sizes))
+            insitu = ranks[0].get("insitu", {}).get(op)
+            if insitu and n == world:
+                fit = fit.with_insitu(insitu_fit(insitu, ab.beta))
+            table = table.with_fit(op, n, fit)
+    # smaller TP groups measured in situ while all ``world`` ranks share the host
+    for world, ranks in sorted(comm.items()):
+        for n, per_op in sorted(ranks[0].get("insitu_groups", {}).items()):
+            for op, samples in per_op.items():
+                fit = (table.ops.get(op) or {}).get(n)
+                if fit is not None:
+                    table = table.with_fit(op, n, fit.with_insitu(insitu_fit(samples, fit.beta), host_ranks=world))
+    return table
+
+
+def insitu_fit(samples: dict, beta: float) -> InsituFit:
+    """The in-situ latency of one collective and group size from the in-situ samples
+    {per-rank bytes: [seconds per collective]} (``insitu.measure_insitu``; every rank holds
+    the same, already reduced over the group): the latency that, with the back-to-back
+    ``beta`` (the bytes cost the same), gives the in-situ time, alpha_insitu + beta * x [s].
+    The median over every sample of (t - beta * x), so a few slow samples do not move it."""
+    pts = {int(x): summarize(v) for x, v in samples.items()}
+    alpha = float(np.median([t - beta * int(x) for x, v in samples.items() for t in v]))
+    return InsituFit(alpha=max(alpha, 0.0),
+                     points=tuple((x, pts[x].median, pts[x].p10, pts[x].p90) for x in sorted(pts)))
+
+
+def contention_curve(comm: dict[int, list[dict]], key: str) -> RankCurve:
+    """Slowdown of one rank when ``world`` ranks run the same kernel at once (1.0 = none): the
+    median over the alternating rounds ``key`` of ``comm._alternating_rounds``
+    (``round_ratios``), for every group size whose ranks all measured them."""
+    return RankCurve(((1, 1.0), *((world, float(np.median(round_ratios(ranks, key))))
+                                  for world, ranks in sorted(comm.items()) if all(r.get(key) for r in ranks))))
+
+
+def round_ratios(ranks: list[dict], key: str) -> list[float]:
+    """Per alternating round: the median over ranks of the concurrent seconds per call over
+    rank 0's solo seconds per call, both timed in the same round (``comm._alternating_rounds``)."""
+    rounds = ranks[0][key]
+    return [float(np.median([r[key][i][1] for r in ranks])) / rounds[i][0] for i in range(len(rounds))]
+
+
+def interference_curve(comm: dict[int, list[dict]]) -> RankCurve:
+    """Compute seconds lost per second of overlapped all-reduce (``comm._interference``), per
+    group size: the median over ranks and samples."""
+    return RankCurve(tuple((world, float(np.median([x for r in ranks for x in r.get("interference", [])])))
+                           for world, ranks in sorted(comm.items()) if any(r.get("interference") for r in ranks)))
+
+
+def spreads(gemm, attention, membound, collectives: CollectiveTables) -> dict[str, Any]:
+    """Median relative spread (p90 - p10) / median of each kind of measurement."""
+    def med(xs):
+        return float(np.median(xs)) if xs else 0.0
+    return {
+        "gemm": med([s.rel_spread for _, s in gemm]),
+        "attention": med([f.rel_spread for _, f, _ in attention]),
+        "membound": med([f.rel_spread for _, f, _ in membound]),
+        "collectives": med([f.spread for _, _, f in collectives.entries()]),
+        "measure": "median over points of (p90 - p10) / median",
+    }

@@ -1,0 +1,263 @@
+"""Ranks that share one host: how they slow each other down. Identity on GPUs.
+
+On a calibrated CPU profile the ranks of a plan are processes on the same cores and the same
+memory bandwidth. Three measured effects (``parsim calibrate``; ``specs.CalibratedTables``):
+
+* **contention**: with ``n`` ranks computing at once each GEMM second stretches to ``g(n)``
+  seconds and each memory-bound second to ``m(n)`` (``host_contention``);
+* **interference**: a collective is CPU work too (gloo's threads, the loopback TCP stack),
+  so one that runs while its rank computes takes ``comm_interference`` x the overlap from
+  that compute (``ComputeLedger``);
+* **processor sharing**: a rank idle in a pipeline bubble leaves its core to the others, so a
+  job's speed follows how many ranks compute at each instant (``ProcessorSharing``:
+  egalitarian processor sharing, Kleinrock, "Queueing Systems Vol. 2", 1976, Sec. 4.4, with
+  the measured sharing law); where that cannot be played out instant by instant, a
+  mean-field fixed point on the average number of ranks computing (``HostModel.settle``).
+
+A GPU owns its device: every factor is 1 and interference 0 (a GPU collective runs on its own
+SMs and copy engines; the few percent it takes from concurrent GEMMs are not modelled).
+``HostModel`` is the one interface: the SimPy engine, the partitioner's shared-host replay
+and the fast path (which prices each rank alone: its rows are solo times) ask it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from parsim.specs import ClusterSpec
+from parsim.specs.tables import RankCurve
+
+from .ops import Op
+
+SharingLaw = Callable[[int], tuple[float, float]]     # jobs computing at once -> (g, m) slowdowns
+
+
+@dataclass(frozen=True)
+class ComputeScale:
+    """Factors on a rank's compute time: GEMMs and attention, and memory-bound ops (which
+    slow down more when ranks share a host's memory bandwidth than GEMMs do)."""
+    gemm: float = 1.0
+    membound: float = 1.0
+
+    def of(self, op: Op) -> float:
+        return self.membound if op.kind == "membound" else self.gemm
+
+    def times(self, factor: float) -> "ComputeScale":
+        return ComputeScale(self.gemm * factor, self.membound * factor)
+
+
+def host_contention(cluster: ClusterSpec, ranks: float, kind: str = "gemm") -> float:
+    """Compute slowdown when ``ranks`` processes of one plan compute at once on a host's cores.
+
+    Calibrated CPU profiles carry ``contention``: {concurrent ranks: measured per-rank GEMM
+    slowdown when that many ranks multiply at once} and ``contention_membound`` (the same for
+    a streaming add: memory bandwidth is shared even when cores are not); ``kind`` picks
+    "gemm" or "membound" (which falls back to the GEMM table).
+    Between measured counts the slowdown is interpolated linearly (``ranks`` may be a
+    fraction: the average number of ranks computing, ``HostModel.settle``); beyond the
+    largest it scales with ranks per core (processor sharing). GPUs and uncalibrated
+    profiles: 1 (each rank owns its device)."""
+    tables = cluster.device.tables
+    curve = (tables.contention_membound if kind == "membound" else None) or tables.contention
+    on_host = min(float(ranks), float(cluster.devices_per_node))
+    if not curve or on_host <= 1:
+        return 1.0
+    return max(_per_ranks(curve, on_host, 1.0, beyond="scale"), 1.0)
+
+
+def comm_interference(cluster: ClusterSpec, ranks: float) -> float:
+    """Seconds of compute a rank loses per second of collective that runs while it computes.
+
+    Calibrated CPU profiles carry ``comm_interference``: {ranks: measured (T_both -
+    T_compute) / T_comm} when ``ranks`` ranks compute while all-reducing 4 MiB buffers in the
+    background (``calibration.comm``), interpolated linearly between counts and held beyond
+    the largest. GPUs and uncalibrated profiles: 0. Dimensionless, >= 0."""
+    curve = cluster.device.tables.comm_interference
+    on_host = min(float(ranks), float(cluster.devices_per_node))
+    if not curve or on_host <= 1:
+        return 0.0
+    return max(_per_ranks(curve, on_host, 0.0, beyond="hold"), 0.0)
+
+
+def _per_ranks(curve: RankCurve, ranks: float, at_one: float, beyond: str) -> float:
+    """A per-rank-count curve at ``ranks`` (may be fractional): linear between measured
+    counts (``at_one`` at 1 rank); past the largest, ``beyond`` = "scale" (grows with ranks:
+    processor sharing) or "hold" (the last value)."""
+    points = sorted({1: at_one, **{k: float(v) for k, v in curve.values}}.items())
+    for (k0, v0), (k1, v1) in zip(points, points[1:]):
+        if ranks <= k1:
+            return v0 + (v1 - v0) * (ranks - k0) / (k1 - k0)
+    k, v = points[-1]
+    return v * ranks / k if beyond == "scale" else v
+
+
+@dataclass(frozen=True)
+class HostModel:
+    """The host the ``ranks`` ranks of one plan run on (``devices_per_node`` share one)."""
+    cluster: ClusterSpec
+    ranks: int
+
+    def slowdown(self, computing: float) -> ComputeScale:
+        """(GEMM, memory-bound) slowdown with ``computing`` ranks computing at once."""
+        return ComputeScale(host_contention(self.cluster, computing, "gemm"),
+                            host_contention(self.cluster, computing, "membound"))
+
+    @property
+    def shared(self) -> bool:
+        """Do the ranks slow each other down (a calibrated CPU host)? False on GPUs."""
+        return self.slowdown(self.ranks) != ComputeScale()
+
+    @property
+    def interference(self) -> float:
+        """``comm_interference`` at the plan's ranks (0 on GPUs)."""
+        return comm_interference(self.cluster, self.ranks)
+
+    @property
+    def ranks_on_host(self) -> int:
+        """Ranks of the plan on one host, for in-situ collective prices that depend on it."""
+        return min(self.ranks, self.cluster.devices_per_node)
+
+    def sharing(self, ranks_per_job: float) -> SharingLaw:
+        """The sharing law of a host whose jobs each stand for ``ranks_per_job`` identical
+        ranks: n jobs computing at once -> their (GEMM, memory-bound) slowdown at
+        n * ranks_per_job ranks."""
+        cluster = self.cluster
+        return lambda n: (host_contention(cluster, n * ranks_per_job, "gemm"),
+                          host_contention(cluster, n * ranks_per_job, "membound"))
+
+    def processor_sharing(self, clock: "Clock", ranks_per_job: float) -> "ProcessorSharing":
+        """Jobs on this host played out instant by instant on ``clock`` (a SimPy environment)."""
+        return ProcessorSharing(clock, self.sharing(ranks_per_job))
+
+    def settle(self, busy_s: float, step_s: float, now: ComputeScale) -> ComputeScale | None:
+        """One step of the mean-field fixed point: ranks slow each other down only while they
+        compute at once, so the slowdown is the one at the average number of ranks computing,
+        ``busy_s`` (rank-seconds of compute in a step, all ranks) / ``step_s``. Returns the
+        next scale to try, damped halfway (the busy fraction itself grows with the slowdown),
+        or None once the target is within 1% of ``now`` (or the step is empty)."""
+        if step_s <= 0:
+            return None
+        target = self.slowdown(max(busy_s / step_s, 1.0))
+        if abs(target.gemm - now.gemm) <= 0.01 * now.gemm and abs(target.membound - now.membound) <= 0.01 * now.membound:
+            return None
+        return ComputeScale(0.5 * (now.gemm + target.gemm), 0.5 * (now.membound + target.membound))
+
+
+# ----------------------------------------------------------------------------- processor sharing
+
+class Clock(Protocol):
+    """What ``ProcessorSharing`` needs of an event loop (a ``simpy.Environment`` has it)."""
+    now: float
+
+    def event(self) -> Any: ...
+
+    def timeout(self, delay: float) -> Any: ...
+
+
+@dataclass(eq=False)
+class Job:
+    """One action (or optimizer step) split into its solo seconds by kind: ``fixed`` (not
+    slowed: e.g. TP collectives folded into the action), ``gemm`` and ``membound``."""
+    fixed: float
+    gemm: float
+    membound: float
+    done: Any                  # the clock's event, fired when the job's work is done
+    left: float = 1.0          # fraction of the job still to do
+    rate: float = 0.0          # fraction per second at the current sharing
+    since: float = 0.0         # time ``left`` was last brought up to date
+    token: int = 0             # the completion timeout that is still current
+
+    def seconds(self, gemm_factor: float, membound_factor: float) -> float:
+        return self.fixed + self.gemm * gemm_factor + self.membound * membound_factor
+
+
+@dataclass(eq=False)
+class ProcessorSharing:
+    """The jobs computing on one host right now and their shared progress: at ``n`` jobs at
+    once a job takes ``fixed + gemm g(n) + membound m(n)`` seconds, so it progresses at the
+    reciprocal of that per second, re-rated whenever a job starts or ends."""
+    clock: Clock
+    factors: SharingLaw
+    jobs: list[Job] = field(default_factory=list)
+
+    def run(self, fixed: float, gemm: float, membound: float) -> Any:
+        """Start a job of these solo seconds now; the event fires when it is done."""
+        job = Job(fixed, gemm, membound, self.clock.event())
+        if job.seconds(1.0, 1.0) <= 0:
+            job.done.succeed()
+            return job.done
+        self._advance()
+        job.since = self.clock.now
+        self.jobs.append(job)
+        self._reschedule()
+        return job.done
+
+    def estimate(self, fixed: float, gemm: float, membound: float) -> float:
+        """Seconds a job would take if the sharing stayed as it is with the job added."""
+        g, m = self.factors(len(self.jobs) + 1)
+        return fixed + gemm * g + membound * m
+
+    def _advance(self) -> None:
+        now = self.clock.now
+        for j in self.jobs:
+            j.left -= (now - j.since) * j.rate
+            j.since = now
+
+    def _reschedule(self) -> None:
+        g, m = self.factors(len(self.jobs))
+        for j in self.jobs:
+            j.rate = 1.0 / j.seconds(g, m)
+            j.token += 1
+            ev = self.clock.timeout(max(j.left, 0.0) / j.rate)
+            ev.callbacks.append(self._finisher(j, j.token))
+
+    def _finisher(self, job: Job, token: int):
+        def finish(_event) -> None:
+            if job.token != token:      # the sharing changed since: a newer timeout is current
+                return
+            self._advance()
+            self.jobs.remove(job)
+            job.done.succeed()
+            if self.jobs:
+                self._reschedule()
+        return finish
+
+
+# ----------------------------------------------------------------------------- owed compute
+
+@dataclass(eq=False)
+class ComputeLedger:
+    """One rank's compute owed to work that ran beside it, paid before its next compute:
+    ``interference`` x the compute a collective overlapped (CPU hosts), and work a side
+    stream leaves to the compute (FSDP2's copies on GPUs). Keeps the rank's recent compute
+    intervals to find the overlap."""
+    interference: float = 0.0
+    busy_log: list = field(default_factory=list)
+    busy_since: float | None = None      # start of the compute running now
+    debt: float = 0.0                    # seconds owed
+
+    def busy_between(self, t0: float, t1: float) -> float:
+        """Seconds this rank computed in [t0, t1] (recent intervals only)."""
+        total = sum(max(0.0, min(e, t1) - max(s, t0)) for s, e in self.busy_log)
+        if self.busy_since is not None:
+            total += max(0.0, t1 - max(t0, self.busy_since))
+        return total
+
+    def computed(self, start: float, end: float) -> None:
+        self.busy_since = None
+        self.busy_log.append((start, end))
+        if len(self.busy_log) > 64:
+            del self.busy_log[:32]
+
+    def collective(self, start: float, end: float) -> None:
+        """A collective of this rank ran over [start, end]: the compute it overlapped is
+        delayed by ``interference`` x the overlap."""
+        if self.interference > 0 and end > start:
+            self.debt += self.interference * self.busy_between(start, end)
+
+    def owe(self, seconds: float) -> None:
+        self.debt += seconds
+
+    def pay(self) -> float:
+        owed, self.debt = self.debt, 0.0
+        return owed

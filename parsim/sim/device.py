@@ -1,0 +1,203 @@
+"""One simulated device: a SimPy process that walks its pipeline rank's actions.
+
+As in SimPy's own examples, ``device`` is a generator: for each action it waits for the
+action's input (``input_start``: the previous stage's activations for F, the next stage's
+gradients for B/I), computes (``start_whole`` / ``end_whole``: one
+``env.timeout``, or one job on a host whose cores the ranks share; ``compute_stepped``:
+segment by segment, ``actions``), then sends its output on (``Simulation.send``). The host model (``costs.host``) supplies how long the
+compute takes: the device's ``scale``, the shared host's processor sharing, and the compute it
+owes to collectives that ran beside it (``Device.ledger``), paid before its next action.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import simpy
+
+from .actions import ActionRun, run_stepped, zero2_scatters
+from .compute import ActionCost
+from .dp import finish_step
+from .memory import ACTIVATIONS, OTHER
+from .network import Arrival
+from .record import ACTION, RECV_B, RECV_F
+
+if TYPE_CHECKING:
+    from .engine import Device, Simulation
+
+
+def device(env: simpy.Environment, sim: "Simulation", dev: "Device"):
+    """One device: its actions in schedule order, then the end of its step.
+
+    This loop runs once per action of the step (10^5 times for the 1T benchmark), so it keeps
+    its lookups in locals, skips the zero-byte memory changes, and runs a whole action's
+    compute through plain functions (a generator per action would cost ~10% of a run)."""
+    rec, mem, rank, ledger = sim.recorder, dev.memory, dev.rank, dev.ledger
+    footprints, keep, last_stage = sim.footprints, rec.keep_events, sim.num_stages - 1
+    interfered, detail = sim.interference > 0, rec.detail
+    for idx, (kind, stage, mb) in enumerate(dev.actions):
+        forward, backward = kind == "F", kind in ("B", "I")
+        # input: activations of the previous stage (F), gradients of the next stage (B, I)
+        now = env.now
+        begin = input_start(sim, dev, kind, stage, mb, now)
+        if begin.__class__ is Arrival:             # not sent yet: wait for the sender
+            yield begin
+            begin = input_start(sim, dev, kind, stage, mb, now, waited=begin)
+        start = begin + ledger.pay() if ledger.debt else begin    # compute owed to collectives first
+        cost = dev.costs.get((stage, kind)) or sim.cost(dev, stage, kind)
+        fp = footprints[stage]
+        if forward:
+            mem.change(start, ACTIVATIONS, fp.activations)
+        elif backward and fp.backward:
+            mem.change(start, OTHER, fp.backward)
+        if fp.gathered_params:
+            mem.change(start, OTHER, fp.gathered_params)
+        issued = len(dev.pending_dp)
+        if dev.stepped:
+            run = yield from compute_stepped(env, sim, dev, cost, idx, mb, start)
+        else:
+            run = None
+            if interfered:
+                ledger.busy_since = begin
+            if sim.sharing is not None and start > env.now:
+                yield env.timeout(start - env.now)   # a job of the shared host starts when it starts
+            done, stretch = start_whole(env, sim, dev, cost, idx, mb, start)
+            yield done
+            if interfered or cost.exposed_tp or detail:
+                end_whole(env, sim, dev, cost, mb, begin, start, stretch)
+        released = False
+        if sim.zero_blocking and len(dev.pending_dp) > issued:
+            # the action's ZeRO reduce-scatters are waited for before it ends (no side stream)
+            if run is not None:
+                run.release_final_gradients()
+                released = True
+            waited = env.now
+            yield env.all_of(dev.pending_dp[issued:])
+            rec.expose(rank, "dp", env.now - waited)
+        end = env.now
+        if fp.gathered_params:
+            mem.change(end, OTHER, -fp.gathered_params)
+        if backward and fp.backward:
+            mem.change(end, OTHER, -fp.backward)
+        if kind == "B" or kind == "W":
+            mem.change(end, ACTIVATIONS, -fp.activations)
+        rec.busy[rank] += end - begin
+        if keep:
+            rec.rows.append((rank, stage, "compute", kind, mb, -1, begin, end, 0.0, cost.flops, ACTION))
+        # output: to the next stage (F) or the previous one (B, I)
+        if forward and stage < last_stage:
+            sim.send(dev, ("act", stage, mb), stage + 1, mb)
+        elif backward and stage > 0:
+            sim.send(dev, ("grad", stage, mb), stage - 1, mb)
+        if run is not None and not released:
+            run.release_final_gradients()
+    dev.compute_done.succeed(env.now)
+    yield from finish_step(env, sim, dev)
+
+
+def input_start(sim: "Simulation", dev: "Device", kind: str, stage: int, mb: int, now: float,
+                waited: Arrival | None = None):
+    """When an action asked for at ``now`` can start (seconds): when its input (the previous
+    stage's activations for F, the next stage's gradients for B/I) arrives, never before
+    ``now``; or, when the input is not sent yet, the ``Arrival`` event the sender will fire
+    (call again with it as ``waited`` once it has). A wait that is not over is not yielded:
+    the caller folds it into the action's own timeout. Time blocked on a transfer already on
+    the wire is exposed PP time."""
+    if waited is None:
+        if kind == "F":
+            if stage == 0:
+                return now
+            key = (dev.replica, ("act", stage - 1, mb))
+        elif (kind == "B" or kind == "I") and stage < sim.num_stages - 1:
+            key = (dev.replica, ("grad", stage + 1, mb))
+        else:
+            return now
+        sent = sim.deliveries.pop(key, None)
+        if sent is None:
+            sent = sim.deliveries[key] = Arrival(sim.env)
+            return sent
+        arrival, on_wire = sent
+    else:
+        arrival, on_wire = sim.env.now, waited.value
+    start, on_wire = max(now, arrival), max(now, on_wire)
+    if start > on_wire:                    # blocked while the transfer was on the wire
+        rec = sim.recorder
+        rec.exposed[dev.rank]["pp"] += start - on_wire
+        if rec.keep_events:
+            rec.rows.append((dev.rank, stage, "pp", "recv", mb, -1, on_wire, start, sim.p2p_nbytes, 0.0,
+                             RECV_F if kind == "F" else RECV_B))
+    return start
+
+
+def start_whole(env: simpy.Environment, sim: "Simulation", dev: "Device", cost: ActionCost, idx: int, mb: int,
+                start: float):
+    """Start an action with nothing shared inside: returns (the event at its end, the stretch
+    of its inside offsets). One timeout of its duration, the wait for its input folded in;
+    or, on a host whose cores the ranks share, one processor-sharing job
+    (``costs.host.ProcessorSharing``) whose inside stretches by the sharing at its start. Its
+    gradients' readiness and its ZeRO-2 reduce-scatters hang on the inside offsets."""
+    now, stage, kind = env.now, cost.stage, cost.kind
+    if sim.sharing is not None:
+        solo = sim.solo_seconds(dev, stage, kind)
+        stretch = sim.sharing.estimate(*solo) / cost.duration if cost.duration > 0 else 1.0
+        done = sim.sharing.run(*solo)
+    else:
+        # the action's end is scheduled before the gradient-ready times it contains, so at
+        # equal times its pipeline send queues before the DP bucket it completes
+        stretch = 1.0
+        done = env.timeout(start - now + cost.duration)
+    if dev.sync is not None and idx in dev.last_backward:
+        dev.grads_started[stage].succeed([(env.timeout(start - now + gp.offset * stretch), gp.params)
+                                          for gp in cost.grads_ready])
+    if sim.zero2_scatters and (kind == "B" or kind == "W"):
+        # no side stream (blocking): the reduce-scatters follow the compute one after the other
+        ready = ([done] * len(cost.grads_ready) if sim.zero_blocking else
+                 [start + gp.offset * stretch for gp in cost.grads_ready])
+        dev.pending_dp.append(env.process(zero2_scatters(env, sim, dev, stage, mb, cost.grads_ready, ready)))
+    return done, stretch
+
+
+def end_whole(env: simpy.Environment, sim: "Simulation", dev: "Device", cost: ActionCost, mb: int, begin: float,
+              start: float, stretch: float) -> None:
+    """After a whole action: the compute its TP collectives took on a CPU host (sub-pipelined
+    halves overlap them), its exposed TP time, and its per-layer events (``detail``)."""
+    if sim.interference > 0:
+        dev.ledger.computed(begin, env.now)
+        overlapped = sim.overlapped_tp(cost)
+        if overlapped > 0:
+            dev.ledger.owe(sim.interference * overlapped)
+    rec = sim.recorder
+    if cost.exposed_tp:
+        rec.exposed[dev.rank]["tp"] += cost.exposed_tp
+    if rec.detail:
+        for p in cost.placed:
+            s = p.segment
+            rec.event(dev.rank, cost.stage, s.stream, s.kind, mb, s.layer, start + p.start * stretch,
+                      start + p.end * stretch, nbytes=s.nbytes, flops=s.flops, name=s.name)
+
+
+def compute_stepped(env: simpy.Environment, sim: "Simulation", dev: "Device", cost: ActionCost, idx: int, mb: int,
+                    start: float):
+    """An action whose inside meets other processes, segment by segment (``actions``);
+    returns its ``ActionRun`` (the caller releases its last gradients after the send)."""
+    now, stage = env.now, cost.stage
+    if start > now:
+        yield env.timeout(start - now)
+    run = ActionRun(sim, dev, cost, mb)
+    if dev.sync is not None and idx in dev.last_backward:
+        dev.grads_started[stage].succeed([(_grad_event(env, run, gp), gp.params) for gp in cost.grads_ready])
+    scatters = sim.zero2_scatters and (cost.kind == "B" or cost.kind == "W")
+    if scatters and not sim.zero_blocking:
+        ready = [_grad_event(env, run, gp) for gp in cost.grads_ready]
+        dev.pending_dp.append(env.process(zero2_scatters(env, sim, dev, stage, mb, cost.grads_ready, ready)))
+    yield from run_stepped(env, run)
+    if scatters and sim.zero_blocking:
+        # no side stream: the reduce-scatters run one after the other, compute waiting
+        # (each FSDP2 post-backward waits for its collective); their sum follows the action
+        dev.pending_dp.append(env.process(zero2_scatters(env, sim, dev, stage, mb, cost.grads_ready,
+                                                         [env.now] * len(cost.grads_ready))))
+    return run
+
+
+def _grad_event(env: simpy.Environment, run: ActionRun, gp):
+    """The event at which a gradient part of a stepped action is ready."""
+    return env.timeout(0) if gp.trigger is None else run.grad_events.setdefault(gp.trigger, env.event())

@@ -1,0 +1,160 @@
+"""Calibrated collective fits of a network: alpha + beta * x per op and group size.
+
+A profile YAML keeps them under ``network.collectives``: {op: {group size: entry}} with the
+entry's ``alpha`` (s), ``beta`` (s/byte), the in-situ latency ``alpha_insitu`` (s) and, per
+count of ranks sharing the host, ``alpha_insitu_shared`` (``calibration.insitu``), next to
+what they were fitted from (``points``, ``spread``, ...). In memory they are one frozen
+``CollectiveTables`` (``costs.timing.collective_time`` prices with it); only ``from_dict`` /
+``to_dict`` know the YAML keys, and a profile read and written back gives the same mapping.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .errors import SpecError
+from .tables import RankCurve, mapping, number, rows
+
+COLLECTIVES = "profile.network.collectives"
+
+
+@dataclass(frozen=True)
+class InsituFit:
+    """A collective timed in situ (``calibration.insitu``): its latency next to the
+    back-to-back beta, seconds, and the points it was fitted from (bytes, median, p10, p90)."""
+    alpha: float
+    points: tuple[tuple[float, ...], ...]
+    call: str = "after a compute block of two model-shaped MLP GEMMs per call (calibration.insitu)"
+
+
+@dataclass(frozen=True)
+class CollectiveFit:
+    """One collective at one group size: time = alpha + beta * x seconds, x the bytes each
+    rank passes to the call; in situ (called right after compute) ``alpha_insitu``, and
+    ``alpha_insitu_shared`` {ranks on the host: alpha} when more ranks than the group share it."""
+    alpha: float
+    beta: float
+    call: str | None = None                          # the torch call timed
+    spread: float | None = None                      # median (p90 - p10) / median over the sizes
+    fit_rms_rel: float | None = None
+    points: tuple[tuple[float, ...], ...] | None = None      # (bytes, median s, p10 s, p90 s)
+    alpha_insitu: float | None = None
+    insitu_call: str | None = None
+    insitu_points: tuple[tuple[float, ...], ...] | None = None
+    alpha_insitu_shared: RankCurve | None = None
+    insitu_shared_points: dict[str, tuple] | None = None     # ranks on the host -> points
+
+    _ORDER = ("alpha", "beta", "call", "spread", "fit_rms_rel", "points", "alpha_insitu", "insitu_call",
+              "insitu_points", "alpha_insitu_shared", "insitu_shared_points")
+
+    def seconds(self, x: float, in_situ: bool = False, host_ranks: int | None = None, group: int = 0) -> float:
+        """alpha + beta * x [s]; in situ the in-situ latency where measured, and the one for
+        ``host_ranks`` ranks on the host where that count (above the ``group`` size) was."""
+        alpha = self.alpha
+        if in_situ:
+            alpha = self.alpha if self.alpha_insitu is None else self.alpha_insitu
+            if host_ranks is not None and host_ranks > group and self.alpha_insitu_shared is not None:
+                alpha = self.alpha_insitu_shared.get(host_ranks, alpha)
+        return float(alpha) + float(self.beta) * x
+
+    def with_insitu(self, insitu: InsituFit, host_ranks: int | None = None) -> "CollectiveFit":
+        """This fit with an in-situ latency: its own group's (``host_ranks`` None), or the one
+        measured while ``host_ranks`` ranks share the host (``alpha_insitu_shared``)."""
+        if host_ranks is None:
+            return replace(self, alpha_insitu=insitu.alpha, insitu_call=insitu.call, insitu_points=insitu.points)
+        shared = (self.alpha_insitu_shared or RankCurve()).with_value(host_ranks, insitu.alpha)
+        points = {**(self.insitu_shared_points or {}), str(host_ranks): insitu.points}
+        return replace(self, alpha_insitu_shared=shared, insitu_shared_points=points)
+
+    @classmethod
+    def from_dict(cls, where: str, raw: Any) -> "CollectiveFit":
+        d = mapping(where, raw)
+        for k in d:
+            if k not in cls._ORDER:
+                raise SpecError(f"{where}.{k}", d[k], f"unknown key; allowed: {', '.join(cls._ORDER)}")
+        for k in ("alpha", "beta"):
+            if k not in d:
+                raise SpecError(f"{where}.{k}", None, "required key missing in the collective fit")
+
+        def opt(k, read):
+            return read(f"{where}.{k}", d[k]) if k in d else None
+        return cls(alpha=number(f"{where}.alpha", d["alpha"]), beta=number(f"{where}.beta", d["beta"]),
+                   call=opt("call", lambda w, v: str(v)), spread=opt("spread", number),
+                   fit_rms_rel=opt("fit_rms_rel", number), points=opt("points", _points),
+                   alpha_insitu=opt("alpha_insitu", number), insitu_call=opt("insitu_call", lambda w, v: str(v)),
+                   insitu_points=opt("insitu_points", _points),
+                   alpha_insitu_shared=opt("alpha_insitu_shared", RankCurve.from_dict),
+                   insitu_shared_points=opt("insitu_shared_points", lambda w, v: {
+                       str(n): _points(f"{w}.{n}", p) for n, p in mapping(w, v).items()}))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k in self._ORDER:
+            v = getattr(self, k)
+            if v is None:
+                continue
+            if isinstance(v, RankCurve):
+                v = v.to_dict()
+            elif k == "insitu_shared_points":
+                v = {n: [list(p) for p in pts] for n, pts in v.items()}
+            elif isinstance(v, tuple):
+                v = [list(p) for p in v]
+            out[k] = v
+        return out
+
+
+def _points(where: str, raw: Any) -> tuple[tuple[float, ...], ...]:
+    return rows(where, raw, (4,))
+
+
+@dataclass(frozen=True)
+class CollectiveTables:
+    """{op: {group size: CollectiveFit}} in the order measured; empty when uncalibrated."""
+    ops: dict[str, dict[int, CollectiveFit]] | None = None
+
+    def fit(self, op: str, n: int) -> CollectiveFit | None:
+        """The fit for ``op`` over ``n`` ranks: that size where measured, else the nearest
+        measured size above it (the largest when none is). None: ``op`` not calibrated."""
+        table = (self.ops or {}).get(op)
+        if not table:
+            return None
+        if n in table:
+            return table[n]
+        sizes = sorted(table)
+        return table[sizes[min(bisect.bisect_left(sizes, n), len(sizes) - 1)]]
+
+    def __bool__(self) -> bool:
+        return bool(self.ops)
+
+    @property
+    def prices_by_host_ranks(self) -> bool:
+        """Does some in-situ price depend on the ranks sharing the host (``alpha_insitu_shared``)?"""
+        return any(f.alpha_insitu_shared is not None for per in (self.ops or {}).values() for f in per.values())
+
+    def with_fit(self, op: str, n: int, fit: CollectiveFit) -> "CollectiveTables":
+        """These tables with ``fit`` for ``op`` over ``n`` ranks (replacing one, else added)."""
+        ops = {o: dict(per) for o, per in (self.ops or {}).items()}
+        ops.setdefault(op, {})[n] = fit
+        return CollectiveTables(ops)
+
+    def entries(self):
+        """(op, group size, fit) of every entry, in the order measured."""
+        return [(op, n, f) for op, per in (self.ops or {}).items() for n, f in per.items()]
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = COLLECTIVES) -> "CollectiveTables":
+        if raw is None:
+            return cls()
+        ops = {}
+        for op, per in mapping(where, raw).items():
+            table = {}
+            for n, entry in mapping(f"{where}.{op}", per).items():
+                if not str(n).isdigit():
+                    raise SpecError(f"{where}.{op}", n, "group sizes (positive integers) as keys")
+                table[int(n)] = CollectiveFit.from_dict(f"{where}.{op}.{n}", entry)
+            ops[str(op)] = table
+        return cls(ops)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {op: {str(n): f.to_dict() for n, f in per.items()} for op, per in (self.ops or {}).items()}
