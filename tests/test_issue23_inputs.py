@@ -1,8 +1,7 @@
 """Issue 23's table, row by row, through the CLI: every malformed input is one line naming
 the field, exit 2, no traceback; huge but valid plans are refused before any work.
 
-The cluster and profile rows are marked xfail(strict=True): their validation lands with the
-typed-tables refactor of ``parsim/specs/cluster.py``, and the marks flip when it does.
+More of the cluster / profile / run-log rows, and the outputs' finiteness: test_issue23_files.py.
 """
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ import pytest
 
 from parsim.cli import main
 
-PENDING = pytest.mark.xfail(strict=True, reason="cluster/profile validation lands after the typed-tables refactor")
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -166,6 +164,13 @@ CLUSTER_ROWS = [   # (where in the a100-80g profile, the value put there, what t
     (("device", "memory_bytes"), -1, "memory_bytes"),
     (("device", "peak_flops"), {"fp32": -1.0e12, "bf16": -1.0e12, "fp16": -1.0e12}, "peak_flops"),
     (("devices_per_node",), INF, "devices_per_node"),
+    (("devices_per_node",), 10 ** 400, "devices_per_node"),                   # huge integer
+    (("device", "memory_bytes"), 10 ** 400, "memory_bytes"),
+    (("network", "host_link", "latency"), -1.0e-6, "host_link.latency"),
+    (("network", "nics_per_node"), 0, "nics_per_node"),
+    (("device", "usable_memory_fraction"), 1.5, "usable_memory_fraction"),
+    (("device", "gemm"), {"max_efficiency": NAN}, "gemm.max_efficiency"),
+    (("device", "membound_efficiency"), "fast", "membound_efficiency"),
     (("device", "peak_flops"), {"fp32": 1.0e12}, "peak_flops"),     # no bf16 peak: a SpecError inside the engine
 ]
 
@@ -184,7 +189,6 @@ def _profile_with(tmp_path, where: tuple[str, ...], value):
     return path
 
 
-@PENDING
 @pytest.mark.parametrize("where, value, fragment", CLUSTER_ROWS)
 def test_bad_cluster_numbers_are_one_line_naming_the_field(capsys, tmp_path, where, value, fragment):
     path = _profile_with(tmp_path, where, value)
@@ -193,7 +197,6 @@ def test_bad_cluster_numbers_are_one_line_naming_the_field(capsys, tmp_path, whe
     assert fragment in error["field"]
 
 
-@PENDING
 @pytest.mark.parametrize("body", [b"device: 5\nnetwork: {}\n", b"name: x\ndevice:\n  peak_flops: [1, 2]\n",
                                   b"device: {peak_flops: {bf16: 1.0e+12}, memory_bytes: x}\n"])
 def test_a_malformed_profile_file_names_the_section(capsys, tmp_path, body):

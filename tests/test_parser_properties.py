@@ -165,3 +165,49 @@ def test_executor_options_give_a_config_or_a_spec_error(options):
     except SpecError:
         return
     assert 1 <= config.steps <= 2 ** 24 and math.isfinite(config.timeout_s) and config.timeout_s > 0
+
+
+PROFILE_PATHS = [("device", "peak_flops", "bf16"), ("device", "memory_bytes"), ("device", "memory_bandwidth"),
+                 ("device", "gemm", "max_efficiency"), ("device", "gemm", "half_dim"), ("device", "kernel_overhead_s"),
+                 ("device", "usable_memory_fraction"), ("device", "host_flops"), ("devices_per_node",), ("name",),
+                 ("network", "intra_node", "bandwidth"), ("network", "inter_node", "latency"),
+                 ("network", "host_link"), ("network", "nics_per_node"), ("device",), ("device", "peak_flops")]
+
+
+@FAST
+@given(st.lists(st.tuples(st.sampled_from(PROFILE_PATHS), values), min_size=1, max_size=3))
+def test_profile_mappings_give_a_cluster_of_finite_positive_numbers_or_a_spec_error(changes):
+    from parsim.specs import cluster_from_dict, load_profile_dict
+    data = load_profile_dict("a100-80g")
+    for where, value in changes:
+        node = data
+        for key in where[:-1]:
+            node = node.setdefault(key, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node[where[-1]] = value
+    cluster = _only_spec_errors(cluster_from_dict, data, 8)
+    if cluster is not None:
+        dev, net = cluster.device, cluster.network
+        rates = [*dev.peak_flops.values(), dev.memory_bytes, dev.memory_bandwidth, dev.host_flops,
+                 dev.host_memory_bandwidth, dev.gemm.max_efficiency, dev.membound_efficiency,
+                 net.intra_node.bandwidth, net.inter_node.bandwidth, net.host_link.bandwidth]
+        assert all(math.isfinite(x) and x > 0 for x in rates)
+        assert all(math.isfinite(x) and x >= 0 for x in (dev.kernel_overhead_s, net.intra_node.latency,
+                                                         net.inter_node.latency, dev.gemm.half_dim))
+        assert 0 < dev.usable_memory_fraction <= 1 and 1 <= cluster.devices_per_node <= 2 ** 53
+
+
+@FAST
+@given(st.lists(st.lists(st.one_of(value_text, st.sampled_from(['"[0.5]"', "[1]", "[]", "{", "NaN", "-1"])),
+                         max_size=10), max_size=3))
+def test_run_logs_read_back_or_raise_spec_error(rows):
+    from parsim.study.validate import read_rounds, read_rows
+    from parsim.study.validate.matrix import COLUMNS, ROUND_COLUMNS
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "rounds.csv").write_text("\n".join([",".join(ROUND_COLUMNS), *(",".join(r) for r in rows)]))
+        Path(tmp, "validation.csv").write_text("\n".join([",".join(COLUMNS), *(",".join(r) for r in rows)]))
+        for measured in _only_spec_errors(read_rounds, Path(tmp)) or []:
+            assert math.isfinite(measured.step_time_s) and measured.step_time_s >= 0
+        for row in _only_spec_errors(read_rows, Path(tmp)) or []:
+            assert row["world_size"] >= 1 and all(
+                row[k] is None or math.isfinite(row[k]) for k in ("measured_step_s", "predicted_step_s"))

@@ -30,13 +30,20 @@ def _short(value: object) -> str:
 
 
 class SpecError(ValueError):
-    """Invalid user input. The CLI prints ``str(err)`` and exits with code 2."""
+    """Invalid user input. The CLI prints ``str(err)`` and exits with code 2.
+
+    ``args`` are ``(field, value, allowed)`` so that ``type(e)(*e.args)`` rebuilds the error:
+    SimPy re-raises an exception from inside a process that way (``simpy.events``), and pickling
+    (worker processes) does too."""
 
     def __init__(self, field: str, value: object, allowed: str):
         self.field = field
         self.value = value
         self.allowed = allowed
-        super().__init__(f"{field}={_short(value)} is invalid: {allowed}")
+        super().__init__(field, value, allowed)
+
+    def __str__(self) -> str:
+        return f"{self.field}={_short(self.value)} is invalid: {self.allowed}"
 
 
 class SpecWarning(UserWarning):

@@ -14,12 +14,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .cluster import ClusterSpec, DeviceProfile, GemmEfficiency, LinkProfile, NetworkProfile
-from .collectives import CollectiveTables
+from .cluster import ClusterSpec
 from .errors import SpecError
 from .files import finite_number, path_exists, read_mapping
 from .model import MODEL_PRESETS, ModelSpec
 from .plan import MAX_INT, Plan
+from .profile_parse import cluster_from_dict, device_from_dict
 from .tables import CalibratedTables
 
 
@@ -155,7 +155,7 @@ def load_cluster(source: str | Path | ClusterSpec, profile: str | Path | None = 
             data = _read_mapping(path, "cluster")
             if "num_devices" not in data:
                 raise SpecError("cluster.num_devices", None, "required in a cluster YAML (a positive integer)")
-            cluster = cluster_from_dict(data, num_devices=data["num_devices"])
+            cluster = cluster_from_dict(data, num_devices=data["num_devices"], where="cluster")
         else:
             if ":" not in text:
                 raise SpecError("cluster", text, f"PRESET:NDEVICES (presets: {', '.join(known_profiles())}) or a YAML file")
@@ -194,44 +194,6 @@ def _is_profile(text: str) -> bool:
         "/" not in text and "\0" not in text and path_exists(profiles_dir() / f"{text}.yaml"))
 
 
-def cluster_from_dict(data: dict[str, Any], num_devices: int) -> ClusterSpec:
-    try:
-        device = device_from_dict(data["device"], str(data.get("name", "device")))
-        net = data["network"]
-        network = NetworkProfile(
-            intra_node=_link(net["intra_node"]),
-            inter_node=_link(net["inter_node"]),
-            host_link=_link(net["host_link"]),
-            nics_per_node=int(net.get("nics_per_node", 1)),
-            collectives=CollectiveTables.from_dict(net.get("collectives")),
-        )
-        return ClusterSpec(name=str(data.get("name", device.name)), device=device, network=network,
-                           devices_per_node=int(data.get("devices_per_node", 8)), num_devices=int(num_devices))
-    except SpecError:
-        raise
-    except KeyError as e:
-        raise SpecError(f"profile.{e.args[0]}", None, "required key missing in the profile") from None
-    except (TypeError, ValueError) as e:
-        raise SpecError("profile", data.get("name", "?"), f"malformed number or section ({e})") from None
-
-
-def device_from_dict(dev: dict[str, Any], default_name: str = "device") -> DeviceProfile:
-    """A profile's ``device`` section (KeyError / TypeError / ValueError when malformed:
-    ``cluster_from_dict`` turns them into a SpecError)."""
-    gemm = GemmEfficiency(**{k: float(v) for k, v in dev.get("gemm", {}).items()})
-    tables = CalibratedTables.from_dict(dev.get("extra", {}))
-    return DeviceProfile(
-        name=str(dev.get("name", default_name)),
-        peak_flops={k: float(v) for k, v in dev["peak_flops"].items()},
-        memory_bytes=float(dev["memory_bytes"]),
-        memory_bandwidth=float(dev["memory_bandwidth"]),
-        gemm=gemm,
-        **{k: float(dev[k]) for k in ("membound_efficiency", "attention_efficiency", "kernel_overhead_s",
-                                       "host_flops", "host_memory_bandwidth", "usable_memory_fraction") if k in dev},
-        tables=tables,
-    )
-
-
 def profile_tables(data: dict[str, Any]) -> CalibratedTables:
     """The calibrated tables of a profile mapping (``load_profile_dict``): its ``device.extra``."""
     return CalibratedTables.from_dict((data.get("device") or {}).get("extra", {}))
@@ -244,10 +206,6 @@ def with_profile_tables(data: dict[str, Any], tables: CalibratedTables) -> dict[
     if not extra and "extra" not in data["device"]:
         return {**data, "device": dict(data["device"])}
     return {**data, "device": {**data["device"], "extra": extra}}
-
-
-def _link(d: dict[str, Any]) -> LinkProfile:
-    return LinkProfile(bandwidth=float(d["bandwidth"]), latency=float(d["latency"]))
 
 
 # ----------------------------------------------------------------------------- plans

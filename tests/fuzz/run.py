@@ -266,7 +266,7 @@ def report(counts, examples, wall_s: float, slowest, args) -> int:
     print(f"{'kind':14s}" + "".join(f"{o:>11s}" for o in outcomes))
     for kind in KINDS:
         if kind in counts:
-            mark = "  (pending: cluster/profile validation)" if kind in PENDING else ""
+            mark = "  (pending)" if kind in PENDING else ""
             print(f"{kind:14s}" + "".join(f"{counts[kind][o]:>11d}" for o in outcomes) + mark)
     print(f"{'all':14s}" + "".join(f"{total[o]:>11d}" for o in outcomes))
     exit_codes = Counter()

@@ -7,12 +7,15 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from parsim.specs import ModelSpec, Plan, SpecError, load_model, parse_plan
 from parsim.specs.files import path_exists, read_mapping, write_text
+
+from .logs import Cells, is_count, is_finite_non_negative, is_number, read_log
 
 CSV_NAME = "validation.csv"
 ROUNDS_NAME = "rounds.csv"
@@ -78,17 +81,17 @@ def load_matrix(path: str | Path) -> Matrix:
 
 
 def read_rows(out_dir: Path) -> list[dict[str, Any]]:
-    path = out_dir / CSV_NAME
-    if not path.exists():
-        return []
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    for r in rows:
+    """``validation.csv`` back, every cell checked (``logs.read_log``; SpecError on a bad one)."""
+    rows = []
+    for cells in read_log(out_dir / CSV_NAME, ("plan", "world_size")):
+        r = dict(cells.row)
         r["outcome"] = r.get("outcome") or RAN
         for k in _FLOAT_COLUMNS + ANCHOR_COLUMNS:
-            r[k] = float(r[k]) if r.get(k) not in (None, "") else None
+            signed = k.endswith("_error") or k.startswith("probe_")      # relative errors: either sign
+            r[k] = cells.number(k, optional=True, minimum=-math.inf if signed else 0.0)
         r["predicted_fits"] = {"True": True, "False": False}.get(r.get("predicted_fits") or "")
-        r["world_size"] = int(r["world_size"])
+        r["world_size"] = cells.integer("world_size", minimum=1)
+        rows.append(r)
     return rows
 
 
@@ -126,19 +129,18 @@ class MeasuredRound:
     layer_probes: list[dict[str, float]] = field(default_factory=list)   # around the timed steps (executor.layer_probe)
 
     @classmethod
-    def from_csv(cls, r: dict[str, str]) -> "MeasuredRound":
-        return cls(plan=r["plan"], round=int(r["round"]), step_time_s=float(r["step_time_s"]),
-                   step_times_s=json.loads(r["step_times_s"]), peak_memory_bytes_by_rank=json.loads(r["peak_bytes_by_rank"]),
-                   losses=json.loads(r["losses"]), trace_file=r["trace_file"],
-                   layer_probes=json.loads(r.get("layer_probes") or "[]"))
+    def from_csv(cls, cells: Cells) -> "MeasuredRound":
+        return cls(plan=cells.text("plan"), round=cells.integer("round"),
+                   step_time_s=cells.number("step_time_s"),
+                   step_times_s=cells.json_list("step_times_s", is_finite_non_negative, "seconds >= 0"),
+                   peak_memory_bytes_by_rank=cells.json_list("peak_bytes_by_rank", is_count, "byte counts >= 0"),
+                   losses=cells.json_list("losses", is_number, "numbers"), trace_file=cells.text("trace_file"),
+                   layer_probes=cells.json_list("layer_probes", lambda x: isinstance(x, dict), "mappings", "[]"))
 
 
 def read_rounds(out_dir: Path) -> list[MeasuredRound]:
-    path = out_dir / ROUNDS_NAME
-    if not path.exists():
-        return []
-    with path.open(newline="") as f:
-        return [MeasuredRound.from_csv(r) for r in csv.DictReader(f)]
+    """``rounds.csv`` back, every cell checked (``logs.read_log``; SpecError on a bad one)."""
+    return [MeasuredRound.from_csv(c) for c in read_log(out_dir / ROUNDS_NAME, tuple(ROUND_COLUMNS[:-1]))]
 
 
 def append_round(out_dir: Path, m: MeasuredRound, world_size: int) -> None:
