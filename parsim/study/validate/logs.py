@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,7 +46,7 @@ class Cells:
 
     def integer(self, column: str, minimum: int = 0) -> int:
         raw = self.text(column)
-        if not (raw.strip().isdigit() and int(raw) >= minimum):
+        if not (re.fullmatch(r"\s*[0-9]{1,16}\s*", raw) and int(raw) >= minimum):     # ASCII digits only
             raise SpecError(self.where(column), raw, f"an integer >= {minimum}")
         return int(raw)
 
