@@ -58,7 +58,7 @@ def test_a_huge_batch_is_refused_naming_gbs_how_big_and_what_instead():
 
 def test_full_mode_suggests_representative_and_the_device_count_names_the_cluster():
     with pytest.raises(SpecError) as err:
-        simulate("gpt3-125m", "a100-80g:4096", "dp=4096 gbs=524288", mode="full")
+        simulate("gpt3-125m", "a100-80g:4096", "dp=4096 gbs=4194304", mode="full")
     assert "mode=representative" in str(err.value)
     with pytest.raises(SpecError) as err:
         simulate("tiny", "cpu:1000000000000", "dp=1000000000000")

@@ -124,7 +124,7 @@ def simulate(model: ModelLike, cluster: ClusterLike, plan: PlanLike, *, profile:
     device; the default with ``slowdown``). ``slowdown``: straggler what-if, {global rank:
     factor} or "3=1.5,5=1.2" (1.5 = compute 50% slower). ``detail``: also record per-layer
     compute and per-collective TP events in the trace (slower). A plan whose simulation
-    would play more than ``max_events`` events [$PARSIM_MAX_EVENTS, 2,000,000] is refused
+    would play more than ``max_events`` events [$PARSIM_MAX_EVENTS, 10,000,000] is refused
     before it starts (``parsim.specs.bounds``)."""
     from parsim.sim import simulate as run_engine
     from parsim.costs.work import check_simulation
