@@ -1,23 +1,26 @@
-"""The fast path prices communication with the very functions of ``parsim.costs.timing``."""
+"""The fast path prices communication with the very functions of ``parsim.costs``."""
 import pytest
 
-from parsim.costs import dp_buckets, timing
-from parsim.fast.timing import host_copy, optimizer_seconds, p2p_seconds
+from parsim.costs import dp_buckets, optimizer_step, p2p_bytes, stage_params, state_bytes, timing
 from parsim.fast.comm import CollectivePricer, dp_group_ranks
-from parsim.fast.evaluate import link_row
-from parsim.specs import load_cluster
+from parsim.fast.ranks import (R_PARAMS, S_BUCKET_DOWN, S_BUCKETS_DOWN, S_GRADS_DOWN, S_LAYER_UP, S_OPT_STEP,
+                               S_PARAMS_UP, RankRows, send_rows, step_block)
+from parsim.specs import DTYPES, OFFLOADS, Plan, RankLayout, load_cluster, load_model
 
 
-@pytest.mark.parametrize("cluster_name", ["a100-80g:64", "h100-sxm:48", "cpu:4"])
-def test_pipeline_send_time_equals_timing_p2p_time(cluster_name):
-    cluster = load_cluster(cluster_name)
-    k = link_row(cluster)
-    n = cluster.num_devices
-    for src in range(0, n - 1, 3):
-        for dst in (src + 1, min(src + 8, n - 1), n - 1):
-            for nbytes in (0.0, 1e3, 6.3e6):
-                assert p2p_seconds(k, nbytes, src, dst) == pytest.approx(timing.p2p_time(cluster, nbytes, src, dst),
-                                                                         rel=1e-12)
+@pytest.mark.parametrize("cluster_name, dp, tp, pp", [("a100-80g:64", 2, 2, 16), ("h100-sxm:48", 3, 2, 8),
+                                                      ("a100-80g:64", 1, 8, 8), ("cpu:4", 1, 1, 4)])
+def test_pipeline_send_time_equals_timing_p2p_time(cluster_name, dp, tp, pp):
+    """Each pipeline rank's send (some inside a node, some across) is ``timing.p2p_time`` between
+    the representative devices of the two ranks."""
+    cluster, model = load_cluster(cluster_name), load_model("gpt3-1.3b")
+    layout = RankLayout(dp=dp, tp=tp, pp=pp)
+    for mbs in (1, 4):
+        nbytes = p2p_bytes(model, Plan(dp=dp, tp=tp, pp=pp, mbs=mbs))
+        sends = send_rows(model, cluster, dp, tp, pp, mbs, DTYPES.index("bf16"))
+        expected = [timing.p2p_time(cluster, nbytes, layout.rank(r, 0, 0), layout.rank(r + 1, 0, 0))
+                    for r in range(pp - 1)]
+        assert sends.tolist() == expected + [0.0]
 
 
 @pytest.mark.parametrize("dp, tp, pp", [(8, 1, 8), (4, 2, 8), (3, 4, 4), (16, 4, 1), (2, 2, 16), (64, 1, 1)])
@@ -45,13 +48,40 @@ def test_bucketed_time_is_the_sum_over_ddp_buckets():
     assert got_last == pytest.approx(expected[-1], rel=1e-12)
 
 
-@pytest.mark.parametrize("cluster_name", ["a100-80g:8", "h100-sxm:8", "cpu:2"])
-def test_host_copy_and_optimizer_step_equal_costs_timing(cluster_name):
-    cluster = load_cluster(cluster_name)
-    k = link_row(cluster)
-    for nbytes in (0.0, 1e6, 3.3e9):
-        assert host_copy(k, nbytes) == pytest.approx(timing.host_transfer_time(cluster, nbytes), rel=1e-12)
-    for params, dtype, adam in ((1e9, "bf16", 32.0), (2.5e8, "fp32", 28.0)):
-        for on_host in (False, True):
-            assert optimizer_seconds(k, params, adam, on_host) == pytest.approx(
-                timing.optimizer_time(cluster, params, dtype, on_host=on_host), rel=1e-12)
+@pytest.mark.parametrize("cluster_name", ["a100-80g:64", "cpu:4"])
+@pytest.mark.parametrize("zero, offload", [(0, "none"), (1, "none"), (1, "optimizer"), (2, "optimizer"),
+                                           (3, "optimizer+params")])
+def test_rank_rows_hold_the_optimizer_step_of_costs(cluster_name, zero, offload):
+    """The optimizer step and the host transfers of every pipeline rank are ``costs.optimizer``'s."""
+    cluster, model = load_cluster(cluster_name), load_model("gpt3-1.3b")
+    dp, tp, pp = (4, 2, 8) if cluster.num_devices == 64 else (2, 1, 2)
+    bucket = 25 * 2**20
+    plan = Plan(dp=dp, tp=tp, pp=pp, zero=zero, offload=offload)
+    codes = (zero, OFFLOADS.index(offload))
+    rows = RankRows(model, cluster, bucket, False, 1, [codes])(dp, tp, pp, 1, DTYPES.index("bf16"))
+    b = step_block(*codes)
+    for r, n in enumerate(stage_params(model, plan)):
+        step = optimizer_step(cluster, plan, n)
+        assert rows[r, R_PARAMS] == n
+        assert rows[r, b + S_OPT_STEP] == step.step_s
+        assert rows[r, b + S_GRADS_DOWN] == step.grads_to_host_s and (step.grads_to_host_s > 0) == (zero >= 2)
+        assert rows[r, b + S_PARAMS_UP] == step.params_from_host_s and (step.params_from_host_s > 0) == step.on_host
+        buckets = dp_buckets(n * state_bytes("bf16").grad, bucket)
+        first = timing.host_transfer_time(cluster, buckets[0] / dp) if step.on_host else 0.0
+        assert rows[r, b + S_BUCKET_DOWN] == first and rows[r, b + S_BUCKETS_DOWN] == len(buckets) * first
+        assert (rows[r, b + S_LAYER_UP] > 0) == (offload == "optimizer+params")
+
+
+def test_optimizer_step_shards_over_dp_from_zero_1_and_runs_on_the_host_with_offload():
+    cluster = load_cluster("a100-80g:8")
+    n = 1e9
+    plain = optimizer_step(cluster, Plan(dp=8, zero=0), n)
+    sharded = optimizer_step(cluster, Plan(dp=8, zero=1), n)
+    offloaded = optimizer_step(cluster, Plan(dp=8, zero=2, offload="optimizer"), n)
+    assert plain.params == n and sharded.params == offloaded.params == n / 8
+    assert plain.step_s == timing.optimizer_time(cluster, n, "bf16")
+    assert sharded.step_s == timing.optimizer_time(cluster, n / 8, "bf16")
+    assert offloaded.on_host and offloaded.step_s == timing.optimizer_time(cluster, n / 8, "bf16", on_host=True)
+    assert offloaded.grads_to_host_bytes == n / 8 * state_bytes("bf16").grad
+    assert offloaded.params_from_host_s == timing.host_transfer_time(cluster, n / 8 * state_bytes("bf16").param)
+    assert plain.grads_to_host_s == plain.params_from_host_s == 0.0

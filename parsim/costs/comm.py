@@ -24,6 +24,14 @@ class Collective:
     after: str = ""  # the op (parsim.costs.ops name) it follows; "" = at the layer start
 
 
+def microbatch_activation_bytes(model: ModelSpec, plan: Plan) -> float:
+    """b*s*h activations of one microbatch in the training dtype, bytes: the full buffer of every
+    TP collective between a layer's ops (Shoeybi et al. 2019 Fig. 3; with SP its all-gathers'
+    output and reduce-scatters' input, Korthikanti et al. 2022 Sec. 4.2.2) and, over t, the
+    pipeline send (``p2p_bytes``)."""
+    return float(plan.mbs * model.seq_len * model.hidden * DTYPE_BYTES[plan.dtype])
+
+
 def tp_collectives_per_layer(model: ModelSpec, plan: Plan, phase: str) -> list[Collective]:
     """Megatron-LM TP collectives of one layer, one microbatch (phase "fwd" or "bwd").
 
@@ -35,7 +43,7 @@ def tp_collectives_per_layer(model: ModelSpec, plan: Plan, phase: str) -> list[C
     """
     if plan.tp == 1:
         return []
-    nbytes = float(plan.mbs * model.seq_len * model.hidden * DTYPE_BYTES[plan.dtype])
+    nbytes = microbatch_activation_bytes(model, plan)
     up = "mlp_up_gate" if model.activation == "swiglu" else "mlp_up"
     if not plan.sp:
         if phase == "fwd":
@@ -70,7 +78,7 @@ def tp_collectives_edge(model: ModelSpec, plan: Plan, part: str, phase: str) -> 
     ``parsim.executor`` stacks them into one of 2*b*s, as modelled here."""
     if plan.tp == 1:
         return []
-    act = float(plan.mbs * model.seq_len * model.hidden * DTYPE_BYTES[plan.dtype])
+    act = microbatch_activation_bytes(model, plan)
     tokens = float(plan.mbs * model.seq_len)
     fwd = phase == "fwd"
     if part == "embedding":
@@ -92,8 +100,7 @@ def p2p_bytes(model: ModelSpec, plan: Plan) -> float:
     """Bytes one device sends to the next pipeline stage per microbatch (activations forward,
     their gradients backward): b*s*h*e, divided by t with TP (the scatter/gather optimisation
     of Narayanan et al. 2021 Sec. 4.1, and natively with SP)."""
-    full = plan.mbs * model.seq_len * model.hidden * DTYPE_BYTES[plan.dtype]
-    return full / plan.tp
+    return microbatch_activation_bytes(model, plan) / plan.tp
 
 
 def dp_grad_bytes(model: ModelSpec, plan: Plan, pp_rank: int) -> float:

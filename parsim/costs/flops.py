@@ -12,6 +12,7 @@ from __future__ import annotations
 from parsim.specs import ModelSpec, Plan
 
 from .ops import head_ops, layer_ops
+from .recompute import recomputed_ops
 
 
 def _fwd_matmul_flops_per_sequence(model: ModelSpec) -> tuple[float, float, float]:
@@ -20,7 +21,7 @@ def _fwd_matmul_flops_per_sequence(model: ModelSpec) -> tuple[float, float, floa
     Uses the unpadded vocabulary, as Eq. 3 does."""
     plan = Plan(mbs=1, dtype="bf16")
     layer = sum(op.fwd_flops for op in layer_ops(model, plan) if op.kind in ("gemm", "attention"))
-    core = sum(op.fwd_flops for op in layer_ops(model, plan) if op.attention_core and op.kind != "membound")
+    core = sum(op.fwd_flops for op in recomputed_ops(layer_ops(model, plan), "selective") if op.kind != "membound")
     logits = 2.0 * model.seq_len * model.hidden * model.vocab
     return layer, core, logits
 

@@ -5,10 +5,12 @@ analytic model) and the SimPy engine (``sim.memory``) call these functions with 
 model and plan (``costs.activations``, ``costs.params``), the partitioner
 (``partition.stage_cost``) with those of its cost graph, and the fast path compiles them with
 numba into its sweep kernel (``fast.memory``), fed from its cost tables. So they take plain
-numbers, use only arithmetic, comparisons and ``min``/``max``, and call no other function
-(numba compiles each one on its own).
+numbers, use only arithmetic, comparisons and ``min``/``max``, and call no function but the ZeRO
+rules of ``costs.zero`` (which the fast path registers with numba: ``fast.rules``).
 """
 from __future__ import annotations
+
+from .zero import zero_shard
 
 
 def model_states(n_params: float, param_bytes: float, grad_bytes: float, optimizer_bytes: float, dp: int,
@@ -19,9 +21,9 @@ def model_states(n_params: float, param_bytes: float, grad_bytes: float, optimiz
     ranks, stage 2 also the gradients, stage 3 also the parameters. ZeRO-Offload (Ren et al.
     2021) keeps the optimizer states on the host and streams the gradients there (none stay on
     the device); ``offload_params`` ("optimizer+params") moves the parameters too."""
-    params = n_params * param_bytes / (dp if zero >= 3 else 1)
-    grads = n_params * grad_bytes / (dp if zero >= 2 else 1)
-    optimizer = n_params * optimizer_bytes / (dp if zero >= 1 else 1)
+    params = zero_shard(n_params * param_bytes, dp, zero, 3)
+    grads = zero_shard(n_params * grad_bytes, dp, zero, 2)
+    optimizer = zero_shard(n_params * optimizer_bytes, dp, zero, 1)
     if offload_optimizer:
         grads = 0.0
         optimizer = 0.0

@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 
 from parsim.specs import ModelSpec, Plan
 
+from .zero import zero_shard
+
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -113,7 +115,7 @@ def _grad_accumulation(name: str, params: float, plan: Plan) -> Op:
     GEMM (``--gradient-accumulation-fusion``, the wgrad GEMM writes with beta = 1), so
     ``timing.op_time`` charges it only on devices whose profile says
     ``extra.grad_accumulation: unfused`` (the calibrated CPU profiles)."""
-    shard = params / plan.dp if plan.zero >= 2 else params
+    shard = zero_shard(params, plan.dp, plan.zero, 2)
     return Op(name, "membound", 0.0, 0.0, 0.0, bwd_bytes=3.0 * GRAD_BYTES[plan.dtype] * shard,
               grad_accumulation=True)
 

@@ -17,6 +17,8 @@ from typing import Callable
 
 from parsim.specs import ModelSpec, Plan, stage_layers
 
+from .ops import Op
+
 
 def stage_policy(plan: Plan, vstage: int) -> str:
     """The recompute policy a virtual stage follows: the plan's, except ``none`` on the last
@@ -39,6 +41,25 @@ def layer_recompute(plan: Plan, vstage: int, num_layers: int) -> list[tuple[int,
 def stage_recompute(model: ModelSpec, plan: Plan, vstage: int) -> list[tuple[int, str]]:
     """``layer_recompute`` of one virtual stage of ``model`` (its ``stage_layers``)."""
     return layer_recompute(plan, vstage, stage_layers(model, plan)[vstage])
+
+
+def recomputed_ops(ops: list[Op], policy: str) -> list[Op]:
+    """The forward ops of a layer (``costs.layer_ops``, in order) that its backward re-runs first
+    under a layer ``policy``: all of them under ``full`` (Chen et al. 2016; with their TP
+    collectives, ``recomputes_collectives``), the attention core under ``selective``
+    (Korthikanti et al. 2022, Sec. 5), none under ``none``."""
+    if policy == "full":
+        return list(ops)
+    if policy == "selective":
+        return [op for op in ops if op.attention_core]
+    return []
+
+
+def recomputes_collectives(policy: str) -> bool:
+    """Does the re-run forward repeat the layer's TP collectives? Only a full recomputation
+    (Megatron-LM's checkpointed forward; Korthikanti et al. 2022, Sec. 3): the attention core
+    has none inside it."""
+    return policy == "full"
 
 
 def recomputes_fully(groups: list[tuple[int, str]]) -> bool:

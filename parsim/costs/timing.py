@@ -31,6 +31,7 @@ import math
 
 from parsim.specs import AttentionTable, ClusterSpec, DeviceProfile
 
+from .links import group_link, link_between
 from .ops import Op
 
 # Fraction of the counted attention-core FLOPs a causal fused kernel executes (the blocks
@@ -200,7 +201,7 @@ def p2p_time(cluster: ClusterSpec, nbytes: float, src: int, dst: int) -> float:
     if cal is not None:
         return cal
     net = cluster.network
-    link = net.intra_node if cluster.node_of(src) == cluster.node_of(dst) else net.inter_node
+    link = net.intra_node if link_between(cluster, src, dst) == "nvlink" else net.inter_node
     return link.latency + nbytes / link.bandwidth
 
 
@@ -234,7 +235,7 @@ def parameter_server_time(cluster: ClusterSpec, nbytes: float, group: list[int])
     if n <= 1 or nbytes <= 0:
         return 0.0
     net = cluster.network
-    if len({cluster.node_of(r) for r in group}) == 1:
+    if group_link(cluster, group) == "nvlink":
         bw, alpha = net.intra_node.bandwidth, net.intra_node.latency
     else:
         bw = min(net.inter_node_bandwidth_per_device(cluster.devices_per_node), net.inter_node.bandwidth)

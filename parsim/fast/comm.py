@@ -27,6 +27,7 @@ from parsim.costs import (embedding_params, head_params, state_bytes, zero3_gath
                           zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs import timing
 from parsim.costs.comm import bucket_split
+from parsim.costs.links import group_link
 from parsim.costs.timing import parameter_server_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
 
@@ -77,12 +78,19 @@ class CollectivePricer:
 
     def bucketed(self, op: str, total_bytes: float, bucket_bytes: int, group: tuple[int, ...]) -> tuple[float, float]:
         """(all buckets back to back, the last bucket)."""
-        n, full_bytes, last_bytes = bucket_split(total_bytes, bucket_bytes)   # no list: n may be huge
-        if not n:
-            return 0.0, 0.0
-        full = self(op, full_bytes, group) if n > 1 else 0.0
-        last = self(op, last_bytes, group)
-        return full * (n - 1) + last, last
+        return bucketed(lambda nbytes: self(op, nbytes, group), total_bytes, bucket_bytes)
+
+
+def bucketed(price, total_bytes: float, bucket_bytes: int) -> tuple[float, float]:
+    """(all DDP buckets of ``total_bytes`` back to back, the last one) with ``price(bucket
+    bytes)`` seconds each (``costs.dp_buckets`` sizes: all full but the last; counted, not
+    listed, by ``costs.comm.bucket_split``: their number may be huge)."""
+    n, full_bytes, last_bytes = bucket_split(total_bytes, bucket_bytes)
+    if not n:
+        return 0.0, 0.0
+    full = price(full_bytes) if n > 1 else 0.0
+    last = price(last_bytes)
+    return full * (n - 1) + last, last
 
 
 def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int, pp: int, vpp: int, dtype: int,
@@ -98,7 +106,7 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
     z3_scatter = zero3_reduce_scatter_bytes_per_layer(model, plan)
     done: dict[tuple[float, tuple[int, ...]], np.ndarray] = {}
     cluster = pricer.cluster
-    tp_nodes = len({cluster.node_of(x) for x in tp_group_ranks(dp, tp, pp)})
+    tp_link = group_link(cluster, tp_group_ranks(dp, tp, pp))
     for r in range(pp):
         group = pricer.dp_group(dp, tp, pp, r)
         n = rank_params[r]
@@ -111,8 +119,9 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
         row[C_RS_ALL], row[C_RS_LAST] = pricer.bucketed("reduce_scatter", n * sb.grad, bucket_bytes, group)
         row[C_AG_ALL], _ = pricer.bucketed("all_gather", n * sb.param, bucket_bytes, group)
         if with_ps:
-            row[C_PS_ALL], row[C_PS_LAST] = _ps_bucketed(pricer.cluster, n * sb.grad, bucket_bytes, group)
-            row[C_PS_BCAST] = parameter_server_time(pricer.cluster, n * sb.param, list(group))
+            row[C_PS_ALL], row[C_PS_LAST] = bucketed(lambda x: parameter_server_time(cluster, x, list(group)),
+                                                     n * sb.grad, bucket_bytes)
+            row[C_PS_BCAST] = parameter_server_time(cluster, n * sb.param, list(group))
         row[C_Z3_GATHER] = pricer("all_gather", z3_gather, group)
         row[C_Z3_SCATTER] = pricer("reduce_scatter", z3_scatter, group)
         emb = embedding_params(model, plan) if r == 0 else 0.0
@@ -126,16 +135,6 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
             # every forward and backward, reduce-scattered after every backward (sim.actions)
             row[C_Z3_ROOT_GATHER] = pricer("all_gather", (emb + head) * sb.param, group)
             row[C_Z3_ROOT_SCATTER] = pricer("reduce_scatter", (emb + head) * sb.grad, group)
-        dp_nodes = len({cluster.node_of(x) for x in group})
-        row[C_SHARED_LINK] = float(tp > 1 and (tp_nodes > 1) == (dp_nodes > 1))
+        row[C_SHARED_LINK] = float(tp > 1 and group_link(cluster, list(group)) == tp_link)
         done[key] = row.copy()
     return out
-
-
-def _ps_bucketed(cluster: ClusterSpec, total_bytes: float, bucket_bytes: int, group: tuple[int, ...]):
-    n, full_bytes, last_bytes = bucket_split(total_bytes, bucket_bytes)
-    if not n:
-        return 0.0, 0.0
-    full = parameter_server_time(cluster, full_bytes, list(group)) if n > 1 else 0.0
-    last = parameter_server_time(cluster, last_bytes, list(group))
-    return full * (n - 1) + last, last

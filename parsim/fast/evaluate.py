@@ -9,9 +9,10 @@ from parsim.costs import device_capacity, hardware_flops_per_step, model_flops_p
 from parsim.specs import RECOMPUTES, ClusterSpec, ModelSpec, Plan, validate
 
 from . import codes as K
-from .kernel import evaluate_all
+from .kernel import PlanColumns, evaluate_all
 from .plans import WORDS, PlanTable, valid_mask
 from .tables import CostTables, build_tables, key_ids
+from .timing import DPSync
 
 
 @dataclass
@@ -44,23 +45,6 @@ class FastResult:
         return {k: v for k, v in self.__dict__.items() if isinstance(v, np.ndarray)}
 
 
-def link_row(cluster: ClusterSpec) -> np.ndarray:
-    net, dev = cluster.network, cluster.device
-    k = np.zeros(K.K_WIDTH)
-    k[K.K_INTRA_BW], k[K.K_INTRA_A] = net.intra_node.bandwidth, net.intra_node.latency
-    k[K.K_INTER_BW], k[K.K_INTER_A] = net.inter_node.bandwidth, net.inter_node.latency
-    k[K.K_HOST_BW], k[K.K_HOST_A] = net.host_link.bandwidth, net.host_link.latency
-    cal = net.collectives.fit("send_recv", 2)       # as timing.p2p_time prices a send
-    if cal is not None:
-        k[K.K_P2P_CAL], k[K.K_P2P_A], k[K.K_P2P_B] = 1.0, float(cal.alpha), float(cal.beta)
-    k[K.K_DPN] = cluster.devices_per_node
-    bw = dev.tables.membound_rate("adamw") or dev.memory_bandwidth * dev.membound_efficiency
-    k[K.K_MEMBOUND_BW] = float(bw)
-    k[K.K_OVERHEAD] = dev.kernel_overhead_s
-    k[K.K_HOST_MEM_BW] = dev.host_memory_bandwidth
-    return k
-
-
 def evaluate(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable,
              tables: CostTables | None = None) -> FastResult:
     _check_valid(model, cluster, plans)
@@ -69,12 +53,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable,
     n = len(plans)
     out = np.zeros((n, K.O_WIDTH))
     if n:
-        evaluate_all(out, c["dp"], c["tp"], c["pp"], c["vpp"], c["mbs"], c["gbs"], c["schedule"], c["zero"],
-                     c["offload"], c["recompute"], c["dp_impl"], tables.layer, tables.head, tables.dtype,
-                     tables.layer_id, tables.head_id, c["dtype"], tables.rank, tables.rank_offset,
-                     tables.rank_id, tables.moments, tables.moment_start, tables.moment_count, tables.moment_offset,
-                     tables.moment_id, float(plans.dp_bucket_bytes),
-                       bool(plans.dp_overlap), link_row(cluster))
+        evaluate_all(out, PlanColumns.of(plans), tables, DPSync(float(plans.dp_bucket_bytes), bool(plans.dp_overlap)))
     step = out[:, K.O_STEP]
     tokens = c["gbs"] * model.seq_len
     peak_flops = np.array([cluster.device.flops(d) if d in cluster.device.peak_flops else np.nan

@@ -7,23 +7,48 @@ microseconds and the loop runs at hundreds of thousands of plans per second on o
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numba
+import numpy as np
 
 from .memory import plan_memory
+from .plans import PlanTable
 from .timing import DPSync, PlanKnobs, plan_time
 
 
+class PlanColumns(NamedTuple):
+    """The plan columns the kernel reads (int64 arrays of ``fast.plans.PlanTable``: words as codes;
+    ``m`` the microbatches per step)."""
+    dp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    vpp: np.ndarray
+    m: np.ndarray
+    schedule: np.ndarray
+    zero: np.ndarray
+    offload: np.ndarray
+    dp_impl: np.ndarray
+
+    @classmethod
+    def of(cls, plans: PlanTable) -> "PlanColumns":
+        return cls(*(plans.microbatches if name == "m" else plans.cols[name] for name in cls._fields))
+
+
 @numba.njit(cache=True)
-def evaluate_all(out, dp, tp, pp, vpp, mbs, gbs, schedule, zero, offload, recompute, dp_impl,
-                 layer, head, dtype, layer_id, head_id, dtype_id, rank, rank_offset, rank_id,
-                 moments, moment_start, moment_count, moment_offset, moment_id, bucket_bytes, dp_overlap, k):
-    for i in range(dp.shape[0]):
-        off = rank_offset[rank_id[i]]
-        ranks = rank[off:off + pp[i]]
-        moff = moment_offset[moment_id[i]]
-        m = gbs[i] // (dp[i] * mbs[i])
-        lrow, hrow, drow = layer[layer_id[i]], head[head_id[i]], dtype[dtype_id[i]]
-        plan_memory(out[i], dp[i], pp[i], vpp[i], zero[i], offload[i], lrow, hrow, drow, ranks, moments,
-                    moment_start[moff:moff + pp[i]], moment_count[moff:moff + pp[i]], bucket_bytes)
-        plan_time(out[i], PlanKnobs(dp[i], tp[i], pp[i], vpp[i], m, schedule[i], zero[i], offload[i], dp_impl[i]),
-                  lrow, hrow, drow, ranks, DPSync(bucket_bytes, dp_overlap), k)
+def evaluate_all(out, plans, tables, sync):
+    """Write every plan's metrics into its row of ``out``: ``plans`` a ``PlanColumns``, ``tables``
+    a ``fast.tables.CostTables``, ``sync`` the sweep's ``DPSync``."""
+    for i in range(plans.dp.shape[0]):
+        dp, pp = plans.dp[i], plans.pp[i]
+        off = tables.rank_offset[tables.rank_id[i]]
+        ranks = tables.rank[off:off + pp]
+        soff = tables.send_offset[tables.send_id[i]]
+        moff = tables.moment_offset[tables.moment_id[i]]
+        lrow, hrow = tables.layer[tables.layer_id[i]], tables.head[tables.head_id[i]]
+        plan_memory(out[i], dp, pp, plans.vpp[i], plans.zero[i], plans.offload[i], lrow, hrow,
+                    tables.dtype[tables.dtype_id[i]], ranks, tables.moments, tables.moment_start[moff:moff + pp],
+                    tables.moment_count[moff:moff + pp], sync.bucket_bytes)
+        knobs = PlanKnobs(dp, plans.tp[i], pp, plans.vpp[i], plans.m[i], plans.schedule[i], plans.zero[i],
+                          plans.offload[i], plans.dp_impl[i])
+        plan_time(out[i], knobs, lrow, hrow, ranks, tables.send[soff:soff + pp], sync)

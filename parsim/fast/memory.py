@@ -1,6 +1,6 @@
 """Peak memory of one plan (numba): ``parsim.costs.memory_by_stage``, rank by rank.
 
-The rules are ``costs.footprint``'s own functions, compiled here by numba: a rank's model
+The rules are ``costs.footprint``'s own functions, compiled by numba (``fast.rules``): a rank's model
 states and staging bytes (ZeRO sharding, ZeRO-Offload; Rajbhandari et al. 2020, Ren et al.
 2021), the gathered ZeRO-3 layers, each chunk's held bytes (Korthikanti et al. 2022 Table 2
 stash, the embedding's and head's, the sent output) and the backward's working set and
@@ -17,19 +17,12 @@ from __future__ import annotations
 
 import numba
 
-from parsim.costs import footprint
-
 from .codes import O_ACT, O_GRADS, O_OPT, O_OTHER, O_PARAMS, O_PEAK, O_PEAK_STAGE, OFF_NONE, OFF_OPT_PARAMS
+from .ranks import R_CHUNK, R_PARAMS
+from .rules import (backward_bytes, backward_working, gathered_layers, held_bytes, model_states, offload_staging,
+                    stash_bytes)
 from .tables import (D_GRAD, D_OPT, D_PARAM, H_EMB_ACT, H_HEAD_ACT, H_LOGITS_GRAD, H_SBH, H_TIED, H_VOCAB_GRAD,
-                     L_ACT, L_PARAMS, L_TRANSIENT, L_WORK, R_CHUNK, R_PARAMS)
-
-model_states = numba.njit(cache=True)(footprint.model_states)
-offload_staging = numba.njit(cache=True)(footprint.offload_staging)
-gathered_layers = numba.njit(cache=True)(footprint.gathered_layers)
-stash_bytes = numba.njit(cache=True)(footprint.stash_bytes)
-held_bytes = numba.njit(cache=True)(footprint.held_bytes)
-backward_bytes = numba.njit(cache=True)(footprint.backward_bytes)
-backward_working = numba.njit(cache=True)(footprint.backward_working)
+                     L_ACT, L_PARAMS, L_TRANSIENT, L_WORK)
 
 
 @numba.njit(cache=True)

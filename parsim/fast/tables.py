@@ -6,11 +6,10 @@ functions the SimPy engine uses, and looked up by index. Keys:
 
 * layer key (tp, sp, mbs, dtype, recompute): per-layer op times (``timing.op_time`` summed
   over ``costs.layer_ops``), TP collective times, activation bytes per recompute policy
-* head key (tp, sp, mbs, dtype): embedding / output-head op times and activations,
-  pipeline send size (``costs.p2p_bytes``)
-* rank key (dp, tp, pp, vpp, dtype): per pipeline rank, its layers (``specs.stage_layers``,
-  loop placement) in all and per model chunk, its parameters (``costs.stage_params``) and its
-  DP communication (``fast.comm.rank_comm_rows``)
+* head key (tp, sp, mbs, dtype): embedding / output-head op times and activations
+* rank key (dp, tp, pp, vpp, dtype) and send key (dp, tp, pp, mbs, dtype): per pipeline rank,
+  its layers, parameters, DP communication, optimizer step and host transfers (per ZeRO stage
+  and offload), and its pipeline send (``fast.ranks``)
 * schedule key (schedule, pp, m, vpp): per rank, the chunk counts in flight at the moments
   that can be its memory peak (``fast.inflight``, from ``costs.peak_moments``)
 
@@ -19,51 +18,60 @@ kernel (``fast.memory``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_params, head_activation_bytes,
                           head_ops, head_params, layer_activation_bytes, layer_ops, layer_params, layer_recompute,
-                          p2p_bytes, recomputes_fully, stage_params, state_bytes, tp_collectives_edge,
+                          recomputed_ops, recomputes_collectives, recomputes_fully, state_bytes, tp_collectives_edge,
                           tp_collectives_per_layer)
 from parsim.costs import timing
 from parsim.costs.activations import layer_working_bytes, logits_grad_bytes, stage_output_bytes, vocab_grad_bytes
 from parsim.costs.footprint import recompute_transient
+from parsim.costs.host import HostModel
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 
-from .comm import C_WIDTH, CollectivePricer, rank_comm_rows, tp_group_ranks
+from .comm import tp_group_ranks
 from .inflight import canonical_microbatches, moment_table
 from .plans import WORDS, PlanTable
+from .ranks import R_CHUNK, RankRows, send_rows
 
 # layer table columns (seconds or bytes)
 (L_FWD, L_BWD, L_RECOMPUTE, L_TP_FWD, L_TP_BWD, L_TP_RECOMPUTE, L_ACT, L_ACT_NONE, L_ACT_FULL,
- L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WORK, L_TRANSIENT, L_WIDTH) = range(15)
+ L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WORK, L_TRANSIENT, L_RERUN_FULL, L_RERUN_SELECTIVE, L_WIDTH) = range(17)
+# the forward a backward re-runs under each layer policy that re-runs one (``costs.recomputed_ops``)
+RERUN = {"full": L_RERUN_FULL, "selective": L_RERUN_SELECTIVE}
 # head table columns
-(H_EMB_FWD, H_EMB_BWD, H_HEAD_FWD, H_HEAD_BWD, H_EMB_ACT, H_HEAD_ACT, H_P2P_BYTES, H_EMB_PARAMS, H_HEAD_PARAMS_PP1,
- H_HEAD_PARAMS_PPN, H_SBH, H_VOCAB_GRAD, H_TIED, H_LOGITS_GRAD, H_WIDTH) = range(15)
-# rank table columns: layers, parameters, the fast.comm columns, then layers per model chunk
-R_LAYERS, R_PARAMS, R_COMM = 0, 1, 2
-R_CHUNK = R_COMM + C_WIDTH
-# dtype table columns: bytes per parameter of each model state, optimizer traffic per parameter
-D_PARAM, D_GRAD, D_OPT, D_ADAM_BYTES, D_WIDTH = range(5)
+(H_EMB_FWD, H_EMB_BWD, H_HEAD_FWD, H_HEAD_BWD, H_EMB_ACT, H_HEAD_ACT, H_EMB_PARAMS, H_HEAD_PARAMS_PP1,
+ H_HEAD_PARAMS_PPN, H_SBH, H_VOCAB_GRAD, H_TIED, H_LOGITS_GRAD, H_WIDTH) = range(14)
+# dtype table columns: bytes per parameter of each model state
+D_PARAM, D_GRAD, D_OPT, D_WIDTH = range(4)
 
 
-@dataclass
-class CostTables:
+class CostTables(NamedTuple):
+    """The tables and each plan's row in them (a tuple of arrays: the numba kernel takes it whole)."""
     layer: np.ndarray          # (n_layer_keys, L_WIDTH)
     head: np.ndarray           # (n_head_keys, H_WIDTH)
     dtype: np.ndarray          # (len(DTYPES), D_WIDTH)
-    rank: np.ndarray           # (sum of pp over rank keys, R_CHUNK + max vpp)
+    rank: np.ndarray           # (sum of pp over rank keys, R_CHUNK + max vpp): ``fast.ranks``
     rank_offset: np.ndarray    # (n_rank_keys,) first row of each rank key in ``rank``
+    send: np.ndarray           # (sum of pp over send keys,) seconds of each rank's pipeline send
+    send_offset: np.ndarray    # (n_send_keys,) first entry of each send key in ``send``
     moments: np.ndarray        # fast.inflight.moment_table rows: held microbatches per chunk
     moment_start: np.ndarray   # per (schedule key, rank)
     moment_count: np.ndarray   # per (schedule key, rank)
     moment_offset: np.ndarray  # (n_schedule_keys,) first (key, rank) entry of each key
     layer_id: np.ndarray       # per plan
     head_id: np.ndarray        # per plan
+    dtype_id: np.ndarray       # per plan
     rank_id: np.ndarray        # per plan
+    send_id: np.ndarray        # per plan
     moment_id: np.ndarray      # per plan
+
+    def take(self, index: np.ndarray) -> "CostTables":
+        """The same tables with the rows of the plans ``index`` selects."""
+        return self._replace(**{name: getattr(self, name)[index] for name in self._fields if name.endswith("_id")})
 
 
 def key_ids(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -81,8 +89,8 @@ def _plan(tp: int, sp: int, mbs: int, dtype: int, recompute: int = 0) -> Plan:
     return Plan(tp=tp, sp=bool(sp), mbs=mbs, dtype=WORDS["dtype"][dtype], recompute=WORDS["recompute"][recompute])
 
 
-def _ops_time(cluster: ClusterSpec, ops, pass_: str, dtype: str, core_only: bool = False) -> float:
-    return sum(timing.op_time(cluster.device, op, pass_, dtype) for op in ops if op.attention_core or not core_only)
+def _ops_time(cluster: ClusterSpec, ops, pass_: str, dtype: str) -> float:
+    return sum(timing.op_time(cluster.device, op, pass_, dtype) for op in ops)
 
 
 def _tp_seconds(cluster: ClusterSpec, model: ModelSpec, plan: Plan, phase: str, host_ranks: int | None = None,
@@ -122,15 +130,15 @@ def _compute_before_first_collective(cluster: ClusterSpec, model: ModelSpec, pla
 
 def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ranks: int | None = None) -> np.ndarray:
     """Per-layer, per-microbatch costs on one device for a layer shape (tp, sp, mbs, dtype),
-    every recompute policy's extra left at zero (``with_recompute`` fills it in);
+    the recomputation left at zero (``with_recompute`` fills it in);
     ``host_ranks``: ranks sharing the host, for in-situ TP prices that depend on it."""
     row = np.zeros(L_WIDTH)
     ops = layer_ops(model, plan)
     dt = plan.dtype
     row[L_FWD] = _ops_time(cluster, ops, "fwd", dt)
     row[L_BWD] = _ops_time(cluster, ops, "bwd", dt)
-    # the attention-core forward, kept in L_RECOMPUTE until a policy is applied
-    row[L_RECOMPUTE] = _ops_time(cluster, ops, "fwd", dt, core_only=True)
+    for policy, column in RERUN.items():
+        row[column] = _ops_time(cluster, recomputed_ops(ops, policy), "fwd", dt)
     row[L_TP_FWD] = _tp_seconds(cluster, model, plan, "fwd", host_ranks)
     row[L_TP_BWD] = _tp_seconds(cluster, model, plan, "bwd", host_ranks)
     row[L_ACT_NONE] = layer_activation_bytes(model, plan, "none")
@@ -144,23 +152,19 @@ def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ran
 
 
 def with_recompute(model: ModelSpec, plan: Plan, shape: np.ndarray) -> np.ndarray:
-    """The shape row under ``plan.recompute``: what the backward re-runs, what is stored."""
+    """The shape row under ``plan.recompute``: what the backward re-runs (``costs.recomputed_ops``,
+    with the TP collectives where ``costs.recomputes_collectives``), what is stored."""
     row = shape.copy()
     # the fast path takes no per-stage counts and no shifted critical path: every layer follows
     # the policy of a one-layer stage (``costs.layer_recompute``; stage-aware recomputes all)
     groups = layer_recompute(plan, 0, 1)
     policy = next(p for n, p in groups if n)
-    if policy == "full":
-        # full recomputation re-runs the whole forward, its TP collectives included
-        # (Korthikanti et al. 2022 Sec. 3; Megatron-LM checkpointed forward)
-        row[L_RECOMPUTE] = row[L_FWD]
+    row[L_RECOMPUTE] = row[RERUN[policy]] if policy in RERUN else 0.0
+    if recomputes_collectives(policy):
         row[L_TP_RECOMPUTE] = row[L_TP_FWD]
         row[L_PRE_BWD] = row[L_PRE_FWD]          # the backward starts with the re-run forward
-    elif policy == "selective":
-        # selective recomputation re-runs only the attention core (Korthikanti et al. 2022 Sec. 5)
-        row[L_PRE_BWD] += row[L_RECOMPUTE]
     else:
-        row[L_RECOMPUTE] = 0.0
+        row[L_PRE_BWD] += row[L_RECOMPUTE]       # re-run ops with no collective among them come first
     row[L_ACT] = layer_activation_bytes(model, plan, policy)
     # every stage of a fast-path plan holds a layer (stages <= layers), so it recomputes fully
     # exactly when its layers do
@@ -185,7 +189,6 @@ def head_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ranks: int
     row[H_HEAD_BWD] = _ops_time(cluster, head, "bwd", dt) + _tp_seconds(cluster, model, plan, "bwd", host_ranks, "head")
     row[H_EMB_ACT] = embedding_activation_bytes(model, plan)
     row[H_HEAD_ACT] = head_activation_bytes(model, plan)
-    row[H_P2P_BYTES] = p2p_bytes(model, plan)
     row[H_EMB_PARAMS] = embedding_params(model, plan)
     row[H_HEAD_PARAMS_PP1] = head_params(model, plan.replace(pp=1))     # tied embeddings: just the norm
     row[H_HEAD_PARAMS_PPN] = head_params(model, plan.replace(pp=2))
@@ -198,27 +201,12 @@ def head_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ranks: int
 
 
 def dtype_table() -> np.ndarray:
+    """Bytes per parameter of each model state (``costs.state_bytes``), one row per dtype code."""
     out = np.zeros((len(WORDS["dtype"]), D_WIDTH))
     for i, name in enumerate(WORDS["dtype"]):
         sb = state_bytes(name)
         out[i, D_PARAM], out[i, D_GRAD], out[i, D_OPT] = sb.param, sb.grad, sb.optimizer
-        # timing.optimizer_time: 28 bytes per parameter in fp32, + 4 for the low-precision copy
-        out[i, D_ADAM_BYTES] = 28.0 + (0.0 if name == "fp32" else 4.0)
     return out
-
-
-def rank_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int, pp: int, vpp: int, dtype: int,
-              bucket_bytes: int, with_ps: bool, max_vpp: int) -> np.ndarray:
-    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, dtype=WORDS["dtype"][dtype])
-    per_stage = stage_layers(model, plan)
-    params = stage_params(model, plan)
-    rows = np.zeros((pp, R_CHUNK + max_vpp))
-    rows[:, R_LAYERS] = [sum(per_stage[r + v * pp] for v in range(vpp)) for r in range(pp)]
-    rows[:, R_PARAMS] = params
-    rows[:, R_COMM:R_CHUNK] = rank_comm_rows(model, pricer, dp, tp, pp, vpp, dtype, params, bucket_bytes, with_ps)
-    for r in range(pp):
-        rows[r, R_CHUNK:R_CHUNK + vpp] = [per_stage[r + v * pp] for v in range(vpp)]
-    return rows
 
 
 def uneven_chunks(model: ModelSpec, pp: int, vpp: int) -> list[bool]:
@@ -230,9 +218,35 @@ def uneven_chunks(model: ModelSpec, pp: int, vpp: int) -> list[bool]:
 
 def build_tables(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable) -> CostTables:
     c = plans.cols
-    # ranks per node: a key of the layer rows only where in-situ TP prices depend on it
-    host = (np.minimum(c["dp"] * c["tp"] * c["pp"], cluster.devices_per_node) if _prices_by_host_ranks(cluster)
-            else np.zeros_like(c["tp"]))
+    layer, layer_id, head, head_id = _shape_tables(model, cluster, c)
+    max_vpp = int(c["vpp"].max(initial=1))
+    rkeys, rank_id = key_ids(c["dp"], c["tp"], c["pp"], c["vpp"], c["dtype"])
+    with_ps = bool((c["dp_impl"] == WORDS["dp_impl"].index("ps")).any())
+    steps = key_ids(c["zero"], c["offload"])[0].tolist()
+    rank_rows = RankRows(model, cluster, plans.dp_bucket_bytes, with_ps, max_vpp, steps)
+    rank, rank_offset = _stacked([rank_rows(*map(int, k)) for k in rkeys], (0, R_CHUNK + max_vpp))
+    skeys, send_id = key_ids(c["dp"], c["tp"], c["pp"], c["mbs"], c["dtype"])
+    send, send_offset = _stacked([send_rows(model, cluster, *map(int, k)) for k in skeys], (0,))
+    # per (schedule, pp, microbatches, vpp): interleaved counts beyond the canonical one repeat
+    inter = c["schedule"] == WORDS["schedule"].index("interleaved")
+    m_key = np.where(inter, canonical_microbatches(c["pp"], plans.microbatches), plans.microbatches)
+    mkeys, moment_id = key_ids(c["schedule"], c["pp"], m_key, c["vpp"])
+    moments, mstart, mcount = moment_table([(WORDS["schedule"][s], pp, m, vpp) for s, pp, m, vpp in mkeys.tolist()],
+                                           max_vpp, lambda pp, vpp: uneven_chunks(model, pp, vpp))
+    moff = np.cumsum([0] + [int(k[1]) for k in mkeys[:-1]]).astype(np.int64)
+    return CostTables(layer=layer, head=head, dtype=dtype_table(), rank=rank, rank_offset=rank_offset, send=send,
+                      send_offset=send_offset, moments=moments, moment_start=mstart, moment_count=mcount,
+                      moment_offset=moff, layer_id=layer_id, head_id=head_id, dtype_id=c["dtype"], rank_id=rank_id,
+                      send_id=send_id, moment_id=moment_id)
+
+
+def _shape_tables(model: ModelSpec, cluster: ClusterSpec, c: dict[str, np.ndarray]):
+    """(layer rows, each plan's layer row, head rows, each plan's head row)."""
+    host = np.zeros_like(c["tp"])
+    if _prices_by_host_ranks(cluster):
+        # ranks on a host: a key of the layer rows only where in-situ TP prices depend on it
+        world, inverse = np.unique(c["dp"] * c["tp"] * c["pp"], return_inverse=True)
+        host = np.array([HostModel(cluster, int(w)).ranks_on_host for w in world], dtype=np.int64)[inverse.reshape(-1)]
     lkeys, layer_id = key_ids(c["tp"], c["sp"], c["mbs"], c["dtype"], c["recompute"], host)
     shapes: dict[tuple[int, ...], np.ndarray] = {}
     rows = []
@@ -245,20 +259,10 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable) -> Co
     hkeys, head_id = key_ids(c["tp"], c["sp"], c["mbs"], c["dtype"], host)
     head = np.array([head_row(model, cluster, _plan(*map(int, k[:4])), int(k[4]) or None)
                      for k in hkeys]).reshape(-1, H_WIDTH)
-    rkeys, rank_id = key_ids(c["dp"], c["tp"], c["pp"], c["vpp"], c["dtype"])
-    with_ps = bool((c["dp_impl"] == WORDS["dp_impl"].index("ps")).any())
-    max_vpp = int(c["vpp"].max(initial=1))
-    pricer = CollectivePricer(cluster)
-    blocks = [rank_rows(model, pricer, *map(int, k), plans.dp_bucket_bytes, with_ps, max_vpp) for k in rkeys]
+    return layer, layer_id, head, head_id
+
+
+def _stacked(blocks: list[np.ndarray], empty: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The blocks one after another, and the first row of each."""
     offsets = np.cumsum([0] + [len(b) for b in blocks[:-1]]).astype(np.int64)
-    rank = np.concatenate(blocks) if blocks else np.zeros((0, R_CHUNK + max_vpp))
-    # per (schedule, pp, microbatches, vpp): interleaved counts beyond the canonical one repeat
-    inter = c["schedule"] == WORDS["schedule"].index("interleaved")
-    m_key = np.where(inter, canonical_microbatches(c["pp"], plans.microbatches), plans.microbatches)
-    mkeys, moment_id = key_ids(c["schedule"], c["pp"], m_key, c["vpp"])
-    moments, mstart, mcount = moment_table([(WORDS["schedule"][s], pp, m, vpp) for s, pp, m, vpp in mkeys.tolist()],
-                                           max_vpp, lambda pp, vpp: uneven_chunks(model, pp, vpp))
-    moff = np.cumsum([0] + [int(k[1]) for k in mkeys[:-1]]).astype(np.int64)
-    return CostTables(layer=layer, head=head, dtype=dtype_table(), rank=rank, rank_offset=offsets,
-                      moments=moments, moment_start=mstart, moment_count=mcount, moment_offset=moff,
-                      layer_id=layer_id, head_id=head_id, rank_id=rank_id, moment_id=moment_id)
+    return (np.concatenate(blocks) if blocks else np.zeros(empty)), offsets

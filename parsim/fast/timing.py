@@ -32,50 +32,22 @@ parameter server's broadcast. The step ends when the slowest rank is done.
 """
 from __future__ import annotations
 
-import math
 from collections import namedtuple
 
 import numba
 import numpy as np
 
-from .codes import (GPIPE, INTERLEAVED, K_DPN, K_HOST_A, K_HOST_BW, K_HOST_MEM_BW, K_INTER_A, K_INTER_BW, K_INTRA_A,
-                    K_INTRA_BW, K_MEMBOUND_BW, K_OVERHEAD, K_P2P_A, K_P2P_B, K_P2P_CAL, NAIVE, O_BUBBLE, O_DP, O_PIPE,
-                    O_PP, O_STEP, O_TP, OFF_NONE, OFF_OPT_PARAMS, ONE_F_ONE_B, PS)
+from .codes import (GPIPE, INTERLEAVED, NAIVE, O_BUBBLE, O_DP, O_PIPE, O_PP, O_STEP, O_TP, OFF_NONE, ONE_F_ONE_B,
+                    PS)
 from .comm import (C_AG_ALL, C_AR_ALL, C_AR_LAST, C_PS_ALL, C_PS_BCAST, C_PS_LAST, C_RS_ALL, C_RS_LAST,
                    C_SHARED_LINK, C_Z2_EMB, C_Z2_HEAD, C_Z3_GATHER, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER,
                    C_Z3_SCATTER)
-from .tables import (D_ADAM_BYTES, D_GRAD, D_PARAM, H_EMB_BWD, H_EMB_FWD, H_EMB_PARAMS, H_HEAD_BWD, H_HEAD_FWD,
-                     H_HEAD_PARAMS_PP1, H_HEAD_PARAMS_PPN, H_P2P_BYTES, L_BWD, L_PRE_BWD, L_PRE_FWD,
-                     L_FWD, L_PARAMS, L_RECOMPUTE, L_TP_BWD, L_TP_FWD, L_TP_RECOMPUTE, R_CHUNK, R_COMM, R_LAYERS,
-                     R_PARAMS)
-
-
-@numba.njit(cache=True)
-def host_copy(k, nbytes: float) -> float:
-    """``timing.host_transfer_time``: alpha + S / B over PCIe."""
-    return 0.0 if nbytes <= 0 else k[K_HOST_A] + nbytes / k[K_HOST_BW]
-
-
-@numba.njit(cache=True)
-def optimizer_seconds(k, num_params: float, adam_bytes: float, on_host: bool) -> float:
-    """``timing.optimizer_time``: AdamW as a memory-bound op (device or host memory)."""
-    nbytes = num_params * adam_bytes
-    if on_host:
-        return nbytes / k[K_HOST_MEM_BW]
-    return 0.0 if nbytes <= 0 else nbytes / k[K_MEMBOUND_BW] + k[K_OVERHEAD]
-
-
-@numba.njit(cache=True)
-def p2p_seconds(k, nbytes: float, src: int, dst: int) -> float:
-    """``timing.p2p_time``: alpha + S / B on the link between the two ranks' nodes."""
-    if nbytes <= 0:
-        return 0.0
-    if k[K_P2P_CAL] > 0:
-        return k[K_P2P_A] + k[K_P2P_B] * nbytes
-    dpn = int(k[K_DPN])
-    if src // dpn == dst // dpn:
-        return k[K_INTRA_A] + nbytes / k[K_INTRA_BW]
-    return k[K_INTER_A] + nbytes / k[K_INTER_BW]
+from .ranks import (R_CHUNK, R_COMM, R_LAYERS, R_PARAMS, R_STEP, S_BUCKET_DOWN, S_BUCKETS_DOWN, S_GRADS_DOWN,
+                    S_LAYER_UP, S_OPT_STEP, S_PARAMS_UP, step_block)
+from .rules import gathers_layers, reduce_scatters_buckets, scatters_every_backward
+from .tables import (H_EMB_BWD, H_EMB_FWD, H_EMB_PARAMS, H_HEAD_BWD, H_HEAD_FWD, H_HEAD_PARAMS_PP1,
+                     H_HEAD_PARAMS_PPN, L_BWD, L_FWD, L_PARAMS, L_PRE_BWD, L_PRE_FWD, L_RECOMPUTE, L_TP_BWD, L_TP_FWD,
+                     L_TP_RECOMPUTE)
 
 
 @numba.njit(cache=True)
@@ -113,7 +85,7 @@ def _sync_rounds(c, zero, dp_impl):
     """(gradient reduction of all buckets, of the last bucket, post-step parameter traffic)."""
     if dp_impl == PS:
         return c[C_PS_ALL], c[C_PS_LAST], c[C_PS_BCAST]
-    if zero == 0:
+    if not reduce_scatters_buckets(zero):
         return c[C_AR_ALL], c[C_AR_LAST], 0.0
     return c[C_RS_ALL], c[C_RS_LAST], c[C_AG_ALL]     # ZeRO-1: reduce-scatter, then all-gather
 
@@ -126,21 +98,21 @@ DPSync = namedtuple("DPSync", "bucket_bytes overlap")
 # the plan's terms shared by the pipeline and the end of the step (seconds, parameters, bytes;
 # flags), read once from its rows so the per-rank steps take scalars
 PlanTerms = namedtuple("PlanTerms", "f_layer b_layer tp_layer tp_f tp_b gather scatter f_wait b_wait h2d "
-                                    "zero3 zero2 shared tp_last_layer layer_params grad_bytes emb_bwd head_bwd "
-                                    "emb_params head_params")
+                                    "zero3 zero2 shared tp_last_layer layer_params emb_bwd head_bwd "
+                                    "emb_params head_params opt_block")
 
 
 @numba.njit(cache=True)
-def plan_time(out, plan, lrow, hrow, drow, ranks, sync, k):
+def plan_time(out, plan, lrow, hrow, ranks, send, sync):
     """Write step time, pipeline time, bubble fraction and exposed communication into ``out``:
     ``plan`` a ``PlanKnobs``; its rows of the cost tables (``fast.tables``): ``lrow`` (layer),
-    ``hrow`` (embedding / head), ``drow`` (dtype) and the (pp, ...) ``ranks`` rows; ``sync`` the
-    sweep's ``DPSync``; ``k`` the cluster's link row (``fast.codes``). The per-rank steps read
+    ``hrow`` (embedding / head), the (pp, ...) ``ranks`` rows and ``send`` (each rank's pipeline
+    send, ``fast.ranks``); ``sync`` the sweep's ``DPSync``. The per-rank steps read
     scalars only (``PlanTerms``): array arguments of inlined helpers cost a reference count
     each, a quarter more time per plan."""
-    t = _plan_terms(plan, lrow, hrow, drow, ranks, k)
-    t_pipe, rank_x, sends, tp_total, queued_tp, max_b, max_x = _pipeline(plan, hrow, ranks, t, k)
-    step, exposed_dp, busy = _end_of_step(plan, hrow, drow, ranks, t, k, sync, t_pipe, rank_x, max_b, max_x)
+    t = _plan_terms(plan, lrow, hrow, ranks)
+    t_pipe, rank_x, sends, tp_total, queued_tp, max_b, max_x = _pipeline(plan, hrow, ranks, send, t)
+    step, exposed_dp, busy = _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x)
     m, pp = plan.m, plan.pp
     out[O_STEP] = step
     out[O_PIPE] = t_pipe
@@ -153,15 +125,16 @@ def plan_time(out, plan, lrow, hrow, drow, ranks, sync, k):
 
 
 @numba.njit(cache=True, inline="always")
-def _plan_terms(plan, lrow, hrow, drow, ranks, k):
+def _plan_terms(plan, lrow, hrow, ranks):
     """One layer's forward / backward seconds (TP collectives and recomputation in), the
     ZeRO-3 per-layer DP work and the waits before an action's first layer, and what the end
-    of the step reads of the layer, dtype and head rows."""
+    of the step reads of the layer and head rows."""
     f_layer = lrow[L_FWD] + lrow[L_TP_FWD]
     b_layer = lrow[L_BWD] + lrow[L_TP_BWD] + lrow[L_RECOMPUTE] + lrow[L_TP_RECOMPUTE]
     tp_layer = lrow[L_TP_FWD] + lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE]
-    zero3 = plan.zero >= 3 and plan.dp > 1
-    zero2 = plan.zero == 2 and plan.dp > 1 and plan.dp_impl != PS
+    opt_block = step_block(plan.zero, plan.offload)   # the plan's optimizer columns in the rank rows (fast.ranks)
+    zero3 = gathers_layers(plan.zero, plan.dp)
+    zero2 = scatters_every_backward(plan.zero, plan.dp, plan.dp_impl == PS)
     # TP and DP on one port: the DP stream's transfers queue with the TP collectives
     shared = ranks[0, R_COMM + C_SHARED_LINK] > 0
     # a layer's first TP collective queues behind the DP transfers issued at its start, so on
@@ -172,9 +145,8 @@ def _plan_terms(plan, lrow, hrow, drow, ranks, k):
     f_wait, b_wait, h2d = 0.0, 0.0, 0.0
     if zero3:
         gather = ranks[0, R_COMM + C_Z3_GATHER]
-        if plan.offload == OFF_OPT_PARAMS:
-            h2d = host_copy(k, lrow[L_PARAMS] * drow[D_PARAM] / plan.dp)   # over PCIe, not the port TP uses
-            gather += h2d
+        h2d = ranks[0, opt_block + S_LAYER_UP]          # parameter offload: over PCIe, not the port TP uses
+        gather += h2d
         scatter = ranks[0, R_COMM + C_Z3_SCATTER]
         # an action's first gather waits behind the previous backward's last reduce-scatter
         # when it follows that backward directly: forwards in 1F1B, backwards in GPipe
@@ -183,8 +155,8 @@ def _plan_terms(plan, lrow, hrow, drow, ranks, k):
         b_wait = gather + (scatter if schedule == GPIPE else 0.0)
     head_params = hrow[H_HEAD_PARAMS_PP1] if plan.pp == 1 else hrow[H_HEAD_PARAMS_PPN]
     return PlanTerms(f_layer, b_layer, tp_layer, tp_f, tp_b, gather, scatter, f_wait, b_wait, h2d, zero3, zero2,
-                     shared, lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE], lrow[L_PARAMS], drow[D_GRAD], hrow[H_EMB_BWD],
-                     hrow[H_HEAD_BWD], hrow[H_EMB_PARAMS], head_params)
+                     shared, lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE], lrow[L_PARAMS], hrow[H_EMB_BWD],
+                     hrow[H_HEAD_BWD], hrow[H_EMB_PARAMS], head_params, opt_block)
 
 
 @numba.njit(cache=True, inline="always")
@@ -196,13 +168,12 @@ def _backward(t, L, vpp):
 
 
 @numba.njit(cache=True, inline="always")
-def _pipeline(plan, hrow, ranks, t, k):
+def _pipeline(plan, hrow, ranks, send, t):
     """One microbatch per rank, and the pipeline: (pipeline time, each rank's forward +
     backward per microbatch, sends of the fill, TP time per microbatch, TP time queued behind
     ZeRO-3 transfers, the slowest rank's backward, the slowest rank's forward + backward)."""
     pp, vpp = plan.pp, plan.vpp
     last = pp - 1
-    p2p = hrow[H_P2P_BYTES]
     sum_x, max_x, sends, tp_total = 0.0, 0.0, 0.0, 0.0
     rank_x = np.zeros(pp)
     queued_tp = 0.0        # TP collectives waiting behind ZeRO-3 transfers on a shared port
@@ -217,8 +188,8 @@ def _pipeline(plan, hrow, ranks, t, k):
                                   + _chained(L, vpp, t.b_wait, t.b_layer, t.gather + t.scatter))
         else:
             x = L * (t.f_layer + t.b_layer)
-        root_b = _root_unit(t.zero3, ranks[r, R_COMM:R_CHUNK], False)
-        x += _edges(r, last, hrow) + _root_unit(t.zero3, ranks[r, R_COMM:R_CHUNK], True) + root_b
+        root_b = _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False)
+        x += _edges(r, last, hrow) + _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], True) + root_b
         max_b = max(max_b, L * t.b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0)
                     + (hrow[H_HEAD_BWD] if r == last else 0.0) + root_b)
         rank_x[r] = x
@@ -226,7 +197,7 @@ def _pipeline(plan, hrow, ranks, t, k):
         max_x = max(max_x, x)
         tp_total += L * t.tp_layer
         if r < last:
-            sends += p2p_seconds(k, p2p, r * plan.dp * plan.tp, (r + 1) * plan.dp * plan.tp)
+            sends += send[r]
     m = plan.m
     if plan.schedule == NAIVE:
         t_pipe = m * (sum_x + 2.0 * sends)
@@ -238,36 +209,32 @@ def _pipeline(plan, hrow, ranks, t, k):
 
 
 @numba.njit(cache=True, inline="always")
-def _end_of_step(plan, hrow, drow, ranks, t, k, sync, t_pipe, rank_x, max_b, max_x):
+def _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x):
     """End of the step, rank by rank (rank 0 runs the last backward; rank r ends earlier by the
     backwards and sends of the ranks before it): (step time, exposed DP time summed over
     ranks, compute-busy rank-seconds)."""
-    pp, vpp, m, dp, zero = plan.pp, plan.vpp, plan.m, plan.dp, plan.zero
+    pp, vpp, m = plan.pp, plan.vpp, plan.m
     last = pp - 1
-    p2p = hrow[H_P2P_BYTES]
-    pb, gb = drow[D_PARAM], drow[D_GRAD]
     step, exposed_dp, busy = 0.0, 0.0, 0.0
     end_r = t_pipe
     on_host = plan.offload != OFF_NONE
     for r in range(pp):
         L = ranks[r, R_LAYERS]
-        n = ranks[r, R_PARAMS]
         b_rank = _backward(t, L, vpp)
         if r == 0:
             b_rank += hrow[H_EMB_BWD]
         if r == last:
             b_rank += hrow[H_HEAD_BWD]
-        b_rank += _root_unit(t.zero3, ranks[r, R_COMM:R_CHUNK], False)
+        b_rank += _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False)
         if r > 0:
-            end_r -= b_rank / vpp + p2p_seconds(k, p2p, (r - 1) * dp * plan.tp, r * dp * plan.tp)
-        shard = n / (dp if zero >= 1 else 1)
-        ready, post = _gradients_ready(plan, ranks, t, k, sync, r, end_r, b_rank, t_pipe, max_b, max_x)
+            end_r -= b_rank / vpp + send[r - 1]
+        ready, post = _gradients_ready(plan, ranks, t, sync, r, end_r, b_rank, t_pipe, max_b, max_x)
         if on_host and (t.zero3 or t.zero2):
-            ready += host_copy(k, shard * gb)          # the accumulated gradient shard
+            ready += ranks[r, t.opt_block + S_GRADS_DOWN]          # the accumulated gradient shard
         exposed = ready - end_r + post
-        opt = optimizer_seconds(k, shard, drow[D_ADAM_BYTES], on_host)
+        opt = ranks[r, t.opt_block + S_OPT_STEP]
         if on_host:
-            opt += host_copy(k, shard * pb)          # the updated parameter shard comes back
+            opt += ranks[r, t.opt_block + S_PARAMS_UP]          # the updated parameter shard comes back
         else:
             busy += opt
         if t.zero3:
@@ -280,10 +247,10 @@ def _end_of_step(plan, hrow, drow, ranks, t, k, sync, t_pipe, rank_x, max_b, max
 
 
 @numba.njit(cache=True, inline="always")
-def _gradients_ready(plan, ranks, t, k, sync, r, end_r, b_rank, t_pipe, max_b, max_x):
+def _gradients_ready(plan, ranks, t, sync, r, end_r, b_rank, t_pipe, max_b, max_x):
     """(when rank r's gradients are reduced and on their way to the optimizer, the DP
     parameter traffic after its step) for a rank whose last backward ends at ``end_r``."""
-    L, n = ranks[r, R_LAYERS], ranks[r, R_PARAMS]
+    L = ranks[r, R_LAYERS]
     m, vpp, dp = plan.m, plan.vpp, plan.dp
     ready, post = end_r, 0.0
     if t.zero2:
@@ -293,7 +260,7 @@ def _gradients_ready(plan, ranks, t, k, sync, r, end_r, b_rank, t_pipe, max_b, m
         ready = _scatter_end(plan, ranks, t, r, L if vpp == 1 else ranks[r, R_CHUNK], end_r, window)
         post = ranks[r, R_COMM + C_AG_ALL]
     elif dp > 1 and not t.zero3:
-        sync_all, sync_last, post = _sync_rounds(ranks[r, R_COMM:R_CHUNK], plan.zero, plan.dp_impl)
+        sync_all, sync_last, post = _sync_rounds(ranks[r, R_COMM:R_STEP], plan.zero, plan.dp_impl)
         ready = _sync_end(plan, ranks, t, r, end_r, b_rank, sync_all, sync_last, sync.overlap)
         if t.shared and sync.overlap:
             # the buckets and the last backward's TP collectives take turns on the port
@@ -301,10 +268,8 @@ def _gradients_ready(plan, ranks, t, k, sync, r, end_r, b_rank, t_pipe, max_b, m
             ready = max(ready, end_r - b_rank / vpp + t.b_layer + sync_all + tp_last)
         if plan.offload != OFF_NONE:
             # each reduced bucket's shard goes down over PCIe as it is done
-            gb = t.grad_bytes
-            d2h = host_copy(k, min(sync.bucket_bytes, n * gb) / dp)
-            d2h_all = math.ceil(n * gb / sync.bucket_bytes) * d2h
-            ready = max(ready + d2h, ready - sync_all + d2h_all)
+            one, every = ranks[r, t.opt_block + S_BUCKET_DOWN], ranks[r, t.opt_block + S_BUCKETS_DOWN]
+            ready = max(ready + one, ready - sync_all + every)
     elif t.zero3:
         ready = end_r + t.scatter                   # the last layer's gradient reduce-scatter
     return ready, post
@@ -317,7 +282,7 @@ def _scatter_end(plan, ranks, t, r, layers, end_r, window):
     through, each starting when backward completes its gradients and the one before it is done;
     and no earlier than the step's whole DP stream work (m backwards of the rank's layers and
     edges) fits after the rank's first backward, ``window`` before ``end_r``."""
-    c = ranks[r, R_COMM:R_CHUNK]
+    c = ranks[r, R_COMM:R_STEP]
     last, vpp, L = plan.pp - 1, plan.vpp, ranks[r, R_LAYERS]
     emb = t.emb_bwd if r == 0 else 0.0
     head = t.head_bwd if r == last and vpp == 1 else 0.0

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parsim.costs import (DTYPE_BYTES, embedding_activation_bytes, embedding_ops, embedding_params,
+from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_params,
                           head_activation_bytes, head_ops, head_params, layer_activation_bytes, layer_ops,
-                          layer_params, tp_collectives_per_layer)
+                          layer_params, microbatch_activation_bytes, recomputed_ops, tp_collectives_per_layer)
 from parsim.costs.activations import backward_working_bytes, stage_output_bytes
 from parsim.costs.timing import collective_time, op_time
 from parsim.specs import ClusterSpec, DeviceProfile, ModelSpec, Plan, RankLayout
@@ -38,8 +38,8 @@ def pass_times(device: DeviceProfile, ops, dtype: str, recompute_core: bool = Fa
     re-runs the attention core in backward (Korthikanti et al. 2022, Sec. 5)."""
     fwd = [(op, op_time(device, op, "fwd", dtype)) for op in ops]
     bwd = [(op, op_time(device, op, "bwd", dtype)) for op in ops]
-    if recompute_core:
-        bwd += [(op, t) for op, t in fwd if op.attention_core]
+    rerun = recomputed_ops(ops, "selective" if recompute_core else "none")
+    bwd += [(op, op_time(device, op, "fwd", dtype)) for op in rerun]
 
     def total(pairs, membound_only=False):
         return sum(t for op, t in pairs if not membound_only or op.kind == "membound")
@@ -54,8 +54,7 @@ def _tp_times(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> tuple[float
     # synchronous TP collectives: priced in situ (timing.collective_time)
     fwd, bwd = (sum(collective_time(cluster, c.op, c.nbytes, group, in_situ=True)
                     for c in tp_collectives_per_layer(model, plan, p)) for p in ("fwd", "bwd"))
-    edge = collective_time(cluster, "all_reduce", plan.mbs * model.seq_len * model.hidden * DTYPE_BYTES[plan.dtype],
-                           group, in_situ=True)
+    edge = collective_time(cluster, "all_reduce", microbatch_activation_bytes(model, plan), group, in_situ=True)
     return fwd, bwd, edge
 
 
@@ -65,9 +64,8 @@ def analytic_graph(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> CostGr
     stage-aware recomputation are chosen per stage by the partitioner)."""
     selective = plan.recompute == "selective"
     policy = "selective" if selective else "none"
-    e = DTYPE_BYTES[plan.dtype]
     # the residual stream between layers: b x s x h (s/t with sequence parallelism)
-    boundary = e * plan.mbs * model.seq_len * model.hidden / (plan.tp if plan.sp else 1)
+    boundary = stage_output_bytes(model, plan)
     dev = cluster.device
     emb = pass_times(dev, embedding_ops(model, plan), plan.dtype)
     layer = pass_times(dev, layer_ops(model, plan), plan.dtype, recompute_core=selective)

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import simpy
 
-from parsim.costs import (embedding_ops, head_ops, layer_ops, stage_recompute, tp_collectives_edge,
-                          tp_collectives_per_layer)
+from parsim.costs import (embedding_ops, head_ops, layer_ops, recomputed_ops, recomputes_collectives, stage_recompute,
+                          tp_collectives_edge, tp_collectives_per_layer)
 from parsim.costs.host import ComputeScale
 from parsim.costs.timing import op_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
@@ -142,11 +142,9 @@ def layer_chain(model: ModelSpec, cluster: ClusterSpec, plan: Plan, kind: str, p
     back = list(reversed(ops))
     if kind == "W":
         return _chain(back, "bwd_weight", "W", layer, [], dev, dt, scale)
-    out: list[Segment] = []
-    if policy == "full":
-        out += _chain(ops, "fwd", "R", layer, fwd_c, dev, dt, scale)
-    elif policy == "selective":
-        out += _chain([o for o in ops if o.attention_core], "fwd", "R", layer, [], dev, dt, scale)
+    # the recomputed forward first (none without recomputation)
+    again = fwd_c if recomputes_collectives(policy) else []
+    out = _chain(recomputed_ops(ops, policy), "fwd", "R", layer, again, dev, dt, scale)
     pass_ = "bwd" if kind == "B" else "bwd_input"
     out += _chain(back, pass_, kind, layer, tp_collectives_per_layer(model, plan, "bwd"), dev, dt, scale)
     return out

@@ -33,7 +33,7 @@ def device(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     compute through plain functions (a generator per action would cost ~10% of a run)."""
     rec, mem, rank, ledger = sim.recorder, dev.memory, dev.rank, dev.ledger
     footprints, keep, last_stage = sim.footprints, rec.keep_events, sim.num_stages - 1
-    interfered, detail = sim.interference > 0, rec.detail
+    interfered, detail, exposed = sim.interference > 0, rec.detail, rec.exposed[dev.rank]
     for idx, (kind, stage, mb) in enumerate(dev.actions):
         forward, backward = kind == "F", kind in ("B", "I")
         # input: activations of the previous stage (F), gradients of the next stage (B, I)
@@ -62,8 +62,10 @@ def device(env: simpy.Environment, sim: "Simulation", dev: "Device"):
                 yield env.timeout(start - env.now)   # a job of the shared host starts when it starts
             done, stretch = start_whole(env, sim, dev, cost, idx, mb, start)
             yield done
-            if interfered or cost.exposed_tp or detail:
+            if interfered or detail:
                 end_whole(env, sim, dev, cost, mb, begin, start, stretch)
+            elif cost.exposed_tp:
+                exposed["tp"] += cost.exposed_tp
         released = False
         if sim.zero_blocking and len(dev.pending_dp) > issued:
             # the action's ZeRO reduce-scatters are waited for before it ends (no side stream)

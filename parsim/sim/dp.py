@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 import simpy
 
 from parsim.costs import dp_buckets
-from parsim.costs.timing import host_transfer_time, optimizer_time
+from parsim.costs.optimizer import bucket_to_host, optimizer_step
+from parsim.costs.zero import gathers_after_step, reduce_scatters_buckets
 
 from .network import collective, issue, transfer, until
 
@@ -62,7 +63,7 @@ def gradient_sync(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     plan, rec = sim.plan, sim.recorder
     gb = sim.state.grad
     ps = plan.dp_impl == "ps"
-    op = "all_reduce" if plan.zero == 0 else "reduce_scatter"
+    op = "reduce_scatter" if reduce_scatters_buckets(plan.zero) else "all_reduce"
     kind = "ps_gather" if ps else ("dp_allreduce" if op == "all_reduce" else "dp_reducescatter")
     copies = []
     for stage in dev.sync_order:
@@ -78,15 +79,16 @@ def gradient_sync(env: simpy.Environment, sim: "Simulation", dev: "Device"):
             dev.ledger.collective(start, env.now)
             if plan.offload != "none":
                 # ZeRO-Offload: the reduced shard goes to the host as soon as it is there
-                copies.append(env.process(_to_host(env, sim, dev, stage, nbytes / plan.dp, env.now)))
+                copies.append(env.process(_to_host(env, sim, dev, stage, nbytes, env.now)))
     if copies:
         yield env.all_of(copies)
 
 
-def _to_host(env: simpy.Environment, sim: "Simulation", dev: "Device", stage: int, nbytes: float, after):
-    """ZeRO-Offload: a reduced gradient shard goes to the host once its bucket is done."""
+def _to_host(env: simpy.Environment, sim: "Simulation", dev: "Device", stage: int, bucket: float, after):
+    """ZeRO-Offload: a reduced gradient bucket's shard goes to the host once the bucket is done."""
     yield from until(env, after)
-    start = yield from transfer(env, dev.ports.pcie, host_transfer_time(sim.cluster, nbytes))
+    nbytes, seconds = bucket_to_host(sim.cluster, sim.plan, bucket)
+    start = yield from transfer(env, dev.ports.pcie, seconds)
     sim.recorder.event(dev.rank, stage, "host", "offload_d2h", -1, -1, start, env.now, nbytes=nbytes)
 
 
@@ -94,31 +96,31 @@ def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     """After the device's last action: wait for its gradients, step the optimizer, update
     the parameters. Sets ``recorder.finish[rank]``."""
     plan, rec, rank = sim.plan, sim.recorder, dev.rank
-    cluster, sb = sim.cluster, sim.state
+    sb = sim.state
     waited = env.now
     pending = ([dev.sync] if dev.sync is not None else []) + dev.pending_dp
     if pending:
         yield env.all_of(pending)
     rec.expose(rank, "dp", env.now - waited)
     n = sim.rank_params[dev.pp_rank]
-    shard = n / plan.dp if plan.zero >= 1 else n
-    if plan.offload != "none":
-        if plan.zero >= 2:
-            start = yield from transfer(env, dev.ports.pcie, host_transfer_time(cluster, shard * sb.grad))
-            rec.event(rank, -1, "host", "offload_d2h", -1, -1, start, env.now, nbytes=shard * sb.grad)
+    opt = optimizer_step(sim.cluster, plan, n)
+    if opt.on_host:
+        if opt.grads_to_host:
+            start = yield from transfer(env, dev.ports.pcie, opt.grads_to_host_s)
+            rec.event(rank, -1, "host", "offload_d2h", -1, -1, start, env.now, nbytes=opt.grads_to_host_bytes)
         start = env.now
-        yield env.timeout(optimizer_time(cluster, shard, plan.dtype, on_host=True))
+        yield env.timeout(opt.step_s)
         rec.event(rank, -1, "host", "optimizer", -1, -1, start, env.now, name="optimizer (host)")
-        start = yield from transfer(env, dev.ports.pcie, host_transfer_time(cluster, shard * sb.param))
-        rec.event(rank, -1, "host", "offload_h2d", -1, -1, start, env.now, nbytes=shard * sb.param)
+        start = yield from transfer(env, dev.ports.pcie, opt.params_from_host_s)
+        rec.event(rank, -1, "host", "offload_h2d", -1, -1, start, env.now, nbytes=opt.params_from_host_bytes)
     else:
         start = env.now
         # AdamW is memory-bound: on a shared host it slows down like the other memory-bound ops
         # (after the compute that collectives overlapping the last backward took: ``ledger``)
         if sim.sharing is not None:   # a job among the ranks sharing the host's cores
-            yield sim.sharing.run(dev.ledger.pay(), 0.0, optimizer_time(cluster, shard, plan.dtype) * dev.scale.membound)
+            yield sim.sharing.run(dev.ledger.pay(), 0.0, opt.step_s * dev.scale.membound)
         else:
-            yield env.timeout(dev.ledger.pay() + optimizer_time(cluster, shard, plan.dtype) * dev.scale.membound)
+            yield env.timeout(dev.ledger.pay() + opt.step_s * dev.scale.membound)
         rec.compute(rank, -1, "optimizer", -1, start, env.now, name="optimizer")
     waited = env.now
 
@@ -128,7 +130,7 @@ def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     if plan.dp > 1 and plan.dp_impl == "ps":
         nbytes = n * sb.param
         yield from until(env, issue(env, dev.dp, rank, sim.ps_time(dev.dp, nbytes), log("ps_broadcast", nbytes)))
-    elif plan.dp > 1 and plan.zero in (1, 2):
+    elif plan.dp > 1 and gathers_after_step(plan.zero):
         # this device's pipeline sends are over: nothing else can ask for its link, so the
         # buckets can be queued at once
         last = env.now

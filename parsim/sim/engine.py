@@ -38,7 +38,9 @@ import simpy
 from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, stage_params, state_bytes,
                           zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing
-from parsim.costs.timing import collective_time, host_transfer_time, p2p_time
+from parsim.costs.optimizer import layer_from_host_s, layer_shard_bytes
+from parsim.costs.timing import collective_time, p2p_time
+from parsim.costs.zero import gathers_layers, scatters_every_backward
 from parsim.schedules import Action, Schedule, build_schedule
 from parsim.specs import (ClusterSpec, ModelSpec, Plan, RankLayout, SpecError, load_cluster, load_model, parse_plan,
                           validate)
@@ -104,9 +106,9 @@ class Simulation:
                              head_params(model, plan) if s == self.num_stages - 1 else 0.0)
                             for s in range(self.num_stages)]
         self.p2p_nbytes = p2p_bytes(model, plan)
-        self.zero3_gathers = plan.zero >= 3 and plan.dp > 1
+        self.zero3_gathers = gathers_layers(plan.zero, plan.dp)
         # ZeRO-2: every backward reduce-scatters its gradients part by part (``actions.zero2_scatters``)
-        self.zero2_scatters = plan.zero == 2 and plan.dp > 1 and plan.dp_impl != "ps"
+        self.zero2_scatters = scatters_every_backward(plan.zero, plan.dp, plan.dp_impl == "ps")
         self.zero3_gather_bytes = zero3_gather_bytes_per_layer(model, plan)
         self.zero3_scatter_bytes = zero3_reduce_scatter_bytes_per_layer(model, plan)
         # ZeRO-2/3 as the reference executor runs them (FSDP2, profile keys; ``actions``):
@@ -114,9 +116,8 @@ class Simulation:
         # copy-in / copy-out of its flat communication buffers on the compute stream
         self.zero_blocking = cluster.device.tables.zero_blocking
         self.zero_copies = cluster.device.tables.fsdp2_copies
-        self.param_shard_bytes = self.layer_params * self.state.param / plan.dp
-        self.param_h2d_s = (host_transfer_time(cluster, self.param_shard_bytes)
-                            if plan.offload == "optimizer+params" else 0.0)
+        self.param_shard_bytes = layer_shard_bytes(model, plan)
+        self.param_h2d_s = layer_from_host_s(cluster, model, plan)
         self.num_events = 0
         self.deliveries: dict[tuple, Arrival | tuple[float, float]] = {}   # sent, not yet received
         self._costs: dict[tuple, ActionCost] = {}
@@ -271,9 +272,8 @@ class Simulation:
         route = dev.routes.get(to_stage)
         if route is None:
             dst = self.layout.rank(to_stage % self.plan.pp, *dev.replica)
-            same_node = self.cluster.node_of(dev.rank) == self.cluster.node_of(dst)
             duration = p2p_time(self.cluster, self.p2p_nbytes, dev.rank, dst)
-            route = dev.routes[to_stage] = (dev.ports.nvlink if same_node else dev.ports.nic, duration)
+            route = dev.routes[to_stage] = (getattr(dev.ports, link_between(self.cluster, dev.rank, dst)), duration)
         port, duration = route
         now = self.env.now
         start = port.reserve(now, duration)

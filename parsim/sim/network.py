@@ -32,10 +32,9 @@ from dataclasses import dataclass, field
 import simpy
 from simpy.core import NORMAL
 
+from parsim.costs.links import LINKS, group_link, link_between  # noqa: F401  (the engine's names for them)
 from parsim.costs.timing import parameter_server_time
 from parsim.specs import ClusterSpec
-
-LINKS = ("nvlink", "nic", "pcie")
 
 
 class Port:
@@ -82,16 +81,6 @@ class Arrival(simpy.Event):
         self._ok = True
         self._value = value
         self.env.schedule(self, NORMAL, delay)
-
-
-def link_between(cluster: ClusterSpec, src: int, dst: int) -> str:
-    """The link a p2p send from global rank src to dst leaves on."""
-    return "nvlink" if cluster.node_of(src) == cluster.node_of(dst) else "nic"
-
-
-def group_link(cluster: ClusterSpec, ranks: list[int]) -> str:
-    """The link a collective over these global ranks uses: NVLink inside one node, else the NICs."""
-    return "nvlink" if len({cluster.node_of(r) for r in ranks}) == 1 else "nic"
 
 
 def group_shape(cluster: ClusterSpec, ranks: list[int]) -> tuple[int, int]:

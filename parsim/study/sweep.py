@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -21,7 +21,7 @@ from tqdm import tqdm
 from parsim.fast import FastResult, PlanTable, evaluate
 from parsim.costs import device_capacity
 from parsim.fast.honesty import PESSIMISM, approximate_mask
-from parsim.fast.tables import CostTables, build_tables
+from parsim.fast.tables import build_tables
 from parsim.specs import ClusterSpec, ModelSpec
 
 from .enumerate import enumerate_plans
@@ -91,8 +91,7 @@ def fast_frame(model: ModelSpec, cluster: ClusterSpec, table: PlanTable, headroo
     bar = tqdm(total=len(table), desc="fast path", unit="plan", file=sys.stderr, disable=not progress, leave=False)
     for start in range(0, len(table), FAST_CHUNK):
         idx = np.arange(start, min(start + FAST_CHUNK, len(table)))
-        sub = _sub_tables(tables, idx)
-        parts.append(evaluate(model, cluster, table.take(idx), sub))
+        parts.append(evaluate(model, cluster, table.take(idx), tables.take(idx)))
         bar.update(len(idx))
     bar.close()
     cols: dict[str, object] = {"plan": table.plan_strings(), **table.decoded(), "microbatches": table.microbatches}
@@ -113,11 +112,6 @@ def fast_frame(model: ModelSpec, cluster: ClusterSpec, table: PlanTable, headroo
     for k in ("step_time_s", "peak_memory_bytes", "tokens_per_s"):
         df[f"fast_{k}"] = df[k]
     return df
-
-
-def _sub_tables(tables: CostTables, idx: np.ndarray) -> CostTables:
-    return replace(tables, layer_id=tables.layer_id[idx], head_id=tables.head_id[idx], rank_id=tables.rank_id[idx],
-                   moment_id=tables.moment_id[idx])
 
 
 def rank_frame(df: pd.DataFrame) -> pd.DataFrame:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -154,16 +155,36 @@ def anchored_stage_times(model, plans, results_by_plan, profile_data) -> tuple[l
     return [split_stage_times(model, plan, cluster) for plan in plans], probe_drift(profile_data, probes)
 
 
-def main() -> int:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from parsim.executor import ExecutorConfig, RunSpec, run_plans
+@dataclass
+class Setup:
+    """The check's model, cluster, profile and the two splits the partitioner compares."""
+    model: object
+    cluster: object
+    profile: str
+    profile_data: dict
+    base: object
+    traced: object       # the partitioner's result on the traced graph
+    uniform: object
+    auto: object
+
+
+@dataclass
+class Comparison:
+    """Predicted vs measured, per split and stage (``rows``) and the errors summarised at the end."""
+    rows: list = field(default_factory=list)
+    errors: list = field(default_factory=list)
+    cpu_errors: list = field(default_factory=list)
+    anchored_errors: list = field(default_factory=list)
+    mean_errors: list = field(default_factory=list)
+    launch_rows: list = field(default_factory=list)   # per split: each launch's stage errors and busy times
+    step: dict = field(default_factory=dict)          # split -> median measured step time
+    anchored_all: tuple | None = None
+
+
+def set_up() -> Setup:
     from parsim.executor.model import reference_model
     from parsim.partition import partition
-    from parsim.sim import simulate
     from parsim.specs import load_cluster, load_model, load_profile_dict, parse_plan
-    from parsim.calibration.anchor import probe_request
-    from parsim.calibration.host_alloc import profile_policy, use_profile_policy
-    from parsim.executor.host_alloc import ENV as HOST_MEMORY_ENV
 
     profile = pick_profile()
     cluster = load_cluster("cpu:2", profile=profile if profile != "cpu" else None)
@@ -171,61 +192,76 @@ def main() -> int:
     base = parse_plan(PLAN)
     traced = partition(model, base, cluster, graph="traced", reference_model=reference_model)
     analytic = partition(model, base, cluster, graph="analytic")
-    auto = base.replace(partition=traced.partition)
-    uniform = base.replace(partition=traced.uniform_partition)
     print(f"model {model.name} (L={model.layers}, h={model.hidden}, V={model.vocab}, s={model.seq_len}); "
           f"plan {PLAN}; profile {profile}")
     print(f"partition: traced graph -> {traced.partition}, analytic graph -> {analytic.partition}; "
           f"uniform {traced.uniform_partition}\n")
+    return Setup(model, cluster, profile, load_profile_dict(profile), base, traced,
+                 base.replace(partition=traced.uniform_partition), base.replace(partition=traced.partition))
 
-    m = base.num_microbatches
-    profile_data = load_profile_dict(profile)
+
+def launch(setup: Setup) -> list:
+    """``REPEATS`` launches of the uniform and the automatic split, alternating."""
+    from parsim.calibration.anchor import probe_request
+    from parsim.calibration.host_alloc import profile_policy, use_profile_policy
+    from parsim.executor import ExecutorConfig, RunSpec, run_plans
+    from parsim.executor.host_alloc import ENV as HOST_MEMORY_ENV
+
     # the executor's ranks (and the isolated runs) use the host memory policy the profile was
     # measured under (executor.host_alloc; inherited by the spawned ranks)
-    policy = use_profile_policy(profile_data)
-    print(f"host memory policy: {HOST_MEMORY_ENV}={policy} (the profile's: {profile_policy(profile_data)})")
+    policy = use_profile_policy(setup.profile_data)
+    print(f"host memory policy: {HOST_MEMORY_ENV}={policy} (the profile's: {profile_policy(setup.profile_data)})")
     # memory is not compared here: no step is given to the memory tracker, so every step after the
     # warm-up is timed (a tracked step is excluded from the timing)
-    config = ExecutorConfig(steps=STEPS, warmup=WARMUP, track_memory=False, layer_probe=probe_request(profile_data))
-    load_before = os.getloadavg()
-    launches = [run_plans([RunSpec(model, uniform, config), RunSpec(model, auto, config)]) for _ in range(REPEATS)]
-    rows = []
-    errors, cpu_errors, anchored_errors = [], [], []
-    step = {}
-    mean_errors = []
-    launch_rows = []      # per split: each launch's per-stage error of the traced prediction, and its busy times
+    config = ExecutorConfig(steps=STEPS, warmup=WARMUP, track_memory=False,
+                            layer_probe=probe_request(setup.profile_data))
+    specs = [RunSpec(setup.model, setup.uniform, config), RunSpec(setup.model, setup.auto, config)]
+    return [run_plans(specs) for _ in range(REPEATS)]
+
+
+def compare(setup: Setup, launches: list) -> Comparison:
+    from parsim.sim import simulate
+
+    model, cluster, traced = setup.model, setup.cluster, setup.traced
+    m = setup.base.num_microbatches
+    out = Comparison()
     # the analytic graph priced on the same splits (its own cut may differ: it is printed above)
-    splits = (("uniform", uniform, traced.uniform_stages, split_stage_times(model, uniform, cluster, "analytic")),
-              ("auto", auto, traced.stages, split_stage_times(model, auto, cluster, "analytic")))
-    anchored_all = anchored_stage_times(model, [uniform, auto], [[launch[i] for launch in launches] for i in range(2)],
-                                        profile_data)
+    splits = (("uniform", setup.uniform, traced.uniform_stages,
+               split_stage_times(model, setup.uniform, cluster, "analytic")),
+              ("auto", setup.auto, traced.stages, split_stage_times(model, setup.auto, cluster, "analytic")))
+    out.anchored_all = anchored_stage_times(model, [setup.uniform, setup.auto],
+                                            [[launch[i] for launch in launches] for i in range(2)], setup.profile_data)
     for i, (label, plan, t_res, a_res) in enumerate(splits):
         results = [launch[i] for launch in launches]
         busy = measured_stage_times(results)
         mean_busy = mean_stage_busy(results, m)
-        mean_errors.extend(abs(t_res[s].time_s / mean_busy[s] - 1) for s in range(len(mean_busy)))
+        out.mean_errors.extend(abs(t_res[s].time_s / mean_busy[s] - 1) for s in range(len(mean_busy)))
         per_launch = [measured_stage_times([r]) for r in results]
-        launch_rows.append((label, [[t_res[s].time_s / run[s] - 1 for s in range(len(run))] for run in per_launch],
-                            per_launch))
+        out.launch_rows.append((label, [[t_res[s].time_s / run[s] - 1 for s in range(len(run))] for run in per_launch],
+                                per_launch))
         cpu = isolated_stage_cpu_time(model, plan.partition)
-        step[label] = statistics.median(r.step_time_s for r in results)
+        out.step[label] = statistics.median(r.step_time_s for r in results)
         sim = simulate(model, cluster, plan)
-        anchored = anchored_all[0][i] if anchored_all else None
+        anchored = out.anchored_all[0][i] if out.anchored_all else None
         for s, measured in enumerate(busy):
             err_t = t_res[s].time_s / measured - 1
             err_a = a_res[s] / measured - 1
-            errors.append(abs(err_t))
-            cpu_errors.append(abs(t_res[s].solo_s / cpu[s] - 1))
+            out.errors.append(abs(err_t))
+            out.cpu_errors.append(abs(t_res[s].solo_s / cpu[s] - 1))
             anch = anchored[s] if anchored else float("nan")
             if anchored:
-                anchored_errors.append(abs(anch / measured - 1))
-            rows.append((label, s, plan.partition[s], t_res[s].time_s, a_res[s], measured, err_t, err_a,
-                         cpu[s], t_res[s].solo_s / cpu[s] - 1, anch, anch / measured - 1,
-                         mean_busy[s], t_res[s].time_s / mean_busy[s] - 1))
+                out.anchored_errors.append(abs(anch / measured - 1))
+            out.rows.append((label, s, plan.partition[s], t_res[s].time_s, a_res[s], measured, err_t, err_a,
+                             cpu[s], t_res[s].solo_s / cpu[s] - 1, anch, anch / measured - 1,
+                             mean_busy[s], t_res[s].time_s / mean_busy[s] - 1))
         step_pred = traced.step_time_s if label == "auto" else traced.uniform_step_time_s
-        rows.append((label, "step", "", step_pred, sim.step_time_s, step[label],
-                     step_pred / step[label] - 1, sim.step_time_s / step[label] - 1))
-        rows.append((label, "steps", "", 0, 0, 0, 0, 0, [t for r in results for t in r.step_times]))
+        out.rows.append((label, "step", "", step_pred, sim.step_time_s, out.step[label],
+                         step_pred / out.step[label] - 1, sim.step_time_s / out.step[label] - 1))
+        out.rows.append((label, "steps", "", 0, 0, 0, 0, 0, [t for r in results for t in r.step_times]))
+    return out
+
+
+def print_rows(rows: list) -> None:
     print(f"per-stage time per microbatch (F+B), ms, {REPEATS} launches; "
           "'step' rows: partitioner estimate | simulate | executor (median step), ms")
     print("traced / analytic = the partitioner's stage times in the pipeline (shared-host replay); measured = "
@@ -244,6 +280,9 @@ def main() -> int:
         if len(r) > 8:
             line += f" {r[8] * 1e3:9.1f} {r[9]:+7.1%} {r[10] * 1e3:9.1f} {r[11]:+7.1%} {r[12] * 1e3:9.1f} {r[13]:+7.1%}"
         print(line)
+
+
+def print_launches(launch_rows: list) -> None:
     print("\neach launch alone (traced prediction vs that launch's trace), per stage:")
     for label, errs, busy_runs in launch_rows:
         for s in range(len(busy_runs[0])):
@@ -252,25 +291,42 @@ def main() -> int:
     launch_worst = [max(abs(e) for label_errs in (le for _, le, _ in launch_rows) for e in label_errs[i])
                     for i in range(REPEATS)]
     print(f"  largest stage error per launch pair: {', '.join(f'{w:.1%}' for w in launch_worst)}")
-    speed_meas = step["uniform"] / step["auto"]
-    sim_speedup = simulate(model, cluster, uniform).step_time_s / simulate(model, cluster, auto).step_time_s
+
+
+def print_summary(setup: Setup, launches: list, out: Comparison) -> None:
+    from parsim.sim import simulate
+
+    model, cluster = setup.model, setup.cluster
+    speed_meas = out.step["uniform"] / out.step["auto"]
+    sim_speedup = simulate(model, cluster, setup.uniform).step_time_s / simulate(model, cluster, setup.auto).step_time_s
     print(f"\nmeasured speedup auto vs uniform: {speed_meas:.3f}x "
-          f"(predicted by the partitioner {traced.speedup_vs_uniform:.3f}x, by simulate {sim_speedup:.3f}x)")
-    if anchored_all:
+          f"(predicted by the partitioner {setup.traced.speedup_vs_uniform:.3f}x, by simulate {sim_speedup:.3f}x)")
+    if out.anchored_all:
         from parsim.calibration.anchor import probe_drift
-        per_split = [probe_drift(profile_data, [p for launch in launches for p in launch[i].layer_probes])
+        per_split = [probe_drift(setup.profile_data, [p for launch in launches for p in launch[i].layer_probes])
                      for i in range(2)]
-        print(f"layer probe around the timed steps vs the profile's: drift {anchored_all[1]:.2f}x (all "
+        print(f"layer probe around the timed steps vs the profile's: drift {out.anchored_all[1]:.2f}x (all "
               f"{sum(len(r.layer_probes) for launch in launches for r in launch)} probes; uniform's launches "
               f"{per_split[0]:.2f}x, auto's {per_split[1]:.2f}x)")
-    for what, errs in (("executor trace", errors), ("executor trace, mean busy", mean_errors),
-                       ("isolated CPU time", cpu_errors),
-                       ("executor trace, anchored to the layer probes", anchored_errors)):
+    for what, errs in (("executor trace", out.errors), ("executor trace, mean busy", out.mean_errors),
+                       ("isolated CPU time", out.cpu_errors),
+                       ("executor trace, anchored to the layer probes", out.anchored_errors)):
         if not errs:
             continue
         worst = max(errs)
         print(f"largest per-stage error vs {what} (traced graph): {worst:.1%}; median {statistics.median(errs):.1%} "
               f"(target {TARGET:.0%}): {'met' if worst <= TARGET else 'NOT met'}")
+
+
+def main() -> int:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    setup = set_up()
+    load_before = os.getloadavg()
+    launches = launch(setup)
+    out = compare(setup, launches)
+    print_rows(out.rows)
+    print_launches(out.launch_rows)
+    print_summary(setup, launches, out)
     print(f"load average (1, 5, 15 min) before the runs {tuple(round(x, 2) for x in load_before)}, "
           f"after {tuple(round(x, 2) for x in os.getloadavg())} on {os.cpu_count()} cores")
     return 0

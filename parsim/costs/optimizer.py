@@ -1,0 +1,72 @@
+"""One rank's optimizer step and what ZeRO-Offload moves over PCIe for it (seconds, bytes).
+
+* The step: AdamW on the parameters the rank steps, its 1/dp shard under ZeRO >= 1
+  (``costs.zero.zero_shard``; Rajbhandari et al. 2020 Sec. 5.1), priced by
+  ``timing.optimizer_time`` on the device or, with ZeRO-Offload, on the host.
+* ZeRO-Offload (Ren et al. 2021, Sec. 4): every reduced gradient bucket's 1/dp shard goes to the
+  host as it is done (ZeRO-0/1 bucketed synchronisation); under ZeRO-2/3 the accumulated
+  gradient shard goes down once, before the step; the updated parameter shard comes back after it.
+* ZeRO-Infinity (parameter offload, Rajbhandari et al. 2021): every ZeRO-3 gather of a layer is
+  preceded by its parameter shard's copy from the host.
+
+The SimPy engine (``sim.dp``, ``sim.engine``) plays these transfers on the device's PCIe port; the
+fast path's tables hold them per pipeline rank (``fast.tables``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parsim.specs import ClusterSpec, ModelSpec, Plan
+
+from .memory import state_bytes
+from .params import layer_params
+from .timing import host_transfer_time, optimizer_time
+from .zero import zero_shard
+
+
+@dataclass(frozen=True)
+class OptimizerStep:
+    """The end of one rank's step after its gradients are reduced (seconds, bytes, parameters)."""
+    params: float                 # parameters the rank steps (its ZeRO shard)
+    on_host: bool                 # ZeRO-Offload: the step runs on the host's CPU
+    grads_to_host: bool           # ZeRO-2/3 with offload: the accumulated gradient shard goes down first
+    grads_to_host_bytes: float
+    grads_to_host_s: float
+    step_s: float                 # AdamW (on the device: before any host-sharing slowdown)
+    params_from_host_bytes: float  # with offload: the updated parameter shard comes back
+    params_from_host_s: float
+
+
+def optimizer_step(cluster: ClusterSpec, plan: Plan, rank_params: float) -> OptimizerStep:
+    """The optimizer step of a pipeline rank holding ``rank_params`` parameters under ``plan``."""
+    shard = zero_shard(rank_params, plan.dp, plan.zero, 1)
+    sb = state_bytes(plan.dtype)
+    on_host = plan.offload != "none"
+    grads = on_host and plan.zero >= 2
+    grad_bytes = shard * sb.grad if grads else 0.0
+    param_bytes = shard * sb.param if on_host else 0.0
+    return OptimizerStep(
+        params=shard, on_host=on_host, grads_to_host=grads, grads_to_host_bytes=grad_bytes,
+        grads_to_host_s=host_transfer_time(cluster, grad_bytes) if grads else 0.0,
+        step_s=optimizer_time(cluster, shard, plan.dtype, on_host=on_host),
+        params_from_host_bytes=param_bytes,
+        params_from_host_s=host_transfer_time(cluster, param_bytes) if on_host else 0.0)
+
+
+def bucket_to_host(cluster: ClusterSpec, plan: Plan, bucket_bytes: float) -> tuple[float, float]:
+    """ZeRO-Offload: (bytes, seconds) of a reduced gradient bucket's 1/dp shard going to the host."""
+    nbytes = bucket_bytes / plan.dp
+    return nbytes, host_transfer_time(cluster, nbytes)
+
+
+def layer_shard_bytes(model: ModelSpec, plan: Plan) -> float:
+    """ZeRO-3: bytes of one layer's parameter shard on a rank (1/dp of its parameters)."""
+    return layer_params(model, plan.tp) * state_bytes(plan.dtype).param / plan.dp
+
+
+def layer_from_host_s(cluster: ClusterSpec, model: ModelSpec, plan: Plan) -> float:
+    """ZeRO-Infinity: seconds to copy one layer's parameter shard from the host before its
+    gather; 0 unless the parameters are offloaded."""
+    if plan.offload != "optimizer+params":
+        return 0.0
+    return host_transfer_time(cluster, layer_shard_bytes(model, plan))

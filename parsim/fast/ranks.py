@@ -1,0 +1,111 @@
+"""The fast path's rows per pipeline rank, priced by ``parsim.costs`` once per distinct key.
+
+* rank key (dp, tp, pp, vpp, dtype): per pipeline rank its layers (``specs.stage_layers``, loop
+  placement) in all and per model chunk, its parameters (``costs.stage_params``), its DP
+  communication (``fast.comm.rank_comm_rows``), and for each (ZeRO stage, offload) its optimizer
+  step and ZeRO-Offload's host transfers (``costs.optimizer``: the same ``OptimizerStep`` the
+  SimPy engine plays at the end of the step);
+* send key (dp, tp, pp, mbs, dtype): per pipeline rank r the seconds of its send to rank r + 1
+  (``costs.timing.p2p_time`` of ``costs.p2p_bytes`` between the two ranks' devices).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba.extending import register_jitable
+
+from parsim.costs import dp_buckets, optimizer_step, p2p_bytes, stage_params, state_bytes
+from parsim.costs.optimizer import bucket_to_host, layer_from_host_s
+from parsim.costs.timing import p2p_time
+from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout, stage_layers
+
+from .comm import C_WIDTH, CollectivePricer, rank_comm_rows
+from .plans import WORDS
+
+# rank table columns: layers, parameters, the fast.comm columns, the optimizer blocks (one per
+# (zero, offload), ``step_block``), then layers per model chunk
+R_LAYERS, R_PARAMS, R_COMM = 0, 1, 2
+R_STEP = R_COMM + C_WIDTH
+# an optimizer block (seconds): ``costs.OptimizerStep``'s step, gradient shard down, parameter
+# shard up; a reduced bucket's shard down and all the buckets'; ZeRO-Infinity's layer shard up
+S_OPT_STEP, S_GRADS_DOWN, S_PARAMS_UP, S_BUCKET_DOWN, S_BUCKETS_DOWN, S_LAYER_UP, S_WIDTH = range(7)
+ZERO_STAGES, OFFLOADS = 4, len(WORDS["offload"])
+R_CHUNK = R_STEP + ZERO_STAGES * OFFLOADS * S_WIDTH
+
+
+@register_jitable
+def step_block(zero, offload):
+    """First column of the optimizer block of a plan's ZeRO stage and offload code (ints, or
+    numba ints in the kernel)."""
+    return R_STEP + (zero * OFFLOADS + offload) * S_WIDTH
+
+
+def rank_plan(dp: int, tp: int, pp: int, vpp: int, dtype: int, zero: int = 0, offload: int = 0) -> Plan:
+    return Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, dtype=WORDS["dtype"][dtype], zero=zero, offload=WORDS["offload"][offload])
+
+
+class RankRows:
+    """Builds the rows of rank keys; ``steps``: the (zero, offload) codes whose optimizer blocks
+    are filled in (the sweep's; the others stay 0)."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, bucket_bytes: int, with_ps: bool, max_vpp: int,
+                 steps: list[tuple[int, int]]):
+        self.model, self.cluster, self.bucket_bytes = model, cluster, bucket_bytes
+        self.with_ps, self.max_vpp, self.steps = with_ps, max_vpp, steps
+        self.step_columns = np.array([step_block(z, o) + i for z, o in steps for i in range(S_WIDTH)], dtype=np.int64)
+        self.pricer = CollectivePricer(cluster)
+        self._blocks: dict[tuple, np.ndarray] = {}
+        self._plans: dict[tuple, tuple[Plan, float]] = {}
+
+    def __call__(self, dp: int, tp: int, pp: int, vpp: int, dtype: int) -> np.ndarray:
+        """(pp, R_CHUNK + max_vpp): the rows of one rank key."""
+        plan = rank_plan(dp, tp, pp, vpp, dtype)
+        per_stage = stage_layers(self.model, plan)
+        params = stage_params(self.model, plan)
+        rows = np.zeros((pp, R_CHUNK + self.max_vpp))
+        rows[:, R_LAYERS] = [sum(per_stage[r + v * pp] for v in range(vpp)) for r in range(pp)]
+        rows[:, R_PARAMS] = params
+        rows[:, R_COMM:R_STEP] = rank_comm_rows(self.model, self.pricer, dp, tp, pp, vpp, dtype, params,
+                                                self.bucket_bytes, self.with_ps)
+        # the optimizer blocks depend on the layout only through the rank's parameters
+        distinct, rank_of = np.unique(rows[:, R_PARAMS], return_inverse=True)
+        blocks = np.array([self._step_blocks(dp, tp, dtype, n) for n in distinct.tolist()])
+        rows[:, self.step_columns] = blocks.reshape(len(distinct), -1)[rank_of.reshape(-1)]
+        for r in range(pp):
+            rows[r, R_CHUNK:R_CHUNK + vpp] = [per_stage[r + v * pp] for v in range(vpp)]
+        return rows
+
+    def _step_blocks(self, dp: int, tp: int, dtype: int, params: float) -> np.ndarray:
+        """The optimizer blocks (``steps``, one after another) of a rank holding ``params``
+        parameters (memoised: ranks of many layouts hold as many)."""
+        key = (dp, tp, dtype, params)
+        if key not in self._blocks:
+            self._blocks[key] = np.array([x for zero, offload in self.steps
+                                          for x in self._step_columns(dp, tp, dtype, zero, offload, params)])
+        return self._blocks[key]
+
+    def _step_columns(self, dp: int, tp: int, dtype: int, zero: int, offload: int, params: float) -> list[float]:
+        """The optimizer block of a rank holding ``params`` parameters under (zero, offload)."""
+        if (dp, tp, dtype, zero, offload) not in self._plans:
+            plan = rank_plan(dp, tp, 1, 1, dtype, zero, offload)
+            self._plans[dp, tp, dtype, zero, offload] = plan, layer_from_host_s(self.cluster, self.model, plan)
+        plan, layer_up = self._plans[dp, tp, dtype, zero, offload]
+        step = optimizer_step(self.cluster, plan, params)
+        bucket = bucket_all = 0.0
+        if plan.offload != "none":
+            buckets = dp_buckets(params * state_bytes(plan.dtype).grad, self.bucket_bytes)
+            if buckets:
+                bucket = bucket_to_host(self.cluster, plan, buckets[0])[1]
+                bucket_all = len(buckets) * bucket     # every bucket priced as the first (fast.timing)
+        return [step.step_s, step.grads_to_host_s, step.params_from_host_s, bucket, bucket_all, layer_up]
+
+
+def send_rows(model: ModelSpec, cluster: ClusterSpec, dp: int, tp: int, pp: int, mbs: int, dtype: int) -> np.ndarray:
+    """(pp,): seconds of pipeline rank r's send to rank r + 1 (its DP rank 0, TP rank 0 device to
+    the next one's), 0 on the last rank."""
+    plan = Plan(dp=dp, tp=tp, pp=pp, mbs=mbs, dtype=WORDS["dtype"][dtype])
+    nbytes = p2p_bytes(model, plan)
+    layout = RankLayout(dp=dp, tp=tp, pp=pp)
+    out = np.zeros(pp)
+    for r in range(pp - 1):
+        out[r] = p2p_time(cluster, nbytes, layout.rank(r, 0, 0), layout.rank(r + 1, 0, 0))
+    return out

@@ -1,0 +1,27 @@
+"""The rules of ``parsim.costs`` the fast path's kernels run, compiled by numba from their source.
+
+``costs.zero`` (ZeRO sharding and which DP collectives a stage runs) is registered with numba
+(``register_jitable``: the plain functions stay callable from Python, and jitted code that calls
+them compiles them in); ``costs.footprint``'s memory rules, which call it, are compiled here.
+"""
+from __future__ import annotations
+
+import numba
+from numba.extending import register_jitable
+
+from parsim.costs import footprint, zero
+
+for _rule in (zero.zero_shard, zero.gathers_layers, zero.scatters_every_backward, zero.reduce_scatters_buckets,
+              zero.gathers_after_step):
+    register_jitable(_rule)
+gathers_layers = zero.gathers_layers
+scatters_every_backward = zero.scatters_every_backward
+reduce_scatters_buckets = zero.reduce_scatters_buckets
+
+model_states = numba.njit(cache=True)(footprint.model_states)
+offload_staging = numba.njit(cache=True)(footprint.offload_staging)
+gathered_layers = numba.njit(cache=True)(footprint.gathered_layers)
+stash_bytes = numba.njit(cache=True)(footprint.stash_bytes)
+held_bytes = numba.njit(cache=True)(footprint.held_bytes)
+backward_bytes = numba.njit(cache=True)(footprint.backward_bytes)
+backward_working = numba.njit(cache=True)(footprint.backward_working)
