@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 OUT     ?= out/demo
 
-.PHONY: demo test studies equivalence venv clean
+.PHONY: demo test studies equivalence venv clean fuzz gpu-check
 
 venv: $(STAMP)
 
@@ -22,6 +22,16 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests
+
+# >= 10,000 generated command lines through the CLI, 30 s cap each, counts printed (issue 23)
+fuzz: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python tests/fuzz/run.py --cases 10000 --workers 2 --timeout 30
+
+# calibrate --device cuda + validate NCCL plans and print one report; says so and exits 0 without a GPU.
+# Runs with the venv's python, or (on a GPU machine with parsim installed) GPU_PY=python3.
+GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY))
+gpu-check:
+	$(GPU_PY) studies/gpu_check/check.py --out out/gpu_check
 
 # The studies that run in under 10 minutes and measure nothing about this machine (each README
 # gives its time; about 4 minutes of CPU in all). The timing studies (sim_speed,

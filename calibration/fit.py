@@ -12,6 +12,7 @@ No torch, no I/O: everything here takes numbers and returns numbers.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -52,43 +53,76 @@ def sampling_plan(first_s: float, repeats: int, budget_s: float, min_sample_s: f
     return inner, max(MIN_SAMPLES, min(repeats, int(budget_s / (first_s * inner))))
 
 
+class FitWarning(UserWarning):
+    """A calibration fit whose data could not give a physical number as measured (a
+    non-positive slope over the large messages): the fit keeps a bound and says so."""
+
+
 @dataclass(frozen=True)
 class AlphaBeta:
-    """time = alpha + beta * nbytes; ``rms_rel`` is the rms relative residual of the fit."""
+    """time = alpha + beta * nbytes; ``rms_rel`` is the rms relative residual of the fit over
+    every point, ``bandwidth_points`` how many of the largest sizes ``beta`` was fitted on, and
+    ``warning`` says why ``beta`` is a bound rather than a fit (None when it is a fit)."""
 
-    alpha: float      # seconds
-    beta: float       # seconds per byte
+    alpha: float      # seconds, >= 0
+    beta: float       # seconds per byte, > 0
     rms_rel: float
+    bandwidth_points: int = 0
+    warning: str | None = None
 
     def time(self, nbytes: float) -> float:
         return self.alpha + self.beta * nbytes
 
 
-def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float]) -> AlphaBeta:
-    """Least squares of time = alpha + beta * nbytes on *relative* residuals.
+def _relative_lstsq(x: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    """(alpha, beta) minimising sum(((alpha + beta x - t) / t)^2): every size weighs alike."""
+    w = 1.0 / t
+    design = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+    (alpha, beta), *_ = np.linalg.lstsq(design, t * w, rcond=None)
+    return float(alpha), float(beta)
 
-    Sizes are log-spaced (4 KiB .. 64 MiB), so plain least squares would be ruled by the
-    largest messages and leave alpha to their noise; dividing each residual by the measured
-    time weighs every size alike, so the small sizes pin alpha and the large ones pin beta.
-    alpha and beta are kept non-negative (a negative one is set to 0 and the other refitted).
-    """
+
+def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float]) -> AlphaBeta:
+    """time = alpha + beta * nbytes (Hockney 1994), fitted so that it cannot go non-physical.
+
+    1. Where bandwidth dominates: the sizes at or above the half-performance length
+       n_1/2 = alpha / beta (Hockney 1994: the size at which latency and transfer cost the
+       same) of a first least-squares fit on relative residuals; at least the two largest
+       sizes, and from the fastest size up when the first fit has no positive slope.
+    2. beta [s/byte]: the slope of a relative least-squares fit over those sizes only, so small
+       messages that run slower than a 1 MiB one (a cache or protocol switch, a noisy first
+       call) cannot pull it to zero or below. A non-positive slope there is refused as a fit:
+       beta becomes t / x of the largest message (the bandwidth it reached at least, latency
+       included, so an upper bound on beta), ``warning`` says so and a FitWarning is issued.
+    3. alpha [s]: the median over the sizes below n_1/2 (all sizes when none is) of
+       t - beta * x, kept >= 0.
+    ``rms_rel`` is the rms relative residual over every point."""
     x = np.asarray(nbytes, dtype=float)
     t = np.asarray(seconds, dtype=float)
     if len(x) != len(t) or len(x) < 2:
         raise ValueError("need at least two (nbytes, seconds) points")
-    if np.any(t <= 0):
-        raise ValueError("times must be positive")
-    w = 1.0 / t
-    design = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
-    (alpha, beta), *_ = np.linalg.lstsq(design, t * w, rcond=None)
-    if alpha < 0:
-        alpha = 0.0
-        beta = float(np.sum(w * w * x * t) / np.sum(w * w * x * x))
-    elif beta < 0:
-        beta = 0.0
-        alpha = float(np.sum(w * w * t) / np.sum(w * w))
+    if not (np.all(np.isfinite(t)) and np.all(t > 0) and np.all(np.isfinite(x)) and np.all(x > 0)):
+        raise ValueError("sizes and times must be positive and finite")
+    order = np.argsort(x, kind="stable")
+    x, t = x[order], t[order]
+    alpha0, beta0 = _relative_lstsq(x, t)
+    if beta0 > 0:
+        large = x >= max(alpha0, 0.0) / beta0
+    else:                           # no slope overall: from the fastest size up, where time grows
+        large = x >= x[int(np.argmin(t))]
+    large[-2:] = True
+    alpha1, beta = _relative_lstsq(x[large], t[large])
+    warning = None
+    if not beta > 0:
+        warning = (f"non-positive slope {beta:.3g} s/byte over the {int(large.sum())} largest messages "
+                   f"({x[large][0]:.0f}..{x[-1]:.0f} bytes); kept beta = t/x of the largest, an upper bound")
+        beta = float(t[-1] / x[-1])
+        warnings.warn(FitWarning(warning), stacklevel=2)
+    small = ~large if np.any(~large) else np.ones_like(large)
+    alpha = max(0.0, float(np.median(t[small] - beta * x[small])))
     rel = (alpha + beta * x - t) / t
-    return AlphaBeta(alpha=float(alpha), beta=float(beta), rms_rel=float(np.sqrt(np.mean(rel ** 2))))
+    return AlphaBeta(alpha=alpha, beta=float(beta), rms_rel=float(np.sqrt(np.mean(rel ** 2))),
+                     bandwidth_points=int(large.sum()), warning=warning)
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ def write_profile(profile: dict[str, Any], path: str | Path) -> Path:
 def write_profile_text(path: str | Path, header: str, profile: dict[str, Any]) -> Path:
     path = Path(path)
     body = yaml.dump(_plain(profile), Dumper=_ProfileDumper, sort_keys=False, width=140)
-    path.write_text(header + body)
-    return path
+    from parsim.specs.files import write_text
+    return write_text(path, header + body)     # whole or not at all
 
 
 class _ProfileDumper(yaml.SafeDumper):

@@ -15,7 +15,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from .processes import PAYLOAD, error_file, result_file
+from .processes import PAYLOAD, error_file, result_file, start_heartbeat
 
 
 def load_target(module: str, qualname: str):
@@ -34,6 +34,7 @@ def load_target(module: str, qualname: str):
 
 
 def main(run_dir: str, rank: int) -> int:
+    start_heartbeat(run_dir, rank)
     try:
         spec = pickle.loads(Path(run_dir, PAYLOAD).read_bytes())
         result = load_target(*spec["target"])(rank, *spec["args"])

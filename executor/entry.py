@@ -33,8 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", default=None, metavar="DIR", help="continue from a checkpoint (any plan)")
     p.add_argument("--no-memory", action="store_true", help="skip the memory-tracked step")
     p.add_argument("--inject-fault", default=None, metavar="RANK:STEP[:KIND]",
-                   help="make a rank crash|kill|hang at a step, or be absent (testing); or RANK:STEP:slow=F: "
-                        "its forward/backward compute takes F x as long from STEP on (a straggler)")
+                   help="make a rank crash|kill|hang|freeze at a step, or be absent (testing only); or "
+                        "RANK:STEP:slow=F: its forward/backward compute takes F x as long from STEP on (a straggler)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
 
 

@@ -37,8 +37,11 @@ class ExecutorError(LaunchError):
     launcher noticed the failure."""
 
 
-def check_executable(model: ModelSpec, plan: Plan, config: ExecutorConfig | None = None) -> list[str]:
-    """Validate the plan against the model, plus what this executor does not do."""
+def check_executable(model: ModelSpec, plan: Plan, config: ExecutorConfig | None = None,
+                     planned: dict[str, tuple[int, str]] | None = None) -> list[str]:
+    """Validate the plan against the model, plus what this executor does not do, and the
+    run's files (``ExecutorConfig.check_files``; ``planned``: checkpoints earlier runs of the
+    launch write)."""
     warnings = validate(model, load_cluster(f"cpu:{plan.world_size}"), plan)
     if plan.offload != "none":
         where = "on CPU the host memory is the device memory" if not torch.cuda.is_available() else \
@@ -48,7 +51,18 @@ def check_executable(model: ModelSpec, plan: Plan, config: ExecutorConfig | None
         raise SpecError("dp_impl", plan.dp_impl, "allreduce (the executor has no parameter server)")
     if config is not None and config.inject_fault is not None and config.inject_fault.rank >= plan.world_size:
         raise SpecError("inject_fault", config.inject_fault.rank, f"a rank below world size {plan.world_size}")
+    if config is not None:
+        config.check_files(model, planned)      # checkpoint, data and output folders: before any rank starts
     return warnings
+
+
+def check_launch(runs: list[RunSpec]) -> None:
+    """Every run of a launch, in order: a run may resume from the checkpoint an earlier one saves."""
+    planned: dict[str, tuple[int, str]] = {}
+    for r in runs:
+        check_executable(r.model, r.plan, r.config, planned)
+        if r.config.save_dir is not None:
+            planned[str(r.config.save_dir)] = (r.config.save_at, r.model.name)
 
 
 def run_plan(model: ModelSpec | str, plan: Plan | str, steps: int = 5, warmup: int = 1, **options) -> ExecutionResult:
@@ -62,8 +76,7 @@ def run_plans(runs: list[RunSpec]) -> list[ExecutionResult]:
     world = runs[0].plan.world_size
     if any(r.plan.world_size != world for r in runs):
         raise SpecError("plans", [r.plan.to_string() for r in runs], "plans of one world size per launch")
-    for r in runs:
-        check_executable(r.model, r.plan, r.config)
+    check_launch(runs)
     host_memory_policy()          # a bad PARSIM_HOST_MEMORY fails here, not in every rank
     timeout_s = max(r.config.timeout_s for r in runs)
     server = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=timedelta(seconds=timeout_s),
@@ -72,7 +85,7 @@ def run_plans(runs: list[RunSpec]) -> list[ExecutionResult]:
         rdzv = Rendezvous("127.0.0.1", server.port, world, timeout_s, run_dir=run_dir)
         store = dist.PrefixStore(rdzv.namespace, server)
 
-        def abort_message(rank: int, exitcode: int) -> str:
+        def abort_message(rank: int, exitcode: int | None) -> str:
             """The run's abort message: a rank's own if it published one first, else this one's cause."""
             if not store.check([ABORT_KEY]):
                 key = STEP_KEY.format(rank=rank)
@@ -81,7 +94,9 @@ def run_plans(runs: list[RunSpec]) -> list[ExecutionResult]:
             return store.get(ABORT_KEY).decode()
 
         try:
-            return run_ranks(launched_rank, (rdzv, runs), world, run_dir=run_dir, on_failure=abort_message)[0]
+            # a rank silent for half the timeout is named before its peers' collectives time out
+            return run_ranks(launched_rank, (rdzv, runs), world, run_dir=run_dir, on_failure=abort_message,
+                             stall_s=timeout_s / 2)[0]
         except LaunchError as err:
             raise ExecutorError(str(err), err.pids, err.shutdown_s) from None
 
@@ -93,8 +108,8 @@ def run_this_rank(runs: list[RunSpec]) -> list[ExecutionResult]:
     MASTER_ADDR/MASTER_PORT); returns the results on rank 0, [] elsewhere."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    check_launch(runs)
     for r in runs:
-        check_executable(r.model, r.plan, r.config)
         if r.plan.world_size != world:
             raise SpecError("dp*tp*pp", r.plan.world_size, f"must equal WORLD_SIZE={world}")
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"

@@ -7,7 +7,12 @@ their stdout on our stderr (our stdout is kept for the one JSON object). Rank r 
 ``target(r, *args)``; what each rank returns comes back in rank order. The launcher watches
 the children: on the first failure it asks ``on_failure`` for the message (by default the
 rank's exception, or how it died), gives the others ``grace_s`` to exit by themselves, kills
-what is left and raises ``LaunchError``. ``free_port`` finds a port on 127.0.0.1 for a
+what is left and raises ``LaunchError``. Every rank also beats a heartbeat (a thread touching
+``rank<r>.beat`` every ``HEARTBEAT_S``); with ``stall_s``, a rank whose heartbeat stops for
+that long while its process lives (stopped by SIGSTOP, frozen, starved of CPU) is the
+failure, named as such -- not the healthy peers that wait for it. If the launcher itself is
+interrupted (Ctrl-C, or SIGTERM turned into an exception by the CLI), it kills its ranks
+before it lets the exception go, so none is left behind and none reports a lost peer. ``free_port`` finds a port on 127.0.0.1 for a
 rendezvous. The executor (``launch.run_plans``), the calibration's process-group benchmarks
 (``parsim.calibration.comm``) and the studies start their ranks with it.
 
@@ -31,6 +36,7 @@ GRACE_S = 5.0      # after a failure, how long the others get to exit by themsel
 POLL_S = 0.05
 PAYLOAD = "payload.pkl"
 PROGRESS = "progress.txt"
+HEARTBEAT_S = 0.5  # a rank's heartbeat period
 
 
 class LaunchError(RuntimeError):
@@ -60,10 +66,45 @@ def result_file(run_dir: str, rank: int) -> Path:
     return Path(run_dir, f"rank{rank}.result")
 
 
-def exit_cause(run_dir: str, rank: int, exitcode: int, where: str = "") -> str:
+def heartbeat_file(run_dir: str, rank: int) -> Path:
+    """Touched by the rank every ``HEARTBEAT_S`` while its process runs."""
+    return Path(run_dir, f"rank{rank}.beat")
+
+
+def start_heartbeat(run_dir: str, rank: int) -> None:
+    """Beat from a daemon thread: it stops only when the whole process stops running."""
+    import threading
+
+    path = heartbeat_file(run_dir, rank)
+
+    def beat() -> None:
+        while True:
+            try:
+                path.touch()
+            except OSError:     # the run folder is gone: the launcher has finished with us
+                return
+            time.sleep(HEARTBEAT_S)
+
+    path.touch()
+    threading.Thread(target=beat, name="parsim-heartbeat", daemon=True).start()
+
+
+def silent_for(run_dir: str, rank: int) -> float | None:
+    """Seconds since the rank's last heartbeat (None before its first)."""
+    try:
+        return time.time() - heartbeat_file(run_dir, rank).stat().st_mtime
+    except OSError:
+        return None
+
+
+def exit_cause(run_dir: str, rank: int, exitcode: int | None, where: str = "") -> str:
     """Why a rank stopped: its exception, else the signal or the exit code (``where``: e.g.
-    " during step 3")."""
+    " during step 3"); ``exitcode`` None: it lives but its heartbeat stopped."""
     error = error_file(run_dir, rank)
+    if exitcode is None:
+        silent = silent_for(run_dir, rank)
+        return (f"stopped making progress{where}: no heartbeat for {silent or 0:.1f} s while its process is alive "
+                "(stopped, e.g. by SIGSTOP, frozen, or starved of CPU)")
     if error.exists():
         return error.read_text()
     if exitcode < 0:
@@ -86,16 +127,17 @@ class Progress:
 def run_ranks(target: Callable, args: tuple, world: int, *, run_dir: str | None = None,
               on_failure: Callable[[int, int], str] | None = None,
               on_progress: Callable[[str], None] | None = None, grace_s: float = GRACE_S,
-              env: dict[str, str] | None = None) -> list[Any]:
+              env: dict[str, str] | None = None, stall_s: float | None = None) -> list[Any]:
     """Run ``target(rank, *args)`` in ``world`` processes; their return values in rank order.
     ``target`` is a module-level function (of an importable module or of the script being run);
     ``args`` and the results are pickled. ``run_dir`` (default: a temporary folder) holds the
     payload, each rank's result or error, and the progress lines. ``on_failure(rank, exitcode)``
-    makes the LaunchError's message for the first rank that fails."""
+    makes the LaunchError's message for the first rank that fails (``exitcode`` None: its
+    heartbeat stopped for ``stall_s`` seconds)."""
     if run_dir is None:
         with tempfile.TemporaryDirectory(prefix="parsim-ranks-") as tmp:
             return run_ranks(target, args, world, run_dir=tmp, on_failure=on_failure, on_progress=on_progress,
-                             grace_s=grace_s, env=env)
+                             grace_s=grace_s, env=env, stall_s=stall_s)
     payload = Path(run_dir, PAYLOAD)
     payload.write_bytes(pickle.dumps({"target": _reference(target), "args": args}))
     child_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))   # one thread per rank
@@ -104,11 +146,14 @@ def run_ranks(target: Callable, args: tuple, world: int, *, run_dir: str | None 
              for rank in range(world)]
     describe = on_failure or (lambda rank, code: f"rank {rank}: {exit_cause(run_dir, rank, code)}")
     try:
-        failure, shutdown_s = _supervise(procs, describe, Path(run_dir, PROGRESS), on_progress, grace_s)
-    except BaseException:
+        failure, shutdown_s = _supervise(procs, describe, Path(run_dir, PROGRESS), on_progress, grace_s,
+                                         _stalled(run_dir, stall_s))
+    except BaseException:      # Ctrl-C, SIGTERM (the CLI raises it as an exception): no rank outlives us
         for p in procs:
             if p.poll() is None:
                 p.kill()
+        for p in procs:
+            p.wait()
         raise
     if failure:
         raise LaunchError(failure, [p.pid for p in procs], shutdown_s)
@@ -138,18 +183,34 @@ def _child_stdout():
         return subprocess.DEVNULL
 
 
-def _supervise(procs: list, describe: Callable[[int, int], str], progress: Path,
-               on_progress: Callable[[str], None] | None, grace_s: float) -> tuple[str | None, float | None]:
-    """Wait for the children; on the first failure stop them all. Returns the failure message
-    and the seconds from noticing it to the last child gone."""
+def _stalled(run_dir: str, stall_s: float | None) -> Callable[[int], bool]:
+    """Whether rank r's heartbeat has been silent for ``stall_s`` (never, without ``stall_s``)."""
+    if stall_s is None:
+        return lambda rank: False
+    return lambda rank: (silent_for(run_dir, rank) or 0.0) > stall_s
+
+
+def _supervise(procs: list, describe: Callable[[int, int | None], str], progress: Path,
+               on_progress: Callable[[str], None] | None, grace_s: float,
+               stalled: Callable[[int], bool]) -> tuple[str | None, float | None]:
+    """Wait for the children; on the first failure (a rank that failed, or whose heartbeat
+    stopped) stop them all. Returns the failure message and the seconds from noticing it to
+    the last child gone."""
     failure: str | None = None
     deadline = noticed = None
+    frozen = None          # a stalled rank: killed once its peers have stopped (it cannot exit by itself)
     seen = 0
     while True:
         alive = [p for p in procs if p.poll() is None]
         for rank, p in enumerate(procs):
-            if p.returncode not in (None, 0) and failure is None:
-                failure = describe(rank, p.returncode)
+            if failure is not None:
+                break
+            code = p.returncode
+            if code is None and stalled(rank):
+                failure, frozen = describe(rank, None), p
+            elif code not in (None, 0):
+                failure = describe(rank, code)
+            if failure is not None:
                 noticed = time.monotonic()
                 deadline = noticed + grace_s
         if on_progress is not None and progress.exists():
@@ -158,6 +219,9 @@ def _supervise(procs: list, describe: Callable[[int, int], str], progress: Path,
             for line in lines[seen:]:
                 on_progress(line)
             seen = len(lines)
+        if frozen is not None and alive == [frozen]:
+            frozen.kill()
+            break
         if not alive:
             break
         if deadline is not None and time.monotonic() > deadline:

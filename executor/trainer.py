@@ -166,6 +166,8 @@ def _arm_fault(training: Training, fault: FaultInjection | None, rank: int, step
             raise RuntimeError(f"injected fault: rank {rank} crashed at step {step} after {action}")
         if fault.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if fault.kind == "freeze":
+            os.kill(os.getpid(), signal.SIGSTOP)
         while True:   # hang
             time.sleep(3600)
 

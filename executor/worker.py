@@ -192,12 +192,13 @@ def _one_run(run: RunSpec, dims, rank: int, backend: str, rdzv: Rendezvous, stor
 def write_traces(result: ExecutionResult, trace_dir: str) -> list[str]:
     import json
 
+    from parsim.specs.files import write_text
     out = Path(trace_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = []
     for rank in range(result.world_size):
         events = [e for e in result.trace.events if e.rank == rank]
-        path = out / f"rank{rank}.json"
-        path.write_text(json.dumps(chrome_trace(events, dict(result.trace.meta))))
+        path = write_text(out / f"rank{rank}.json", json.dumps(chrome_trace(events, dict(result.trace.meta))),
+                          "trace_dir")
         files.append(str(path))
     return files

@@ -125,7 +125,7 @@ def test_sweep_to_dict_is_the_cli_json_and_the_frame_holds_every_plan(small_swee
     assert _without_wall_times(json.loads(json.dumps(small_sweep.to_dict(top=4)))) == _without_wall_times(cli)
     frame = small_sweep.to_pandas()
     assert len(frame) == small_sweep.num_plans == cli["num_plans"] and set(frame["pp"]) == {2}
-    assert (frame["source"] == "sim").sum() == 2
+    assert (frame["source"] == "sim").sum() == small_sweep.result.num_resimulated >= 2
     small_sweep.write(tmp_path / "plans.csv")
     assert len((tmp_path / "plans.csv").read_text().splitlines()) == small_sweep.num_plans + 1
 

@@ -69,7 +69,7 @@ def test_vpp_defaults_to_the_interleaved_schedule(capsys, heavy_head):
     (["--pp", "2", "--graph", "magic"], "graph"),
     (["--pp", "2", "--plan", "colour=red"], "colour"),
     (["--pp", "9"], "pp*vpp"),
-    (["--pp", "2", "--cluster", "nosuchgpu"], "profile"),
+    (["--pp", "2", "--cluster", "nosuchgpu"], "cluster"),   # issue 23: it named "profile"
 ])
 def test_bad_input_exits_2_naming_the_field(capsys, heavy_head, argv, field):
     code, out, err = _run(capsys, "--model", heavy_head, "--plan", "dtype=fp32", "--cluster", "cpu",

@@ -158,3 +158,17 @@ def test_new_schedules_lowering_and_csv_work_without_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_a_directory_or_a_file_too_big_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    (tmp_path / "d.csv").mkdir()
+    with pytest.raises(SpecError, match="not a directory"):
+        load_schedule_csv(tmp_path / "d.csv")
+    (tmp_path / "big.csv").write_text("F0," * 30 + "\n")
+    monkeypatch.setattr("parsim.specs.files.MAX_INPUT_BYTES", 64)
+    with pytest.raises(SpecError, match="at most 0 MiB"):
+        load_schedule_csv(tmp_path / "big.csv")
+    monkeypatch.setenv("PARSIM_MAX_EVENTS", "10")
+    monkeypatch.setattr("parsim.specs.files.MAX_INPUT_BYTES", 2**20)
+    with pytest.raises(SpecError, match="at most 10 actions"):
+        load_schedule_csv(tmp_path / "big.csv")

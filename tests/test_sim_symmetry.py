@@ -123,3 +123,21 @@ def test_a_degraded_nic_is_part_of_a_ranks_class(plan, links):
     by_class = simulate("gpt3-1.3b", cluster, plan, mode="full", link_slowdown=links)
     assert by_class.num_events < by_rank.num_events
     assert _close(_outputs(by_class), _outputs(by_rank))
+
+
+def test_the_event_bound_counts_the_classes_full_mode_simulates():
+    # merged features: the work bound (issue 23) refuses full mode by its rank-by-rank size;
+    # full mode by classes (issue 22) plays ~1e4 events for Llama-3 405B on 16,384 H100
+    from parsim.api import simulate as api_simulate
+    from parsim.costs.work import check_simulation
+    from parsim.sim.symmetry import full_mode_classes
+    from parsim.specs import SpecError, load_model
+    model, cluster = load_model("llama3-405b"), load_cluster("h100-sxm:16384")
+    plan = parse_plan("dp=128 tp=8 pp=16 mbs=1 gbs=2048 sp=true zero=2 schedule=interleaved vpp=4")
+    with pytest.raises(SpecError, match="events"):
+        check_simulation(model, cluster, plan, mode="full", limit=10**7)
+    replicas = len(full_mode_classes(cluster, plan, {}).simulated) // plan.pp
+    assert replicas == 1
+    assert check_simulation(model, cluster, plan, mode="full", limit=10**7, replicas=replicas).events < 10**6
+    result = api_simulate(model, cluster, plan, mode="full", max_events=10**7)
+    assert result.step_time_s > 0

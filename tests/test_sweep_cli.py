@@ -100,13 +100,14 @@ def test_resimulated_rows_carry_the_simpy_engines_numbers(capsys):
                          "--fix", "dp=1", "--resimulate", "3", "--workers", "2", "--no-progress", "--json", "--top", "500")
     assert rc == 0
     doc = json.loads(out)
-    assert doc["num_resimulated"] == 3
+    # the 3 best, and every approximate plan within reach of them (parsim.fast.honesty), at most 30
+    assert 3 <= doc["num_resimulated"] <= 30
     sims = [r for r in doc["rows"] if r["source"] == "sim"]
-    assert len(sims) == 3
+    assert len(sims) == doc["num_resimulated"] and all(r["source"] == "sim" for r in doc["rows"][:3])
     for r in sims:
         ref = simulate("gpt3-1.3b", "a100-80g:8", r["plan"], record_events=False)
         assert r["step_time_s"] == pytest.approx(ref.step_time_s, rel=1e-12)
         assert r["peak_memory_bytes"] == pytest.approx(ref.peak_memory_bytes, rel=1e-12)
-        assert r["fast_step_time_s"] == pytest.approx(ref.step_time_s, rel=0.05)
+        assert r["fast_step_time_s"] == pytest.approx(ref.step_time_s, rel=0.25 if r["approximate"] else 0.02)
     fitting = [r["tokens_per_s"] for r in doc["rows"] if r["fits"]]
     assert fitting == sorted(fitting, reverse=True)

@@ -36,7 +36,7 @@ CASES = [
     ("tiny", "cpu:2", "dp=2 zero=5", "zero", "one of 0, 1, 2, 3"),
     ("tiny", "cpu:2", "dp=2 schedule=zigzag", "schedule", "naive, gpipe, 1f1b, interleaved"),
     ("nope", "cpu:2", "dp=2", "model", "a preset"),
-    ("tiny", "tpu-v9:2", "dp=2", "profile", "a preset"),
+    ("tiny", "tpu-v9:2", "dp=2", "cluster", "PRESET one of"),   # issue 23: it named "profile"
     ("tiny", "cpu:two", "dp=2", "cluster", "PRESET:NDEVICES"),
 ]
 

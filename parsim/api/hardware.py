@@ -106,7 +106,9 @@ def calibrate(model: ModelLike = "cpu-small", *, dtype: str = "fp32", ranks: str
     from parsim.calibration import calibrate as measure, default_profile_name, write_profile
     from parsim.specs import profiles_dir
 
+    from parsim.specs.files import check_output_path
     name = name or (Path(out).stem if out else default_profile_name(device.split(":")[0]))
+    target = check_output_path(out or profiles_dir() / f"{name}.yaml", "out")   # before the benchmarks
     profile = measure(model=model, dtype=dtype, ranks=ranks, repeats=repeats, quick=quick, name=name,
                       progress=progress, mbs=mbs, tps=tp, device=device, base=base)
-    return Calibration(profile, write_profile(profile, out or profiles_dir() / f"{name}.yaml"))
+    return Calibration(profile, write_profile(profile, target))

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parsim.specs import ClusterSpec, ModelSpec, SpecError, load_cluster, load_model
+from parsim.specs.plan import MAX_INT
 
 from .inputs import ClusterLike, ModelLike, PlanLike
 
@@ -73,19 +74,20 @@ def _run_sweep(model: ModelLike, cluster: ClusterLike, *, profile: str | Path | 
 
     model = load_model(model)
     if seq_len is not None:
-        if seq_len < 1:
-            raise SpecError("seq-len", seq_len, "a positive integer (tokens per sequence)")
+        if not 1 <= seq_len <= MAX_INT:
+            raise SpecError("seq-len", seq_len, "a positive integer (tokens per sequence), at most 2**53")
         model = replace(model, seq_len=seq_len)
     cluster = load_cluster(cluster, profile=profile)
     if not 0.0 <= headroom < 1.0:
         raise SpecError("headroom", headroom, "a fraction in [0, 1)")
     if workers is not None and workers < 1:
         raise SpecError("workers", workers, "a positive integer")
-    if gbs is not None and gbs < 1:
-        raise SpecError("gbs", gbs, "a positive integer (global batch in sequences)")
+    if gbs is not None and not 1 <= gbs <= MAX_INT:
+        raise SpecError("gbs", gbs, "a positive integer (global batch in sequences), at most 2**53")
     plans = build_space(space_file=space, fix=fix, gbs=gbs)
     if plans.gbs is None:
         plans = plans.narrowed({"gbs": (default_gbs(cluster),)})
+    check_sweep_size(model, cluster, plans)
     result = run_sweep(model, cluster, plans, headroom=headroom, resimulate_top=resimulate, workers=workers,
                        progress=progress, address=address)
     if result.num_plans == 0:
@@ -94,6 +96,45 @@ def _run_sweep(model: ModelLike, cluster: ClusterLike, *, profile: str | Path | 
                         f"{cluster.num_devices} devices (dp*tp*pp must equal the device count, "
                         f"gbs divisible by dp*mbs, tp dividing heads={model.heads})")
     return Sweep(model, cluster, result)
+
+
+# A sweep holds every candidate plan as int64 columns while it filters them (~200 bytes each
+# with numpy's intermediates): 5,000,000 candidates is ~1 GiB. Override: $PARSIM_MAX_SWEEP_PLANS.
+DEFAULT_MAX_SWEEP_PLANS = 5_000_000
+MAX_SWEEP_PLANS_ENV = "PARSIM_MAX_SWEEP_PLANS"
+# A sweep factorises the device count (divisors up to its square root): 2**40 devices is 2**20 tries.
+MAX_SWEEP_DEVICES = 2**40
+# The fast path walks some plans layer by layer (ZeRO-2 reduce-scatters, parsim.fast.timing): candidate
+# plans x layers at most 2e9 (~seconds in its compiled kernel).
+MAX_SWEEP_LAYER_STEPS = 2_000_000_000
+
+
+def check_sweep_size(model: ModelSpec, cluster: ClusterSpec, plans) -> int:
+    """The number of candidate plans, or a SpecError before they are built when there are too many."""
+    import os
+
+    from parsim.study.enumerate import count_candidates
+    if cluster.num_devices > MAX_SWEEP_DEVICES:
+        raise SpecError("cluster", f"{cluster.name}:{cluster.num_devices}",
+                        f"at most 2**40 = {MAX_SWEEP_DEVICES:,} devices for a sweep (it factorises the device count); "
+                        "simulate one plan with `parsim simulate` instead")
+    raw = os.environ.get(MAX_SWEEP_PLANS_ENV, "").strip() or DEFAULT_MAX_SWEEP_PLANS
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise SpecError(MAX_SWEEP_PLANS_ENV, raw, "a positive integer (candidate plans a sweep may build)")
+    n = count_candidates(model, cluster, plans)
+    if n * model.layers > MAX_SWEEP_LAYER_STEPS:
+        raise SpecError("model.layers", model.layers, (
+            f"a sweep walks some plans layer by layer: {n:,} candidate plans x {model.layers:,} layers is above "
+            f"{MAX_SWEEP_LAYER_STEPS:,}; narrow the sweep with --fix, or simulate one plan with `parsim simulate`"))
+    if n > limit:
+        raise SpecError("space", f"{cluster.num_devices} devices", (
+            f"a sweep of at most {limit:,} candidate plans (this one would build {n:,}, ~{n * 200 / 2**30:.3g} GiB): "
+            f"narrow it with --fix (e.g. \"tp=8 mbs=1\") or --space, or raise the limit with {MAX_SWEEP_PLANS_ENV}=N"))
+    return n
 
 
 def sweep(model: ModelLike, cluster: ClusterLike, *, profile: str | Path | None = None, gbs: int | None = None,
@@ -113,6 +154,9 @@ def sweep(model: ModelLike, cluster: ClusterLike, *, profile: str | Path | None 
         raise SpecError("resimulate", resimulate, "a non-negative integer")
     if out and not str(out).endswith((".csv", ".parquet")):
         raise SpecError("out", out, "a path ending in .csv or .parquet")
+    if out:
+        from parsim.specs.files import check_output_path
+        check_output_path(out, "out")            # before the sweep, not after it
     found = _run_sweep(model, cluster, profile=profile, gbs=gbs, seq_len=seq_len, headroom=headroom, fix=fix,
                        space=space, workers=workers, resimulate=resimulate, progress=progress, address=address)
     if out:
@@ -147,10 +191,31 @@ def partition(model: ModelLike | Callable, plan: PlanLike, cluster: ClusterLike,
     analytic; ``reference_model(spec, batch_size)`` builds the torch module a ModelSpec is traced
     as [the executor's decoder when torch is installed]. ``.partition`` is the plan's ``partition=`` value; times in seconds per microbatch."""
     from parsim.partition import partition as cut
+    from parsim.partition import resolve_source
+    from parsim.specs import parse_plan
+    spec = resolve_source(model).spec
+    if spec is not None:
+        check_partition_size(spec, parse_plan(plan))
     if reference_model == "executor":
         reference_model = executor_reference_model()
     return cut(model, plan, load_cluster(cluster, profile=profile), memory_limit=memory_limit, graph=graph,
                reference_model=reference_model)
+
+
+# The partitioner's tables grow with cut points^2 x stages: measured here, 500 layers x 16 stages
+# took 35 s and 1.3 GB, 2,000 layers x 4 stages 37 s and 2.1 GB.
+MAX_PARTITION_WORK = 4_000_000
+
+
+def check_partition_size(model: ModelSpec, plan) -> None:
+    """Refuse, before any graph is built, a model whose partitioning would take minutes and GBs."""
+    work = model.layers ** 2 * plan.pp * plan.vpp
+    if work > MAX_PARTITION_WORK:
+        raise SpecError("model.layers", model.layers, (
+            f"a model the partitioner can cut: layers^2 x stages is {work:,} here, at most {MAX_PARTITION_WORK:,} "
+            f"(~30 s and ~1 GiB); for {plan.pp * plan.vpp} stages, at most "
+            f"{int((MAX_PARTITION_WORK / (plan.pp * plan.vpp)) ** 0.5):,} layers; use partition=balanced "
+            "or cut a smaller model"))
 
 
 def executor_reference_model() -> Callable | None:

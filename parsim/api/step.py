@@ -1,6 +1,7 @@
 """One plan: ``simulate`` (SimPy engine) and ``memory`` (analytic model)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
@@ -116,20 +117,50 @@ class Result:
 
 def simulate(model: ModelLike, cluster: ClusterLike, plan: PlanLike, *, profile: str | Path | None = None,
              mode: str | None = None, slowdown: str | dict[int, float] | None = None,
-             detail: bool = False, link_slowdown: dict[int, float] | None = None) -> Result:
+             detail: bool = False, link_slowdown: dict[int, float] | None = None,
+             max_events: int | None = None) -> Result:
     """One training step of ``plan`` through the SimPy engine (``parsim simulate``).
 
     ``mode``: "representative" (one device per pipeline rank; the default) or "full" (every
     device; the default with ``slowdown``). ``slowdown``: straggler what-if, {global rank:
     factor} or "3=1.5,5=1.2" (1.5 = compute 50% slower). ``detail``: also record per-layer
     compute and per-collective TP events in the trace (slower). ``link_slowdown``: {global rank:
-    factor} on the time of that rank's NIC transfers (a degraded NIC)."""
+    factor} on the time of that rank's NIC transfers (a degraded NIC). A plan whose simulation
+    would play more than ``max_events`` events [$PARSIM_MAX_EVENTS, 10,000,000] is refused
+    before it starts (``parsim.specs.bounds``)."""
     from parsim.sim import simulate as run_engine
+    from parsim.costs.work import check_simulation
     model, cluster, plan, _ = load_specs(model, cluster, plan, profile)
     slow = parse_slowdown(slowdown)
     mode = mode or ("full" if slow else "representative")
-    return Result.from_sim(run_engine(model, cluster, plan, mode=mode, slowdown=slow, detail=detail,
+    if mode not in ("representative", "full"):
+        raise SpecError("mode", mode, "representative or full")
+    replicas = None
+    if mode == "full" and plan.world_size <= 10**6:      # one device per class of identical ranks
+        from parsim.sim.symmetry import full_mode_classes
+        replicas = len(full_mode_classes(cluster, plan, slow, link_slowdown).simulated) // plan.pp
+    check_simulation(model, cluster, plan, mode=mode, detail=detail, limit=max_events, replicas=replicas)
+    result = Result.from_sim(run_engine(model, cluster, plan, mode=mode, slowdown=slow, detail=detail,
                                       link_slowdown=link_slowdown))
+    check_finite(result.to_dict(), cluster)
+    return result
+
+
+def check_finite(numbers: Any, cluster, where: str = "") -> None:
+    """No NaN, infinite or negative number leaves the program (every number of a simulated
+    step or a memory report is a time, a count, bytes or a fraction): such a result comes
+    from device or network numbers the engine cannot use (a zero bandwidth, a NaN peak)."""
+    if isinstance(numbers, dict):
+        for k, v in numbers.items():
+            check_finite(v, cluster, f"{where}.{k}" if where else str(k))
+    elif isinstance(numbers, (list, tuple)):
+        for i, v in enumerate(numbers):
+            check_finite(v, cluster, f"{where}[{i}]")
+    elif isinstance(numbers, (int, float)) and not isinstance(numbers, bool):
+        if not (math.isfinite(numbers) and numbers >= 0):
+            raise SpecError("cluster", f"{cluster.name}:{cluster.num_devices}",
+                            f"device and network numbers that give a finite, non-negative {where} (got {numbers!r}): "
+                            "bandwidths, latencies, peak FLOP/s and memory must be positive and finite")
 
 
 # ------------------------------------------------------------------------------------- memory
@@ -166,6 +197,7 @@ def memory(model: ModelLike, cluster: ClusterLike, plan: PlanLike, *,
     stages = [s.to_dict() for s in memory_by_stage(model, plan, cluster)]
     cap = device_capacity(cluster)
     peak = max(s["total"] for s in stages)
+    check_finite({"peak_memory_bytes": peak, "capacity_bytes": cap, "memory_by_stage": stages}, cluster)
     return MemoryReport(model.name, f"{cluster.name}:{cluster.num_devices}", plan.to_string(), stages, peak, cap,
                         peak <= cap, warnings)
 

@@ -3,7 +3,13 @@
 name, so adding a command is adding a file.
 
 Bad input (SpecError) prints one message naming the field, the value and what is allowed,
-and exits with code 2.
+and exits with code 2. Ctrl-C exits 130. For the commands that start processes
+(``SIGTERM_AS_EXCEPTION``: the executor's ranks, calibration's benchmark jobs), SIGTERM is
+raised as an exception in the main thread (``Terminated``), so the same clean-up runs (the
+ranks are killed, partial outputs removed) and the command exits 143 = 128 + 15, the status a
+shell reports for a process ended by SIGTERM, with one line and no traceback. The other
+commands keep SIGTERM's default action -- they end at once, silently, even inside a long
+compiled loop (a Python handler would wait for the loop) -- and start no process to clean up.
 """
 from __future__ import annotations
 
@@ -11,12 +17,16 @@ import argparse
 import importlib
 import json
 import pkgutil
+import signal
 import sys
+import threading
 import warnings
+from contextlib import contextmanager
 
 from parsim.specs import SpecError
 
 _NOT_COMMANDS = {"common"}
+SIGTERM_AS_EXCEPTION = {"execute", "validate", "calibrate", "demo"}
 
 
 def _command_modules() -> dict[str, object]:
@@ -30,6 +40,9 @@ def _command_modules() -> dict[str, object]:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's own errors also exit 2, with one line
+        message = " ".join(message.split())
+        if len(message) > 400:      # e.g. a pasted 5000-digit number in an "invalid int value" message
+            message = message[:397] + "..."
         self.exit(2, f"parsim: error: {message}\n")
 
 
@@ -44,13 +57,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread: clean-up runs as for Ctrl-C."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+@contextmanager
+def _sigterm_as_exception(wanted: bool):
+    """While a command runs, SIGTERM raises ``Terminated`` (only the main thread can set handlers)."""
+    if not wanted or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _sigterm_as_exception(args.command in SIGTERM_AS_EXCEPTION):
             warnings.simplefilter("default")
             return int(args._run(args) or 0)
+    except Terminated:
+        print("parsim: terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except SpecError as err:
         if getattr(args, "json", False):
             print(json.dumps({"error": str(err), "field": err.field}))

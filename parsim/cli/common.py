@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from parsim.specs import ClusterSpec, ModelSpec, Plan
+from parsim.specs.files import finite_json
 from parsim.trace.io import jsonable
 
 
@@ -35,7 +35,8 @@ def load_specs(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, Plan, 
 
 
 def emit_json(obj: dict[str, Any]) -> None:
-    print(json.dumps(obj, default=jsonable))
+    """One JSON object on stdout; a non-finite number is written as null (JSON has no NaN)."""
+    print(finite_json(obj, default=jsonable))
 
 
 def gib(nbytes: float) -> str:

@@ -34,7 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = Path(args.out)
+    from parsim.specs.files import check_output_dir
+    out = check_output_dir(args.out, "out")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     best = what_if(load_model(args.model), load_cluster(args.cluster), out)

@@ -1,11 +1,9 @@
 """``parsim partition``: cut a model into balanced pipeline stages (Merak's automatic partitioner)."""
 from __future__ import annotations
 
-from pathlib import Path
-
-import yaml
-
 from parsim.specs import SpecError, load_cluster, parse_plan
+from parsim.specs.files import read_mapping
+from parsim.specs.parse import plan_pairs
 
 from .common import add_json_argument, emit_json, gib, table
 
@@ -17,7 +15,7 @@ MICROBATCHES_PER_STAGE = 4   # default gbs: 4 microbatches per pipeline rank kee
 def add_arguments(p) -> None:
     p.add_argument("--model", required=True,
                    help="preset, model YAML, HF config.json, or pkg.module:factory returning (module, example_inputs)")
-    p.add_argument("--pp", type=int, required=True, help="pipeline ranks")
+    p.add_argument("--pp", type=int, default=None, help="pipeline ranks [the plan's pp=, which must then be given]")
     p.add_argument("--vpp", type=int, default=None, help="virtual stages per rank [the plan's, 1]")
     p.add_argument("--plan", default="", help="'k=v ...' or plan YAML for everything else (mbs, gbs, dtype, "
                    f"recompute, ...) [gbs = {MICROBATCHES_PER_STAGE}*pp microbatches]")
@@ -34,9 +32,15 @@ def add_arguments(p) -> None:
     add_json_argument(p)
 
 
-def make_plan(text: str, pp: int, vpp: int | None):
+def make_plan(text: str, pp: int | None, vpp: int | None):
     plan = parse_plan(text)
     given = plan_keys(text)
+    if pp is None:
+        if "pp" not in given:
+            raise SpecError("pp", None, "the number of pipeline ranks: give --pp N or pp=N in --plan")
+        pp = plan.pp
+    elif "pp" in given and plan.pp != pp:
+        raise SpecError("pp", pp, f"the plan's own pp={plan.pp} (give pp once, in --pp or in --plan)")
     changes = {"pp": pp}
     if vpp is not None:
         changes["vpp"] = vpp
@@ -51,12 +55,11 @@ def make_plan(text: str, pp: int, vpp: int | None):
 
 
 def plan_keys(text: str) -> set[str]:
-    """The keys a plan string or YAML sets explicitly."""
+    """The keys a plan string or YAML sets explicitly (``text`` has parsed as a plan already)."""
     text = text.strip()
     if text.endswith((".yaml", ".yml")):
-        data = yaml.safe_load(Path(text).read_text()) if Path(text).exists() else {}
-        return set(data) if isinstance(data, dict) else set()
-    return {tok.partition("=")[0] for tok in text.split()}
+        return {str(k) for k in read_mapping(text, "plan")}
+    return set(plan_pairs(text))
 
 
 def make_cluster(text: str, profile: str | None, world: int):
@@ -89,11 +92,13 @@ def simulate_both(model_arg: str, plan, cluster, result) -> dict:
     """Step time of the partition and of the uniform split in ``parsim.sim.simulate``."""
     from parsim.partition import resolve_source
     from parsim.sim import simulate
+    from parsim.costs.work import check_simulation
 
     source = resolve_source(model_arg)
     if source.spec is None:
         raise SpecError("simulate", model_arg, "a ModelSpec model (preset, YAML, HF config): the simulator "
                         "plays transformer layers, not an arbitrary module")
+    check_simulation(source.spec, cluster, plan)
     extra = {"recompute_layers": result.recompute_layers} if plan.recompute == "stage-aware" else {}
     auto = simulate(source.spec, cluster, plan.replace(partition=result.partition, **extra))
     extra = ({"recompute_layers": tuple(s.recompute_layers for s in result.uniform_stages)}

@@ -70,8 +70,9 @@ def _sweep_arguments(p: argparse.ArgumentParser) -> None:
 def sweep(args: argparse.Namespace) -> dict:
     from parsim.plots.sweep import plot_sweep, read_sweep
     from parsim.specs import SpecError
+    from parsim.specs.files import path_exists
     path = Path(args.csv)
-    if not path.exists() or path.suffix not in (".csv", ".parquet"):
+    if not path_exists(path) or not path.is_file() or path.suffix not in (".csv", ".parquet"):
         raise SpecError("csv", args.csv, "an existing .csv or .parquet file written by parsim sweep --out")
     frame = read_sweep(path)
     missing = {"tp", "pp", "tokens_per_s", "peak_memory_bytes", "fits", "bubble_fraction"} - set(frame.columns)
@@ -94,6 +95,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from parsim.specs.files import check_output_dir, check_output_path
+    if args._chart is sweep:
+        check_output_dir(args.out, "out")       # before the work that fills it
+    else:
+        check_output_path(args.out, "out")
     out = args._chart(args)
     if getattr(args, "json", False):
         emit_json(out)

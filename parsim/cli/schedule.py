@@ -5,6 +5,8 @@ from parsim.schedules import (OVERLAP_F_B, DryRun, Schedule, build_schedule, bui
                               default_vpp, dry_run, dump_schedule_csv, load_schedule_csv, lower_schedule,
                               peak_inflight_per_rank, textbook_bubble_fraction)
 from parsim.specs import ALL_SCHEDULES, SpecError, parse_plan
+from parsim.specs.bounds import check_schedule_size
+from parsim.specs.files import check_output_path
 
 from .common import add_json_argument, emit_json
 
@@ -32,6 +34,9 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    for field, path in (("plot", args.plot), ("dump_csv", args.dump_csv)):
+        if path:
+            check_output_path(path, field)
     schedule = _schedule_from_args(args)
     if args.with_comms:
         schedule = lower_schedule(schedule)
@@ -104,8 +109,16 @@ def _schedule_from_args(args) -> Schedule:
         if flags:
             names = ", ".join(f"--{k}" for k in flags)
             raise SpecError("plan", args.plan, f"give either --plan or {names}, not both")
-        return build_schedule_for_plan(parse_plan(args.plan))
+        plan = parse_plan(args.plan)
+        try:
+            check_schedule_size(plan.pp, plan.vpp, plan.num_microbatches)
+        except SpecError as err:     # name what the plan sets: microbatches are gbs/(dp*mbs)
+            raise SpecError("gbs" if err.field == "microbatches" else err.field,
+                            plan.gbs if err.field == "microbatches" else err.value, err.allowed) from None
+        return build_schedule_for_plan(plan)
     chosen = {**_DEFAULTS, "vpp": default_vpp(flags.get("schedule", _DEFAULTS["schedule"])), **flags}
+    if all(isinstance(chosen[k], int) and chosen[k] >= 1 for k in ("pp", "vpp", "microbatches")):
+        check_schedule_size(chosen["pp"], chosen["vpp"], chosen["microbatches"])
     try:
         return build_schedule(chosen["schedule"], chosen["pp"], chosen["microbatches"], chosen["vpp"])
     except SpecError as err:

@@ -36,6 +36,9 @@ def run_engine(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.trace:
+        from parsim.specs.files import check_output_path
+        check_output_path(args.trace, "trace")      # before the simulation, not after it
     result, _ = run_engine(args)
     if args.trace:
         result.trace(args.trace)

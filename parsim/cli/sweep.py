@@ -35,7 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_sweep_arguments(p)
     p.add_argument("--top", type=int, default=10, help="ranked plans to print / put in the JSON rows [10]")
     p.add_argument("--resimulate", type=int, default=10,
-                   help="re-run this many of the best fitting plans through the SimPy engine [10; 0 = none]")
+                   help="re-run this many of the best fitting plans through the SimPy engine, and every plan "
+                        "the fast path prices only approximately that could reach them (at most 10x as "
+                        "many in all) [10; 0 = none]")
     p.add_argument("--out", default=None, help="write every evaluated plan with its metrics (.csv or .parquet)")
 
 
@@ -65,7 +67,12 @@ def run(args: argparse.Namespace) -> int:
 def format_rows(rows: list[dict]) -> str:
     body = [[r["rank"], r["plan"], f"{r['step_time_s'] * 1e3:.1f}", f"{r['tokens_per_s']:.4g}", f"{r['mfu']:.3f}",
              f"{r['bubble_fraction']:.3f}", f"{r['exposed_tp_s'] * 1e3:.1f}", f"{r['exposed_dp_s'] * 1e3:.1f}",
-             f"{r['exposed_pp_s'] * 1e3:.1f}", gib(r["peak_memory_bytes"]), "yes" if r["fits"] else "NO", r["source"]]
+             f"{r['exposed_pp_s'] * 1e3:.1f}", gib(r["peak_memory_bytes"]), "yes" if r["fits"] else "NO",
+             r["source"] + ("~" if r.get("approximate") and r["source"] == "fast" else "")]
             for r in rows]
-    return table(body, ["#", "plan", "step ms", "tokens/s", "MFU", "bubble", "TP ms", "DP ms", "PP ms",
+    text = table(body, ["#", "plan", "step ms", "tokens/s", "MFU", "bubble", "TP ms", "DP ms", "PP ms",
                         "peak GiB", "fits", "by"])
+    if any(r.get("approximate") and r["source"] == "fast" for r in rows):
+        text += ("\nfast~: the fast path's numbers are approximate here (offload, unequal stages or link "
+                 "contention: parsim.fast.honesty) and the plan was not re-simulated")
+    return text

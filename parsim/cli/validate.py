@@ -30,6 +30,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(report.to_dict())
         return 0
+    for r in report.did_not_fit:
+        predicted = {True: "the simulator predicted it fits", False: "the simulator predicted it does not fit",
+                     None: "no prediction"}[r["predicted_fits"]]
+        print(f"{r['plan']}: {r['outcome']} ({predicted}: {r['predicted_peak_bytes'] / 2**30:.1f} GiB)")
+    if not rows:
+        print(f"no plan ran: {len(report.did_not_fit)} did not fit the device; wrote {out / CSV_NAME}")
+        return 0
     anchored = "mape_step_time_anchored" in s
 
     def anchor_cells(r) -> list[str]:

@@ -126,9 +126,14 @@ def zero3_reduce_scatter_bytes_per_layer(model: ModelSpec, plan: Plan) -> float:
 
 def dp_buckets(total_bytes: float, bucket_bytes: int) -> list[float]:
     """Split a gradient buffer into DDP-style buckets (last one may be smaller)."""
+    n, full, last = bucket_split(total_bytes, bucket_bytes)
+    return [full] * (n - 1) + [last] if n else []
+
+
+def bucket_split(total_bytes: float, bucket_bytes: int) -> tuple[int, float, float]:
+    """``dp_buckets`` without the list: (number of buckets, bytes of each but the last, bytes of
+    the last) -- for callers that only price them, whatever their number."""
     if total_bytes <= 0:
-        return []
+        return 0, 0.0, 0.0
     n = int(-(-total_bytes // bucket_bytes))
-    sizes = [float(bucket_bytes)] * (n - 1)
-    sizes.append(total_bytes - bucket_bytes * (n - 1))
-    return sizes
+    return n, float(bucket_bytes), total_bytes - bucket_bytes * (n - 1)

@@ -23,9 +23,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from parsim.costs import (dp_buckets, embedding_params, head_params, state_bytes, zero3_gather_bytes_per_layer,
+from parsim.costs import (embedding_params, head_params, state_bytes, zero3_gather_bytes_per_layer,
                           zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs import timing
+from parsim.costs.comm import bucket_split
 from parsim.costs.links import group_link
 from parsim.costs.timing import parameter_server_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
@@ -82,13 +83,14 @@ class CollectivePricer:
 
 def bucketed(price, total_bytes: float, bucket_bytes: int) -> tuple[float, float]:
     """(all DDP buckets of ``total_bytes`` back to back, the last one) with ``price(bucket
-    bytes)`` seconds each (``costs.dp_buckets`` sizes: all full but the last)."""
-    buckets = dp_buckets(total_bytes, bucket_bytes)
-    if not buckets:
+    bytes)`` seconds each (``costs.dp_buckets`` sizes: all full but the last; counted, not
+    listed, by ``costs.comm.bucket_split``: their number may be huge)."""
+    n, full_bytes, last_bytes = bucket_split(total_bytes, bucket_bytes)
+    if not n:
         return 0.0, 0.0
-    full = price(buckets[0]) if len(buckets) > 1 else 0.0
-    last = price(buckets[-1])
-    return full * (len(buckets) - 1) + last, last
+    full = price(full_bytes) if n > 1 else 0.0
+    last = price(last_bytes)
+    return full * (n - 1) + last, last
 
 
 def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int, pp: int, vpp: int, dtype: int,
@@ -136,4 +138,3 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
         row[C_SHARED_LINK] = float(tp > 1 and group_link(cluster, list(group)) == tp_link)
         done[key] = row.copy()
     return out
-

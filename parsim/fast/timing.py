@@ -118,7 +118,8 @@ def plan_time(out, plan, lrow, hrow, ranks, send, sync):
     out[O_PIPE] = t_pipe
     out[O_BUBBLE] = 1.0 - busy / (pp * step) if step > 0 else 0.0
     out[O_TP] = m * (tp_total + queued_tp) / pp
-    out[O_DP] = (exposed_dp - m * queued_tp) / pp
+    # a time blocked is >= 0; the difference can round below zero when the terms are huge
+    out[O_DP] = max(0.0, exposed_dp - m * queued_tp) / pp
     # each rank waits one send per microbatch on the wire, and once more in the fill
     out[O_PP] = (2.0 * m if plan.schedule == NAIVE else m + 1.0) * sends / pp
 

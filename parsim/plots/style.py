@@ -89,7 +89,9 @@ def new_figure(width_in: float, height_in: float) -> Figure:
 
 
 def save(fig: Figure, path: str | Path) -> Path:
+    """Write the figure whole (a temporary file renamed into place: ``parsim.specs.files``)."""
+    from parsim.specs.files import output_file
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    with output_file(path) as tmp:
+        fig.savefig(tmp, format=path.suffix.lstrip(".") or "png")
     return path

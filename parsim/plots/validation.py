@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from parsim.specs.files import output_file
 
 
 def plot_validation(rows: list[dict[str, Any]], path: str | Path, title: str = "") -> Path:
@@ -44,5 +45,6 @@ def plot_validation(rows: list[dict[str, Any]], path: str | Path, title: str = "
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path)
+    with output_file(path) as tmp:
+        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png")
     return Path(path)

@@ -66,8 +66,9 @@ def parse_action(text: str) -> Item | None:
 
 def dump_schedule_csv(schedule: Schedule, path: str | Path) -> Path:
     """Write ``schedule`` as torch's ``_dump_csv`` does (one row per rank)."""
+    from parsim.specs.files import output_file
     path = Path(path)
-    with open(path, "w", newline="") as f:
+    with output_file(path, "dump_csv") as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
         for order in schedule.actions:
             writer.writerow([action_text(a) for a in order])
@@ -115,9 +116,24 @@ def load_schedule_csv(path: str | Path, pp: int | None = None, *, num_microbatch
 
 
 def _read_rows(path) -> list[list[str]]:
+    """The cells of the CSV ``path``, checked for size (at most ``MAX_INPUT_BYTES``, and at most
+    the event limit of cells: each is an action the schedule checks and dry-runs)."""
+    from parsim.specs.bounds import max_events
+    from parsim.specs.files import MAX_INPUT_BYTES
+
     try:
+        if Path(path).is_dir():
+            raise SpecError("csv", str(path), "a CSV file, not a directory")
+        size = Path(path).stat().st_size
+        if size > MAX_INPUT_BYTES:
+            raise SpecError("csv", str(path), f"a CSV file of at most {MAX_INPUT_BYTES // 2**20} MiB "
+                            f"(it has {size:,} bytes)")
         with open(path, newline="") as f:
             rows = list(csv.reader(f))
+        cells = sum(len(r) for r in rows)
+        if cells > max_events():
+            raise SpecError("csv", str(path), f"a schedule of at most {max_events():,} actions (it has {cells:,} "
+                            "cells)")
     except OSError as err:
         raise SpecError("csv", str(path), f"a readable CSV file ({err.strerror})") from None
     except (csv.Error, UnicodeDecodeError) as err:

@@ -120,30 +120,34 @@ def list_schedule(schedule: Schedule, duration, hop, zero=0.0) -> list[list[Time
     free_at = [zero] * schedule.pp
     nxt = [0] * schedule.pp
     remaining = sum(len(a) for a in schedule.actions)
-    while remaining:
-        progressed = False
-        for rank, order in enumerate(schedule.actions):
-            while nxt[rank] < len(order):
-                action = order[nxt[rank]]
-                needs = dependencies(schedule, action, present)
-                if any(d not in end for d in needs):
-                    break
-                ready = [end[d] + hop(d, rank_of[d], action, rank) for d in needs]
-                start = max([free_at[rank], *ready])
-                finish = free_at[rank] = start + duration(action)
-                if action.kind == OVERLAP_F_B:
-                    for leaf in action.sub_actions:
-                        end[leaf] = finish
-                        rank_of[leaf] = rank
-                else:
-                    end[action] = finish
-                    rank_of[action] = rank
-                timed[rank].append(TimedAction(action, rank, start, finish))
-                nxt[rank] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise ScheduleError(schedule, "deadlock in a dry run: " + _stuck(schedule, nxt, end, present))
+    # A rank runs its actions in order until one needs an action not yet ended; it then waits
+    # on that action and is woken when it ends (O(actions x dependencies) in all). Start times
+    # depend only on dependencies' ends and the rank's own previous action, so the order in
+    # which ranks are advanced does not change the result.
+    waiting: dict[Action, list[int]] = {}
+    ready_ranks = list(range(schedule.pp))
+    while ready_ranks:
+        rank = ready_ranks.pop()
+        order = schedule.actions[rank]
+        while nxt[rank] < len(order):
+            action = order[nxt[rank]]
+            needs = dependencies(schedule, action, present)
+            missing = next((d for d in needs if d not in end), None)
+            if missing is not None:
+                waiting.setdefault(missing, []).append(rank)
+                break
+            ready = [end[d] + hop(d, rank_of[d], action, rank) for d in needs]
+            start = max([free_at[rank], *ready])
+            finish = free_at[rank] = start + duration(action)
+            for leaf in (action.sub_actions if action.kind == OVERLAP_F_B else (action,)):
+                end[leaf] = finish
+                rank_of[leaf] = rank
+                ready_ranks.extend(waiting.pop(leaf, ()))
+            timed[rank].append(TimedAction(action, rank, start, finish))
+            nxt[rank] += 1
+            remaining -= 1
+    if remaining:
+        raise ScheduleError(schedule, "deadlock in a dry run: " + _stuck(schedule, nxt, end, present))
     return timed
 
 

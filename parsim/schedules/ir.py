@@ -117,6 +117,7 @@ class ScheduleError(SpecError):
 
     def __init__(self, schedule: Schedule, problem: str, *, rank: int | None = None, action: Item | None = None):
         super().__init__("schedule", schedule.name, problem)
+        self.args = (schedule, problem)      # type(e)(*e.args) rebuilds it (SimPy re-raises that way)
         self.problem = problem
         self.rank = rank
         self.action = action

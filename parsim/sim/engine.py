@@ -60,7 +60,7 @@ from .memory import MemoryTimeline, stage_footprints, static_bytes
 from .network import Arrival, Communicator, Ports, device_ports, group_link, group_shape, link_between, ps_time
 from .record import SEND_B, SEND_F, Recorder
 from .result import SimResult, assemble
-from .symmetry import RankClasses, every_rank, exact, rank_classes
+from .symmetry import RankClasses, every_rank, full_mode_classes
 
 MODES = ("representative", "full")
 
@@ -163,9 +163,7 @@ class Simulation:
         where the rank-by-rank run is not symmetric itself: ``symmetry.exact``, shared hosts)."""
         if self.mode != "full":
             return every_rank([self.layout.rank(p, 0, 0) for p in range(self.plan.pp)])
-        if symmetric and not self.host.shared and exact(self.cluster, self.plan):
-            return rank_classes(self.cluster, self.plan, slowdown, self.link_slowdown)
-        return every_rank(list(range(self.layout.world_size)))
+        return full_mode_classes(self.cluster, self.plan, slowdown, self.link_slowdown, symmetric)
 
     def _build_devices(self, slowdown: dict[int, float]) -> dict[int, Device]:
         plan, layout, env = self.plan, self.layout, self.env

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from parsim.costs.host import HostModel
 from parsim.specs import ClusterSpec, Plan, RankLayout
 
 from .network import group_link, group_shape
@@ -66,6 +67,16 @@ def every_rank(ranks: list[int]) -> RankClasses:
     """Each rank its own class (representative mode's devices, or full mode rank by rank)."""
     ranks = sorted(ranks)
     return RankClasses(tuple(ranks), tuple(ranks), {r: r for r in ranks}, {r: (r,) for r in ranks})
+
+
+def full_mode_classes(cluster: ClusterSpec, plan: Plan, slowdown: dict[int, float],
+                      link_slowdown: dict[int, float] | None = None, symmetric: bool = True) -> RankClasses:
+    """The devices full mode simulates: one per class of identical ranks, or every rank
+    (``symmetric=False``, and where the rank-by-rank run is not symmetric itself: ``exact``,
+    ranks sharing a CPU host)."""
+    if symmetric and not HostModel(cluster, plan.world_size).shared and exact(cluster, plan):
+        return rank_classes(cluster, plan, slowdown, link_slowdown)
+    return every_rank(list(range(plan.world_size)))
 
 
 def exact(cluster: ClusterSpec, plan: Plan) -> bool:

@@ -79,10 +79,10 @@ class CollectiveFit:
 
         def opt(k, read):
             return read(f"{where}.{k}", d[k]) if k in d else None
-        return cls(alpha=number(f"{where}.alpha", d["alpha"]), beta=number(f"{where}.beta", d["beta"]),
+        return cls(alpha=_time(f"{where}.alpha", d["alpha"]), beta=_time(f"{where}.beta", d["beta"]),
                    call=opt("call", lambda w, v: str(v)), spread=opt("spread", number),
                    fit_rms_rel=opt("fit_rms_rel", number), points=opt("points", _points),
-                   alpha_insitu=opt("alpha_insitu", number), insitu_call=opt("insitu_call", lambda w, v: str(v)),
+                   alpha_insitu=opt("alpha_insitu", _time), insitu_call=opt("insitu_call", lambda w, v: str(v)),
                    insitu_points=opt("insitu_points", _points),
                    alpha_insitu_shared=opt("alpha_insitu_shared", RankCurve.from_dict),
                    insitu_shared_points=opt("insitu_shared_points", lambda w, v: {
@@ -102,6 +102,14 @@ class CollectiveFit:
                 v = [list(p) for p in v]
             out[k] = v
         return out
+
+
+def _time(where: str, raw: Any) -> float:
+    """alpha [s] or beta [s/byte]: a negative one would price a message below zero seconds."""
+    value = number(where, raw)
+    if value < 0:
+        raise SpecError(where, raw, "a finite number >= 0 (seconds, or seconds per byte)")
+    return value
 
 
 def _points(where: str, raw: Any) -> tuple[tuple[float, ...], ...]:

@@ -6,6 +6,10 @@ from dataclasses import dataclass, field, fields
 from .errors import SpecError
 
 ACTIVATIONS = ("gelu", "swiglu")
+# The largest size a field may take: 2**53, below which every integer is exact in float64
+# (IEEE 754 binary64 has a 53-bit significand), so the cost formulas' float products of a few
+# sizes stay exact enough and finite (2**53 to the 5th power is far below 1.8e308).
+MAX_SIZE = 2**53
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
 
@@ -37,10 +41,16 @@ class ModelSpec:
     norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise SpecError("model.name", self.name, "a non-empty string")
         for name in ("layers", "hidden", "heads", "vocab", "seq_len"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise SpecError(f"model.{name}", v, "a positive integer")
+            _check_size(name, getattr(self, name))
+        for name in ("tied_embeddings", "dropout", "flash_attention", "bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError(f"model.{name}", getattr(self, name), "true or false (a YAML boolean, unquoted)")
+        eps = self.norm_eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:   # NaN fails too
+            raise SpecError("model.norm_eps", eps, "a number between 0 and 1 (exclusive), e.g. 1e-5")
         if self.activation not in ACTIVATIONS:
             raise SpecError("model.activation", self.activation, f"one of {', '.join(ACTIVATIONS)}")
         if self.norm not in NORMS:
@@ -57,9 +67,7 @@ class ModelSpec:
                 ffn = 4 * self.hidden
             object.__setattr__(self, "ffn_hidden", ffn)
         for name in ("kv_heads", "ffn_hidden"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise SpecError(f"model.{name}", v, "a positive integer")
+            _check_size(name, getattr(self, name))
         if self.hidden % self.heads:
             raise SpecError("model.heads", self.heads, f"must divide hidden={self.hidden}")
         if self.heads % self.kv_heads:
@@ -77,6 +85,13 @@ class ModelSpec:
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
+
+
+def _check_size(name: str, v: object) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise SpecError(f"model.{name}", v, "a positive integer")
+    if v > MAX_SIZE:
+        raise SpecError(f"model.{name}", v, f"a positive integer up to 2**53 = {MAX_SIZE:,} (exact in float64)")
 
 
 def _gpt(name, layers, hidden, heads, seq=2048, vocab=51200):

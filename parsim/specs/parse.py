@@ -7,19 +7,19 @@
 """
 from __future__ import annotations
 
-import json
+import math
+import re
 from dataclasses import fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from .cluster import ClusterSpec, DeviceProfile, GemmEfficiency, LinkProfile, NetworkProfile
-from .collectives import CollectiveTables
+from .cluster import ClusterSpec
 from .errors import SpecError
+from .files import finite_number, path_exists, read_mapping
 from .model import MODEL_PRESETS, ModelSpec
-from .plan import Plan
+from .plan import MAX_INT, Plan
+from .profile_parse import cluster_from_dict, device_from_dict
 from .tables import CalibratedTables
 
 
@@ -32,7 +32,7 @@ def load_model(source: str | Path | ModelSpec) -> ModelSpec:
     if text in MODEL_PRESETS:
         return MODEL_PRESETS[text]
     path = Path(text)
-    if not path.exists():
+    if not path_exists(path):
         raise SpecError("model", text, f"a preset ({', '.join(sorted(MODEL_PRESETS))}), a YAML file or a HF config.json path")
     data = _read_mapping(path, "model")
     if path.suffix == ".json" or "num_hidden_layers" in data or "n_layer" in data:
@@ -42,11 +42,14 @@ def load_model(source: str | Path | ModelSpec) -> ModelSpec:
 
 def model_from_dict(data: dict[str, Any], default_name: str = "custom") -> ModelSpec:
     allowed = set(ModelSpec.field_names())
-    unknown = sorted(set(data) - allowed)
+    unknown = sorted((k for k in data if k not in allowed), key=str)
     if unknown:
-        raise SpecError("model." + unknown[0], data[unknown[0]], f"unknown key; allowed keys: {', '.join(ModelSpec.field_names())}")
+        raise SpecError("model." + str(unknown[0]), data[unknown[0]],
+                        f"unknown key; allowed keys: {', '.join(ModelSpec.field_names())}")
     data = dict(data)
     data.setdefault("name", default_name)
+    if isinstance(data["name"], (int, float)) and not isinstance(data["name"], bool):
+        data["name"] = str(data["name"])     # ``name: 2024`` reads as a number in YAML
     for req in ("layers", "hidden", "heads"):
         if req not in data:
             raise SpecError("model." + req, None, "required (a positive integer)")
@@ -54,37 +57,81 @@ def model_from_dict(data: dict[str, Any], default_name: str = "custom") -> Model
 
 
 def model_from_hf_config(cfg: dict[str, Any], name: str = "hf-model") -> ModelSpec:
-    """Map a Hugging Face config (Llama/Mistral/GPT-2/GPT-NeoX style keys) to a ModelSpec."""
-    def get(*keys, default=None):
-        for k in keys:
-            if k in cfg and cfg[k] is not None:
-                return cfg[k]
-        return default
-
-    layers = get("num_hidden_layers", "n_layer", "num_layers")
-    hidden = get("hidden_size", "n_embd", "d_model")
-    heads = get("num_attention_heads", "n_head")
+    """Map a Hugging Face config (Llama/Mistral/GPT-2/GPT-NeoX style keys) to a ModelSpec.
+    Every value read is type-checked here and named by its HF key when it is wrong."""
+    hf = _HfConfig(cfg)
+    layers = hf.integer("num_hidden_layers", "n_layer", "num_layers")
+    hidden = hf.integer("hidden_size", "n_embd", "d_model")
+    heads = hf.integer("num_attention_heads", "n_head")
     if layers is None or hidden is None or heads is None:
         raise SpecError("model", name, "a HF config with num_hidden_layers/hidden_size/num_attention_heads (or n_layer/n_embd/n_head)")
-    act = str(get("hidden_act", "activation_function", default="gelu")).lower()
-    model_type = str(get("model_type", default="")).lower()
+    act = hf.word("hidden_act", "activation_function", default="gelu").lower()
+    model_type = hf.word("model_type", default="").lower()
     swiglu = act in ("silu", "swish", "swiglu") or model_type in ("llama", "mistral", "qwen2", "mixtral")
-    ffn = get("intermediate_size", "n_inner", "ffn_dim")
+    ffn = hf.integer("intermediate_size", "n_inner", "ffn_dim")
+    dropout = hf.fraction("attention_dropout", "attn_pdrop", default=0.0)
     return ModelSpec(
-        name=str(get("_name_or_path", default=name) or name),
-        layers=int(layers), hidden=int(hidden), heads=int(heads),
-        kv_heads=int(get("num_key_value_heads", default=heads)),
-        ffn_hidden=int(ffn) if ffn else None,
-        vocab=int(get("vocab_size", default=51200)),
-        seq_len=int(get("max_position_embeddings", "n_positions", "seq_length", default=2048)),
+        name=hf.word("_name_or_path", default=name) or name,
+        layers=layers, hidden=hidden, heads=heads,
+        kv_heads=hf.integer("num_key_value_heads", default=heads),
+        ffn_hidden=ffn,
+        vocab=hf.integer("vocab_size", default=51200),
+        seq_len=hf.integer("max_position_embeddings", "n_positions", "seq_length", default=2048),
         activation="swiglu" if swiglu else "gelu",
         norm="rmsnorm" if ("rms_norm_eps" in cfg or swiglu) else "layernorm",
         position="rope" if ("rope_theta" in cfg or swiglu) else "learned",
-        tied_embeddings=bool(get("tie_word_embeddings", default=not swiglu)),
-        dropout=float(get("attention_dropout", "attn_pdrop", default=0.0) or 0.0) > 0,
+        tied_embeddings=hf.boolean("tie_word_embeddings", default=not swiglu),
+        dropout=dropout > 0,
         flash_attention=swiglu,
-        bias=bool(get("attention_bias", "bias", default=not swiglu)),
+        bias=hf.boolean("attention_bias", "bias", default=not swiglu),
     )
+
+
+class _HfConfig:
+    """Typed reads of a HF config: the first of ``keys`` present (and not null), checked."""
+
+    def __init__(self, cfg: dict[str, Any]):
+        self.cfg = cfg
+
+    def _get(self, keys: tuple[str, ...]) -> tuple[str | None, Any]:
+        for k in keys:
+            if self.cfg.get(k) is not None:
+                return k, self.cfg[k]
+        return None, None
+
+    def integer(self, *keys: str, default: int | None = None) -> int | None:
+        key, v = self._get(keys)
+        if key is None:
+            return default
+        if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+            v = int(v)                    # 4096.0: JSON writers sometimes emit integers as floats
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise SpecError(f"model.{key}", v, "a positive integer (in the HF config)")
+        return v
+
+    def fraction(self, *keys: str, default: float) -> float:
+        key, v = self._get(keys)
+        if key is None:
+            return default
+        if not finite_number(v) or not 0 <= v <= 1:
+            raise SpecError(f"model.{key}", v, "a probability between 0 and 1 (in the HF config)")
+        return float(v)
+
+    def boolean(self, *keys: str, default: bool) -> bool:
+        key, v = self._get(keys)
+        if key is None:
+            return default
+        if not isinstance(v, bool):
+            raise SpecError(f"model.{key}", v, "true or false (in the HF config)")
+        return v
+
+    def word(self, *keys: str, default: str) -> str:
+        key, v = self._get(keys)
+        if key is None:
+            return default
+        if not isinstance(v, str):
+            raise SpecError(f"model.{key}", v, "a string (in the HF config)")
+        return v
 
 
 # ----------------------------------------------------------------------------- clusters
@@ -104,11 +151,11 @@ def load_cluster(source: str | Path | ClusterSpec, profile: str | Path | None = 
     else:
         text = str(source)
         path = Path(text)
-        if path.suffix in (".yaml", ".yml") and path.exists():
+        if path.suffix in (".yaml", ".yml") and path_exists(path):
             data = _read_mapping(path, "cluster")
             if "num_devices" not in data:
                 raise SpecError("cluster.num_devices", None, "required in a cluster YAML (a positive integer)")
-            cluster = cluster_from_dict(data, num_devices=data["num_devices"])
+            cluster = cluster_from_dict(data, num_devices=data["num_devices"], where="cluster")
         else:
             if ":" not in text:
                 raise SpecError("cluster", text, f"PRESET:NDEVICES (presets: {', '.join(known_profiles())}) or a YAML file")
@@ -117,8 +164,11 @@ def load_cluster(source: str | Path | ClusterSpec, profile: str | Path | None = 
                 n = int(count)
             except ValueError:
                 raise SpecError("cluster", text, "PRESET:NDEVICES with NDEVICES a positive integer") from None
-            if n < 1:
-                raise SpecError("cluster", text, "PRESET:NDEVICES with NDEVICES a positive integer")
+            if not 1 <= n <= MAX_INT:
+                raise SpecError("cluster", text, "PRESET:NDEVICES with NDEVICES a positive integer up to 2**53")
+            if not _is_profile(preset):
+                raise SpecError("cluster", text, f"PRESET:NDEVICES with PRESET one of {', '.join(known_profiles())} "
+                                "(or a profile YAML path), or a cluster YAML file")
             cluster = cluster_from_dict(load_profile_dict(preset), num_devices=n)
     if profile is not None:
         prof = cluster_from_dict(load_profile_dict(profile), num_devices=cluster.num_devices)
@@ -130,51 +180,18 @@ def load_cluster(source: str | Path | ClusterSpec, profile: str | Path | None = 
 def load_profile_dict(source: str | Path) -> dict[str, Any]:
     text = str(source)
     path = Path(text)
-    if not (path.suffix in (".yaml", ".yml") and path.exists()):
+    if not (path.suffix in (".yaml", ".yml") and path_exists(path)):
         path = profiles_dir() / f"{text}.yaml"
-        if not path.exists():
+        if not _is_profile(text):
             raise SpecError("profile", text, f"a preset ({', '.join(known_profiles())}) or a profile YAML path")
     return _read_mapping(path, "profile")
 
 
-def cluster_from_dict(data: dict[str, Any], num_devices: int) -> ClusterSpec:
-    try:
-        device = device_from_dict(data["device"], str(data.get("name", "device")))
-        net = data["network"]
-        network = NetworkProfile(
-            intra_node=_link(net["intra_node"]),
-            inter_node=_link(net["inter_node"]),
-            host_link=_link(net["host_link"]),
-            nics_per_node=int(net.get("nics_per_node", 1)),
-            collectives=CollectiveTables.from_dict(net.get("collectives")),
-        )
-        return ClusterSpec(name=str(data.get("name", device.name)), device=device, network=network,
-                           devices_per_node=int(data.get("devices_per_node", 8)), num_devices=int(num_devices))
-    except SpecError:
-        raise
-    except KeyError as e:
-        raise SpecError(f"profile.{e.args[0]}", None, "required key missing in the profile") from None
-    except (TypeError, ValueError) as e:
-        raise SpecError("profile", data.get("name", "?"), f"malformed number or section ({e})") from None
-
-
-def device_from_dict(dev: dict[str, Any], default_name: str = "device") -> DeviceProfile:
-    """A profile's ``device`` section (KeyError / TypeError / ValueError when malformed:
-    ``cluster_from_dict`` turns them into a SpecError)."""
-    gemm = GemmEfficiency(**{k: float(v) for k, v in dev.get("gemm", {}).items()})
-    tables = CalibratedTables.from_dict(dev.get("extra", {}))
-    return DeviceProfile(
-        name=str(dev.get("name", default_name)),
-        peak_flops={k: float(v) for k, v in dev["peak_flops"].items()},
-        memory_bytes=float(dev["memory_bytes"]),
-        memory_bandwidth=float(dev["memory_bandwidth"]),
-        gemm=gemm,
-        **{k: float(dev[k]) for k in ("membound_efficiency", "attention_efficiency", "kernel_overhead_s",
-                                       "host_flops", "host_memory_bandwidth", "usable_memory_fraction",
-                                       "power_w") if k in dev},
-        **({"power_source": str(dev["power_source"])} if "power_source" in dev else {}),
-        tables=tables,
-    )
+def _is_profile(text: str) -> bool:
+    """A shipped profile's name or an existing profile YAML path."""
+    path = Path(text)
+    return (path.suffix in (".yaml", ".yml") and path_exists(path)) or (
+        "/" not in text and "\0" not in text and path_exists(profiles_dir() / f"{text}.yaml"))
 
 
 def profile_tables(data: dict[str, Any]) -> CalibratedTables:
@@ -189,10 +206,6 @@ def with_profile_tables(data: dict[str, Any], tables: CalibratedTables) -> dict[
     if not extra and "extra" not in data["device"]:
         return {**data, "device": dict(data["device"])}
     return {**data, "device": {**data["device"], "extra": extra}}
-
-
-def _link(d: dict[str, Any]) -> LinkProfile:
-    return LinkProfile(bandwidth=float(d["bandwidth"]), latency=float(d["latency"]))
 
 
 # ----------------------------------------------------------------------------- plans
@@ -210,67 +223,77 @@ def parse_plan(source: str | Path | dict | Plan) -> Plan:
     text = str(source).strip()
     path = Path(text)
     if text.endswith((".yaml", ".yml")):
-        if not path.exists():
+        if not path_exists(path):
             raise SpecError("plan", text, "an existing YAML file or a 'k=v k=v' string")
         return plan_from_dict(_read_mapping(path, "plan"))
+    return plan_from_dict(plan_pairs(text))
+
+
+def plan_pairs(text: str) -> dict[str, str]:
+    """The ``key: value`` pairs of a ``k=v k=v`` plan string (each key at most once)."""
     pairs: dict[str, str] = {}
     for token in text.split():
         if "=" not in token:
             raise SpecError("plan", token, "space-separated key=value pairs, e.g. 'dp=2 tp=2 pp=2 schedule=1f1b'")
         k, _, v = token.partition("=")
-        pairs[k.strip()] = v.strip()
-    return plan_from_dict(pairs)
+        k, v = k.strip(), v.strip()
+        if k in pairs:
+            raise SpecError(k, v, f"given once; the plan sets {k} twice ({k}={pairs[k]} and {k}={v})")
+        pairs[k] = v
+    return pairs
 
 
 def plan_from_dict(data: dict[str, Any]) -> Plan:
     kwargs: dict[str, Any] = {}
     for key, raw in data.items():
         if key not in _PLAN_FIELDS:
-            raise SpecError(key, raw, f"unknown plan key; allowed keys: {', '.join(_PLAN_FIELDS)}")
+            raise SpecError(str(key), raw, f"unknown plan key; allowed keys: {', '.join(_PLAN_FIELDS)}")
         kwargs[key] = _coerce(key, raw)
     return Plan(**kwargs)
 
 
+_INT_KEYS = ("dp", "tp", "pp", "vpp", "mbs", "gbs", "zero", "dp_bucket_bytes")
+_BOOL_KEYS = ("sp", "dp_overlap", "shifted_critical_path")
+_LIST_KEYS = ("partition", "recompute_layers")
+
+
 def _coerce(key: str, raw: Any) -> Any:
-    int_keys = ("dp", "tp", "pp", "vpp", "mbs", "gbs", "zero", "dp_bucket_bytes")
-    bool_keys = ("sp", "dp_overlap", "shifted_critical_path")
-    list_keys = ("partition", "recompute_layers")
-    if key in int_keys:
-        if isinstance(raw, bool):
-            raise SpecError(key, raw, "an integer")
-        try:
-            return int(raw) if isinstance(raw, int) or str(raw).lstrip("-").isdigit() else _bad_int(key, raw)
-        except ValueError:
-            _bad_int(key, raw)
-    if key in bool_keys:
+    if key in _INT_KEYS:
+        return _integer(key, raw, raw, "an integer")
+    if key in _BOOL_KEYS:
         if isinstance(raw, bool):
             return raw
-        w = str(raw).lower()
+        w = str(raw).lower() if isinstance(raw, (str, int)) else None
         if w not in _BOOL_WORDS:
             raise SpecError(key, raw, "true or false")
         return _BOOL_WORDS[w]
-    if key in list_keys:
-        if key == "partition" and str(raw) == "balanced":
+    if key in _LIST_KEYS:
+        if key == "partition" and raw == "balanced":
             return None
-        items = raw if isinstance(raw, (list, tuple)) else str(raw).split(",")
-        try:
-            return tuple(int(x) for x in items)
-        except (TypeError, ValueError):
-            raise SpecError(key, raw, "'balanced' or a comma-separated list of integers, one per stage" if key == "partition"
-                            else "a comma-separated list of integers, one per stage") from None
+        allowed = ("'balanced' or a comma-separated list of integers, one per stage" if key == "partition"
+                   else "a comma-separated list of integers, one per stage")
+        items = raw if isinstance(raw, (list, tuple)) else str(raw).split(",") if isinstance(raw, (str, int)) else None
+        if items is None:
+            raise SpecError(key, raw, allowed)
+        return tuple(_integer(key, x, raw, allowed) for x in items)
+    if not isinstance(raw, (str, int)) or isinstance(raw, bool):
+        raise SpecError(key, raw, "a word (see the plan key table)")
     return str(raw)
 
 
-def _bad_int(key: str, raw: Any):
-    raise SpecError(key, raw, "an integer")
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def _integer(key: str, raw: Any, shown: Any, allowed: str) -> int:
+    """An int, or the ASCII digits of one; anything else (1.7, '2.0', True, 'four') is refused."""
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and _INTEGER.fullmatch(raw.strip()):
+        if len(raw.strip()) > 30:    # no int() of thousands of digits: Python refuses past 4300
+            raise SpecError(key, shown, f"{allowed} at most 2**53 = {MAX_INT:,} (exact in float64)")
+        return int(raw)
+    raise SpecError(key, shown, allowed)
 
 
 def _read_mapping(path: Path, what: str) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, json.JSONDecodeError, yaml.YAMLError) as e:
-        raise SpecError(what, str(path), f"a readable {'JSON' if path.suffix == '.json' else 'YAML'} file ({e.__class__.__name__})") from None
-    if not isinstance(data, dict):
-        raise SpecError(what, str(path), "a file holding a mapping of keys to values")
-    return data
+    return read_mapping(path, what)

@@ -20,6 +20,11 @@ DP_IMPLS = ("allreduce", "ps")
 # bucket_cap_mb=25).
 DEFAULT_DP_BUCKET_BYTES = 25 * 2**20
 
+# The largest integer a plan takes: 2**53, below which every integer is exact in float64
+# (IEEE 754 binary64, 53-bit significand); the cost formulas turn counts and bytes into floats.
+MAX_INT = 2**53
+_TOO_BIG = f"at most 2**53 = {MAX_INT:,} (exact in float64)"
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -48,10 +53,14 @@ class Plan:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise SpecError(name, v, "a positive integer")
+            if v > MAX_INT:
+                raise SpecError(name, v, f"a positive integer {_TOO_BIG}")
         if self.gbs is None:
             object.__setattr__(self, "gbs", self.dp * self.mbs)
         if not isinstance(self.gbs, int) or isinstance(self.gbs, bool) or self.gbs < 1:
             raise SpecError("gbs", self.gbs, "a positive integer (global batch in sequences)")
+        if self.gbs > MAX_INT:
+            raise SpecError("gbs", self.gbs, f"a global batch {_TOO_BIG} sequences")
         _one_of("schedule", self.schedule, SCHEDULES)
         _one_of("offload", self.offload, OFFLOADS)
         _one_of("recompute", self.recompute, RECOMPUTES)
@@ -63,15 +72,16 @@ class Plan:
         for name in ("sp", "dp_overlap", "shifted_critical_path"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(name, getattr(self, name), "true or false")
-        if not isinstance(self.dp_bucket_bytes, int) or self.dp_bucket_bytes < 1:
-            raise SpecError("dp_bucket_bytes", self.dp_bucket_bytes, "a positive integer (bytes)")
+        if (not isinstance(self.dp_bucket_bytes, int) or isinstance(self.dp_bucket_bytes, bool)
+                or not 1 <= self.dp_bucket_bytes <= MAX_INT):
+            raise SpecError("dp_bucket_bytes", self.dp_bucket_bytes, f"a positive integer (bytes), {_TOO_BIG}")
         for name in ("partition", "recompute_layers"):
             v = getattr(self, name)
             if v is not None:
                 v = tuple(v)
                 object.__setattr__(self, name, v)
-                if not v or any(not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in v):
-                    raise SpecError(name, list(v), "a list of non-negative integers, one per stage")
+                if not v or any(not isinstance(x, int) or isinstance(x, bool) or not 0 <= x <= MAX_INT for x in v):
+                    raise SpecError(name, list(v), f"a list of non-negative integers ({_TOO_BIG}), one per stage")
 
     @property
     def world_size(self) -> int:

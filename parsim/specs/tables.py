@@ -21,9 +21,10 @@ EXTRA = "profile.device.extra"
 
 
 def number(where: str, raw: Any) -> float:
-    """An int or a float as read (never a bool); the value itself, unconverted."""
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-        raise SpecError(where, raw, "a number")
+    """A finite int or float as read (never a bool); the value itself, unconverted. NaN, inf
+    and integers beyond float range are refused: every price computed from them would be too."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not abs(raw) <= 1e300:   # NaN fails <=
+        raise SpecError(where, raw, "a finite number")
     return raw
 
 

@@ -12,12 +12,17 @@ from collections.abc import Mapping
 import numpy as np
 
 from .cluster import ClusterSpec
+from .errors import SpecError
 from .model import ModelSpec
 from .plan import Plan
 from .rules import ADVICE, RULES, PlanView
 
 
 def validate(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
+    peaks = cluster.device.peak_flops
+    if plan.dtype not in peaks:      # else the engine would find out mid-run (DeviceProfile.flops)
+        raise SpecError("profile.device.peak_flops", sorted(peaks),
+                        f"a peak FLOP/s for the plan's dtype {plan.dtype} (profile {cluster.device.name})")
     view = PlanView(plan)
     for rule in RULES:
         if rule.applies(view, model, cluster) and not rule.holds(view, model, cluster):

@@ -8,6 +8,8 @@ fields accept (``plan_mask`` on the pairs alone).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from parsim.fast.plans import COLUMNS, WORDS, PlanTable, valid_mask
@@ -18,7 +20,9 @@ from .space import SweepSpace
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n`` in increasing order (pairs d, n/d up to sqrt(n): O(sqrt n))."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def default_gbs(cluster: ClusterSpec) -> int:
@@ -82,6 +86,17 @@ def candidate_plans(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace) -
             "dtype": grids[7], "dp_impl": grids[8]}
     return PlanTable({k: np.ascontiguousarray(cols[k], dtype=np.int64) for k in COLUMNS},
                      dp_bucket_bytes=space.dp_bucket_bytes, dp_overlap=space.dp_overlap)
+
+
+def count_candidates(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace) -> int:
+    """How many plans ``candidate_plans`` would build (without building them)."""
+    vals = space_values(cluster, space)
+    n = len(degree_triples(cluster.num_devices, space))
+    n *= len(_accepted_pairs(model, cluster, "schedule", "vpp", vals))
+    n *= len(_accepted_pairs(model, cluster, "zero", "offload", vals))
+    for key in ("mbs", "gbs", "recompute", "sp", "dtype", "dp_impl"):
+        n *= len(vals[key])
+    return n
 
 
 def _accepted_pairs(model: ModelSpec, cluster: ClusterSpec, a: str, b: str, vals: dict[str, tuple]) -> np.ndarray:

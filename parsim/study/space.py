@@ -8,14 +8,14 @@ mapping ``key: [values]``) or a ``--fix "k=v ..."`` string narrows or widens any
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from parsim.specs import OFFLOADS, RECOMPUTES, SCHEDULES, SpecError
-from parsim.specs.plan import DP_IMPLS, DTYPES
+from parsim.specs.files import path_exists, read_mapping
+from parsim.specs.plan import DP_IMPLS, DTYPES, MAX_INT
 
 DEFAULT_VPP = (1, 2, 3, 4, 6, 8)
 DEFAULT_MBS = (1, 2, 4, 8, 16)
@@ -79,9 +79,10 @@ def coerce_values(key: str, raw: Any) -> Any:
 
 def _one(key: str, raw: Any) -> Any:
     if key in _INT_KEYS:
-        if isinstance(raw, bool) or not str(raw).strip().isdigit() or int(str(raw).strip()) < (0 if key == "zero" else 1):
-            raise SpecError(key, raw, "a non-negative integer" if key == "zero" else "a positive integer")
-        v = int(str(raw).strip())
+        text = str(raw).strip() if isinstance(raw, (int, str)) and not isinstance(raw, bool) else ""
+        if not re.fullmatch(r"[0-9]{1,16}", text) or not (0 if key == "zero" else 1) <= int(text) <= MAX_INT:
+            raise SpecError(key, raw, "a non-negative integer" if key == "zero" else "a positive integer up to 2**53")
+        v = int(text)
         if key == "zero" and v not in (0, 1, 2, 3):
             raise SpecError(key, raw, "one of 0, 1, 2, 3")
         return v
@@ -108,6 +109,8 @@ def parse_fix(text: str | None) -> dict[str, Any]:
         if "=" not in token:
             raise SpecError("fix", token, "space-separated key=value pairs, e.g. 'tp=8 zero=1' (lists: mbs=1,2)")
         k, _, v = token.partition("=")
+        if k.strip() in out:
+            raise SpecError(k.strip(), v.strip(), f"given once; --fix sets {k.strip()} twice")
         out[k.strip()] = coerce_values(k.strip(), v.strip())
     return out
 
@@ -115,14 +118,9 @@ def parse_fix(text: str | None) -> dict[str, Any]:
 def load_space_file(path: str | Path) -> dict[str, Any]:
     """A YAML mapping ``key: value-or-list`` -> coerced values."""
     p = Path(path)
-    if not p.exists():
+    if not path_exists(p):
         raise SpecError("space", str(path), "an existing YAML file mapping plan keys to lists of values")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise SpecError("space", str(path), f"a readable YAML file ({e.__class__.__name__})") from None
-    if not isinstance(data, dict):
-        raise SpecError("space", str(path), "a YAML mapping of plan keys to lists of values")
+    data = read_mapping(p, "space")
     return {str(k): coerce_values(str(k), v) for k, v in data.items()}
 
 

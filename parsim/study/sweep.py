@@ -4,7 +4,9 @@ re-run the best through the SimPy engine.
 Ranking: plans that fit (peak memory <= capacity x (1 - headroom)) first, by throughput
 (tokens/s) descending; then the plans that do not fit, by peak memory ascending (closest to
 fitting first). Re-simulated rows carry the SimPy engine's numbers (``source = "sim"``) and
-keep the fast path's in ``fast_*`` columns so the two can be compared.
+keep the fast path's in ``fast_*`` columns so the two can be compared. Rows whose fast-path
+numbers are only approximate (``approximate``: ``parsim.fast.honesty``) are re-simulated
+before ranking wherever they could reach the top (``rank_with_resimulation``).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from tqdm import tqdm
 
 from parsim.fast import FastResult, PlanTable, evaluate
 from parsim.costs import device_capacity
+from parsim.fast.honesty import PESSIMISM, approximate_mask
 from parsim.fast.tables import build_tables
 from parsim.specs import ClusterSpec, ModelSpec
 
@@ -28,6 +31,7 @@ from .space import SweepSpace
 METRICS = ("step_time_s", "tokens_per_s", "mfu", "hfu", "bubble_fraction", "exposed_tp_s", "exposed_dp_s",
            "exposed_pp_s", "peak_memory_bytes")
 FAST_CHUNK = 50_000   # plans per fast-path call (progress bar granularity)
+MAX_RESIM_FACTOR = 10  # a sweep re-simulates at most this many times --resimulate plans
 
 
 @dataclass
@@ -61,10 +65,12 @@ class SweepResult:
 
     def write(self, path: str) -> None:
         """CSV, or Parquet when the name ends in .parquet."""
-        if str(path).endswith(".parquet"):
-            self.frame.to_parquet(path, index=False)
-        else:
-            self.frame.to_csv(path, index=False)
+        from parsim.specs.files import output_file
+        with output_file(path) as tmp:       # whole or not at all
+            if str(path).endswith(".parquet"):
+                self.frame.to_parquet(tmp, index=False)
+            else:
+                self.frame.to_csv(tmp, index=False)
 
 
 def _plain(v):
@@ -100,6 +106,8 @@ def fast_frame(model: ModelSpec, cluster: ClusterSpec, table: PlanTable, headroo
     df["memory_headroom"] = 1.0 - df["peak_memory_bytes"] / cap
     # every virtual stage holds the same layers: where the fast path's pipeline formula is exact
     df["uniform_stages"] = model.layers % (df["pp"] * df["vpp"]) == 0
+    # where it is not exact (fast.honesty): re-simulated before ranking when within reach of the top
+    df["approximate"] = approximate_mask(model.layers, {k: table[k] for k in ("dp", "tp", "pp", "vpp", "offload")})
     df["source"] = "fast"
     for k in ("step_time_s", "peak_memory_bytes", "tokens_per_s"):
         df[f"fast_{k}"] = df[k]
@@ -116,6 +124,13 @@ def rank_frame(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _simulable(model: ModelSpec, cluster: ClusterSpec, plan_text: str) -> bool:
+    from parsim.specs import parse_plan
+    from parsim.costs.work import simulation_work
+    from parsim.specs.bounds import max_events
+    return simulation_work(model, cluster, parse_plan(plan_text)).events <= max_events()
+
+
 def run_sweep(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace, headroom: float = 0.1,
               resimulate_top: int = 0, workers: int | None = 1, progress: bool = False,
               address: str | None = None) -> SweepResult:
@@ -124,22 +139,56 @@ def run_sweep(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace, headroo
     t1 = time.perf_counter()
     df = fast_frame(model, cluster, table, headroom, progress)
     t2 = time.perf_counter()
+    df, n_sim = rank_with_resimulation(model, cluster, df, headroom, resimulate_top, workers, progress)
+    t3 = time.perf_counter()
+    return SweepResult(model=model.name, cluster=cluster.name, num_devices=cluster.num_devices, headroom=headroom,
+                       capacity_bytes=device_capacity(cluster), frame=df, num_resimulated=n_sim,
+                       timings_s={"enumerate": t1 - t0, "fast": t2 - t1, "resimulate": t3 - t2})
+
+
+def rank_with_resimulation(model: ModelSpec, cluster: ClusterSpec, df: pd.DataFrame, headroom: float,
+                           top: int, workers: int = 1, progress: bool = False) -> tuple[pd.DataFrame, int]:
+    """Rank ``df`` (``fast_frame``'s rows) and re-run through the SimPy engine the ``top`` best
+    fitting plans and every approximate row (``fast.honesty``) that could reach the top: an
+    approximate row whose fast throughput, allowed ``PESSIMISM`` of error, reaches the
+    ``top``-th fitting row's. Repeated until the top holds no approximate row the engine has not
+    run, at most ``MAX_RESIM_FACTOR x top`` plans in all. ``approximate`` stays a property of
+    the plan (the fast path's numbers for it are approximate); ``source`` says whose numbers a
+    row carries. Returns the ranked frame and the count re-simulated."""
     df = rank_frame(df)
+    if top <= 0 or not len(df):
+        return df, 0
     cap = device_capacity(cluster)
-    n_sim = 0
-    if resimulate_top > 0 and len(df):
-        top = df.index[df["fits"]][:resimulate_top]
-        results = resimulate(model, cluster, df.loc[top, "plan"].tolist(), workers=workers, progress=progress,
+    done: set[str] = set()
+    budget = MAX_RESIM_FACTOR * top
+    while len(done) < budget:
+        todo = _to_resimulate(df, top, done)
+        # plans too big for the engine (parsim.specs.bounds) keep their fast-path numbers
+        todo = [i for i in todo if _simulable(model, cluster, df.at[i, "plan"])][:budget - len(done)]
+        done.update(df.loc[todo, "plan"])
+        if not todo:
+            break
+        results = resimulate(model, cluster, df.loc[todo, "plan"].tolist(), workers=workers, progress=progress,
                              address=address)
-        for i, res in zip(top, results):
+        for i, res in zip(todo, results):
             for k in METRICS:
                 df.at[i, k] = res[k]
             df.at[i, "fits"] = bool(res["peak_memory_bytes"] <= cap * (1.0 - headroom))
             df.at[i, "memory_headroom"] = 1.0 - res["peak_memory_bytes"] / cap
             df.at[i, "source"] = "sim"
-        n_sim = len(top)
         df = rank_frame(df.drop(columns="rank"))
-    t3 = time.perf_counter()
-    return SweepResult(model=model.name, cluster=cluster.name, num_devices=cluster.num_devices, headroom=headroom,
-                       capacity_bytes=cap, frame=df, num_resimulated=n_sim,
-                       timings_s={"enumerate": t1 - t0, "fast": t2 - t1, "resimulate": t3 - t2})
+    return df, len(done)
+
+
+def _to_resimulate(df: pd.DataFrame, top: int, done: set[str]) -> list[int]:
+    """Row labels to re-simulate next: the ``top`` best fitting rows not yet run, then the
+    approximate fitting rows within reach of the ``top``-th (best first)."""
+    fitting = df.index[df["fits"]]
+    if not len(fitting):
+        return []
+    fresh = ~df["plan"].isin(done)
+    head = [i for i in fitting[:top] if fresh[i]]
+    threshold = df.at[fitting[min(top, len(fitting)) - 1], "tokens_per_s"]
+    reach = df["fits"] & df["approximate"] & fresh & (df["tokens_per_s"] * (1.0 + PESSIMISM) >= threshold)
+    chosen = set(head)
+    return head + [i for i in df.index[reach] if i not in chosen]

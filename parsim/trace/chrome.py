@@ -51,10 +51,11 @@ def to_chrome(trace: Trace) -> dict[str, Any]:
 
 def save_chrome_trace(trace: Trace, path: str | Path) -> Path:
     """Write the Chrome trace JSON; open it in ui.perfetto.dev or chrome://tracing."""
+    from parsim.specs.files import output_file
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        json.dump(to_chrome(trace), f, default=jsonable)
+    with output_file(path, "trace") as tmp:       # whole or not at all
+        with tmp.open("w") as f:
+            json.dump(to_chrome(trace), f, default=jsonable)
     return path
 
 

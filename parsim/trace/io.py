@@ -12,6 +12,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import IO, Any
 
+from parsim.specs.errors import SpecError
+from parsim.specs.files import output_file
+
 from .events import Event, Trace
 
 FORMAT = "parsim-trace"
@@ -36,15 +39,22 @@ def trace_from_json(obj: dict[str, Any]) -> Trace:
 
 def save_trace(trace: Trace, path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _open(path, "w") as f:
-        json.dump(trace_to_json(trace), f, default=jsonable)
+    with output_file(path, "trace") as tmp:       # whole or not at all (parsim.specs.files)
+        with _open(tmp, "w") as f:
+            json.dump(trace_to_json(trace), f, default=jsonable)
     return path
 
 
 def load_trace(path: str | Path) -> Trace:
-    with _open(Path(path), "r") as f:
-        return trace_from_json(json.load(f))
+    """A trace saved by ``save_trace``; SpecError (naming the file) when it is not one."""
+    try:
+        with _open(Path(path), "r") as f:
+            return trace_from_json(json.load(f))
+    except OSError as e:
+        raise SpecError("trace", str(path), f"a readable parsim trace file ({e.strerror or e})") from None
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError, EOFError) as e:
+        # JSON syntax, UTF-8, gzip, the format checks of trace_from_json, rows that do not fit the columns
+        raise SpecError("trace", str(path), f"a parsim trace file ({type(e).__name__}: {e})") from None
 
 
 def _open(path: Path, mode: str) -> IO[str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from parsim.specs import ModelSpec, Plan
 
-from .matrix import ANCHOR_COLUMNS, MeasuredRound
+from .matrix import ANCHOR_COLUMNS, RAN, MeasuredRound
 
 
 def spearman_rho(a: list[float], b: list[float]) -> float:
@@ -74,6 +74,7 @@ def compare(model: ModelSpec, plan: Plan, measured, predicted, trace_file: str =
         "measured_peak_bytes_by_rank": json.dumps(meas_by_rank),
         "predicted_peak_bytes_by_rank": json.dumps([int(x) for x in pred_by_rank]),
         "losses": json.dumps([round(x, 6) for x in measured.losses]), "trace_file": trace_file,
+        "predicted_fits": predicted.fits, "outcome": RAN,
         **({**anchor, "anchored_error": (anchor["anchored_step_s"] - measured.step_time_s) / measured.step_time_s}
            if anchor else {k: "" for k in ANCHOR_COLUMNS}),
     }
@@ -106,12 +107,15 @@ class ValidationReport:
     rows: list[dict[str, Any]]
     summary: dict[str, Any] = field(default_factory=dict)
     plots: list[Path] = field(default_factory=list)
+    did_not_fit: list[dict[str, Any]] = field(default_factory=list)   # plans that ran out of device memory
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.summary, "rows": self.rows}
+        return {**self.summary, "rows": self.rows, "did_not_fit": self.did_not_fit}
 
 
-def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summarise(rows: list[dict[str, Any]], did_not_fit: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Errors over the plans that ran; ``did_not_fit``: plans that ran out of device memory,
+    counted with how many of them the simulator also predicted not to fit."""
     def stats(sel: list[dict[str, Any]], key: str) -> dict[str, float]:
         errs = [abs(r[key]) for r in sel]
         return {"median": statistics.median(errs), "max": max(errs), "n": len(errs)} if errs else {}
@@ -130,6 +134,8 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "mape_peak_memory": statistics.fmean(abs(r["max_rank_memory_error"]) for r in rows) if rows else float("nan"),
         "spearman_step_time": spearman_rho([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows]),
         "by_world_size": by_world,
+        "num_did_not_fit": len(did_not_fit),
+        "num_did_not_fit_predicted": sum(1 for r in did_not_fit if r.get("predicted_fits") is False),
         **({"mape_step_time_anchored": statistics.fmean(abs(r["anchored_error"]) for r in rows),
             "spearman_step_time_anchored": spearman_rho([r["anchored_step_s"] for r in rows],
                                                         [r["measured_step_s"] for r in rows])} if anchored else {}),

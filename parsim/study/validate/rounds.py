@@ -25,7 +25,7 @@ from typing import Any, Callable
 from parsim.specs import ModelSpec, Plan, SpecError, load_cluster
 
 from .compare import MedianMeasurement, ValidationReport, compare, summarise
-from .matrix import (CSV_NAME, ROUNDS_NAME, Matrix, MeasuredRound, append_round, append_row, load_matrix, read_rounds,
+from .matrix import (CSV_NAME, DID_NOT_FIT, RAN, ROUNDS_NAME, Matrix, MeasuredRound, append_round, append_row, load_matrix, read_rounds,
                      read_rows)
 
 # consecutive plans of one world size run in one set of executor processes (start-up is seconds)
@@ -55,21 +55,24 @@ def validate_matrix(matrix: str | Path, profile: str | Path, out: str | Path, *,
     ``fresh``), and draw the error plot and the ``worst`` plans' side-by-side timelines."""
     from parsim.plots import plot_timeline_pair
     from parsim.plots.validation import plot_validation
-    from parsim.specs import load_profile_dict
+    from parsim.specs.files import check_output_dir
     from parsim.trace.io import load_trace
 
     spec = load_matrix(matrix)
-    load_profile_dict(profile)            # fail early on a bad profile name
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    for world in sorted({p.world_size for p in spec.plans}):   # the whole profile, before any executor round
+        load_cluster(f"cpu:{world}", profile=profile)
     if rounds is not None and rounds < 1:
         raise SpecError("rounds", rounds, "an integer >= 1")
+    out = check_output_dir(out, "out")
+    out.mkdir(parents=True, exist_ok=True)
     if fresh:
         for name in (CSV_NAME, ROUNDS_NAME):
             if (out / name).exists():
                 (out / name).unlink()
     report = run_validation(spec, profile, out, progress=progress, rounds=rounds)
     rows = report.rows
+    if not rows:            # every plan ran out of device memory: nothing to compare or draw
+        return report
     report.plots.append(plot_validation(
         rows, out / "validation.png",
         title=f"{spec.model.name}: simulator ({profile}) vs torch executor, {len(rows)} plans"))
@@ -97,33 +100,43 @@ def run_validation(matrix: Matrix, profile: str, out_dir: str | Path, *, progres
     done = {r["plan"] for r in read_rows(out)}
     todo = [p for p in matrix.plans if p.to_string() not in done]
     measured: dict[tuple[str, int], MeasuredRound] = {(m.plan, m.round): m for m in read_rounds(out)}
-    run_rounds(matrix, todo, rounds, out, measured, probe_request(profile_data), progress)
+    unfit = run_rounds(matrix, todo, rounds, out, measured, probe_request(profile_data), progress)
     for plan in todo:
-        row = judge_plan(matrix, plan, rounds, out, measured, profile, profile_data)
+        if plan.to_string() in unfit:
+            row = unfit_row(matrix, plan, profile, unfit[plan.to_string()])
+        else:
+            row = judge_plan(matrix, plan, rounds, out, measured, profile, profile_data)
         append_row(out, row)
         if on_row:
             on_row(row)
-    rows = [r for r in read_rows(out) if r["plan"] in {p.to_string() for p in matrix.plans}]
-    return ValidationReport(rows=rows, summary=summarise(rows))
+    ours = {p.to_string() for p in matrix.plans}
+    rows = [r for r in read_rows(out) if r["plan"] in ours]
+    ran = [r for r in rows if r["outcome"] == RAN]
+    did_not_fit = [r for r in rows if r["outcome"] != RAN]
+    return ValidationReport(rows=ran, summary=summarise(ran, did_not_fit), did_not_fit=did_not_fit)
 
 
 def run_rounds(matrix: Matrix, todo: list[Plan], rounds: int, out: Path,
                measured: dict[tuple[str, int], MeasuredRound], layer_probe: tuple[ModelSpec, int, str] | None,
-               progress: bool) -> None:
+               progress: bool) -> dict[str, str]:
     """Every (plan, round) of ``todo`` not yet in ``measured`` on the executor, round after
-    round; each finished run is added to ``measured`` and appended to ``rounds.csv``."""
-    from parsim.executor import run_plans
+    round; each finished run is added to ``measured`` and appended to ``rounds.csv``. A plan
+    that runs out of device memory is not run again: returns {plan: why it did not fit}."""
     from parsim.executor.config import ExecutorConfig
-    from parsim.executor.worker import RunSpec
     from parsim.trace.io import save_trace
 
     runs_left = sum(1 for k in range(rounds) for p in todo if (p.to_string(), k) not in measured)
     bar = _progress(runs_left, 0, progress, unit="run")
     config = ExecutorConfig(steps=matrix.steps, warmup=matrix.warmup, layer_probe=layer_probe)
+    unfit: dict[str, str] = {}
     for k in range(rounds):
-        for group in launches([p for p in todo if (p.to_string(), k) not in measured]):
-            results = run_plans([RunSpec(matrix.model, plan, config) for plan in group])
-            for plan, res in zip(group, results):
+        left = [p for p in todo if (p.to_string(), k) not in measured and p.to_string() not in unfit]
+        for group in launches(left):
+            for plan, res in run_group(matrix.model, group, config):
+                if isinstance(res, str):
+                    unfit[plan.to_string()] = res
+                    bar.update(sum(1 for j in range(k, rounds) if (plan.to_string(), j) not in measured))
+                    continue
                 idx = matrix.plans.index(plan)
                 trace_file = f"traces/plan{idx:02d}.round{k + 1}.measured.json"
                 save_trace(res.trace, out / trace_file)
@@ -135,6 +148,49 @@ def run_rounds(matrix: Matrix, todo: list[Plan], rounds: int, out: Path,
                 bar.set_postfix_str(f"round {k + 1}/{rounds} {plan.to_string()[:40]} {res.step_time_s:.2f} s")
                 bar.update(1)
     bar.close()
+    return unfit
+
+
+# What an executor failure says when a rank ran out of memory: torch's CUDA allocator
+# (torch.OutOfMemoryError, "CUDA out of memory"), its CPU allocator ("DefaultCPUAllocator: can't
+# allocate memory ... Cannot allocate memory", ENOMEM), Python's MemoryError, or a rank the
+# kernel's out-of-memory killer ended (SIGKILL: it sends no other signal).
+_OUT_OF_MEMORY = ("OutOfMemoryError", "out of memory", "can't allocate memory", "Cannot allocate memory",
+                  "MemoryError", "process died (SIGKILL)")
+
+
+def out_of_memory(message: str) -> bool:
+    return any(m in message for m in _OUT_OF_MEMORY)
+
+
+def run_group(model: ModelSpec, group: list[Plan], config) -> list[tuple[Plan, object]]:
+    """(plan, ExecutionResult, or why it did not fit) for the plans of one launch. When a rank
+    runs out of memory the launch is repeated one plan at a time, so the plans that fit are
+    still measured and the one that does not is named; any other failure ends the validation."""
+    from parsim.executor import run_plans
+    from parsim.executor.launch import ExecutorError
+    from parsim.executor.worker import RunSpec
+
+    try:
+        return list(zip(group, run_plans([RunSpec(model, plan, config) for plan in group])))
+    except ExecutorError as err:
+        if not out_of_memory(str(err)):
+            raise
+        if len(group) == 1:
+            return [(group[0], str(err).splitlines()[0][:300] if str(err) else "out of memory")]
+    return [outcome for plan in group for outcome in run_group(model, [plan], config)]
+
+
+def unfit_row(matrix: Matrix, plan: Plan, profile: str, cause: str) -> dict[str, Any]:
+    """The ``validation.csv`` row of a plan that did not fit the device: the simulator's
+    prediction (does it also say the plan does not fit?) and the executor's failure."""
+    from parsim.sim import simulate
+
+    predicted = simulate(matrix.model, load_cluster(f"cpu:{plan.world_size}", profile=profile), plan,
+                         record_events=False)
+    return {"plan": plan.to_string(), "model": matrix.model.name, "world_size": plan.world_size,
+            "predicted_step_s": predicted.step_time_s, "predicted_peak_bytes": predicted.peak_memory_bytes,
+            "predicted_fits": predicted.fits, "outcome": f"{DID_NOT_FIT}: {cause}"}
 
 
 def judge_plan(matrix: Matrix, plan: Plan, rounds: int, out: Path, measured: dict[tuple[str, int], MeasuredRound],

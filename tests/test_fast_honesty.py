@@ -1,0 +1,76 @@
+"""Issue 23, item 7: fast-path honesty. Rows whose closed form cannot follow the SimPy engine
+(offload, unequal stages, link contention: ``parsim.fast.honesty``) are marked approximate and
+re-simulated before ranking wherever they could reach the top, so the sweep's ranking holds
+SimPy's best plans.
+
+The three large spaces (5,037, 9,621 and 14,403 valid plans) are sampled: 200 plans of each
+(with at most 128 pipeline actions per rank, so SimPy runs them in ~0.05 s each) are ranked by
+the sweep and simulated one by one in SimPy, keeping the test near 30-60 s on a loaded machine.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from parsim.costs import device_capacity
+from parsim.fast.honesty import PESSIMISM, approximate_mask
+from parsim.specs import load_cluster, load_model, parse_plan
+from parsim.study.enumerate import enumerate_plans
+from parsim.study.resimulate import resimulate
+from parsim.study.space import SweepSpace
+from parsim.study.sweep import fast_frame, rank_with_resimulation
+
+HEADROOM = 0.1
+SPACES = [("gpt3-1.3b", "a100-80g:8", 32), ("gpt3-1.3b", "a100-80g:16", 64), ("gpt3-2.7b", "h100-sxm:32", 64)]
+
+
+def _sample(model, cluster, gbs: int, n: int = 200, seed: int = 0):
+    table = enumerate_plans(model, cluster, SweepSpace(gbs=(gbs,)))
+    cheap = np.flatnonzero(table.microbatches * table["pp"] * table["vpp"] <= 128)
+    rows = np.sort(np.random.default_rng(seed).choice(cheap, size=min(n, len(cheap)), replace=False))
+    return table, table.take(rows)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("model_name, cluster_name, gbs", SPACES)
+def test_no_plan_in_simpys_top_10_falls_outside_the_sweeps_top_50(model_name, cluster_name, gbs):
+    model, cluster = load_model(model_name), load_cluster(cluster_name)
+    table, sub = _sample(model, cluster, gbs)
+    assert len(table) > 5000                                       # a large space, sampled
+    ranked, n_sim = rank_with_resimulation(model, cluster, fast_frame(model, cluster, sub, HEADROOM), HEADROOM, 10)
+    assert 10 <= n_sim <= 100
+    limit = device_capacity(cluster) * (1 - HEADROOM)
+    sims = resimulate(model, cluster, sub.plan_strings())
+    fitting = sorted((r for r in sims if r["peak_memory_bytes"] <= limit), key=lambda r: (-r["tokens_per_s"], r["plan"]))
+    simpy_top = [r["plan"] for r in fitting[:10]]
+    sweep_top = ranked["plan"].tolist()
+    assert set(simpy_top) <= set(sweep_top[:50])
+    # the rows the sweep shows carry SimPy's numbers, so its top 10 is SimPy's (up to ties within 0.1 %)
+    by_plan = {r["plan"]: r["tokens_per_s"] for r in sims}
+    assert (ranked["source"].head(10) == "sim").all()
+    tenth = fitting[9]["tokens_per_s"]
+    assert all(by_plan[p] >= tenth * 0.999 for p in sweep_top[:10])
+    # no approximate row the engine did not run is within reach of the top 10
+    fits = ranked[ranked["fits"]]
+    left = fits[fits["approximate"] & (fits["source"] == "fast")]
+    assert (left["tokens_per_s"] * (1 + PESSIMISM) < fits["tokens_per_s"].iloc[9]).all()
+
+
+def test_the_approximate_rows_are_where_the_fast_path_is_off_by_more_than_2_percent():
+    """On a sample of one space every plan the fast path prices more than 2 % off is marked
+    approximate, and every unmarked plan is within 2 % (the agreement tests/test_fast_vs_sim.py
+    asserts on chosen plans)."""
+    from parsim.fast import evaluate
+    from parsim.sim import simulate
+
+    model, cluster = load_model("gpt3-1.3b"), load_cluster("a100-80g:16")
+    _, sub = _sample(model, cluster, 64, n=120, seed=5)
+    fast = evaluate(model, cluster, sub)
+    approximate = approximate_mask(model.layers, sub.cols)
+    off = []
+    for i, text in enumerate(sub.plan_strings()):
+        sim = simulate(model, cluster, parse_plan(text), record_events=False)
+        off.append(abs(fast.step_time_s[i] / sim.step_time_s - 1) > 0.02)
+    off = np.array(off)
+    assert off.sum() >= 5                       # the sample does hold plans the closed form misses
+    assert not (off & ~approximate).any()

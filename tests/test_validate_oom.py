@@ -1,0 +1,46 @@
+"""``parsim validate`` records a plan that runs out of memory as a "did not fit" row and goes
+on with the others (issue 23, item 8: seen on an H100, where one plan ended the whole run).
+
+Here the memory is really exhausted: the validation runs under a 3 GiB data-segment limit
+(``prlimit --data``, inherited by the executor's ranks), so torch's CPU allocator fails with
+ENOMEM on the plan that needs ~9 GiB while the plan that needs ~1.3 GiB runs."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.torch]
+
+LIMIT_BYTES = 3 * 2**30
+MODEL = "name: wide\nlayers: 2\nhidden: 1024\nheads: 8\nvocab: 32000\nseq_len: 512\ndropout: false\n"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(shutil.which("prlimit") is None or not sys.platform.startswith("linux"),
+                    reason="needs Linux's prlimit to cap the ranks' memory")
+def test_a_plan_that_runs_out_of_memory_is_a_did_not_fit_row_and_the_others_are_measured(tmp_path):
+    (tmp_path / "wide.yaml").write_text(MODEL)
+    fits, too_big = "mbs=1 gbs=1 dtype=fp32", "mbs=32 gbs=32 dtype=fp32"
+    (tmp_path / "m.yaml").write_text(f"model: {tmp_path / 'wide.yaml'}\nsteps: 2\nwarmup: 1\n"
+                                     f"plans: ['{fits}', '{too_big}']\n")
+    proc = subprocess.run(["prlimit", f"--data={LIMIT_BYTES}", sys.executable, "-m", "parsim", "validate", "--matrix",
+                           str(tmp_path / "m.yaml"), "--profile", "cpu", "--out", str(tmp_path / "out"), "--worst", "0",
+                           "--json"], capture_output=True, text=True, timeout=580)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert [r["plan"] for r in report["rows"]] == ["dp=1 tp=1 pp=1 mbs=1 gbs=1 schedule=1f1b dtype=fp32"]
+    assert report["rows"][0]["measured_step_s"] > 0
+    [unfit] = report["did_not_fit"]
+    assert unfit["plan"].startswith("dp=1 tp=1 pp=1 mbs=32 gbs=32")
+    assert unfit["outcome"].startswith("did not fit: rank 0:") and "allocate memory" in unfit["outcome"]
+    assert unfit["predicted_peak_bytes"] > LIMIT_BYTES      # the simulator also says it needs more than 3 GiB
+    assert report["num_did_not_fit"] == 1
+    # resuming keeps both rows and runs nothing again
+    again = subprocess.run([sys.executable, "-m", "parsim", "validate", "--matrix", str(tmp_path / "m.yaml"),
+                            "--profile", "cpu", "--out", str(tmp_path / "out"), "--worst", "0", "--json"],
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and json.loads(again.stdout)["num_did_not_fit"] == 1
