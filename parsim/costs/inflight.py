@@ -14,15 +14,27 @@ and at most one forward replaces it.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
-from parsim.schedules import chunk_of_pass, held_at_backwards, warmup_forwards
+from parsim.schedules import (OVERLAP_F_B, Schedule, build_schedule, build_schedule_for_plan, chunk_of_pass,
+                              held_at_backwards, warmup_forwards)
+from parsim.specs import Plan
+
+# Schedules whose peak moments come from closed-form counts (``peak_moments``); every other one
+# (the split-backward family, looped BFS, CSV schedules) is walked action by action
+# (``schedule_moments``).
+COUNTED = ("naive", "gpipe", "1f1b", "interleaved")
 
 
 class Moment(NamedTuple):
-    """The start of a rank's backward: the chunk it runs and the microbatches held per chunk."""
+    """The start of a rank's backward pass: the chunk it runs and the microbatches held per chunk;
+    for split backward also the kind of pass ("B", "I" or "W") and, per chunk, the microbatches
+    whose I has ended and whose W has not (holding their output gradients)."""
     chunk: int
     held: tuple[int, ...]
+    kind: str = "B"
+    kept: tuple[int, ...] = ()
 
 
 def inflight_microbatches(schedule: str, pp: int, m: int, pp_rank: int, vpp: int = 1) -> float:
@@ -55,3 +67,67 @@ def peak_moments(schedule: str, pp: int, m: int, vpp: int, pp_rank: int) -> list
 def peak_held(schedule: str, pp: int, m: int, vpp: int, pp_rank: int) -> list[tuple[int, ...]]:
     """The held counts of ``peak_moments`` alone."""
     return held_at_backwards(schedule, pp_rank, pp, m, vpp, min(pp * vpp, m * vpp) if vpp > 1 else 1)
+
+
+def rank_moments(plan: Plan, pp_rank: int) -> list[Moment]:
+    """The moments that can be a pipeline rank's memory peak under the plan's schedule."""
+    if plan.schedule in COUNTED:
+        return peak_moments(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp, pp_rank)
+    if plan.schedule_file is not None:
+        return schedule_moments(build_schedule_for_plan(plan), pp_rank)
+    return list(_generated_moments(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp, pp_rank))
+
+
+@lru_cache(maxsize=4096)
+def _generated_moments(name: str, pp: int, m: int, vpp: int, pp_rank: int) -> tuple[Moment, ...]:
+    return tuple(schedule_moments(build_schedule(name, pp, m, vpp), pp_rank))
+
+
+def schedule_moments(schedule: Schedule, pp_rank: int) -> list[Moment]:
+    """Walk a rank's actions in order (any schedule of the IR): a forward holds its chunk's
+    activations from its start; a B frees them at its end; an I adds its output gradients at its
+    end; a W frees both at its end (``costs.split_backward``). The candidate peaks are the starts
+    of B, I and W (a forward's start holds no more than the next of them: every forward of a rank
+    is followed by its own backward there). An overlapped F&B slot allocates its forward first.
+    Moments another of the same kind and chunk holds at least as much of, chunk by chunk, are
+    dropped."""
+    stages = schedule.stages_of_rank(pp_rank)
+    chunk = {s: c for c, s in enumerate(stages)}
+    held, kept = [0] * len(stages), [0] * len(stages)
+    out: dict[tuple, None] = {}
+    for item in schedule.actions[pp_rank]:
+        if item.kind == OVERLAP_F_B:
+            held[chunk[item.forward.stage]] += 1
+            item = item.backward
+        kind, stage, _ = item
+        if kind == "F":
+            held[chunk[stage]] += 1
+            continue
+        if kind not in ("B", "I", "W"):
+            continue
+        c = chunk[stage]
+        out[(c, tuple(held), kind, tuple(kept))] = None
+        if kind == "B":
+            held[c] -= 1
+        elif kind == "I":
+            kept[c] += 1
+        else:
+            held[c] -= 1
+            kept[c] -= 1
+    return [Moment(*key) for key in _undominated(list(out))]
+
+
+def _undominated(keys: list[tuple]) -> list[tuple]:
+    """Keys (chunk, held, kind, kept) less those another key of the same chunk and kind holds at
+    least as much of in every count."""
+    groups: dict[tuple, list[tuple]] = {}
+    for key in keys:
+        groups.setdefault((key[0], key[2]), []).append(key)
+    out = []
+    for group in groups.values():
+        counts = [k[1] + k[3] for k in group]
+        for i, key in enumerate(group):
+            if not any(j != i and all(a >= b for a, b in zip(counts[j], counts[i]))
+                       and (counts[j] != counts[i] or j < i) for j in range(len(group))):
+                out.append(key)
+    return out
