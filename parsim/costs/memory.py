@@ -28,7 +28,7 @@ from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 from . import footprint
 from .activations import (backward_working_bytes, embedding_activation_bytes, head_activation_bytes,
                           layer_activation_bytes, stage_output_bytes)
-from .inflight import Moment, rank_moments
+from .inflight import rank_moments
 from .params import layer_params, stage_params
 from .placement import rank_of_stage, stages_of_rank
 from .recompute import layer_recompute, recomputes_fully, stage_recompute
@@ -164,7 +164,7 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[
         out.append(StageFootprint(footprint.held_bytes(stash[s], s == last, output),
                                   footprint.backward_bytes(transient, in_backward, working[r]), gathered,
                                   kept=counts[s] * dy[0] + (dy[1] if s == 0 else 0.0) + (dy[2] if s == last else 0.0),
-                                  backward_input=footprint.backward_bytes(transient, in_backward, input_working[r]),
+                                  backward_input=footprint.backward_bytes(transient, 0.0, input_working[r]),
                                   backward_weight=transient + weight_working[r]))
     return out
 
@@ -199,12 +199,14 @@ def rank_backward_working(model: ModelSpec, plan: Plan, pp_rank: int, weight_gra
     return _rank_working(model, plan, pp_rank, stash, weight_grads)
 
 
-def rank_peak(chunks: list[StageFootprint], moments: list[Moment]) -> tuple[float, float]:
+def rank_peak(chunks: list[StageFootprint], moments: list) -> tuple[float, float]:
     """(activations, backward bytes) at a rank's heaviest moment: each of its chunks' held bytes
     times the microbatches it holds then, and the running backward's bytes on top (the first
     such moment when several weigh the same)."""
     best = (-1.0, 0.0, 0.0)
-    for chunk, held, kind, kept in moments:
+    for moment in moments:
+        chunk, held = moment[0], moment[1]
+        kind, kept = (moment[2], moment[3]) if len(moment) > 2 else ("B", ())     # PassMoment / Moment
         act = sum(chunks[c].activations * n for c, n in enumerate(held))
         if kept:
             act += sum(chunks[c].kept * n for c, n in enumerate(kept))

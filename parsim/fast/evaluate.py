@@ -74,7 +74,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable,
                      tables.layer_id, tables.head_id, c["dtype"], tables.rank, tables.rank_offset,
                      tables.rank_id, tables.moments, tables.moment_start, tables.moment_count, tables.moment_offset,
                      tables.moment_id, float(plans.dp_bucket_bytes),
-                       bool(plans.dp_overlap), link_row(cluster))
+                     bool(plans.dp_overlap), link_row(cluster), tables.nodes, tables.node_start, tables.node_count,
+                     tables.node_m, tables.graph_id)
     step = out[:, K.O_STEP]
     tokens = c["gbs"] * model.seq_len
     peak_flops = np.array([cluster.device.flops(d) if d in cluster.device.peak_flops else np.nan

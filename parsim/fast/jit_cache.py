@@ -21,7 +21,7 @@ from numba.core import config
 
 HERE = Path(__file__).resolve().parent
 # sources outside parsim/fast whose functions numba compiles into the kernels
-COMPILED_ELSEWHERE = (HERE.parent / "costs" / "footprint.py",)
+COMPILED_ELSEWHERE = (HERE.parent / "costs" / "footprint.py", HERE.parent / "costs" / "split_backward.py")
 
 
 def sources_hash() -> str:

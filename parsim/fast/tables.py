@@ -8,11 +8,14 @@ functions the SimPy engine uses, and looked up by index. Keys:
   over ``costs.layer_ops``), TP collective times, activation bytes per recompute policy
 * head key (tp, sp, mbs, dtype): embedding / output-head op times and activations,
   pipeline send size (``costs.p2p_bytes``)
-* rank key (dp, tp, pp, vpp, dtype): per pipeline rank, its layers (``specs.stage_layers``,
-  loop placement) in all and per model chunk, its parameters (``costs.stage_params``) and its
-  DP communication (``fast.comm.rank_comm_rows``)
+* rank key (dp, tp, pp, vpp, dtype, placement): per pipeline rank, its layers
+  (``specs.stage_layers``, placed as the schedule places its stages: loop or V,
+  ``costs.placement``) in all and per model chunk, which of its chunks holds the output head, its
+  parameters (``costs.stage_params``) and its DP communication (``fast.comm.rank_comm_rows``)
 * schedule key (schedule, pp, m, vpp): per rank, the chunk counts in flight at the moments
-  that can be its memory peak (``fast.inflight``, from ``costs.peak_moments``)
+  that can be its memory peak (``fast.inflight``, from ``costs.peak_moments`` /
+  ``costs.inflight.rank_moments``); for the schedules timed by their action graph (the
+  split-backward family and looped BFS), that graph (``fast.dag``)
 
 The memory rules that combine these rows per plan (``costs.footprint``) are compiled into the
 kernel (``fast.memory``).
@@ -30,20 +33,34 @@ from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_p
 from parsim.costs import timing
 from parsim.costs.activations import layer_working_bytes, logits_grad_bytes, stage_output_bytes, vocab_grad_bytes
 from parsim.costs.footprint import recompute_transient
+from parsim.costs.placement import stages_of_rank
+from parsim.costs.split_backward import (embedding_output_grad_bytes, head_output_grad_bytes, output_grad_bytes,
+                                         w_recomputes, weight_grad_working_bytes)
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 
 from .comm import C_WIDTH, CollectivePricer, rank_comm_rows, tp_group_ranks
-from .inflight import canonical_microbatches, moment_table
+from .dag import N_WIDTH, schedule_graph
+from .dag import canonical_microbatches as graph_microbatches
+from .inflight import canonical_microbatches, moment_microbatches, moment_table
 from .plans import WORDS, PlanTable
 
-# layer table columns (seconds or bytes)
+# the first schedule code timed by its action graph (``fast.dag``): the codes after the four
+# counted schedules (``specs.codes``)
+FIRST_WALKED = WORDS["schedule"].index("zb-h1")
+
+# layer table columns (seconds or bytes); split backward (``costs.split_backward``): the input- and
+# weight-gradient op times, W's re-run of a recomputed forward (compute and TP), the output
+# gradients kept from I to W, the backward working sets of I and of W
 (L_FWD, L_BWD, L_RECOMPUTE, L_TP_FWD, L_TP_BWD, L_TP_RECOMPUTE, L_ACT, L_ACT_NONE, L_ACT_FULL,
- L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WORK, L_TRANSIENT, L_WIDTH) = range(15)
-# head table columns
+ L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WORK, L_TRANSIENT, L_BWD_I, L_BWD_W, L_W_RECOMPUTE, L_TP_W_RECOMPUTE,
+ L_KEPT, L_WORK_I, L_WORK_W, L_WIDTH) = range(22)
+# head table columns; the embedding's and head's weight-gradient times and kept output gradients
 (H_EMB_FWD, H_EMB_BWD, H_HEAD_FWD, H_HEAD_BWD, H_EMB_ACT, H_HEAD_ACT, H_P2P_BYTES, H_EMB_PARAMS, H_HEAD_PARAMS_PP1,
- H_HEAD_PARAMS_PPN, H_SBH, H_VOCAB_GRAD, H_TIED, H_LOGITS_GRAD, H_WIDTH) = range(15)
-# rank table columns: layers, parameters, the fast.comm columns, then layers per model chunk
-R_LAYERS, R_PARAMS, R_COMM = 0, 1, 2
+ H_HEAD_PARAMS_PPN, H_SBH, H_VOCAB_GRAD, H_TIED, H_LOGITS_GRAD, H_EMB_BWD_W, H_HEAD_BWD_W, H_EMB_KEPT, H_HEAD_KEPT,
+ H_WIDTH) = range(19)
+# rank table columns: layers, parameters, the chunk holding the output head (-1: none), the
+# fast.comm columns, then layers per model chunk
+R_LAYERS, R_PARAMS, R_LAST, R_COMM = 0, 1, 2, 3
 R_CHUNK = R_COMM + C_WIDTH
 # dtype table columns: bytes per parameter of each model state, optimizer traffic per parameter
 D_PARAM, D_GRAD, D_OPT, D_ADAM_BYTES, D_WIDTH = range(5)
@@ -64,6 +81,11 @@ class CostTables:
     head_id: np.ndarray        # per plan
     rank_id: np.ndarray        # per plan
     moment_id: np.ndarray      # per plan
+    nodes: np.ndarray = None   # fast.dag node tables of the graph-timed schedules, stacked
+    node_start: np.ndarray = None   # per graph key: first node
+    node_count: np.ndarray = None   # per graph key: nodes (0: a counted schedule's key)
+    node_m: np.ndarray = None       # per graph key: the microbatches its graph plays
+    graph_id: np.ndarray = None     # per plan
 
 
 def key_ids(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -140,6 +162,12 @@ def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ran
     row[L_PRE_BWD] = _compute_before_first_collective(cluster, model, plan, "bwd", ops)
     # a layer's backward working set (``footprint.backward_working`` of a middle stage)
     row[L_WORK] = layer_working_bytes(model, plan)
+    # split backward: I runs bwd_input (and the backward TP collectives), W bwd_weight
+    row[L_BWD_I] = _ops_time(cluster, ops, "bwd_input", dt)
+    row[L_BWD_W] = _ops_time(cluster, ops, "bwd_weight", dt)
+    row[L_KEPT] = output_grad_bytes(model, plan)
+    row[L_WORK_I] = layer_working_bytes(model, plan, weight_grads=False)
+    row[L_WORK_W] = weight_grad_working_bytes(model, plan, False, False)
     return row
 
 
@@ -156,6 +184,9 @@ def with_recompute(model: ModelSpec, plan: Plan, shape: np.ndarray) -> np.ndarra
         row[L_RECOMPUTE] = row[L_FWD]
         row[L_TP_RECOMPUTE] = row[L_TP_FWD]
         row[L_PRE_BWD] = row[L_PRE_FWD]          # the backward starts with the re-run forward
+        # ... and a split backward's W re-runs it once per weight group (``costs.split_backward``)
+        row[L_W_RECOMPUTE] = w_recomputes(model) * row[L_FWD]
+        row[L_TP_W_RECOMPUTE] = w_recomputes(model) * row[L_TP_FWD]
     elif policy == "selective":
         # selective recomputation re-runs only the attention core (Korthikanti et al. 2022 Sec. 5)
         row[L_PRE_BWD] += row[L_RECOMPUTE]
@@ -194,6 +225,10 @@ def head_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ranks: int
     row[H_VOCAB_GRAD] = vocab_grad_bytes(model, plan)
     row[H_TIED] = float(model.tied_embeddings)
     row[H_LOGITS_GRAD] = logits_grad_bytes(model, plan)
+    row[H_EMB_BWD_W] = _ops_time(cluster, emb, "bwd_weight", dt)
+    row[H_HEAD_BWD_W] = _ops_time(cluster, head, "bwd_weight", dt)
+    row[H_EMB_KEPT] = embedding_output_grad_bytes(model, plan)
+    row[H_HEAD_KEPT] = head_output_grad_bytes(model, plan)
     return row
 
 
@@ -207,25 +242,41 @@ def dtype_table() -> np.ndarray:
     return out
 
 
+def placement_plan(dp: int, tp: int, pp: int, vpp: int, dtype: int, v_placed: int) -> Plan:
+    """A plan with this layout whose schedule places its stages in a loop (``v_placed`` 0) or in
+    a V (1: zbv)."""
+    return Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, dtype=WORDS["dtype"][dtype], schedule="zbv" if v_placed else "1f1b")
+
+
 def rank_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int, pp: int, vpp: int, dtype: int,
-              bucket_bytes: int, with_ps: bool, max_vpp: int) -> np.ndarray:
-    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, dtype=WORDS["dtype"][dtype])
+              v_placed: int, bucket_bytes: int, with_ps: bool, max_vpp: int) -> np.ndarray:
+    plan = placement_plan(dp, tp, pp, vpp, dtype, v_placed)
     per_stage = stage_layers(model, plan)
     params = stage_params(model, plan)
     rows = np.zeros((pp, R_CHUNK + max_vpp))
-    rows[:, R_LAYERS] = [sum(per_stage[r + v * pp] for v in range(vpp)) for r in range(pp)]
+    held = [stages_of_rank(plan, r) for r in range(pp)]
+    rows[:, R_LAYERS] = [sum(per_stage[s] for s in stages) for stages in held]
     rows[:, R_PARAMS] = params
-    rows[:, R_COMM:R_CHUNK] = rank_comm_rows(model, pricer, dp, tp, pp, vpp, dtype, params, bucket_bytes, with_ps)
-    for r in range(pp):
-        rows[r, R_CHUNK:R_CHUNK + vpp] = [per_stage[r + v * pp] for v in range(vpp)]
+    last = pp * vpp - 1
+    rows[:, R_LAST] = [stages.index(last) if last in stages else -1 for stages in held]
+    head_rank = next(r for r, stages in enumerate(held) if last in stages)
+    rows[:, R_COMM:R_CHUNK] = rank_comm_rows(model, pricer, dp, tp, pp, vpp, dtype, params, bucket_bytes, with_ps,
+                                             head_rank)
+    for r, stages in enumerate(held):
+        rows[r, R_CHUNK:R_CHUNK + vpp] = [per_stage[s] for s in stages]
     return rows
 
 
-def uneven_chunks(model: ModelSpec, pp: int, vpp: int) -> list[bool]:
+def uneven_chunks(model: ModelSpec, pp: int, vpp: int, v_placed: int = 0) -> list[bool]:
     """Per pipeline rank: do its model chunks hold different bytes? (Different layer counts;
-    and the first / last rank, whose first / last chunk also holds the embedding / head.)"""
-    per_stage = stage_layers(model, Plan(pp=pp, vpp=vpp))
-    return [r in (0, pp - 1) or len({per_stage[r + v * pp] for v in range(vpp)}) > 1 for r in range(pp)]
+    and the ranks holding the first / last stage, whose chunk also holds the embedding / head.)"""
+    plan = placement_plan(1, 1, pp, vpp, 0, v_placed)
+    per_stage = stage_layers(model, plan)
+    out = []
+    for r in range(pp):
+        stages = stages_of_rank(plan, r)
+        out.append(0 in stages or pp * vpp - 1 in stages or len({per_stage[s] for s in stages}) > 1)
+    return out
 
 
 def build_tables(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable) -> CostTables:
@@ -245,20 +296,45 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable) -> Co
     hkeys, head_id = key_ids(c["tp"], c["sp"], c["mbs"], c["dtype"], host)
     head = np.array([head_row(model, cluster, _plan(*map(int, k[:4])), int(k[4]) or None)
                      for k in hkeys]).reshape(-1, H_WIDTH)
-    rkeys, rank_id = key_ids(c["dp"], c["tp"], c["pp"], c["vpp"], c["dtype"])
+    placed_v = np.isin(c["schedule"], [WORDS["schedule"].index(s) for s in ("zbv", "dualpipev")]).astype(np.int64)
+    rkeys, rank_id = key_ids(c["dp"], c["tp"], c["pp"], c["vpp"], c["dtype"], placed_v)
     with_ps = bool((c["dp_impl"] == WORDS["dp_impl"].index("ps")).any())
     max_vpp = int(c["vpp"].max(initial=1))
     pricer = CollectivePricer(cluster)
     blocks = [rank_rows(model, pricer, *map(int, k), plans.dp_bucket_bytes, with_ps, max_vpp) for k in rkeys]
     offsets = np.cumsum([0] + [len(b) for b in blocks[:-1]]).astype(np.int64)
     rank = np.concatenate(blocks) if blocks else np.zeros((0, R_CHUNK + max_vpp))
-    # per (schedule, pp, microbatches, vpp): interleaved counts beyond the canonical one repeat
+    # per (schedule, pp, microbatches, vpp): interleaved counts beyond the canonical one repeat;
+    # the walked schedules' past ``fast.dag.canonical_microbatches`` (looped BFS's never)
     inter = c["schedule"] == WORDS["schedule"].index("interleaved")
     m_key = np.where(inter, canonical_microbatches(c["pp"], plans.microbatches), plans.microbatches)
+    walked = c["schedule"] >= FIRST_WALKED
+    graph_m = np.zeros_like(m_key)
+    if walked.any():
+        wkeys, inv = key_ids(c["schedule"][walked], c["pp"][walked], plans.microbatches[walked], c["vpp"][walked])
+        named = [(WORDS["schedule"][s], pp, m, vpp) for s, pp, m, vpp in wkeys.tolist()]
+        m_key[walked] = np.array([moment_microbatches(*k) for k in named], dtype=np.int64)[inv]
+        graph_m[walked] = np.array([graph_microbatches(*k) for k in named], dtype=np.int64)[inv]
     mkeys, moment_id = key_ids(c["schedule"], c["pp"], m_key, c["vpp"])
-    moments, mstart, mcount = moment_table([(WORDS["schedule"][s], pp, m, vpp) for s, pp, m, vpp in mkeys.tolist()],
-                                           max_vpp, lambda pp, vpp: uneven_chunks(model, pp, vpp))
+    moments, mstart, mcount = moment_table(
+        [(WORDS["schedule"][s], pp, m, vpp) for s, pp, m, vpp in mkeys.tolist()], max_vpp,
+        lambda schedule, pp, vpp: uneven_chunks(model, pp, vpp, int(schedule in ("zbv", "dualpipev"))))
     moff = np.cumsum([0] + [int(k[1]) for k in mkeys[:-1]]).astype(np.int64)
+    graphs = _graph_tables(c, graph_m, walked)
     return CostTables(layer=layer, head=head, dtype=dtype_table(), rank=rank, rank_offset=offsets,
                       moments=moments, moment_start=mstart, moment_count=mcount, moment_offset=moff,
-                      layer_id=layer_id, head_id=head_id, rank_id=rank_id, moment_id=moment_id)
+                      layer_id=layer_id, head_id=head_id, rank_id=rank_id, moment_id=moment_id, **graphs)
+
+
+def _graph_tables(c: dict, graph_m: np.ndarray, walked: np.ndarray) -> dict:
+    """The node tables (``fast.dag``) of the graph-timed plans' (schedule, pp, played m, vpp) keys;
+    every counted plan maps to one empty key."""
+    key_schedule = np.where(walked, c["schedule"], -1) + 1
+    gkeys, graph_id = key_ids(key_schedule, np.where(walked, c["pp"], 0), graph_m, np.where(walked, c["vpp"], 0))
+    blocks = [schedule_graph(WORDS["schedule"][s - 1], pp, m, vpp) if s > 0 else np.zeros((0, N_WIDTH), np.int64)
+              for s, pp, m, vpp in gkeys.tolist()]
+    count = np.array([len(b) for b in blocks], dtype=np.int64)
+    start = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64) if len(count) else count
+    nodes = np.concatenate(blocks) if blocks else np.zeros((0, N_WIDTH), np.int64)
+    return dict(nodes=nodes, node_start=start, node_count=count, node_m=gkeys[:, 2].astype(np.int64).copy(),
+                graph_id=graph_id)

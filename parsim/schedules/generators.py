@@ -21,6 +21,7 @@ loop: rank r holds stages r, r + pp, r + 2 pp, ... (DESIGN.md, "The Schedule IR"
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 from pathlib import Path
 
 from parsim.specs import ALL_SCHEDULES, Plan, SpecError
@@ -48,6 +49,13 @@ def build_schedule(schedule: str, pp: int, num_microbatches: int, vpp: int = 1) 
     placement = v_placement(pp, vpp) if schedule in V_PLACED else None
     return Schedule(name=schedule, pp=pp, vpp=vpp, num_microbatches=num_microbatches,
                     actions=tuple(tuple(order) for order in orders), placement=placement)
+
+
+@lru_cache(maxsize=256)
+def cached_schedule(schedule: str, pp: int, num_microbatches: int, vpp: int = 1) -> Schedule:
+    """``build_schedule``, remembered (a Schedule is immutable): the engines that walk a
+    generated schedule per plan key (``costs.inflight``, ``fast.dag``) build each once."""
+    return build_schedule(schedule, pp, num_microbatches, vpp)
 
 
 def default_vpp(schedule: str) -> int:

@@ -63,6 +63,7 @@ class ActionCost:
     exposed_tp: float                        # seconds of TP comm the compute stream does not cover
     flops: float                             # FLOP executed
     grads_ready: tuple["GradPart", ...]      # B / W: weight gradients as backward completes them
+    f_stage: int = -1                        # an overlapped slot's forward stage
 
     @property
     def weight_grads(self) -> bool:
@@ -282,7 +283,7 @@ def overlap_cost(f: ActionCost, b: ActionCost, shape: StageShape, layer_params: 
     return ActionCost(kind=kind, stage=b.stage, prologue=(), halves=tuple(tuple(c) for c in chains),
                       layers=(tuple(tuple(c) for c in chains),), epilogue=(), placed=placed, duration=duration,
                       exposed_tp=uncovered(comm, cover), flops=f.flops + b.flops,
-                      grads_ready=_grads_ready(backward, shape, b.kind, layer_params, edge_params))
+                      grads_ready=_grads_ready(backward, shape, b.kind, layer_params, edge_params), f_stage=f.stage)
 
 
 def _flat(cost: ActionCost) -> list[Segment]:

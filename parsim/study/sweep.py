@@ -109,7 +109,7 @@ def fast_frame(model: ModelSpec, cluster: ClusterSpec, table: PlanTable, headroo
 
 def _sub_tables(tables: CostTables, idx: np.ndarray) -> CostTables:
     return replace(tables, layer_id=tables.layer_id[idx], head_id=tables.head_id[idx], rank_id=tables.rank_id[idx],
-                   moment_id=tables.moment_id[idx])
+                   moment_id=tables.moment_id[idx], graph_id=tables.graph_id[idx])
 
 
 def rank_frame(df: pd.DataFrame) -> pd.DataFrame:
