@@ -77,6 +77,15 @@ def peak_held(schedule: str, pp: int, m: int, vpp: int, pp_rank: int) -> list[tu
     return held_at_backwards(schedule, pp_rank, pp, m, vpp, min(pp * vpp, m * vpp) if vpp > 1 else 1)
 
 
+def rank_inflight(plan: Plan, pp_rank: int) -> float:
+    """``inflight_microbatches`` of a pipeline rank under any schedule of the plan: for the walked
+    ones the most chunk-microbatches it holds at one of its moments, over vpp (the output
+    gradients an I leaves until its W are not counted)."""
+    if plan.schedule in COUNTED:
+        return inflight_microbatches(plan.schedule, plan.pp, plan.num_microbatches, pp_rank, plan.vpp)
+    return max((sum(moment.held) for moment in rank_moments(plan, pp_rank)), default=1) / plan.vpp
+
+
 def rank_moments(plan: Plan, pp_rank: int) -> list[Moment] | list[PassMoment]:
     """The moments that can be a pipeline rank's memory peak under the plan's schedule."""
     if plan.schedule in COUNTED:
