@@ -32,7 +32,7 @@ from .inflight import rank_moments
 from .params import layer_params, stage_params
 from .placement import rank_of_stage, stages_of_rank
 from .recompute import layer_recompute, recomputes_fully, stage_recompute
-from .split_backward import (embedding_output_grad_bytes, head_output_grad_bytes, output_grad_bytes,
+from .split_backward import (head_output_grad_bytes, output_grad_bytes, w_recompute_residue,
                              weight_grad_working_bytes)
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
@@ -154,18 +154,26 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[
     input_working = [_rank_working(model, plan, r, stash, False) for r in range(plan.pp)]
     weight_working = [in_backward if in_backward else _rank_weight_working(model, plan, r) for r in range(plan.pp)]
     kept_all, kept_input = layer_activation_bytes(model, plan, "none"), layer_activation_bytes(model, plan, "full")
+    # W's re-runs of recomputed layers (split_backward): one value per rank, the largest of its
+    # stages but the first (whose W is a whole backward), as the working sets
+    residue = [max((w_recompute_residue(model, sum(n for n, policy in groups[s] if policy == "full"), kept_all,
+                                        kept_input) for s in stages_of_rank(plan, r) if s > 0), default=0.0)
+               for r in range(plan.pp)]
     output = stage_output_bytes(model, plan)
     last = len(groups) - 1
-    dy = (output_grad_bytes(model, plan), embedding_output_grad_bytes(model, plan), head_output_grad_bytes(model, plan))
+    layer_dy, head_dy = output_grad_bytes(model, plan), head_output_grad_bytes(model, plan)
     out = []
     for s, g in enumerate(groups):
         transient = footprint.recompute_transient(recomputes_fully(g), kept_all, kept_input)
         r = rank_of_stage(plan, s)
-        out.append(StageFootprint(footprint.held_bytes(stash[s], s == last, output),
-                                  footprint.backward_bytes(transient, in_backward, working[r]), gathered,
-                                  kept=counts[s] * dy[0] + (dy[1] if s == 0 else 0.0) + (dy[2] if s == last else 0.0),
-                                  backward_input=footprint.backward_bytes(transient, 0.0, input_working[r]),
-                                  backward_weight=transient + weight_working[r]))
+        backward = footprint.backward_bytes(transient, in_backward, working[r])
+        if s == 0:       # no input gradient: its I runs nothing, its W the whole backward (split_backward)
+            split = dict(kept=0.0, backward_input=0.0, backward_weight=backward)
+        else:
+            split = dict(kept=counts[s] * layer_dy + (head_dy if s == last else 0.0),
+                         backward_input=footprint.backward_bytes(transient, 0.0, input_working[r]),
+                         backward_weight=residue[r] + weight_working[r])
+        out.append(StageFootprint(footprint.held_bytes(stash[s], s == last, output), backward, gathered, **split))
     return out
 
 

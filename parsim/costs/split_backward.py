@@ -20,14 +20,19 @@ executor's runtime:
   Qi et al.'s accounting (M_B freed after W, their Sec 3.1);
 * from the end of I to the end of W, the captured output gradients dY of every weight-bearing op
   (``output_grad_bytes``): QKV, attention-out, MLP-up, MLP-down and the two norms, per layer;
-  the final norm and the logits on the last stage, the embedding's on the first.
+  the final norm and the logits on the last stage;
+* the first stage has no input gradient to compute (its input is token ids): torch's
+  ``PipelineStage`` runs nothing in its I and its whole backward in its W
+  (``backward_weight_one_chunk``), and every engine here does the same (I: no time, no bytes;
+  W: B's time and working set).
 
 Recomputation (``recompute=full``; non-reentrant ``torch.utils.checkpoint``, the executor's):
 the checkpoint recomputes once per autograd graph task. I is one task: it re-runs the layer's
 forward (as B does) and frees what it recomputed when it ends. W is one task per parameter
 group, each re-running the whole layer forward, so W of a recomputed layer re-runs it
 ``w_recomputes`` times (8 on a GPT layer: issue 21's report of zero-bubble schedules with
-activation checkpointing running 8x slower than interleaved 1F1B). Selective recomputation
+activation checkpointing running 8x slower than interleaved 1F1B), and holds part of what those
+re-runs recompute until it ends (``w_recompute_residue``, a fit to the executor's measurement). Selective recomputation
 re-runs the attention core in I only: it holds no weight. Megatron-LM's zero-bubble
 implementation instead stores each linear layer's input and dY for W (``WeightGradStore``) and
 never recomputes in W; that variant is not modelled.
@@ -71,12 +76,6 @@ def head_output_grad_bytes(model: ModelSpec, plan: Plan) -> float:
     return e * sb * (padded_vocab(model, plan) / plan.tp + model.hidden / sp)
 
 
-def embedding_output_grad_bytes(model: ModelSpec, plan: Plan) -> float:
-    """The first stage's dY kept for W: the gradient of the embedding lookup's output, e s b h / sp."""
-    sp = plan.tp if plan.sp else 1
-    return DTYPE_BYTES[plan.dtype] * model.seq_len * plan.mbs * model.hidden / sp
-
-
 def weight_grad_working_bytes(model: ModelSpec, plan: Plan, first: bool, last: bool) -> float:
     """What a W holds beyond the stored activations while it runs, on one device: the gradient of
     its largest weight before it is added into ``.grad`` (max(f, h) x h / t elements, as in
@@ -97,6 +96,19 @@ def w_recomputes(model: ModelSpec) -> int:
     forward hooks counting the re-runs): 8 whole-forward re-runs in W on its GPT layer, 9 on its
     Llama layer, and 1 in I on both."""
     return 4 + (3 if model.activation == "swiglu" else 2) + 2
+
+
+def w_recompute_residue(model: ModelSpec, recomputed_layers: int, layer_kept_all: float,
+                        layer_kept_input: float) -> float:
+    """Bytes a W of a stage with ``recomputed_layers`` fully recomputed layers holds beyond the
+    stored activations while it runs: each of a layer's ``w_recomputes`` graph tasks leaves part of
+    what it recomputed (the tensors its weight group never reads) with the checkpoint until the
+    stage's graph is freed at W's end -- measured with the executor's memory tracker on cpu-small
+    GPT layers (fp32; 1, 2 and 4 layers): 21, 17.6 and 16.0 MiB more per layer at W's peak than
+    without recomputation, against (w_recomputes / 2) x (the layer's activations without
+    recomputation - its stored input) = 4 x 3.75 = 15 MiB here. Half the re-runs' worth is this
+    fit, not a derivation."""
+    return recomputed_layers * w_recomputes(model) / 2 * (layer_kept_all - layer_kept_input)
 
 
 def overlapped_time(f_compute: float, f_comm: float, b_compute: float, b_comm: float) -> float:

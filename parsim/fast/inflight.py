@@ -32,8 +32,11 @@ from parsim.costs.inflight import COUNTED, generated_moments
 
 from .dag import canonical_microbatches as graph_microbatches
 
-# kind column of a moment row: the pass that starts there (its working set, ``fast.memory``)
-KIND_OF = {"B": 0, "I": 1, "W": 2}
+# kind column of a moment row: the pass that starts there (its working set, ``fast.memory``);
+# the first stage's I runs nothing and its W the whole backward (``costs.split_backward``)
+KIND_B, KIND_I, KIND_W, KIND_FIRST_I, KIND_FIRST_W = range(5)
+KIND_OF = {"B": KIND_B, "I": KIND_I, "W": KIND_W}
+FIRST_STAGE_KIND = {"B": KIND_B, "I": KIND_FIRST_I, "W": KIND_FIRST_W}
 
 
 def canonical_microbatches(pp, m):
@@ -73,7 +76,8 @@ def walked_rows(schedule: str, pp: int, m: int, vpp: int, rank: int, width: int)
     out = []
     for chunk, held, kind, kept in generated_moments(schedule, pp, m, vpp, rank):
         pad = [0.0] * (width - vpp)
-        out.append([*map(float, held), *pad, *map(float, kept or (0,) * vpp), *pad, float(KIND_OF[kind])])
+        code = (FIRST_STAGE_KIND if rank == 0 and chunk == 0 else KIND_OF)[kind]    # stage 0: rank 0's chunk 0
+        out.append([*map(float, held), *pad, *map(float, kept or (0,) * vpp), *pad, float(code)])
     return out
 
 

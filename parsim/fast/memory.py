@@ -20,9 +20,10 @@ import numba
 from parsim.costs import footprint
 
 from .codes import O_ACT, O_GRADS, O_OPT, O_OTHER, O_PARAMS, O_PEAK, O_PEAK_STAGE, OFF_NONE, OFF_OPT_PARAMS
-from .tables import (D_GRAD, D_OPT, D_PARAM, H_EMB_ACT, H_EMB_KEPT, H_HEAD_ACT, H_HEAD_KEPT, H_LOGITS_GRAD, H_SBH,
-                     H_TIED, H_VOCAB_GRAD, L_ACT, L_KEPT, L_PARAMS, L_TRANSIENT, L_WORK, L_WORK_I, L_WORK_W, R_CHUNK,
-                     R_LAST, R_PARAMS)
+from .inflight import KIND_FIRST_I, KIND_I, KIND_W
+from .tables import (D_GRAD, D_OPT, D_PARAM, H_EMB_ACT, H_HEAD_ACT, H_HEAD_KEPT, H_LOGITS_GRAD, H_SBH, H_TIED,
+                     H_VOCAB_GRAD, L_ACT, L_KEPT, L_PARAMS, L_TRANSIENT, L_W_RESIDUE, L_WORK, L_WORK_I, L_WORK_W,
+                     R_CHUNK, R_LAST, R_PARAMS)
 
 model_states = numba.njit(cache=True)(footprint.model_states)
 offload_staging = numba.njit(cache=True)(footprint.offload_staging)
@@ -37,7 +38,7 @@ backward_working = numba.njit(cache=True)(footprint.backward_working)
 def plan_memory(out, dp, pp, vpp, zero, offload, lrow, hrow, drow, ranks, moments, mstart, mcount, bucket_bytes):
     """Write the peak (bytes), its pipeline rank and its breakdown into ``out``. A moment row
     holds per chunk the microbatches held, then (split backward) those holding their output
-    gradients, then the kind of pass starting (0 B, 1 I, 2 W: its working set; ``fast.inflight``)."""
+    gradients, then the kind of pass starting (its working set; ``fast.inflight.KIND_OF``)."""
     offload_optimizer = offload != OFF_NONE
     offload_params = offload == OFF_OPT_PARAMS
     gathered = gathered_layers(lrow[L_PARAMS], drow[D_PARAM], zero, offload_params)
@@ -58,11 +59,13 @@ def plan_memory(out, dp, pp, vpp, zero, offload, lrow, hrow, drow, ranks, moment
                 if moments[i, width + c] > 0:
                     held += moments[i, width + c] * _chunk_kept(r, c, lrow, hrow, ranks)
             kind = moments[i, 2 * width]
-            x = extra_b
-            if kind == 1:
+            x = extra_b                  # a B, or the first stage's W (its whole backward)
+            if kind == KIND_I:
                 x = backward_bytes(lrow[L_TRANSIENT], 0.0, _rank_working(r, pp, vpp, lrow, hrow, ranks, True))
-            elif kind == 2:
-                x = lrow[L_TRANSIENT] + _rank_weight_working(r, vpp, lrow, hrow, ranks)
+            elif kind == KIND_W:
+                x = _rank_w_residue(r, vpp, lrow, ranks) + _rank_weight_working(r, vpp, lrow, hrow, ranks)
+            elif kind == KIND_FIRST_I:
+                x = 0.0                  # the first stage's I runs nothing
             if held + x > best:
                 best, act, extra = held + x, held, x
         other += extra
@@ -90,10 +93,11 @@ def _chunk_held(r, c, pp, vpp, lrow, hrow, ranks):
 
 @numba.njit(cache=True)
 def _chunk_kept(r, c, lrow, hrow, ranks):
-    """Output gradients chunk c of rank r keeps from an I to its W (``costs.memory``'s ``kept``)."""
-    kept = ranks[r, R_CHUNK + c] * lrow[L_KEPT]
+    """Output gradients chunk c of rank r keeps from an I to its W (``costs.memory``'s ``kept``;
+    none on the first stage, which runs its whole backward as W)."""
     if r == 0 and c == 0:
-        kept += hrow[H_EMB_KEPT]
+        return 0.0
+    kept = ranks[r, R_CHUNK + c] * lrow[L_KEPT]
     if ranks[r, R_LAST] == c:
         kept += hrow[H_HEAD_KEPT]
     return kept
@@ -110,6 +114,17 @@ def _rank_working(r, pp, vpp, lrow, hrow, ranks, input_only):
                              wg * hrow[H_VOCAB_GRAD], hrow[H_LOGITS_GRAD], hrow[H_TIED] > 0, r == 0 and c == 0,
                              ranks[r, R_LAST] == c, _chunk_stash(r, c, pp, vpp, lrow, hrow, ranks))
         best = max(best, w)
+    return best
+
+
+@numba.njit(cache=True)
+def _rank_w_residue(r, vpp, lrow, ranks):
+    """What W's re-runs of recomputed layers leave until it ends, the largest of the rank's chunks
+    but the first stage's (``costs.split_backward.w_recompute_residue``)."""
+    best = 0.0
+    for c in range(vpp):
+        if not (r == 0 and c == 0):
+            best = max(best, ranks[r, R_CHUNK + c] * lrow[L_W_RESIDUE])
     return best
 
 

@@ -28,7 +28,7 @@ from parsim.costs.split_backward import overlapped_time as _overlapped_time
 from .codes import LOOPED_BFS, O_BUBBLE, O_DP, O_PIPE, O_PP, O_STEP, O_TP, OFF_NONE, DUALPIPEV
 from .comm import C_AG_ALL, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER
 from .dag import K_B, K_F, K_FB, K_I, K_W, N_CHUNK, N_CHUNK_B, N_DEP0, N_DEP1, N_KIND, N_KIND_B, N_RANK
-from .tables import (D_ADAM_BYTES, D_GRAD, D_PARAM, H_EMB_BWD, H_EMB_BWD_W, H_EMB_FWD, H_HEAD_BWD, H_HEAD_BWD_W,
+from .tables import (D_ADAM_BYTES, D_GRAD, D_PARAM, H_EMB_BWD, H_EMB_FWD, H_HEAD_BWD, H_HEAD_BWD_W,
                      H_HEAD_FWD, H_P2P_BYTES, L_BWD, L_BWD_I, L_BWD_W, L_FWD, L_RECOMPUTE, L_TP_BWD, L_TP_FWD,
                      L_TP_RECOMPUTE, L_TP_W_RECOMPUTE, L_W_RECOMPUTE, R_CHUNK, R_COMM, R_LAST, R_PARAMS)
 from .timing import (_chained, _plan_terms, _scatter_end, _sync_rounds, host_copy, optimizer_seconds, p2p_seconds)
@@ -72,13 +72,14 @@ def pass_times(plan, t, lrow, hrow, ranks):
             if first:
                 p[P_F] += hrow[H_EMB_FWD]
                 p[P_B] += hrow[H_EMB_BWD]
-                p[P_I] += hrow[H_EMB_BWD] - hrow[H_EMB_BWD_W]
-                p[P_W] += hrow[H_EMB_BWD_W]
             if last:
                 p[P_F] += hrow[H_HEAD_FWD]
                 p[P_B] += hrow[H_HEAD_BWD]
                 p[P_I] += hrow[H_HEAD_BWD] - hrow[H_HEAD_BWD_W]
                 p[P_W] += hrow[H_HEAD_BWD_W]
+            if first:
+                # no input gradient: the first stage's I runs nothing, its W the whole backward
+                p[P_I], p[P_I_COMM], p[P_W] = 0.0, 0.0, p[P_B]
     return out
 
 

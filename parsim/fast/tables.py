@@ -34,7 +34,7 @@ from parsim.costs import timing
 from parsim.costs.activations import layer_working_bytes, logits_grad_bytes, stage_output_bytes, vocab_grad_bytes
 from parsim.costs.footprint import recompute_transient
 from parsim.costs.placement import stages_of_rank
-from parsim.costs.split_backward import (embedding_output_grad_bytes, head_output_grad_bytes, output_grad_bytes,
+from parsim.costs.split_backward import (head_output_grad_bytes, output_grad_bytes, w_recompute_residue,
                                          w_recomputes, weight_grad_working_bytes)
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 
@@ -53,11 +53,11 @@ FIRST_WALKED = WORDS["schedule"].index("zb-h1")
 # gradients kept from I to W, the backward working sets of I and of W
 (L_FWD, L_BWD, L_RECOMPUTE, L_TP_FWD, L_TP_BWD, L_TP_RECOMPUTE, L_ACT, L_ACT_NONE, L_ACT_FULL,
  L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WORK, L_TRANSIENT, L_BWD_I, L_BWD_W, L_W_RECOMPUTE, L_TP_W_RECOMPUTE,
- L_KEPT, L_WORK_I, L_WORK_W, L_WIDTH) = range(22)
-# head table columns; the embedding's and head's weight-gradient times and kept output gradients
+ L_KEPT, L_WORK_I, L_WORK_W, L_W_RESIDUE, L_WIDTH) = range(23)
+# head table columns; the head's weight-gradient time and kept output gradients (the first stage
+# runs its whole backward as W: ``costs.split_backward``)
 (H_EMB_FWD, H_EMB_BWD, H_HEAD_FWD, H_HEAD_BWD, H_EMB_ACT, H_HEAD_ACT, H_P2P_BYTES, H_EMB_PARAMS, H_HEAD_PARAMS_PP1,
- H_HEAD_PARAMS_PPN, H_SBH, H_VOCAB_GRAD, H_TIED, H_LOGITS_GRAD, H_EMB_BWD_W, H_HEAD_BWD_W, H_EMB_KEPT, H_HEAD_KEPT,
- H_WIDTH) = range(19)
+ H_HEAD_PARAMS_PPN, H_SBH, H_VOCAB_GRAD, H_TIED, H_LOGITS_GRAD, H_HEAD_BWD_W, H_HEAD_KEPT, H_WIDTH) = range(17)
 # rank table columns: layers, parameters, the chunk holding the output head (-1: none), the
 # fast.comm columns, then layers per model chunk
 R_LAYERS, R_PARAMS, R_LAST, R_COMM = 0, 1, 2, 3
@@ -187,6 +187,7 @@ def with_recompute(model: ModelSpec, plan: Plan, shape: np.ndarray) -> np.ndarra
         # ... and a split backward's W re-runs it once per weight group (``costs.split_backward``)
         row[L_W_RECOMPUTE] = w_recomputes(model) * row[L_FWD]
         row[L_TP_W_RECOMPUTE] = w_recomputes(model) * row[L_TP_FWD]
+        row[L_W_RESIDUE] = w_recompute_residue(model, 1, row[L_ACT_NONE], row[L_ACT_FULL])
     elif policy == "selective":
         # selective recomputation re-runs only the attention core (Korthikanti et al. 2022 Sec. 5)
         row[L_PRE_BWD] += row[L_RECOMPUTE]
@@ -225,9 +226,7 @@ def head_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ranks: int
     row[H_VOCAB_GRAD] = vocab_grad_bytes(model, plan)
     row[H_TIED] = float(model.tied_embeddings)
     row[H_LOGITS_GRAD] = logits_grad_bytes(model, plan)
-    row[H_EMB_BWD_W] = _ops_time(cluster, emb, "bwd_weight", dt)
     row[H_HEAD_BWD_W] = _ops_time(cluster, head, "bwd_weight", dt)
-    row[H_EMB_KEPT] = embedding_output_grad_bytes(model, plan)
     row[H_HEAD_KEPT] = head_output_grad_bytes(model, plan)
     return row
 

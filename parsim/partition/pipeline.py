@@ -91,8 +91,8 @@ def shared_host_run(plan: Plan, fwd: Sequence[Job], bwd: Sequence[Job], send_s: 
 def _jobs(fwd: Sequence[Job], bwd: Sequence[Job], weight_share: float):
     """An action's (fixed, GEMM, memory-bound) job: F the stage's forward, B its backward, I and W
     its input- and weight-gradient parts (W ``weight_share`` of the GEMM and memory-bound work;
-    the fixed part -- collectives -- with I, as in ``costs.split_backward``), an overlapped F&B
-    slot both jobs (``_solo`` overlaps them)."""
+    the fixed part -- collectives -- with I; the first stage's I nothing and its W all, as in
+    ``costs.split_backward``), an overlapped F&B slot both jobs (``_solo`` overlaps them)."""
     def job(a) -> Job:
         if a.kind == OVERLAP_F_B:
             f, b = (job(x) for x in a.sub_actions)
@@ -100,6 +100,8 @@ def _jobs(fwd: Sequence[Job], bwd: Sequence[Job], weight_share: float):
         if a.kind == "F":
             return fwd[a.stage]
         fixed, gemm, membound = bwd[a.stage]
+        if a.stage == 0 and a.kind in ("I", "W"):     # the first stage's W is its whole backward
+            return bwd[0] if a.kind == "W" else (0.0, 0.0, 0.0)
         if a.kind == "I":
             return (fixed, gemm * (1 - weight_share), membound * (1 - weight_share))
         if a.kind == "W":

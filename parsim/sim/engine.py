@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import simpy
 
@@ -239,6 +239,14 @@ class Simulation:
             f_stage, b_stage = stage
             return overlap_cost(self._price(dev, f_stage, "F", scale), self._price(dev, b_stage, kind[2:], scale),
                                 self.shapes[b_stage], self.layer_params, self.edge_params[b_stage])
+        if stage == 0 and kind in ("I", "W"):
+            # no input gradient on the first stage: its I runs nothing, its W the whole backward
+            # (torch 2.13's PipelineStage; ``costs.split_backward``)
+            full = self._price(dev, 0, "B", scale)
+            if kind == "W":
+                return replace(full, kind="W")
+            return replace(full, kind="I", prologue=(), halves=((),), layers=(), epilogue=(), placed=(),
+                           duration=0.0, exposed_tp=0.0, flops=0.0, grads_ready=())
         return action_cost(self.model, self.cluster, self.plan, self.shapes[stage], kind,
                            lambda op, nbytes: self.comm_time(dev.tp, op, nbytes, in_situ=True), self.layer_params,
                            self.edge_params[stage], scale)
