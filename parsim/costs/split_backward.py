@@ -41,8 +41,9 @@ DualPipe's overlapped slot (DeepSeek-AI 2024, DeepSeek-V3 report, arXiv:2412.194
 Fig. 4): the forward of one chunk and the backward of another run together so that each chunk's
 communication (there all-to-all and PP; here the TP collectives -- PP sends are asynchronous in
 every engine already) hides behind the other chunk's compute. On one device compute does not
-overlap compute, so the slot takes at least the two computes back to back, and each chunk at
-least its own compute + communication chain: ``overlapped_time``. Without TP (no in-line
+overlap compute, nor one link's collectives each other, so the slot takes at least the two
+computes back to back, the two communications back to back, and each chunk its own compute +
+communication chain: ``overlapped_time``. Without TP (no in-line
 communication) the slot is exactly F + B: DualPipeV then gains nothing from overlap and only its
 schedule (bubble, memory) differs.
 """
@@ -114,6 +115,10 @@ def w_recompute_residue(model: ModelSpec, recomputed_layers: int, layer_kept_all
 def overlapped_time(f_compute: float, f_comm: float, b_compute: float, b_comm: float) -> float:
     """Seconds of DualPipe's overlapped slot: a forward (``f_compute`` s of compute, ``f_comm`` s
     of in-line communication) and a backward of another chunk, each chunk's communication hidden
-    behind the other's compute (DeepSeek-AI 2024, Sec 3.2.1): max(F_c + B_c, F_c + F_comm,
-    B_c + B_comm). Between max(F, B) and F + B (F = F_c + F_comm); F + B without communication."""
-    return max(f_compute + b_compute, f_compute + f_comm, b_compute + b_comm)
+    behind the other's compute (DeepSeek-AI 2024, Sec 3.2.1), on one compute stream and one
+    communication stream: max(F_c + B_c, F_comm + B_comm, F_c + F_comm, B_c + B_comm) -- each
+    stream carries both passes' work, each pass is a chain. Between max(F, B) and F + B
+    (F = F_c + F_comm); F + B without communication. A bound: the SimPy engine plays the two
+    chains segment by segment (``sim.compute.overlap_cost``) and stays above it where a chain waits
+    for the other's segment to end."""
+    return max(f_compute + b_compute, f_comm + b_comm, f_compute + f_comm, b_compute + b_comm)

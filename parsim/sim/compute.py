@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from parsim.costs import (embedding_ops, head_ops, layer_ops, stage_recompute, tp_collectives_edge,
                           tp_collectives_per_layer)
 from parsim.costs.host import ComputeScale
-from parsim.costs.split_backward import w_recomputes
+from parsim.costs.split_backward import overlapped_time, w_recomputes
 from parsim.costs.timing import op_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 
@@ -269,21 +269,32 @@ def action_cost(model: ModelSpec, cluster: ClusterSpec, plan: Plan, shape: Stage
 def overlap_cost(f: ActionCost, b: ActionCost, shape: StageShape, layer_params: float,
                  edge_params: tuple[float, float]) -> ActionCost:
     """DualPipe's overlapped slot: the forward ``f`` of one stage and the backward ``b`` (B or I)
-    of another (``shape``) as two chains sharing the compute and the TP stream (``place``, as
-    sub-pipelined TP's halves), so each chain's TP collectives run while the other computes
-    (DeepSeek-AI 2024, Sec 3.2.1; ``costs.split_backward.overlapped_time`` is the bound the fast
-    path takes). Kind ``F&`` + the backward's kind; its stage is the backward's."""
+    of another (``shape``), each one's TP collectives hidden behind the other's compute
+    (DeepSeek-AI 2024, Sec 3.2.1). Its duration is the one rule every engine takes,
+    ``costs.split_backward.overlapped_time`` of the two passes' compute and communication. The
+    segments are the two chains replayed on the shared compute and TP streams (``place``, as
+    sub-pipelined TP's halves) and drawn compressed to that duration; a device stepped segment by
+    segment (ZeRO-3, TP sharing a link, full mode) replays them as they are, which hides less
+    (``actions.run_stepped``). Kind ``F&`` + the backward's kind; its stage is the backward's."""
     chains = [_flat(f), _flat(b)]
-    placed = tuple(place(chains))
-    duration = max((p.end for p in placed), default=0.0)
+    replay = place(chains)
+    replayed = max((p.end for p in replay), default=0.0)
+    duration = overlapped_time(*_compute_and_comm(f), *_compute_and_comm(b))
+    scale = duration / replayed if replayed > 0 else 1.0
+    placed = tuple(Placed(p.start * scale, p.end * scale, p.half, p.segment) for p in replay)
     comm = [(p.start, p.end) for p in placed if p.segment.stream == "tp"]
     cover = [(p.start, p.end) for p in placed if p.segment.stream == "compute"]
-    kind = "F&" + b.kind
     backward = [p for p in placed if p.half == 1]
-    return ActionCost(kind=kind, stage=b.stage, prologue=(), halves=tuple(tuple(c) for c in chains),
+    return ActionCost(kind="F&" + b.kind, stage=b.stage, prologue=(), halves=tuple(tuple(c) for c in chains),
                       layers=(tuple(tuple(c) for c in chains),), epilogue=(), placed=placed, duration=duration,
                       exposed_tp=uncovered(comm, cover), flops=f.flops + b.flops,
                       grads_ready=_grads_ready(backward, shape, b.kind, layer_params, edge_params), f_stage=f.stage)
+
+
+def _compute_and_comm(cost: ActionCost) -> tuple[float, float]:
+    """Seconds of an action's compute segments, and the rest of its duration (its TP collectives)."""
+    compute = sum(p.end - p.start for p in cost.placed if p.segment.stream == "compute")
+    return compute, cost.duration - compute
 
 
 def _flat(cost: ActionCost) -> list[Segment]:
