@@ -209,7 +209,8 @@ def start_whole(env: simpy.Environment, sim: "Simulation", dev: "Device", cost: 
     gradients' readiness and its ZeRO-2 reduce-scatters hang on the inside offsets."""
     now, stage, kind = env.now, cost.stage, cost.kind
     if sim.sharing is not None:
-        solo = sim.solo_seconds(dev, stage, kind)
+        # an overlapped slot is priced (and memoised) under its (forward, backward) stages
+        solo = sim.solo_seconds(dev, (cost.f_stage, stage) if kind.startswith("F&") else stage, kind)
         stretch = sim.sharing.estimate(*solo) / cost.duration if cost.duration > 0 else 1.0
         done = sim.sharing.run(*solo)
     else:
