@@ -60,3 +60,28 @@ def test_zero_bubble_plan_matches_single_process_reference(results, model, plan)
     assert max(relative_errors(result.losses, ref.losses)) <= 1e-5, (result.losses, ref.losses)
     assert worst_tensor_error(result.grads, ref.grads) <= 1e-5
     assert max_abs_difference(result.params, ref.params) <= 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("model, plan", PLANS, ids=[p for _, p in PLANS])
+def test_each_rank_runs_the_ir_in_order_and_its_bubble_is_measured(results, model, plan):
+    """The traced step's compute actions per rank are the schedule's, in its order (an
+    overlapped slot as its F then its B/I), and every rank's idle share is measured."""
+    from parsim.schedules import build_schedule_for_plan
+    from parsim.schedules.ir import leaf_actions
+    from parsim.trace.metrics import bubble_fraction_by_rank
+
+    result = results[(model, plan)]
+    p = parse_plan(plan + " dtype=fp32")
+    schedule = build_schedule_for_plan(p)
+    pp_rank = {r: r // (p.dp * p.tp) for r in range(p.world_size)}      # rank = (pp_rank * dp + dp_rank) * tp + tp_rank
+    for rank in range(p.world_size):
+        traced = sorted((e for e in result.trace.events if e.rank == rank and e.stream == "compute"
+                         and e.layer == -1 and e.kind in ("F", "B", "I", "W")), key=lambda e: (e.start, e.end))
+        expected = [(a.kind, a.stage, a.microbatch) for a in leaf_actions(schedule.actions[pp_rank[rank]])]
+        assert [(e.kind, e.stage, e.microbatch) for e in traced] == expected, rank
+    bubbles = bubble_fraction_by_rank(result.trace)
+    assert sorted(bubbles) == list(range(p.world_size))
+    assert all(0.0 <= b < 1.0 for b in bubbles.values())
