@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import simpy
 
@@ -39,13 +39,14 @@ from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes
                           zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing
 from parsim.costs.optimizer import layer_from_host_s, layer_shard_bytes
+from parsim.costs.placement import loop_placed, rank_of_stage, stages_of_rank
 from parsim.costs.timing import collective_time, p2p_time
 from parsim.costs.zero import gathers_layers, scatters_every_backward
-from parsim.schedules import Action, Schedule, build_schedule
+from parsim.schedules import OVERLAP_F_B, Action, Schedule, build_schedule_for_plan
 from parsim.specs import (ClusterSpec, ModelSpec, Plan, RankLayout, SpecError, load_cluster, load_model, parse_plan,
                           validate)
 
-from .compute import ActionCost, action_cost, stage_shapes
+from .compute import ActionCost, action_cost, overlap_cost, stage_shapes
 from .device import device
 from .dp import gradient_sync
 from .memory import MemoryTimeline, stage_footprints, static_bytes
@@ -62,7 +63,7 @@ class Device:
     rank: int
     pp_rank: int
     replica: tuple[int, int]              # (dp_rank, tp_rank)
-    actions: tuple[Action, ...]
+    actions: tuple[Action, ...]           # overlapped F&B slots as ("F&", slot index, None)
     scale: ComputeScale                   # compute slowdown factors (stragglers x host contention)
     ledger: ComputeLedger                 # compute owed to collectives and side streams (``costs.host``)
     stepped: bool                         # run actions segment by segment
@@ -78,6 +79,8 @@ class Device:
     sync_order: list[int]                 # stages in the order their gradients complete
     grads_started: dict[int, simpy.Event] = field(default_factory=dict)
     sync: simpy.Process | None = None
+    run: object = None                    # the stepped action whose last gradients await its send
+    overlaps: tuple = ()                  # the OverlapFB items of ``actions``, by slot index
     pending_dp: list = field(default_factory=list)
     costs: dict = field(default_factory=dict)             # (stage, kind) -> ActionCost
     routes: dict = field(default_factory=dict)            # stage sent to -> (port, seconds)
@@ -171,14 +174,16 @@ class Simulation:
             p, d, t = layout.coords(r)
             tp = communicator("tp", [layout.rank(p, d, x) for x in range(plan.tp)])
             dp = communicator("dp", [layout.rank(p, x, t) for x in range(plan.dp)])
-            actions = self.schedule.actions[p]
+            actions, overlaps = _device_actions(self.schedule.actions[p])
             last_bwd = {}
             for i, (kind, stage, _) in enumerate(actions):
                 if kind in ("B", "W"):
                     last_bwd[stage] = i
+                elif kind == "F&" and overlaps[stage].backward.kind == "B":
+                    last_bwd[overlaps[stage].backward.stage] = i
             self.recorder.add_rank(r)
             devices[r] = Device(
-                rank=r, pp_rank=p, replica=(d, t), actions=actions, scale=contention.times(float(slowdown.get(r, 1.0))),
+                rank=r, pp_rank=p, replica=(d, t), actions=actions, overlaps=overlaps, scale=contention.times(float(slowdown.get(r, 1.0))),
                 ledger=ComputeLedger(self.interference),
                 stepped=self._needs_steps(r, tp, dp), ports=ports[r], tp=tp, dp=dp,
                 memory=MemoryTimeline.starting_with(static_bytes(self.model, plan, p, self.zero_copies)),
@@ -200,6 +205,10 @@ class Simulation:
         p, d, t = self.layout.coords(rank)
         wrap = plan.vpp > 1                 # interleaving sends from the last rank to the first
         neighbours = [q % plan.pp for q in (p - 1, p + 1) if plan.pp > 1 and (wrap or 0 <= q < plan.pp)]
+        if not loop_placed(plan):           # the ranks holding the stages next to this rank's
+            last = plan.pp * plan.vpp - 1
+            neighbours = sorted({rank_of_stage(plan, x) for s in stages_of_rank(plan, p) for x in (s - 1, s + 1)
+                                 if 0 <= x <= last} - {p})
         others = {link_between(self.cluster, rank, self.layout.rank(q, d, t)) for q in neighbours}
         if plan.dp > 1:
             others.add(dp.link)
@@ -224,7 +233,21 @@ class Simulation:
             dev.costs[(stage, kind)] = c
         return c
 
-    def _price(self, dev: Device, stage: int, kind: str, scale: ComputeScale) -> ActionCost:
+    def _price(self, dev: Device, stage, kind: str, scale: ComputeScale) -> ActionCost:
+        """An action's cost; an overlapped slot's ``stage`` is (forward stage, backward stage) and
+        its kind ``F&`` + the backward's kind."""
+        if kind.startswith("F&"):
+            f_stage, b_stage = stage
+            return overlap_cost(self._price(dev, f_stage, "F", scale), self._price(dev, b_stage, kind[2:], scale),
+                                self.shapes[b_stage], self.layer_params, self.edge_params[b_stage])
+        if stage == 0 and kind in ("I", "W"):
+            # no input gradient on the first stage: its I runs nothing, its W the whole backward
+            # (torch 2.13's PipelineStage; ``costs.split_backward``)
+            full = self._price(dev, 0, "B", scale)
+            if kind == "W":
+                return replace(full, kind="W")
+            return replace(full, kind="I", prologue=(), halves=((),), layers=(), epilogue=(), placed=(),
+                           duration=0.0, exposed_tp=0.0, flops=0.0, grads_ready=())
         return action_cost(self.model, self.cluster, self.plan, self.shapes[stage], kind,
                            lambda op, nbytes: self.comm_time(dev.tp, op, nbytes, in_situ=True), self.layer_params,
                            self.edge_params[stage], scale)
@@ -271,12 +294,14 @@ class Simulation:
         event at the arrival, else the arrival time is left for it (no event at all)."""
         route = dev.routes.get(to_stage)
         if route is None:
-            dst = self.layout.rank(to_stage % self.plan.pp, *dev.replica)
-            duration = p2p_time(self.cluster, self.p2p_nbytes, dev.rank, dst)
-            route = dev.routes[to_stage] = (getattr(dev.ports, link_between(self.cluster, dev.rank, dst)), duration)
+            dst = self.layout.rank(rank_of_stage(self.plan, to_stage), *dev.replica)
+            duration = p2p_time(self.cluster, self.p2p_nbytes, dev.rank, dst) if dst != dev.rank else 0.0
+            port = None if dst == dev.rank else getattr(dev.ports, link_between(self.cluster, dev.rank, dst))
+            route = dev.routes[to_stage] = (port, duration)
         port, duration = route
         now = self.env.now
-        start = port.reserve(now, duration)
+        # a stage handing over to another stage on the same device (the turn of a V) sends nothing
+        start = port.reserve(now, duration) if port is not None else now
         k = (dev.replica, key)
         waiting = self.deliveries.pop(k, None)
         if waiting is None:
@@ -286,6 +311,22 @@ class Simulation:
         if self.recorder.keep_events and duration > 0:
             self.recorder.rows.append((dev.rank, key[1], "pp", "send", microbatch, -1, start, start + duration,
                                        self.p2p_nbytes, 0.0, SEND_F if key[0] == "act" else SEND_B))
+
+
+def _device_actions(order) -> tuple[tuple, tuple]:
+    """A rank's actions as (kind, stage, microbatch) triples for the device loop, each overlapped
+    F&B slot as ("F&", its index in the second list, None)."""
+    overlaps = [item for item in order if item.kind == OVERLAP_F_B]
+    if not overlaps:
+        return tuple(order), ()
+    out, k = [], 0
+    for item in order:
+        if item.kind == OVERLAP_F_B:
+            out.append(("F&", k, None))
+            k += 1
+        else:
+            out.append(item)
+    return tuple(out), tuple(overlaps)
 
 
 def _run(model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule, mode: str, slowdown: dict,
@@ -335,7 +376,7 @@ def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | st
         raise SpecError("slowdown", ",".join(f"{r}={f}" for r, f in slowdown.items()),
                         "per-rank slowdowns need mode=full (every device simulated)")
     if schedule is None:
-        schedule = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
+        schedule = build_schedule_for_plan(plan)
     elif (schedule.pp, schedule.vpp, schedule.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):
         raise SpecError("schedule", schedule.name, f"must have pp={plan.pp}, vpp={plan.vpp} and "
                         f"{plan.num_microbatches} microbatches to match the plan")
