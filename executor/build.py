@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from parsim.schedules import Schedule, build_schedule
-from parsim.specs import ModelSpec, Plan, stage_layers
+from parsim.schedules import Schedule, build_schedule_for_plan
+from parsim.schedules.ir import leaf_actions
+from parsim.specs import ModelSpec, Plan, SpecError, stage_layers
 
 from .dp_parallel import DataParallelGradients, apply_ddp
 from .model import StageModule, canonical_init, canonical_name
@@ -65,7 +66,11 @@ def build_chunk(model: ModelSpec, plan: Plan, stage: int, dims: ParallelDims, re
 
 def build_training(model: ModelSpec, plan: Plan, dims: ParallelDims, recorder, seed: int,
                    restore: "CanonicalState | None" = None) -> Training:
-    schedule = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
+    schedule = build_schedule_for_plan(plan)
+    split = any(a.kind in ("I", "W") for order in schedule.actions for item in order for a in leaf_actions([item]))
+    if split and plan.zero >= 2 and plan.dp > 1:
+        raise SpecError("zero", plan.zero, f"zero <= 1 with schedule={plan.schedule}: the executor's FSDP "
+                        "(ZeRO-2/3) does not run a backward split into input and weight gradients")
     stages = schedule.stages_of_rank(dims.pp_rank)
     chunks = {s: build_chunk(model, plan, s, dims, recorder, seed, restore) for s in stages}
 
@@ -104,7 +109,8 @@ def build_training(model: ModelSpec, plan: Plan, dims: ParallelDims, recorder, s
 
     runtime = PipelineRuntime(schedule, dims.pp_rank, chunks, p2p, recorder, autocast_factory(plan.dtype, dims.device),
                               on_backward_done=classify_grads,
-                              before_backward=keep_gathered if fsdp and plan.zero == 2 else None)
+                              before_backward=keep_gathered if fsdp and plan.zero == 2 else None,
+                              on_weights=dp_gradients.accumulated if dp_gradients is not None else None)
     scaler = LossScaler(enabled=plan.dtype == "fp16")
     if restore is not None and restore.scaler:
         scaler.load_state_dict(restore.scaler)

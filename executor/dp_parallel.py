@@ -42,6 +42,13 @@ class DataParallelGradients:
             bucket.flat.zero_()
             bucket.views()
 
+    def accumulated(self, params: list[torch.nn.Parameter]) -> None:
+        """Gradients added into ``.grad`` without autograd's hooks (a split backward's W,
+        ``split_backward``): counted as the hook would."""
+        for p in params:
+            if p in self.bucket_of:
+                self._on_accumulated(p)
+
     def buffers(self) -> list[torch.Tensor]:
         return [b.flat for b in self.buckets]
 

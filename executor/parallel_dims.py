@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from parsim.costs.placement import rank_of_stage
 from parsim.specs import Plan, RankLayout
 
 MESH_DIMS = ("pp", "dp", "tp")
@@ -103,8 +104,9 @@ def build_parallel_dims(plan: Plan, rank: int, device: torch.device, timeout_s: 
     # stream (the classic 1F1B deadlock); gloo does not need it but runs the same code.
     dims.p2p_up = dist.new_group(everyone, timeout=timeout)
     dims.p2p_down = dist.new_group(everyone, timeout=timeout)
-    if plan.pp > 1:
-        ends = [[layout.rank(0, d, t), layout.rank(plan.pp - 1, d, t)] for d in range(plan.dp) for t in range(plan.tp)]
+    head = rank_of_stage(plan, plan.pp * plan.vpp - 1)       # the output layer's pipeline rank
+    if plan.pp > 1 and head != 0:        # (a V-shaped placement keeps both ends on rank 0: no group)
+        ends = [[layout.rank(0, d, t), layout.rank(head, d, t)] for d in range(plan.dp) for t in range(plan.tp)]
         dims.embedding_group = mine(ends)
     mesh = torch.arange(dims.world_size).view(plan.pp, plan.dp, plan.tp)
     dims.mesh = DeviceMesh.from_group([dims.pp_group, dims.dp_group, dims.tp_group], device.type,

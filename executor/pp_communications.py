@@ -1,8 +1,10 @@
 """Pipeline messages between stages: activations forward, their gradients backward.
 
 Messages are implied by the Schedule IR: after ``F s.j`` (s not last) rank(s) sends the
-activation of microbatch j to rank(s+1); after ``B s.j`` (s not first) it sends the input
-gradient to rank(s-1). Sends are non-blocking (``isend``) and finish in the background.
+activation of microbatch j to rank(s+1); after ``B s.j`` or ``I s.j`` (s not first) it sends the
+input gradient to rank(s-1); an overlapped F&B slot sends both. Where the two stages share a rank
+(the turn of a V-shaped placement) nothing is sent: the runtime hands the tensor over itself.
+Sends are non-blocking (``isend``) and finish in the background.
 
 Ordering, correct by construction for gloo and NCCL: both backends match point-to-point
 messages between a pair in posting order, so a receiver posts its receives from a peer in
@@ -20,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from parsim.schedules import Schedule
+from parsim.schedules.ir import leaf_actions
 
 from .parallel_dims import ParallelDims
 
@@ -33,16 +36,23 @@ class Message(NamedTuple):
         return self.src_stage + 1 if self.kind == "act" else self.src_stage - 1
 
 
-def outgoing_messages(schedule: Schedule, pp_rank: int) -> list[Message]:
-    """The messages ``pp_rank`` sends, in the order it sends them."""
+def produced_messages(schedule: Schedule, action) -> list[Message]:
+    """The messages an action's outputs make (an overlapped slot's forward's first), wherever
+    they go."""
     last = schedule.num_stages - 1
     out = []
-    for action in schedule.actions[pp_rank]:
-        if action.kind == "F" and action.stage < last:
-            out.append(Message("act", action.stage, action.microbatch))
-        elif action.kind == "B" and action.stage > 0:
-            out.append(Message("grad", action.stage, action.microbatch))
+    for a in leaf_actions([action]):
+        if a.kind == "F" and a.stage < last:
+            out.append(Message("act", a.stage, a.microbatch))
+        elif a.kind in ("B", "I") and a.stage > 0:
+            out.append(Message("grad", a.stage, a.microbatch))
     return out
+
+
+def outgoing_messages(schedule: Schedule, pp_rank: int) -> list[Message]:
+    """The messages ``pp_rank`` sends to other ranks, in the order it sends them."""
+    return [m for action in schedule.actions[pp_rank] for m in produced_messages(schedule, action)
+            if schedule.rank_of_stage(m.dst_stage()) != pp_rank]
 
 
 class PipelineP2P:

@@ -96,8 +96,8 @@ def combine(results: list[RankResult], *, model: str, plan_text: str, backend: s
     steps = results[0].steps
     step_times = [max(r.step_times[i] for r in results) for i in range(len(steps))]
     losses = []
-    last_pp = max(r.coords[0] for r in results)
-    loss_ranks = [r for r in results if r.coords[0] == last_pp and r.coords[2] == 0]
+    # the ranks holding the last stage (the last pipeline rank, or rank 0 under a V placement)
+    loss_ranks = [r for r in results if r.coords[2] == 0 and r.microbatch_losses and r.microbatch_losses[0]]
     for i in range(len(steps)):
         per_replica = [statistics.fmean(r.microbatch_losses[i]) for r in loss_ranks]
         losses.append(statistics.fmean(per_replica))

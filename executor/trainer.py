@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from parsim.costs.placement import stages_of_rank
 from parsim.specs import ModelSpec, Plan, stage_layers
 
 from .build import Training, build_training, stage_first_layers
@@ -37,7 +38,7 @@ def train_rank(spec: ModelSpec, plan: Plan, config: ExecutorConfig, dims: Parall
     restore = None
     if config.resume_dir:
         from .checkpoint import load_checkpoint   # DCP and DTensor: imported only when used
-        stages = [dims.pp_rank + v * plan.pp for v in range(plan.vpp)]
+        stages = stages_of_rank(plan, dims.pp_rank)
         restore = load_checkpoint(config.resume_dir, spec, plan, stages, stage_first_layers(spec, plan),
                                   stage_layers(spec, plan))
     training = build_training(spec, plan, dims, recorder, config.seed, restore)

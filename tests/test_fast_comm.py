@@ -4,7 +4,7 @@ import pytest
 from parsim.costs import dp_buckets, optimizer_step, p2p_bytes, stage_params, state_bytes, timing
 from parsim.fast.comm import CollectivePricer, dp_group_ranks
 from parsim.fast.ranks import (R_PARAMS, S_BUCKET_DOWN, S_BUCKETS_DOWN, S_GRADS_DOWN, S_LAYER_UP, S_OPT_STEP,
-                               S_PARAMS_UP, RankRows, send_rows, step_block)
+                               S_PARAMS_UP, RankRows, send_between, send_rows, step_block)
 from parsim.specs import DTYPES, OFFLOADS, Plan, RankLayout, load_cluster, load_model
 
 
@@ -12,15 +12,15 @@ from parsim.specs import DTYPES, OFFLOADS, Plan, RankLayout, load_cluster, load_
                                                       ("a100-80g:64", 1, 8, 8), ("cpu:4", 1, 1, 4)])
 def test_pipeline_send_time_equals_timing_p2p_time(cluster_name, dp, tp, pp):
     """Each pipeline rank's send (some inside a node, some across) is ``timing.p2p_time`` between
-    the representative devices of the two ranks."""
+    the representative devices of the two ranks; the last rank's, to rank 0 (a loop's turn)."""
     cluster, model = load_cluster(cluster_name), load_model("gpt3-1.3b")
     layout = RankLayout(dp=dp, tp=tp, pp=pp)
     for mbs in (1, 4):
         nbytes = p2p_bytes(model, Plan(dp=dp, tp=tp, pp=pp, mbs=mbs))
         sends = send_rows(model, cluster, dp, tp, pp, mbs, DTYPES.index("bf16"))
-        expected = [timing.p2p_time(cluster, nbytes, layout.rank(r, 0, 0), layout.rank(r + 1, 0, 0))
-                    for r in range(pp - 1)]
-        assert sends.tolist() == expected + [0.0]
+        expected = [timing.p2p_time(cluster, nbytes, layout.rank(r, 0, 0), layout.rank((r + 1) % pp, 0, 0))
+                    for r in range(pp)]
+        assert sends.tolist() == expected
 
 
 @pytest.mark.parametrize("dp, tp, pp", [(8, 1, 8), (4, 2, 8), (3, 4, 4), (16, 4, 1), (2, 2, 16), (64, 1, 1)])
@@ -85,3 +85,18 @@ def test_optimizer_step_shards_over_dp_from_zero_1_and_runs_on_the_host_with_off
     assert offloaded.grads_to_host_bytes == n / 8 * state_bytes("bf16").grad
     assert offloaded.params_from_host_s == timing.host_transfer_time(cluster, n / 8 * state_bytes("bf16").param)
     assert plain.grads_to_host_s == plain.params_from_host_s == 0.0
+
+
+def test_a_graph_edge_is_priced_as_the_send_between_its_two_ranks():
+    """``send_between``: the pair's send either way (``p2p_time`` is the same both ways), the last
+    rank's turn to rank 0 across nodes, and nothing between two stages of one rank (a V's turn)."""
+    cluster, model = load_cluster("a100-80g:32"), load_model("gpt3-1.3b")
+    dp, tp, pp = 4, 1, 8                       # pipeline rank r on global rank 4 r: two ranks per node
+    layout = RankLayout(dp=dp, tp=tp, pp=pp)
+    nbytes = p2p_bytes(model, Plan(dp=dp, tp=tp, pp=pp))
+    sends = send_rows(model, cluster, dp, tp, pp, 1, DTYPES.index("bf16"))
+    for a, b in [(0, 1), (1, 2), (3, 2), (7, 0), (0, 7)]:
+        expected = timing.p2p_time(cluster, nbytes, layout.rank(a, 0, 0), layout.rank(b, 0, 0))
+        assert send_between(sends, a, b) == expected
+    assert send_between(sends, 1, 2) > send_between(sends, 0, 1)      # across nodes, then inside one
+    assert send_between(sends, 5, 5) == 0.0

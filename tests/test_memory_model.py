@@ -81,8 +81,11 @@ def test_working_set_follows_the_largest_term(position):
     assert backward_working_bytes(spec, plan, first, last, stash) == pytest.approx(working, rel=0.01)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_pipeline_peak_per_rank_matches_the_model_on_two_gloo_ranks(schedule):
+# the zero-bubble family within the issue's 3 % (#21): on this 4-layer model the split backward's
+# peaks (kept output gradients, W's working set) were off by 0.1-2.1 % per rank
+@pytest.mark.parametrize("schedule, rel", [("gpipe", 0.01), ("1f1b", 0.01), ("zb-h1", 0.03), ("zbv", 0.03),
+                                           ("dualpipev", 0.03)])
+def test_pipeline_peak_per_rank_matches_the_model_on_two_gloo_ranks(schedule, rel):
     """pp=2 on real gloo ranks: each rank's measured peak (its memory-tracked step, gradients
     kept from the step before as Megatron-LM's buffer keeps them) equals ``memory_by_stage``.
     GPipe holds every microbatch when its first backward starts; freeing the gradients between
@@ -97,4 +100,4 @@ def test_pipeline_peak_per_rank_matches_the_model_on_two_gloo_ranks(schedule):
     result = run_plans([RunSpec(spec, plan, ExecutorConfig(steps=3, warmup=2, track_memory=True))])[0]
     predicted = [s.total for s in memory_by_stage(spec, plan, load_cluster("cpu:2"))]
     for measured, model in zip(result.peak_memory_bytes_by_rank, predicted):
-        assert model == pytest.approx(measured, rel=0.01)
+        assert model == pytest.approx(measured, rel=rel)

@@ -141,3 +141,16 @@ def test_the_event_bound_counts_the_classes_full_mode_simulates():
     assert check_simulation(model, cluster, plan, mode="full", limit=10**7, replicas=replicas).events < 10**6
     result = api_simulate(model, cluster, plan, mode="full", max_events=10**7)
     assert result.step_time_s > 0
+
+
+@pytest.mark.parametrize("plan, slowdown", [
+    ("dp=2 tp=8 pp=2 gbs=8 schedule=zbv", None),
+    ("dp=2 tp=8 pp=2 gbs=8 schedule=dualpipev", {3: 1.5}),
+    ("dp=2 tp=8 pp=2 gbs=8 schedule=zb-h1", {17: 1.3}),
+])
+def test_zero_bubble_schedules_by_classes_report_what_the_rank_by_rank_run_reports(plan, slowdown):
+    # merged features: V-shaped placement and split backward (issue 21) under full mode by classes
+    by_rank = simulate("gpt3-1.3b", "a100-80g:32", plan, mode="full", slowdown=slowdown, symmetric=False)
+    by_class = simulate("gpt3-1.3b", "a100-80g:32", plan, mode="full", slowdown=slowdown)
+    assert by_class.num_events < by_rank.num_events
+    assert _close(_outputs(by_class), _outputs(by_rank))

@@ -59,7 +59,15 @@ class Sweep:
         return {"model": self.model.name, "cluster": self.cluster.name, "num_devices": self.cluster.num_devices,
                 "gbs": int(r.frame["gbs"].iloc[0]), "seq_len": self.model.seq_len, "headroom": r.headroom,
                 "capacity_bytes": r.capacity_bytes, "num_plans": r.num_plans, "num_fit": r.num_fit,
-                "num_resimulated": r.num_resimulated, "timings_s": r.timings_s, "rows": r.rows(top)}
+                "num_resimulated": r.num_resimulated, "timings_s": r.timings_s, "rows": r.rows(top),
+                "schedules": self.schedules()}
+
+    def schedules(self) -> list[dict[str, Any]]:
+        """Each pipeline schedule against 1F1B at the same layouts: where it is faster, by how
+        much and at how many microbatches per stage; where slower (recompute=full) or too big
+        (``parsim.study.schedule_advice.schedule_summary``; memory in bytes)."""
+        from parsim.study.schedule_advice import schedule_summary
+        return schedule_summary(self.result.frame)
 
 
 def _run_sweep(model: ModelLike, cluster: ClusterLike, *, profile: str | Path | None, gbs: int | None,

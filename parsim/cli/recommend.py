@@ -52,4 +52,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"    - {reason}")
     for line in rec.memory_advice:
         print(f"  {line}")
+    if rec.schedule_advice:
+        print("\npipeline schedules against 1f1b (best variant of each at every layout of the sweep):")
+        for line in rec.schedule_advice:
+            print(f"    - {line}")
     return 0

@@ -59,6 +59,11 @@ def run(args: argparse.Namespace) -> int:
           f"plans, {result.num_fit} fit in {gib(result.result.capacity_bytes * (1 - args.headroom))} GiB "
           f"({result.result.num_resimulated} re-simulated)")
     print(format_rows(result.rows(args.top)))
+    schedules = result.schedules()
+    if schedules:
+        print("\npipeline schedules against 1f1b (best variant of each at every layout of the sweep):")
+        for s in schedules:
+            print(f"  - {s['verdict']}")
     if args.out:
         print(f"wrote {args.out}", file=sys.stderr)
     return 0

@@ -28,9 +28,12 @@ from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 from . import footprint
 from .activations import (backward_working_bytes, embedding_activation_bytes, head_activation_bytes,
                           layer_activation_bytes, stage_output_bytes)
-from .inflight import Moment, peak_moments
+from .inflight import rank_moments
 from .params import layer_params, stage_params
+from .placement import rank_of_stage, stages_of_rank
 from .recompute import layer_recompute, recomputes_fully, stage_recompute
+from .split_backward import (head_output_grad_bytes, output_grad_bytes, w_recompute_residue,
+                             weight_grad_working_bytes)
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
 
@@ -72,10 +75,18 @@ class StageMemory:
 
 @dataclass(frozen=True)
 class StageFootprint:
-    """Bytes one virtual stage adds on one device (``costs.footprint``)."""
-    activations: float       # per microbatch in flight, from its forward's start to its backward's end
+    """Bytes one virtual stage adds on one device (``costs.footprint``; split backward:
+    ``costs.split_backward``)."""
+    activations: float       # per microbatch in flight, from its forward's start to its backward's (W's) end
     backward: float          # during each of its backwards (``footprint.backward_bytes``)
     gathered_params: float   # ZeRO-3: full parameters of two layers during every action
+    kept: float = 0.0             # per microbatch from its I's end to its W's end: the output gradients
+    backward_input: float = 0.0   # during each of its input-gradient passes (I)
+    backward_weight: float = 0.0  # during each of its weight-gradient passes (W)
+
+    def during(self, kind: str) -> float:
+        """What a backward pass of ``kind`` (B, I or W) holds while it runs."""
+        return self.backward if kind == "B" else self.backward_input if kind == "I" else self.backward_weight
 
 
 def zero_model_state_bytes(num_params: float, dp: int, zero: int, k: float = 12.0,
@@ -136,16 +147,33 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[
     in_backward = fsdp2_bytes(model, plan, 0.0)[1] if fsdp2 else 0.0
     gathered = footprint.gathered_layers(layer_params(model, plan.tp), state_bytes(plan.dtype).param, plan.zero,
                                          plan.offload == "optimizer+params")
-    groups = [layer_recompute(plan, s, n) for s, n in enumerate(stage_layers(model, plan))]
+    counts = stage_layers(model, plan)
+    groups = [layer_recompute(plan, s, n) for s, n in enumerate(counts)]
     stash = [_stash_bytes(model, plan, s, g) for s, g in enumerate(groups)]
     working = [_rank_working(model, plan, r, stash, in_backward == 0.0) for r in range(plan.pp)]
+    input_working = [_rank_working(model, plan, r, stash, False) for r in range(plan.pp)]
+    weight_working = [in_backward if in_backward else _rank_weight_working(model, plan, r) for r in range(plan.pp)]
     kept_all, kept_input = layer_activation_bytes(model, plan, "none"), layer_activation_bytes(model, plan, "full")
+    # W's re-runs of recomputed layers (split_backward): one value per rank, the largest of its
+    # stages but the first (whose W is a whole backward), as the working sets
+    residue = [max((w_recompute_residue(model, sum(n for n, policy in groups[s] if policy == "full"), kept_all,
+                                        kept_input) for s in stages_of_rank(plan, r) if s > 0), default=0.0)
+               for r in range(plan.pp)]
     output = stage_output_bytes(model, plan)
+    last = len(groups) - 1
+    layer_dy, head_dy = output_grad_bytes(model, plan), head_output_grad_bytes(model, plan)
     out = []
     for s, g in enumerate(groups):
         transient = footprint.recompute_transient(recomputes_fully(g), kept_all, kept_input)
-        out.append(StageFootprint(footprint.held_bytes(stash[s], s == len(groups) - 1, output),
-                                  footprint.backward_bytes(transient, in_backward, working[s % plan.pp]), gathered))
+        r = rank_of_stage(plan, s)
+        backward = footprint.backward_bytes(transient, in_backward, working[r])
+        if s == 0:       # no input gradient: its I runs nothing, its W the whole backward (split_backward)
+            split = dict(kept=0.0, backward_input=0.0, backward_weight=backward)
+        else:
+            split = dict(kept=counts[s] * layer_dy + (head_dy if s == last else 0.0),
+                         backward_input=footprint.backward_bytes(transient, 0.0, input_working[r]),
+                         backward_weight=residue[r] + weight_working[r])
+        out.append(StageFootprint(footprint.held_bytes(stash[s], s == last, output), backward, gathered, **split))
     return out
 
 
@@ -160,7 +188,13 @@ def _stash_bytes(model: ModelSpec, plan: Plan, vstage: int, groups: list[tuple[i
 def _rank_working(model: ModelSpec, plan: Plan, pp_rank: int, stash: list[float], weight_grads: bool) -> float:
     last = plan.pp * plan.vpp - 1
     return max(backward_working_bytes(model, plan, vstage == 0, vstage == last, stash[vstage], weight_grads)
-               for vstage in range(pp_rank, plan.pp * plan.vpp, plan.pp))
+               for vstage in stages_of_rank(plan, pp_rank))
+
+
+def _rank_weight_working(model: ModelSpec, plan: Plan, pp_rank: int) -> float:
+    """The largest weight-gradient working set of a rank's stages (``split_backward``)."""
+    last = plan.pp * plan.vpp - 1
+    return max(weight_grad_working_bytes(model, plan, s == 0, s == last) for s in stages_of_rank(plan, pp_rank))
 
 
 def rank_backward_working(model: ModelSpec, plan: Plan, pp_rank: int, weight_grads: bool = True) -> float:
@@ -173,14 +207,18 @@ def rank_backward_working(model: ModelSpec, plan: Plan, pp_rank: int, weight_gra
     return _rank_working(model, plan, pp_rank, stash, weight_grads)
 
 
-def rank_peak(chunks: list[StageFootprint], moments: list[Moment]) -> tuple[float, float]:
+def rank_peak(chunks: list[StageFootprint], moments: list) -> tuple[float, float]:
     """(activations, backward bytes) at a rank's heaviest moment: each of its chunks' held bytes
     times the microbatches it holds then, and the running backward's bytes on top (the first
     such moment when several weigh the same)."""
     best = (-1.0, 0.0, 0.0)
-    for chunk, held in moments:
+    for moment in moments:
+        chunk, held = moment[0], moment[1]
+        kind, kept = (moment[2], moment[3]) if len(moment) > 2 else ("B", ())     # PassMoment / Moment
         act = sum(chunks[c].activations * n for c, n in enumerate(held))
-        extra = chunks[chunk].backward
+        if kept:
+            act += sum(chunks[c].kept * n for c, n in enumerate(kept))
+        extra = chunks[chunk].backward if kind == "B" else chunks[chunk].during(kind)
         if act + extra > best[0]:
             best = (act + extra, act, extra)
     return best[1], best[2]
@@ -193,8 +231,8 @@ def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = 
     out = []
     for r, n_params in enumerate(stage_params(model, plan)):
         params, grads, optimizer, _, other = _static_bytes(model, plan, n_params, fsdp2)
-        chunks = stages[r::plan.pp]
-        act, extra = rank_peak(chunks, peak_moments(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp, r))
+        chunks = [stages[s] for s in stages_of_rank(plan, r)]
+        act, extra = rank_peak(chunks, rank_moments(plan, r))
         out.append(StageMemory(stage=r, params=params, grads=grads, optimizer=optimizer, activations=act,
                                other=other + chunks[0].gathered_params + extra))
     return out

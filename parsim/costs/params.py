@@ -7,6 +7,7 @@ from __future__ import annotations
 from parsim.specs import ModelSpec, Plan, stage_layers
 
 from .ops import padded_vocab
+from .placement import rank_of_stage
 
 
 def layer_params(model: ModelSpec, tp: int = 1) -> float:
@@ -47,14 +48,15 @@ def head_params(model: ModelSpec, plan: Plan) -> float:
 
 
 def stage_params(model: ModelSpec, plan: Plan) -> list[float]:
-    """Parameters held by each pipeline rank (its vpp virtual stages), per TP rank."""
+    """Parameters held by each pipeline rank (its vpp virtual stages, placed as the schedule
+    places them: ``placement``), per TP rank."""
     per_layer = layer_params(model, plan.tp)
     layers = stage_layers(model, plan)
     out = [0.0] * plan.pp
     for vstage, n in enumerate(layers):
-        out[vstage % plan.pp] += n * per_layer
-    out[0] += embedding_params(model, plan)
-    out[(plan.pp * plan.vpp - 1) % plan.pp] += head_params(model, plan)
+        out[rank_of_stage(plan, vstage)] += n * per_layer
+    out[rank_of_stage(plan, 0)] += embedding_params(model, plan)
+    out[rank_of_stage(plan, plan.pp * plan.vpp - 1)] += head_params(model, plan)
     return out
 
 

@@ -18,12 +18,13 @@ from typing import Callable
 from parsim.specs import ModelSpec, Plan, stage_layers
 
 from .ops import Op
+from .placement import rank_of_stage
 
 
 def stage_policy(plan: Plan, vstage: int) -> str:
     """The recompute policy a virtual stage follows: the plan's, except ``none`` on the last
     pipeline rank under Merak's shifted critical path."""
-    if plan.shifted_critical_path and vstage % plan.pp == plan.pp - 1 and plan.recompute != "none":
+    if plan.shifted_critical_path and plan.recompute != "none" and rank_of_stage(plan, vstage) == plan.pp - 1:
         return "none"
     return plan.recompute
 

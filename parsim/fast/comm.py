@@ -94,9 +94,12 @@ def bucketed(price, total_bytes: float, bucket_bytes: int) -> tuple[float, float
 
 
 def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int, pp: int, vpp: int, dtype: int,
-                   rank_params: list[float], bucket_bytes: int, with_ps: bool = False) -> np.ndarray:
+                   rank_params: list[float], bucket_bytes: int, with_ps: bool = False,
+                   head_rank: int | None = None) -> np.ndarray:
     """(pp, C_WIDTH): the DP communication of each pipeline rank holding ``rank_params``
-    (the parameter-server column only when ``with_ps``: it walks every worker)."""
+    (the parameter-server column only when ``with_ps``: it walks every worker); the output head
+    on ``head_rank`` (default the last: loop placement; rank 0 under V placement)."""
+    head_rank = pp - 1 if head_rank is None else head_rank
     sb = state_bytes(WORDS["dtype"][dtype])
     out = np.zeros((pp, C_WIDTH))
     if dp == 1:
@@ -110,7 +113,7 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
     for r in range(pp):
         group = pricer.dp_group(dp, tp, pp, r)
         n = rank_params[r]
-        key = (n, group, r == 0, r == pp - 1)
+        key = (n, group, r == 0, r == head_rank)
         if key in done:                 # middle ranks repeat: same size, same group shape
             out[r] = done[key]
             continue
@@ -125,7 +128,7 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
         row[C_Z3_GATHER] = pricer("all_gather", z3_gather, group)
         row[C_Z3_SCATTER] = pricer("reduce_scatter", z3_scatter, group)
         emb = embedding_params(model, plan) if r == 0 else 0.0
-        head = head_params(model, plan) if r == pp - 1 else 0.0
+        head = head_params(model, plan) if r == head_rank else 0.0
         if emb:
             row[C_Z2_EMB] = pricer("reduce_scatter", emb * sb.grad, group)
         if head:

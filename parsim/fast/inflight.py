@@ -15,12 +15,28 @@ keeps only what can win for some chunk bytes:
 The held counts repeat every p v passes once every rank has a full period of steady state after
 its warm-up (at most (v + 1) p forwards, ``schedules.warmup_forwards``): 5 p microbatches have
 the same moments as any more (``canonical_microbatches``), which keeps the keys few.
+
+The schedules walked action by action (``costs.inflight.generated_moments``: the split-backward
+family and looped BFS) give rows of three parts, each padded to the table's chunk width: held
+microbatches per chunk, microbatches per chunk holding their output gradients (I done, W not),
+and the kind of pass starting there (``KIND_OF``); their moments repeat past
+``fast.dag.canonical_microbatches`` (tests/test_fast_split.py), looped BFS's grow with m and
+come in closed form. Rows of the counted schedules carry zeros in the last two parts.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from parsim.costs import inflight_chunks, peak_held
+from parsim.costs.inflight import COUNTED, generated_moments
+
+from .dag import canonical_microbatches as graph_microbatches
+
+# kind column of a moment row: the pass that starts there (its working set, ``fast.memory``);
+# the first stage's I runs nothing and its W the whole backward (``costs.split_backward``)
+KIND_B, KIND_I, KIND_W, KIND_FIRST_I, KIND_FIRST_W = range(5)
+KIND_OF = {"B": KIND_B, "I": KIND_I, "W": KIND_W}
+FIRST_STAGE_KIND = {"B": KIND_B, "I": KIND_FIRST_I, "W": KIND_FIRST_W}
 
 
 def canonical_microbatches(pp, m):
@@ -46,19 +62,43 @@ def _non_dominated(rows: np.ndarray) -> np.ndarray:
     return rows[~(ge & (differs | earlier)).any(axis=1)]
 
 
+def moment_microbatches(schedule: str, pp, m, vpp):
+    """The microbatch count of a schedule key whose moments equal ``m``'s (ints)."""
+    if schedule == "interleaved":
+        return int(canonical_microbatches(pp, m))
+    if schedule in COUNTED or schedule == "looped-bfs":
+        return m
+    return graph_microbatches(schedule, pp, m, vpp)
+
+
+def walked_rows(schedule: str, pp: int, m: int, vpp: int, rank: int, width: int) -> list[list[float]]:
+    """Rows (held, kept, kind; module docstring) of a rank under a walked schedule."""
+    out = []
+    for chunk, held, kind, kept in generated_moments(schedule, pp, m, vpp, rank):
+        pad = [0.0] * (width - vpp)
+        code = (FIRST_STAGE_KIND if rank == 0 and chunk == 0 else KIND_OF)[kind]    # stage 0: rank 0's chunk 0
+        out.append([*map(float, held), *pad, *map(float, kept or (0,) * vpp), *pad, float(code)])
+    return out
+
+
 def moment_table(keys: list[tuple[str, int, int, int]], width: int, uneven) -> tuple[np.ndarray, np.ndarray,
                                                                                         np.ndarray]:
-    """For (schedule, pp, m, vpp) keys: stacked rows (padded to ``width`` chunks), and per key
-    and rank the first row and the row count. Rank r of key i: rows
-    ``table[start[off[i] + r] : start[off[i] + r] + count[off[i] + r]]``. ``uneven(pp, vpp)``
-    lists, per rank, whether its chunks may hold different bytes."""
+    """For (schedule, pp, m, vpp) keys: stacked rows (``2 width + 1`` columns: module docstring),
+    and per key and rank the first row and the row count. Rank r of key i: rows
+    ``table[start[off[i] + r] : start[off[i] + r] + count[off[i] + r]]``. ``uneven(schedule, pp,
+    vpp)`` lists, per rank, whether its chunks may hold different bytes."""
     rows, start, count = [], [], []
     for schedule, pp, m, vpp in keys:
-        needs = uneven(pp, vpp) if vpp > 1 else [False] * pp
+        walked = schedule not in COUNTED
+        needs = uneven(schedule, pp, vpp) if vpp > 1 and not walked else [False] * pp
         for r in range(pp):
-            held = rank_rows(schedule, pp, m, vpp, r, needs[r])
+            if walked:
+                held = walked_rows(schedule, pp, m, vpp, r, width)
+            else:
+                held = [row + [0.0] * (width - vpp) + [0.0] * (width + 1)
+                        for row in rank_rows(schedule, pp, m, vpp, r, needs[r])]
             start.append(len(rows))
             count.append(len(held))
-            rows += [row + [0.0] * (width - vpp) for row in held]
-    table = np.array(rows, dtype=np.float64).reshape(-1, width)
+            rows += held
+    table = np.array(rows, dtype=np.float64).reshape(-1, 2 * width + 1)
     return table, np.array(start, dtype=np.int64), np.array(count, dtype=np.int64)

@@ -12,8 +12,10 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
+from .codes import ZB_H1
 from .memory import plan_memory
 from .plans import PlanTable
+from .split_timing import plan_time_split
 from .timing import DPSync, PlanKnobs, plan_time
 
 
@@ -38,12 +40,15 @@ class PlanColumns(NamedTuple):
 @numba.njit(cache=True)
 def evaluate_all(out, plans, tables, sync):
     """Write every plan's metrics into its row of ``out``: ``plans`` a ``PlanColumns``, ``tables``
-    a ``fast.tables.CostTables``, ``sync`` the sweep's ``DPSync``."""
+    a ``fast.tables.CostTables``, ``sync`` the sweep's ``DPSync``. The schedules from zb-h1 on
+    (codes ``specs.codes``) are timed by their action graph (``fast.split_timing``), the others
+    by ``fast.timing``."""
     for i in range(plans.dp.shape[0]):
         dp, pp = plans.dp[i], plans.pp[i]
         off = tables.rank_offset[tables.rank_id[i]]
         ranks = tables.rank[off:off + pp]
         soff = tables.send_offset[tables.send_id[i]]
+        send = tables.send[soff:soff + pp]
         moff = tables.moment_offset[tables.moment_id[i]]
         lrow, hrow = tables.layer[tables.layer_id[i]], tables.head[tables.head_id[i]]
         plan_memory(out[i], dp, pp, plans.vpp[i], plans.zero[i], plans.offload[i], lrow, hrow,
@@ -51,4 +56,10 @@ def evaluate_all(out, plans, tables, sync):
                     tables.moment_count[moff:moff + pp], sync.bucket_bytes)
         knobs = PlanKnobs(dp, plans.tp[i], pp, plans.vpp[i], plans.m[i], plans.schedule[i], plans.zero[i],
                           plans.offload[i], plans.dp_impl[i])
-        plan_time(out[i], knobs, lrow, hrow, ranks, tables.send[soff:soff + pp], sync)
+        if plans.schedule[i] >= ZB_H1:
+            g = tables.graph_id[i]
+            start = tables.node_start[g]
+            plan_time_split(out[i], knobs, lrow, hrow, ranks, send, sync,
+                            tables.nodes[start:start + tables.node_count[g]], tables.node_m[g])
+        else:
+            plan_time(out[i], knobs, lrow, hrow, ranks, send, sync)

@@ -18,33 +18,48 @@ from __future__ import annotations
 import numba
 
 from .codes import O_ACT, O_GRADS, O_OPT, O_OTHER, O_PARAMS, O_PEAK, O_PEAK_STAGE, OFF_NONE, OFF_OPT_PARAMS
-from .ranks import R_CHUNK, R_PARAMS
+from .inflight import KIND_FIRST_I, KIND_I, KIND_W
+from .ranks import R_CHUNK, R_LAST, R_PARAMS
 from .rules import (backward_bytes, backward_working, gathered_layers, held_bytes, model_states, offload_staging,
                     stash_bytes)
-from .tables import (D_GRAD, D_OPT, D_PARAM, H_EMB_ACT, H_HEAD_ACT, H_LOGITS_GRAD, H_SBH, H_TIED, H_VOCAB_GRAD,
-                     L_ACT, L_PARAMS, L_TRANSIENT, L_WORK)
+from .tables import (D_GRAD, D_OPT, D_PARAM, H_EMB_ACT, H_HEAD_ACT, H_HEAD_KEPT, H_LOGITS_GRAD, H_SBH, H_TIED,
+                     H_VOCAB_GRAD, L_ACT, L_KEPT, L_PARAMS, L_TRANSIENT, L_W_RESIDUE, L_WORK, L_WORK_I, L_WORK_W)
 
 
 @numba.njit(cache=True)
 def plan_memory(out, dp, pp, vpp, zero, offload, lrow, hrow, drow, ranks, moments, mstart, mcount, bucket_bytes):
-    """Write the peak (bytes), its pipeline rank and its breakdown into ``out``."""
+    """Write the peak (bytes), its pipeline rank and its breakdown into ``out``. A moment row
+    holds per chunk the microbatches held, then (split backward) those holding their output
+    gradients, then the kind of pass starting (its working set; ``fast.inflight.KIND_OF``)."""
     offload_optimizer = offload != OFF_NONE
     offload_params = offload == OFF_OPT_PARAMS
     gathered = gathered_layers(lrow[L_PARAMS], drow[D_PARAM], zero, offload_params)
+    width = (moments.shape[1] - 1) // 2
     peak = -1.0
     for r in range(pp):
         params, grads, opt = model_states(ranks[r, R_PARAMS], drow[D_PARAM], drow[D_GRAD], drow[D_OPT], dp, zero,
                                           offload_optimizer, offload_params)
         other = offload_staging(bucket_bytes, offload_optimizer) + gathered
-        extra = backward_bytes(lrow[L_TRANSIENT], 0.0, _rank_working(r, pp, vpp, lrow, hrow, ranks))
-        act, best = 0.0, -1.0
+        extra_b = backward_bytes(lrow[L_TRANSIENT], 0.0, _rank_working(r, pp, vpp, lrow, hrow, ranks, False))
+        act, best, extra = 0.0, -1.0, 0.0
         for i in range(mstart[r], mstart[r] + mcount[r]):
             held = 0.0
             for c in range(vpp):
                 if moments[i, c] > 0:
                     held += moments[i, c] * _chunk_held(r, c, pp, vpp, lrow, hrow, ranks)
-            if held + extra > best:
-                best, act = held + extra, held
+            for c in range(vpp):
+                if moments[i, width + c] > 0:
+                    held += moments[i, width + c] * _chunk_kept(r, c, lrow, hrow, ranks)
+            kind = moments[i, 2 * width]
+            x = extra_b                  # a B, or the first stage's W (its whole backward)
+            if kind == KIND_I:
+                x = backward_bytes(lrow[L_TRANSIENT], 0.0, _rank_working(r, pp, vpp, lrow, hrow, ranks, True))
+            elif kind == KIND_W:
+                x = _rank_w_residue(r, vpp, lrow, ranks) + _rank_weight_working(r, vpp, lrow, hrow, ranks)
+            elif kind == KIND_FIRST_I:
+                x = 0.0                  # the first stage's I runs nothing
+            if held + x > best:
+                best, act, extra = held + x, held, x
         other += extra
         total = params + grads + opt + act + other
         if total > peak:
@@ -56,25 +71,60 @@ def plan_memory(out, dp, pp, vpp, zero, offload, lrow, hrow, drow, ranks, moment
 
 @numba.njit(cache=True)
 def _chunk_stash(r, c, pp, vpp, lrow, hrow, ranks):
-    """``footprint.stash_bytes`` of chunk c of rank r (virtual stage c pp + r)."""
-    return stash_bytes(ranks[r, R_CHUNK + c] * lrow[L_ACT], r == 0 and c == 0, r == pp - 1 and c == vpp - 1,
+    """``footprint.stash_bytes`` of chunk c of rank r (stage 0 is rank 0's chunk 0; the last
+    stage the chunk ``R_LAST`` names)."""
+    return stash_bytes(ranks[r, R_CHUNK + c] * lrow[L_ACT], r == 0 and c == 0, ranks[r, R_LAST] == c,
                        hrow[H_EMB_ACT], hrow[H_HEAD_ACT])
 
 
 @numba.njit(cache=True)
 def _chunk_held(r, c, pp, vpp, lrow, hrow, ranks):
     """``footprint.held_bytes`` of chunk c of rank r."""
-    return held_bytes(_chunk_stash(r, c, pp, vpp, lrow, hrow, ranks), r == pp - 1 and c == vpp - 1, hrow[H_SBH])
+    return held_bytes(_chunk_stash(r, c, pp, vpp, lrow, hrow, ranks), ranks[r, R_LAST] == c, hrow[H_SBH])
 
 
 @numba.njit(cache=True)
-def _rank_working(r, pp, vpp, lrow, hrow, ranks):
+def _chunk_kept(r, c, lrow, hrow, ranks):
+    """Output gradients chunk c of rank r keeps from an I to its W (``costs.memory``'s ``kept``;
+    none on the first stage, which runs its whole backward as W)."""
+    if r == 0 and c == 0:
+        return 0.0
+    kept = ranks[r, R_CHUNK + c] * lrow[L_KEPT]
+    if ranks[r, R_LAST] == c:
+        kept += hrow[H_HEAD_KEPT]
+    return kept
+
+
+@numba.njit(cache=True)
+def _rank_working(r, pp, vpp, lrow, hrow, ranks, input_only):
     """``costs.memory.rank_backward_working``: the largest ``footprint.backward_working`` of the
-    rank's chunks."""
+    rank's chunks (``input_only``: an I's, without the weight gradients)."""
+    best = 0.0
+    wg = 0.0 if input_only else 1.0
+    for c in range(vpp):
+        w = backward_working(lrow[L_WORK_I] if input_only else lrow[L_WORK], hrow[H_SBH], hrow[H_HEAD_ACT],
+                             wg * hrow[H_VOCAB_GRAD], hrow[H_LOGITS_GRAD], hrow[H_TIED] > 0, r == 0 and c == 0,
+                             ranks[r, R_LAST] == c, _chunk_stash(r, c, pp, vpp, lrow, hrow, ranks))
+        best = max(best, w)
+    return best
+
+
+@numba.njit(cache=True)
+def _rank_w_residue(r, vpp, lrow, ranks):
+    """What W's re-runs of recomputed layers leave until it ends, the largest of the rank's chunks
+    but the first stage's (``costs.split_backward.w_recompute_residue``)."""
     best = 0.0
     for c in range(vpp):
-        w = backward_working(lrow[L_WORK], hrow[H_SBH], hrow[H_HEAD_ACT], hrow[H_VOCAB_GRAD], hrow[H_LOGITS_GRAD],
-                             hrow[H_TIED] > 0, r == 0 and c == 0, r == pp - 1 and c == vpp - 1,
-                             _chunk_stash(r, c, pp, vpp, lrow, hrow, ranks))
-        best = max(best, w)
+        if not (r == 0 and c == 0):
+            best = max(best, ranks[r, R_CHUNK + c] * lrow[L_W_RESIDUE])
+    return best
+
+
+@numba.njit(cache=True)
+def _rank_weight_working(r, vpp, lrow, hrow, ranks):
+    """The largest weight-gradient working set of the rank's chunks (``split_backward``)."""
+    best = lrow[L_WORK_W]
+    for c in range(vpp):
+        if (r == 0 and c == 0) or ranks[r, R_LAST] == c:
+            best = max(best, hrow[H_VOCAB_GRAD])
     return best

@@ -1,12 +1,15 @@
 """The fast path's rows per pipeline rank, priced by ``parsim.costs`` once per distinct key.
 
-* rank key (dp, tp, pp, vpp, dtype): per pipeline rank its layers (``specs.stage_layers``, loop
-  placement) in all and per model chunk, its parameters (``costs.stage_params``), its DP
-  communication (``fast.comm.rank_comm_rows``), and for each (ZeRO stage, offload) its optimizer
+* rank key (dp, tp, pp, vpp, dtype, placement): per pipeline rank its layers
+  (``specs.stage_layers``, placed as the schedule places its stages: loop or V,
+  ``costs.placement``) in all and per model chunk, which of its chunks holds the output head, its
+  parameters (``costs.stage_params``), its DP communication (``fast.comm.rank_comm_rows``), and
+  for each (ZeRO stage, offload) its optimizer
   step and ZeRO-Offload's host transfers (``costs.optimizer``: the same ``OptimizerStep`` the
   SimPy engine plays at the end of the step);
-* send key (dp, tp, pp, mbs, dtype): per pipeline rank r the seconds of its send to rank r + 1
-  (``costs.timing.p2p_time`` of ``costs.p2p_bytes`` between the two ranks' devices).
+* send key (dp, tp, pp, mbs, dtype): per pipeline rank r the seconds of its send to rank r + 1,
+  and the last rank's to rank 0 (a loop's turn to the next chunk) (``costs.timing.p2p_time`` of
+  ``costs.p2p_bytes`` between the two ranks' devices; it is the same both ways, ``send_between``).
 """
 from __future__ import annotations
 
@@ -15,15 +18,17 @@ from numba.extending import register_jitable
 
 from parsim.costs import dp_buckets, optimizer_step, p2p_bytes, stage_params, state_bytes
 from parsim.costs.optimizer import bucket_to_host, layer_from_host_s
+from parsim.costs.placement import stages_of_rank
 from parsim.costs.timing import p2p_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout, stage_layers
 
 from .comm import C_WIDTH, CollectivePricer, rank_comm_rows
 from .plans import WORDS
 
-# rank table columns: layers, parameters, the fast.comm columns, the optimizer blocks (one per
-# (zero, offload), ``step_block``), then layers per model chunk
-R_LAYERS, R_PARAMS, R_COMM = 0, 1, 2
+# rank table columns: layers, parameters, the chunk holding the output head (-1: none), the
+# fast.comm columns, the optimizer blocks (one per (zero, offload), ``step_block``), then layers
+# per model chunk
+R_LAYERS, R_PARAMS, R_LAST, R_COMM = 0, 1, 2, 3
 R_STEP = R_COMM + C_WIDTH
 # an optimizer block (seconds): ``costs.OptimizerStep``'s step, gradient shard down, parameter
 # shard up; a reduced bucket's shard down and all the buckets'; ZeRO-Infinity's layer shard up
@@ -39,8 +44,22 @@ def step_block(zero, offload):
     return R_STEP + (zero * OFFLOADS + offload) * S_WIDTH
 
 
-def rank_plan(dp: int, tp: int, pp: int, vpp: int, dtype: int, zero: int = 0, offload: int = 0) -> Plan:
-    return Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, dtype=WORDS["dtype"][dtype], zero=zero, offload=WORDS["offload"][offload])
+@register_jitable
+def send_between(send, a, b):
+    """Seconds of a pipeline send between ranks ``a`` and ``b`` of a plan whose send rows are
+    ``send`` (``send_rows``): 0 on one rank (a V's turn), else the pair's entry."""
+    if a == b:
+        return 0.0
+    lo, hi = min(a, b), max(a, b)
+    return send[lo] if hi == lo + 1 else send[hi]
+
+
+def rank_plan(dp: int, tp: int, pp: int, vpp: int, dtype: int, zero: int = 0, offload: int = 0,
+              v_placed: int = 0) -> Plan:
+    """A plan with this layout whose schedule places its stages in a loop (``v_placed`` 0) or in
+    a V (1: zbv; ``costs.placement``)."""
+    return Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, dtype=WORDS["dtype"][dtype], zero=zero, offload=WORDS["offload"][offload],
+                schedule="zbv" if v_placed else "1f1b")
 
 
 class RankRows:
@@ -56,22 +75,26 @@ class RankRows:
         self._blocks: dict[tuple, np.ndarray] = {}
         self._plans: dict[tuple, tuple[Plan, float]] = {}
 
-    def __call__(self, dp: int, tp: int, pp: int, vpp: int, dtype: int) -> np.ndarray:
+    def __call__(self, dp: int, tp: int, pp: int, vpp: int, dtype: int, v_placed: int = 0) -> np.ndarray:
         """(pp, R_CHUNK + max_vpp): the rows of one rank key."""
-        plan = rank_plan(dp, tp, pp, vpp, dtype)
+        plan = rank_plan(dp, tp, pp, vpp, dtype, v_placed=v_placed)
         per_stage = stage_layers(self.model, plan)
         params = stage_params(self.model, plan)
         rows = np.zeros((pp, R_CHUNK + self.max_vpp))
-        rows[:, R_LAYERS] = [sum(per_stage[r + v * pp] for v in range(vpp)) for r in range(pp)]
+        held = [stages_of_rank(plan, r) for r in range(pp)]
+        rows[:, R_LAYERS] = [sum(per_stage[s] for s in stages) for stages in held]
         rows[:, R_PARAMS] = params
+        last = pp * vpp - 1
+        rows[:, R_LAST] = [stages.index(last) if last in stages else -1 for stages in held]
+        head_rank = next(r for r, stages in enumerate(held) if last in stages)
         rows[:, R_COMM:R_STEP] = rank_comm_rows(self.model, self.pricer, dp, tp, pp, vpp, dtype, params,
-                                                self.bucket_bytes, self.with_ps)
+                                                self.bucket_bytes, self.with_ps, head_rank)
         # the optimizer blocks depend on the layout only through the rank's parameters
         distinct, rank_of = np.unique(rows[:, R_PARAMS], return_inverse=True)
         blocks = np.array([self._step_blocks(dp, tp, dtype, n) for n in distinct.tolist()])
         rows[:, self.step_columns] = blocks.reshape(len(distinct), -1)[rank_of.reshape(-1)]
-        for r in range(pp):
-            rows[r, R_CHUNK:R_CHUNK + vpp] = [per_stage[r + v * pp] for v in range(vpp)]
+        for r, stages in enumerate(held):
+            rows[r, R_CHUNK:R_CHUNK + vpp] = [per_stage[s] for s in stages]
         return rows
 
     def _step_blocks(self, dp: int, tp: int, dtype: int, params: float) -> np.ndarray:
@@ -101,11 +124,11 @@ class RankRows:
 
 def send_rows(model: ModelSpec, cluster: ClusterSpec, dp: int, tp: int, pp: int, mbs: int, dtype: int) -> np.ndarray:
     """(pp,): seconds of pipeline rank r's send to rank r + 1 (its DP rank 0, TP rank 0 device to
-    the next one's), 0 on the last rank."""
+    the next one's); on the last rank its send to rank 0 (0 without pipelining)."""
     plan = Plan(dp=dp, tp=tp, pp=pp, mbs=mbs, dtype=WORDS["dtype"][dtype])
     nbytes = p2p_bytes(model, plan)
     layout = RankLayout(dp=dp, tp=tp, pp=pp)
     out = np.zeros(pp)
-    for r in range(pp - 1):
-        out[r] = p2p_time(cluster, nbytes, layout.rank(r, 0, 0), layout.rank(r + 1, 0, 0))
+    for r in range(pp if pp > 1 else 0):
+        out[r] = p2p_time(cluster, nbytes, layout.rank(r, 0, 0), layout.rank((r + 1) % pp, 0, 0))
     return out

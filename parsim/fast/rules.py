@@ -2,14 +2,15 @@
 
 ``costs.zero`` (ZeRO sharding and which DP collectives a stage runs) is registered with numba
 (``register_jitable``: the plain functions stay callable from Python, and jitted code that calls
-them compiles them in); ``costs.footprint``'s memory rules, which call it, are compiled here.
+them compiles them in); ``costs.footprint``'s memory rules, which call it, and
+``costs.split_backward``'s overlapped F&B slot are compiled here.
 """
 from __future__ import annotations
 
 import numba
 from numba.extending import register_jitable
 
-from parsim.costs import footprint, zero
+from parsim.costs import footprint, split_backward, zero
 
 for _rule in (zero.zero_shard, zero.gathers_layers, zero.scatters_every_backward, zero.reduce_scatters_buckets,
               zero.gathers_after_step):
@@ -25,3 +26,4 @@ stash_bytes = numba.njit(cache=True)(footprint.stash_bytes)
 held_bytes = numba.njit(cache=True)(footprint.held_bytes)
 backward_bytes = numba.njit(cache=True)(footprint.backward_bytes)
 backward_working = numba.njit(cache=True)(footprint.backward_working)
+overlapped_time = numba.njit(cache=True)(split_backward.overlapped_time)

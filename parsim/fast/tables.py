@@ -7,11 +7,14 @@ functions the SimPy engine uses, and looked up by index. Keys:
 * layer key (tp, sp, mbs, dtype, recompute): per-layer op times (``timing.op_time`` summed
   over ``costs.layer_ops``), TP collective times, activation bytes per recompute policy
 * head key (tp, sp, mbs, dtype): embedding / output-head op times and activations
-* rank key (dp, tp, pp, vpp, dtype) and send key (dp, tp, pp, mbs, dtype): per pipeline rank,
-  its layers, parameters, DP communication, optimizer step and host transfers (per ZeRO stage
-  and offload), and its pipeline send (``fast.ranks``)
+* rank key (dp, tp, pp, vpp, dtype, placement) and send key (dp, tp, pp, mbs, dtype): per pipeline
+  rank, its layers (placed as the schedule places its stages: loop or V, ``costs.placement``),
+  parameters, DP communication, optimizer step and host transfers (per ZeRO stage and offload),
+  and its pipeline send (``fast.ranks``)
 * schedule key (schedule, pp, m, vpp): per rank, the chunk counts in flight at the moments
-  that can be its memory peak (``fast.inflight``, from ``costs.peak_moments``)
+  that can be its memory peak (``fast.inflight``, from ``costs.peak_moments`` /
+  ``costs.inflight.rank_moments``); for the schedules timed by their action graph (the
+  split-backward family and looped BFS), that graph (``fast.dag``)
 
 The memory rules that combine these rows per plan (``costs.footprint``) are compiled into the
 kernel (``fast.memory``).
@@ -30,21 +33,36 @@ from parsim.costs import timing
 from parsim.costs.activations import layer_working_bytes, logits_grad_bytes, stage_output_bytes, vocab_grad_bytes
 from parsim.costs.footprint import recompute_transient
 from parsim.costs.host import HostModel
+from parsim.costs.placement import loop_placed, stages_of_rank
+from parsim.costs.split_backward import (head_output_grad_bytes, output_grad_bytes, w_recompute_residue,
+                                         w_recomputes, weight_grad_working_bytes)
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 
 from .comm import tp_group_ranks
-from .inflight import canonical_microbatches, moment_table
+from .dag import N_WIDTH, schedule_graph
+from .dag import canonical_microbatches as graph_microbatches
+from .inflight import canonical_microbatches, moment_microbatches, moment_table
 from .plans import WORDS, PlanTable
-from .ranks import R_CHUNK, RankRows, send_rows
+from .ranks import R_CHUNK, RankRows, rank_plan, send_rows
 
-# layer table columns (seconds or bytes)
+# the first schedule code timed by its action graph (``fast.dag``): the codes after the four
+# counted schedules (``specs.codes``)
+FIRST_WALKED = WORDS["schedule"].index("zb-h1")
+# the schedules that place their stages in a V (``costs.placement``)
+V_PLACED = tuple(name for name in WORDS["schedule"] if not loop_placed(Plan(schedule=name)))
+
+# layer table columns (seconds or bytes); split backward (``costs.split_backward``): the input- and
+# weight-gradient op times, W's re-run of a recomputed forward (compute and TP), the output
+# gradients kept from I to W, the backward working sets of I and of W
 (L_FWD, L_BWD, L_RECOMPUTE, L_TP_FWD, L_TP_BWD, L_TP_RECOMPUTE, L_ACT, L_ACT_NONE, L_ACT_FULL,
- L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WORK, L_TRANSIENT, L_RERUN_FULL, L_RERUN_SELECTIVE, L_WIDTH) = range(17)
+ L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WORK, L_TRANSIENT, L_RERUN_FULL, L_RERUN_SELECTIVE, L_BWD_I, L_BWD_W,
+ L_W_RECOMPUTE, L_TP_W_RECOMPUTE, L_KEPT, L_WORK_I, L_WORK_W, L_W_RESIDUE, L_WIDTH) = range(25)
 # the forward a backward re-runs under each layer policy that re-runs one (``costs.recomputed_ops``)
 RERUN = {"full": L_RERUN_FULL, "selective": L_RERUN_SELECTIVE}
-# head table columns
+# head table columns; the head's weight-gradient time and kept output gradients (the first stage
+# runs its whole backward as W: ``costs.split_backward``)
 (H_EMB_FWD, H_EMB_BWD, H_HEAD_FWD, H_HEAD_BWD, H_EMB_ACT, H_HEAD_ACT, H_EMB_PARAMS, H_HEAD_PARAMS_PP1,
- H_HEAD_PARAMS_PPN, H_SBH, H_VOCAB_GRAD, H_TIED, H_LOGITS_GRAD, H_WIDTH) = range(14)
+ H_HEAD_PARAMS_PPN, H_SBH, H_VOCAB_GRAD, H_TIED, H_LOGITS_GRAD, H_HEAD_BWD_W, H_HEAD_KEPT, H_WIDTH) = range(16)
 # dtype table columns: bytes per parameter of each model state
 D_PARAM, D_GRAD, D_OPT, D_WIDTH = range(4)
 
@@ -68,6 +86,11 @@ class CostTables(NamedTuple):
     rank_id: np.ndarray        # per plan
     send_id: np.ndarray        # per plan
     moment_id: np.ndarray      # per plan
+    nodes: np.ndarray          # fast.dag node tables of the graph-timed schedules, stacked
+    node_start: np.ndarray     # per graph key: first node
+    node_count: np.ndarray     # per graph key: nodes (0: a counted schedule's key)
+    node_m: np.ndarray         # per graph key: the microbatches its graph plays
+    graph_id: np.ndarray       # per plan
 
     def take(self, index: np.ndarray) -> "CostTables":
         """The same tables with the rows of the plans ``index`` selects."""
@@ -148,6 +171,12 @@ def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ran
     row[L_PRE_BWD] = _compute_before_first_collective(cluster, model, plan, "bwd", ops)
     # a layer's backward working set (``footprint.backward_working`` of a middle stage)
     row[L_WORK] = layer_working_bytes(model, plan)
+    # split backward: I runs bwd_input (and the backward TP collectives), W bwd_weight
+    row[L_BWD_I] = _ops_time(cluster, ops, "bwd_input", dt)
+    row[L_BWD_W] = _ops_time(cluster, ops, "bwd_weight", dt)
+    row[L_KEPT] = output_grad_bytes(model, plan)
+    row[L_WORK_I] = layer_working_bytes(model, plan, weight_grads=False)
+    row[L_WORK_W] = weight_grad_working_bytes(model, plan, False, False)
     return row
 
 
@@ -163,6 +192,10 @@ def with_recompute(model: ModelSpec, plan: Plan, shape: np.ndarray) -> np.ndarra
     if recomputes_collectives(policy):
         row[L_TP_RECOMPUTE] = row[L_TP_FWD]
         row[L_PRE_BWD] = row[L_PRE_FWD]          # the backward starts with the re-run forward
+        # ... and a split backward's W re-runs it once per weight group (``costs.split_backward``)
+        row[L_W_RECOMPUTE] = w_recomputes(model) * row[L_FWD]
+        row[L_TP_W_RECOMPUTE] = w_recomputes(model) * row[L_TP_FWD]
+        row[L_W_RESIDUE] = w_recompute_residue(model, 1, row[L_ACT_NONE], row[L_ACT_FULL])
     else:
         row[L_PRE_BWD] += row[L_RECOMPUTE]       # re-run ops with no collective among them come first
     row[L_ACT] = layer_activation_bytes(model, plan, policy)
@@ -197,6 +230,8 @@ def head_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ranks: int
     row[H_VOCAB_GRAD] = vocab_grad_bytes(model, plan)
     row[H_TIED] = float(model.tied_embeddings)
     row[H_LOGITS_GRAD] = logits_grad_bytes(model, plan)
+    row[H_HEAD_BWD_W] = _ops_time(cluster, head, "bwd_weight", dt)
+    row[H_HEAD_KEPT] = head_output_grad_bytes(model, plan)
     return row
 
 
@@ -209,35 +244,71 @@ def dtype_table() -> np.ndarray:
     return out
 
 
-def uneven_chunks(model: ModelSpec, pp: int, vpp: int) -> list[bool]:
+def uneven_chunks(model: ModelSpec, pp: int, vpp: int, v_placed: int = 0) -> list[bool]:
     """Per pipeline rank: do its model chunks hold different bytes? (Different layer counts;
-    and the first / last rank, whose first / last chunk also holds the embedding / head.)"""
-    per_stage = stage_layers(model, Plan(pp=pp, vpp=vpp))
-    return [r in (0, pp - 1) or len({per_stage[r + v * pp] for v in range(vpp)}) > 1 for r in range(pp)]
+    and the ranks holding the first / last stage, whose chunk also holds the embedding / head.)"""
+    plan = rank_plan(1, 1, pp, vpp, 0, v_placed=v_placed)
+    per_stage = stage_layers(model, plan)
+    out = []
+    for r in range(pp):
+        stages = stages_of_rank(plan, r)
+        out.append(0 in stages or pp * vpp - 1 in stages or len({per_stage[s] for s in stages}) > 1)
+    return out
 
 
 def build_tables(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable) -> CostTables:
     c = plans.cols
     layer, layer_id, head, head_id = _shape_tables(model, cluster, c)
     max_vpp = int(c["vpp"].max(initial=1))
-    rkeys, rank_id = key_ids(c["dp"], c["tp"], c["pp"], c["vpp"], c["dtype"])
+    v_placed = np.isin(c["schedule"], [WORDS["schedule"].index(s) for s in V_PLACED]).astype(np.int64)
+    rkeys, rank_id = key_ids(c["dp"], c["tp"], c["pp"], c["vpp"], c["dtype"], v_placed)
     with_ps = bool((c["dp_impl"] == WORDS["dp_impl"].index("ps")).any())
     steps = key_ids(c["zero"], c["offload"])[0].tolist()
     rank_rows = RankRows(model, cluster, plans.dp_bucket_bytes, with_ps, max_vpp, steps)
     rank, rank_offset = _stacked([rank_rows(*map(int, k)) for k in rkeys], (0, R_CHUNK + max_vpp))
     skeys, send_id = key_ids(c["dp"], c["tp"], c["pp"], c["mbs"], c["dtype"])
     send, send_offset = _stacked([send_rows(model, cluster, *map(int, k)) for k in skeys], (0,))
-    # per (schedule, pp, microbatches, vpp): interleaved counts beyond the canonical one repeat
+    return CostTables(layer=layer, head=head, dtype=dtype_table(), rank=rank, rank_offset=rank_offset, send=send,
+                      send_offset=send_offset, layer_id=layer_id, head_id=head_id, dtype_id=c["dtype"],
+                      rank_id=rank_id, send_id=send_id, **_schedule_tables(model, plans, max_vpp))
+
+
+def _schedule_tables(model: ModelSpec, plans: PlanTable, max_vpp: int) -> dict[str, np.ndarray]:
+    """The moment tables (``fast.inflight``) per (schedule, pp, microbatches, vpp) key, and the
+    graphs of the schedules timed by them (``_graph_tables``). Interleaved counts beyond the
+    canonical one repeat; the walked schedules' past ``fast.dag.canonical_microbatches`` (looped
+    BFS's never)."""
+    c = plans.cols
     inter = c["schedule"] == WORDS["schedule"].index("interleaved")
     m_key = np.where(inter, canonical_microbatches(c["pp"], plans.microbatches), plans.microbatches)
+    walked = c["schedule"] >= FIRST_WALKED
+    graph_m = np.zeros_like(m_key)
+    if walked.any():
+        wkeys, inv = key_ids(c["schedule"][walked], c["pp"][walked], plans.microbatches[walked], c["vpp"][walked])
+        named = [(WORDS["schedule"][s], pp, m, vpp) for s, pp, m, vpp in wkeys.tolist()]
+        m_key[walked] = np.array([moment_microbatches(*k) for k in named], dtype=np.int64)[inv]
+        graph_m[walked] = np.array([graph_microbatches(*k) for k in named], dtype=np.int64)[inv]
     mkeys, moment_id = key_ids(c["schedule"], c["pp"], m_key, c["vpp"])
-    moments, mstart, mcount = moment_table([(WORDS["schedule"][s], pp, m, vpp) for s, pp, m, vpp in mkeys.tolist()],
-                                           max_vpp, lambda pp, vpp: uneven_chunks(model, pp, vpp))
+    moments, mstart, mcount = moment_table(
+        [(WORDS["schedule"][s], pp, m, vpp) for s, pp, m, vpp in mkeys.tolist()], max_vpp,
+        lambda schedule, pp, vpp: uneven_chunks(model, pp, vpp, int(schedule in V_PLACED)))
     moff = np.cumsum([0] + [int(k[1]) for k in mkeys[:-1]]).astype(np.int64)
-    return CostTables(layer=layer, head=head, dtype=dtype_table(), rank=rank, rank_offset=rank_offset, send=send,
-                      send_offset=send_offset, moments=moments, moment_start=mstart, moment_count=mcount,
-                      moment_offset=moff, layer_id=layer_id, head_id=head_id, dtype_id=c["dtype"], rank_id=rank_id,
-                      send_id=send_id, moment_id=moment_id)
+    return dict(moments=moments, moment_start=mstart, moment_count=mcount, moment_offset=moff,
+                moment_id=moment_id, **_graph_tables(c, graph_m, walked))
+
+
+def _graph_tables(c: dict, graph_m: np.ndarray, walked: np.ndarray) -> dict[str, np.ndarray]:
+    """The node tables (``fast.dag``) of the graph-timed plans' (schedule, pp, played m, vpp) keys;
+    every counted plan maps to one empty key."""
+    key_schedule = np.where(walked, c["schedule"], -1) + 1
+    gkeys, graph_id = key_ids(key_schedule, np.where(walked, c["pp"], 0), graph_m, np.where(walked, c["vpp"], 0))
+    blocks = [schedule_graph(WORDS["schedule"][s - 1], pp, m, vpp) if s > 0 else np.zeros((0, N_WIDTH), np.int64)
+              for s, pp, m, vpp in gkeys.tolist()]
+    count = np.array([len(b) for b in blocks], dtype=np.int64)
+    start = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64) if len(count) else count
+    nodes = np.concatenate(blocks) if blocks else np.zeros((0, N_WIDTH), np.int64)
+    return dict(nodes=nodes, node_start=start, node_count=count, node_m=gkeys[:, 2].astype(np.int64).copy(),
+                graph_id=graph_id)
 
 
 def _shape_tables(model: ModelSpec, cluster: ClusterSpec, c: dict[str, np.ndarray]):

@@ -58,6 +58,9 @@ class CostGraph:
     # microbatch; traced graphs use StageCoster's generic estimates
     backward_working: Callable[[bool, bool, float], float] | None = None
     output_bytes: float | None = None
+    # the weight-gradient pass's share of a backward (split-backward schedules); traced graphs:
+    # one half, dX and dW of every GEMM having equal FLOPs (Narayanan et al. 2021, Sec. 5.1)
+    weight_grad_share: float = 0.5
 
     def last_use(self) -> list[int]:
         """Per node: the index of its last consumer (len(nodes) if the output returns it)."""

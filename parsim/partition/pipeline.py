@@ -21,11 +21,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from parsim.costs.host import HostModel
-from parsim.schedules import build_schedule_for_plan
+from parsim.costs.split_backward import overlapped_time
+from parsim.schedules import OVERLAP_F_B, build_schedule_for_plan
 from parsim.schedules.check import ScheduleError, TimedAction, dependencies, list_schedule
+from parsim.schedules.dryrun import present_actions
+from parsim.schedules.ir import leaf_actions
 from parsim.specs import Plan, SpecError
 
 Job = tuple[float, float, float]          # (fixed, GEMM, memory-bound) solo seconds
+
+
+# The weight-gradient share of a backward where the cost graph gives none: dX = dY W^T and
+# dW = X^T dY of every GEMM have equal FLOPs (Narayanan et al. 2021, Sec. 5.1).
+WEIGHT_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -37,38 +45,78 @@ class PipelineRun:
 
 
 def pipeline_step_time(plan: Plan, fwd_s: Sequence[float], bwd_s: Sequence[float],
-                       send_s: Sequence[float] | None = None) -> float:
+                       send_s: Sequence[float] | None = None, weight_share: float = WEIGHT_SHARE) -> float:
     """Makespan in seconds of one step. ``fwd_s``/``bwd_s`` per virtual stage and microbatch;
-    ``send_s[s]`` the time to send stage s's output to stage s+1 (and its gradient back)."""
+    ``send_s[s]`` the time to send stage s's output to stage s+1 (and its gradient back);
+    ``weight_share`` of a backward is its weight-gradient pass W (split-backward schedules)."""
     schedule, send = _checked(plan, len(fwd_s), len(bwd_s), send_s)
-    timed = list_schedule(schedule, lambda a: fwd_s[a.stage] if a.kind == "F" else bwd_s[a.stage], _hop(send))
+    jobs = _jobs([(0.0, f, 0.0) for f in fwd_s], [(0.0, b, 0.0) for b in bwd_s], weight_share)
+    timed = list_schedule(schedule, lambda a: sum(jobs(a)), _hop(send))
     return max((rank[-1].end for rank in timed if rank), default=0.0)
 
 
 def shared_host_run(plan: Plan, fwd: Sequence[Job], bwd: Sequence[Job], send_s: Sequence[float] | None = None,
-                    host: HostModel | None = None) -> PipelineRun:
+                    host: HostModel | None = None, weight_share: float = WEIGHT_SHARE) -> PipelineRun:
     """One step of the plan's schedule with per-stage forward / backward jobs on ``host``:
     where its ranks share the cores (``HostModel.shared``), each pipeline rank standing for its
     dp x tp identical peers as in the SimPy engine; else (GPUs, or None) every rank owns its
-    device and a job takes its solo seconds."""
+    device and a job takes its solo seconds. ``weight_share``: ``_jobs``."""
     schedule, send = _checked(plan, len(fwd), len(bwd), send_s)
     hop = _hop(send)
+    jobs = _jobs(fwd, bwd, weight_share)
     if host is None or not host.shared:
-        timed = list_schedule(schedule, lambda a: sum(fwd[a.stage] if a.kind == "F" else bwd[a.stage]), hop)
+        timed = list_schedule(schedule, lambda a: _solo(a, jobs), hop)
     else:
-        timed = _processor_sharing(schedule, lambda a: fwd[a.stage] if a.kind == "F" else bwd[a.stage], hop,
-                                   host, plan.world_size / plan.pp)
+        timed = _processor_sharing(schedule, jobs, hop, host, plan.world_size / plan.pp)
     durations: dict[tuple[str, int], list[float]] = {}
     for rank in timed:
         for t in rank:
-            durations.setdefault((t.action.kind, t.action.stage), []).append(t.end - t.start)
+            if t.action.kind == OVERLAP_F_B:       # an overlapped slot's time, split by its solo jobs
+                f, b = (sum(jobs(x)) for x in t.action.sub_actions)
+                for x, share in zip(t.action.sub_actions, (f, b)):
+                    durations.setdefault((x.kind, x.stage), []).append((t.end - t.start) * share / (f + b))
+            else:
+                durations.setdefault((t.action.kind, t.action.stage), []).append(t.end - t.start)
 
     def mean(kind: str, stage: int) -> float:
         d = durations.get((kind, stage), [])
         return sum(d) / len(d) if d else 0.0
     stages = range(schedule.num_stages)
+    # a split backward's time is its I's and its W's
     return PipelineRun(step_time_s=max((rank[-1].end for rank in timed if rank), default=0.0),
-                       fwd_s=tuple(mean("F", s) for s in stages), bwd_s=tuple(mean("B", s) for s in stages))
+                       fwd_s=tuple(mean("F", s) for s in stages),
+                       bwd_s=tuple(mean("B", s) or mean("I", s) + mean("W", s) for s in stages))
+
+
+def _jobs(fwd: Sequence[Job], bwd: Sequence[Job], weight_share: float):
+    """An action's (fixed, GEMM, memory-bound) job: F the stage's forward, B its backward, I and W
+    its input- and weight-gradient parts (W ``weight_share`` of the GEMM and memory-bound work;
+    the fixed part -- collectives -- with I; the first stage's I nothing and its W all, as in
+    ``costs.split_backward``), an overlapped F&B slot both jobs (``_solo`` overlaps them)."""
+    def job(a) -> Job:
+        if a.kind == OVERLAP_F_B:
+            f, b = (job(x) for x in a.sub_actions)
+            return (f[0] + b[0], f[1] + b[1], f[2] + b[2])
+        if a.kind == "F":
+            return fwd[a.stage]
+        fixed, gemm, membound = bwd[a.stage]
+        if a.stage == 0 and a.kind in ("I", "W"):     # the first stage's W is its whole backward
+            return bwd[0] if a.kind == "W" else (0.0, 0.0, 0.0)
+        if a.kind == "I":
+            return (fixed, gemm * (1 - weight_share), membound * (1 - weight_share))
+        if a.kind == "W":
+            return (0.0, gemm * weight_share, membound * weight_share)
+        return bwd[a.stage]
+    return job
+
+
+def _solo(a, jobs) -> float:
+    """Seconds of an action alone on its device; an overlapped F&B slot hides each pass's fixed
+    (communication) part behind the other's compute (``costs.split_backward.overlapped_time``)."""
+    if a.kind != OVERLAP_F_B:
+        return sum(jobs(a))
+    f, b = (jobs(x) for x in a.sub_actions)
+    return overlapped_time(f[1] + f[2], f[0], b[1] + b[2], b[0])
 
 
 def _checked(plan: Plan, n_fwd: int, n_bwd: int, send_s):
@@ -81,7 +129,8 @@ def _checked(plan: Plan, n_fwd: int, n_bwd: int, send_s):
 
 def _hop(send: list[float]):
     def hop(dep, dep_rank, action, rank) -> float:   # activation from s-1 or gradient from s+1
-        return send[min(dep.stage, action.stage)] if dep.stage != action.stage else 0.0
+        stage = next((a.stage for a in leaf_actions([action]) if abs(a.stage - dep.stage) == 1), dep.stage)
+        return send[min(dep.stage, stage)] if dep.stage != stage else 0.0
     return hop
 
 
@@ -92,7 +141,7 @@ def _processor_sharing(schedule, job, hop, host: HostModel, ranks_per_job: float
 
     env = simpy.Environment()
     sharing = host.processor_sharing(env, ranks_per_job)
-    present = {a for order in schedule.actions for a in order}
+    present = present_actions(schedule)          # leaves: an overlapped slot's forward and backward
     done = {a: env.event() for a in present}
     end: dict = {}
     rank_of: dict = {}
@@ -108,9 +157,10 @@ def _processor_sharing(schedule, job, hop, host: HostModel, ranks_per_job: float
                     yield env.timeout(ready - env.now)
             start = env.now
             yield sharing.run(*job(action))
-            end[action], rank_of[action] = env.now, rank
+            for leaf in leaf_actions([action]):
+                end[leaf], rank_of[leaf] = env.now, rank
+                done[leaf].succeed()
             timed[rank].append(TimedAction(action, rank, start, env.now))
-            done[action].succeed()
 
     for rank, order in enumerate(schedule.actions):
         env.process(rank_process(rank, order))

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from parsim.costs.host import HostModel
+from parsim.costs.placement import rank_of_stage
 from parsim.costs.timing import p2p_time
 from parsim.specs import ClusterSpec, Plan, RankLayout, SpecError
 
@@ -184,11 +185,12 @@ def _stage_results(graph: CostGraph, segments: list[Segment], coster: StageCoste
     layout = RankLayout(plan.dp, plan.tp, plan.pp)
     send_s = []
     for k, nbytes in enumerate(sends):
-        src = layout.rank(k % plan.pp, 0, 0)
-        dst = layout.rank((k + 1) % plan.pp, 0, 0)
+        src = layout.rank(rank_of_stage(plan, k), 0, 0)
+        dst = layout.rank(rank_of_stage(plan, min(k + 1, plan.pp * plan.vpp - 1)), 0, 0)
         send_s.append(p2p_time(cluster, nbytes, src, dst) if src != dst else 0.0)
     jobs = [c.host_jobs() for c in costs]
-    run = shared_host_run(plan, [j[0] for j in jobs], [j[1] for j in jobs], send_s, HostModel(cluster, plan.world_size))
+    run = shared_host_run(plan, [j[0] for j in jobs], [j[1] for j in jobs], send_s, HostModel(cluster, plan.world_size),
+                          graph.weight_grad_share)
     out = []
     for k, ((a, b), c) in enumerate(zip(zip(bounds[:-1], bounds[1:]), costs)):
         out.append(StageResult(

@@ -91,4 +91,13 @@ def analytic_graph(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> CostGr
         unit_checkpoint_bytes={i: layer_activation_bytes(model, plan, "full") for i in range(L)},
         layers=L, source="analytic",
         backward_working=lambda first, last, stash: backward_working_bytes(model, plan, first, last, stash),
-        output_bytes=stage_output_bytes(model, plan))
+        output_bytes=stage_output_bytes(model, plan), weight_grad_share=weight_grad_share(model, plan, cluster))
+
+
+def weight_grad_share(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> float:
+    """A layer's weight-gradient ops' share of its backward (``timing.op_time`` of "bwd_weight"
+    over "bwd"; ``costs.split_backward``)."""
+    ops = layer_ops(model, plan)
+    weight = sum(op_time(cluster.device, op, "bwd_weight", plan.dtype) for op in ops)
+    total = sum(op_time(cluster.device, op, "bwd", plan.dtype) for op in ops)
+    return weight / total if total > 0 else 0.5

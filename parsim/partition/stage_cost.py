@@ -4,7 +4,8 @@ Memory of a stage under its schedule (per device):
     model states  = params x (param + grad + optimizer bytes), ZeRO-sharded over dp
                     (Megatron-LM state bytes; Rajbhandari et al. 2020 Sec. 5; parsim.costs.memory)
     activations   = in-flight microbatches x bytes saved per microbatch, with in-flight from
-                    ``inflight_microbatches`` (1F1B: min(p - i, m), Narayanan et al. 2021 Sec. 2.2.1)
+                    ``costs.inflight.rank_inflight`` of the rank holding the stage (1F1B:
+                    min(p - i, m), Narayanan et al. 2021 Sec. 2.2.1; walked for the zero-bubble family)
 A stage that recomputes r of its layers keeps only their inputs (Chen et al. 2016), pays their
 forward again in backward, and briefly holds one layer's full activations while recomputing
 it (as ``parsim.costs.memory_by_stage``). Which layers recompute follows the stage's
@@ -18,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from parsim.costs import (fewest_recomputed, inflight_microbatches, model_state_bytes, stage_policy,
-                          state_bytes)
+from parsim.costs import fewest_recomputed, model_state_bytes, stage_policy, state_bytes
+from parsim.costs.inflight import rank_inflight
+from parsim.costs.placement import rank_of_stage
 from parsim.costs.footprint import held_bytes
 from parsim.specs import Plan
 
@@ -103,8 +105,7 @@ class StageCoster:
         self.grad_bytes = state_bytes(plan.dtype).grad
 
     def inflight(self, stage: int) -> float:
-        p = self.plan
-        return inflight_microbatches(p.schedule, p.pp, p.num_microbatches, stage % p.pp, p.vpp)
+        return rank_inflight(self.plan, rank_of_stage(self.plan, stage))
 
     def cost(self, stage: int, a: int, b: int) -> StageCost:
         last = self.plan.pp * self.plan.vpp - 1

@@ -7,7 +7,8 @@ from .check import ScheduleCheck, check_schedule
 from .csv_io import dump_schedule_csv, load_schedule_csv
 from .dryrun import (DryRun, TimedAction, dependencies, dry_run, list_schedule, peak_inflight_microbatches,
                      peak_inflight_per_rank)
-from .generators import (V_PLACED, build_schedule, build_schedule_for_plan, chunk_of_pass, default_vpp, held_at_backwards,
+from .generators import (V_PLACED, build_schedule, cached_schedule, build_schedule_for_plan, chunk_of_pass, default_vpp, held_at_backwards,
+                         stage_placement,
                          passes_by_chunk, textbook_bubble_fraction, warmup_forwards)
 from .ir import (ALL_KINDS, COMM_KINDS, KINDS, OVERLAP_F_B, STAGE_KINDS, Action, OverlapFB, Schedule, ScheduleError,
                  loop_placement, v_placement)
@@ -17,7 +18,7 @@ from .torch_actions import from_torch_actions, to_torch_actions
 __all__ = [
     "KINDS", "COMM_KINDS", "STAGE_KINDS", "OVERLAP_F_B", "ALL_KINDS", "Action", "OverlapFB", "Schedule",
     "loop_placement", "v_placement",
-    "build_schedule", "build_schedule_for_plan", "default_vpp", "textbook_bubble_fraction", "warmup_forwards",
+    "build_schedule", "cached_schedule", "build_schedule_for_plan", "stage_placement", "default_vpp", "textbook_bubble_fraction", "warmup_forwards",
     "chunk_of_pass", "passes_by_chunk", "held_at_backwards",
     "V_PLACED", "closed_form_idle_time",
     "DryRun", "ScheduleCheck", "ScheduleError", "TimedAction", "check_schedule", "dependencies", "dry_run",

@@ -56,30 +56,35 @@ def dependencies(schedule: Schedule, action: Item, present: set[Action]) -> list
     """The actions ``action`` must wait for. ``present`` tells whether the gradient of a stage
     comes from a full backward (B) or an input-gradient pass (I), and whether sends and
     receives are explicit."""
+    return [Action(*d) for d in dependency_keys(schedule, action, present)]
+
+
+def dependency_keys(schedule: Schedule, action: Item, present: set[Action]) -> list[tuple]:
+    """``dependencies`` as plain (kind, stage, microbatch) tuples (equal to the Actions and hashed
+    alike; cheaper to build where graphs of 10^5 actions are walked)."""
     if action.kind == OVERLAP_F_B:
         inner = set(action.sub_actions)
-        return [d for sub in action.sub_actions for d in dependencies(schedule, sub, present) if d not in inner]
+        return [d for sub in action.sub_actions for d in dependency_keys(schedule, sub, present) if d not in inner]
     kind, s, j = action
     # membership is tested with plain tuples (equal to and hashed as the Action): cheaper
     if kind == "F":
         if s == 0:
             return []
         if ("RECV_F", s, j) in present:
-            return [Action("RECV_F", s, j), Action("SEND_F", s - 1, j)]
-        return [Action("F", s - 1, j)]
+            return [("RECV_F", s, j), ("SEND_F", s - 1, j)]
+        return [("F", s - 1, j)]
     if kind == "W":
-        return [Action("I", s, j)]
+        return [("I", s, j)]
     if kind in ("B", "I"):
         if s == schedule.num_stages - 1:
-            return [Action("F", s, j)]
+            return [("F", s, j)]
         if ("RECV_B", s, j) in present:
-            return [Action("F", s, j), Action("RECV_B", s, j), Action("SEND_B", s + 1, j)]
-        return [Action("F", s, j), Action("I" if ("I", s + 1, j) in present else "B", s + 1, j)]
+            return [("F", s, j), ("RECV_B", s, j), ("SEND_B", s + 1, j)]
+        return [("F", s, j), ("I" if ("I", s + 1, j) in present else "B", s + 1, j)]
     if kind == "SEND_F":
-        return [Action("F", s, j)]
+        return [("F", s, j)]
     if kind == "SEND_B":
-        grad = Action("I", s, j)
-        return [grad if grad in present else Action("B", s, j)]
+        return [("I", s, j) if ("I", s, j) in present else ("B", s, j)]
     return []    # RECV_F, RECV_B, UNSHARD, RESHARD, REDUCE_GRAD are posted without waiting
 
 

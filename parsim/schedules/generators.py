@@ -21,16 +21,20 @@ loop: rank r holds stages r, r + pp, r + 2 pp, ... (DESIGN.md, "The Schedule IR"
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
 
-from parsim.specs import ALL_SCHEDULES, UNTIMED_SCHEDULES, Plan, SpecError
+from parsim.specs import ALL_SCHEDULES, Plan, SpecError
 
 from .bubbles import closed_form_bubble_fraction
-from .ir import Action, Item, Schedule, v_placement
+from .ir import Action, Item, Schedule, loop_placement, v_placement
 from .v_schedules import dualpipev_order, zbv_order
 from .zero_bubble import split_backward_1f1b, zb_h2_orders
 
 # Schedules whose stages are placed in a V (rank r holds stages r and 2 pp - 1 - r).
 V_PLACED = ("zbv", "dualpipev")
+# Schedules whose bubble the closed forms of ``bubbles`` give (at F = I = W = 1 unit)
+_CLOSED_FORM = ("zb-h1", "zb-h2", "interleaved-zb", "zbv", "dualpipev", "looped-bfs")
 
 
 def build_schedule(schedule: str, pp: int, num_microbatches: int, vpp: int = 1) -> Schedule:
@@ -47,6 +51,13 @@ def build_schedule(schedule: str, pp: int, num_microbatches: int, vpp: int = 1) 
                     actions=tuple(tuple(order) for order in orders), placement=placement)
 
 
+@lru_cache(maxsize=256)
+def cached_schedule(schedule: str, pp: int, num_microbatches: int, vpp: int = 1) -> Schedule:
+    """``build_schedule``, remembered (a Schedule is immutable): the engines that walk a
+    generated schedule per plan key (``costs.inflight``, ``fast.dag``) build each once."""
+    return build_schedule(schedule, pp, num_microbatches, vpp)
+
+
 def default_vpp(schedule: str) -> int:
     """The vpp a schedule takes when none is given: 2 for the V-placed ones, else 1."""
     return 2 if schedule in V_PLACED else 1
@@ -54,14 +65,47 @@ def default_vpp(schedule: str) -> int:
 
 def build_schedule_for_plan(plan: Plan) -> Schedule:
     """The schedule a Plan asks for: ``plan.schedule`` over ``plan.pp`` ranks with
-    ``gbs / (dp * mbs)`` microbatches and ``plan.vpp`` virtual stages per rank."""
+    ``gbs / (dp * mbs)`` microbatches and ``plan.vpp`` virtual stages per rank; for
+    ``schedule=csv:FILE``, the checked schedule in the file (``csv_io``), with compute actions
+    only (the engines imply the sends; ``lowering.compute_only``)."""
     if plan.gbs % (plan.dp * plan.mbs):
         raise SpecError("gbs", plan.gbs, f"must be divisible by dp*mbs={plan.dp * plan.mbs}")
     m = plan.num_microbatches
+    if plan.schedule_file is not None:
+        return _csv_schedule(plan.schedule_file, plan.pp, m, plan.vpp)
     if plan.schedule == "interleaved" and plan.vpp >= 2 and plan.pp >= 2 and m % plan.pp:
         raise SpecError("gbs", plan.gbs, f"interleaved schedule needs microbatches (gbs/(dp*mbs)={m}) "
                         f"divisible by pp={plan.pp}")
     return build_schedule(plan.schedule, plan.pp, m, plan.vpp)
+
+
+def stage_placement(plan: Plan) -> tuple[int, ...]:
+    """The pipeline rank of every virtual stage of the plan's schedule: the V for zbv and
+    dualpipev, the file's for a CSV schedule, else the loop (rank r holds r, r + pp, ...)."""
+    if plan.schedule in V_PLACED:
+        return v_placement(plan.pp, plan.vpp)
+    if plan.schedule_file is not None:
+        schedule = build_schedule_for_plan(plan)
+        return tuple(schedule.rank_of_stage(s) for s in range(schedule.num_stages))
+    return loop_placement(plan.pp, plan.vpp)
+
+
+_CSV_CACHE: dict[tuple, Schedule] = {}
+
+
+def _csv_schedule(path: str, pp: int, m: int, vpp: int) -> Schedule:
+    """The compute-only schedule of a CSV file, read once per (file, its modification time, shape)."""
+    from .csv_io import load_schedule_csv
+    from .lowering import compute_only
+    try:
+        stamp = Path(path).stat().st_mtime_ns
+    except OSError:
+        stamp = None
+    key = (str(Path(path).resolve()), stamp, pp, m, vpp)
+    if stamp is None or key not in _CSV_CACHE:
+        schedule = load_schedule_csv(path, pp, num_microbatches=m, vpp=vpp)
+        _CSV_CACHE[key] = compute_only(schedule)
+    return _CSV_CACHE[key]
 
 
 def textbook_bubble_fraction(schedule_name: str, pp: int, m: int, vpp: int = 1) -> float | None:
@@ -72,7 +116,7 @@ def textbook_bubble_fraction(schedule_name: str, pp: int, m: int, vpp: int = 1) 
     form covers the schedule."""
     _check_arguments(schedule_name, pp, m, vpp)
     p, v = pp, vpp
-    if schedule_name in UNTIMED_SCHEDULES:
+    if schedule_name in _CLOSED_FORM:
         return closed_form_bubble_fraction(schedule_name, pp, m, vpp, t_f=1, t_b=2, t_w=1)
     if schedule_name == "naive":
         # naive model parallelism (Huang et al. 2019, Fig. 2b): one stage busy at a time, so

@@ -3,7 +3,8 @@
 ``simulate(model, cluster, plan) -> SimResult``; see ``engine`` for the processes,
 ``compute`` / ``network`` / ``dp`` / ``memory`` for what they cost and hold.
 """
-from .engine import MODES, simulate
+from .engine import MODES
+from .run import simulate
 from .result import SimResult
 
 __all__ = ["MODES", "SimResult", "simulate"]

@@ -47,7 +47,9 @@ class ActionRun:
                     k = segment_key(s)
                     self.remaining[k] = self.remaining.get(k, 0) + 1
                     self.left += 1
-        seen = dict.fromkeys(s.layer for s in self.cost.halves[0] if s.layer >= 0) if self.cost.halves else {}
+        # the layers in the order the chains visit them (an overlapped slot: the forward's, then
+        # the backward's; sub-pipelined halves visit the same layers)
+        seen = dict.fromkeys(s.layer for chain in self.cost.halves for s in chain if s.layer >= 0)
         self.layer_order = list(seen)
 
     def release_final_gradients(self) -> None:
@@ -77,10 +79,11 @@ def run_stepped(env: simpy.Environment, run: ActionRun):
         for group in cost.layers:
             yield env.all_of([env.process(_walk(env, run, chain, h)) for h, chain in enumerate(group)])
     yield from _walk(env, run, cost.epilogue, None)
-    if root and cost.kind == "B":
+    scattered = _root_unit_params(run, backward_only=True)
+    if scattered:
         # ... and its gradients reduce-scattered once the whole backward is done (FSDP's root
         # post-backward, after the embedding's backward on the first stage)
-        scatter = env.process(zero3_collective(env, run.sim, run.dev, "reduce_scatter", root * run.sim.state.grad,
+        scatter = env.process(zero3_collective(env, run.sim, run.dev, "reduce_scatter", scattered * run.sim.state.grad,
                                                "zero_reducescatter", cost.stage, run.microbatch, -1))
         run.dev.pending_dp.append(scatter)
         if run.sim.zero_blocking:
@@ -88,12 +91,20 @@ def run_stepped(env: simpy.Environment, run: ActionRun):
     run.sim.recorder.expose(run.dev.rank, "tp", uncovered(run.comm, run.cover))
 
 
-def _root_unit_params(run: ActionRun) -> float:
+def _root_unit_params(run: ActionRun, backward_only: bool = False) -> float:
     """ZeRO-3: parameters of the stage's root unit (its embedding and / or final norm + head;
-    0 on a stage with neither) that a forward or backward gathers; 0 without ZeRO-3."""
-    if not run.sim.zero3_gathers or run.cost.kind not in ("F", "B"):
+    0 on a stage with neither) that a forward or backward gathers (``backward_only``: that a
+    backward reduce-scatters after it); an overlapped F&B slot gathers both stages' and
+    scatters its backward's. 0 without ZeRO-3."""
+    kind, sim = run.cost.kind, run.sim
+    if not sim.zero3_gathers:
         return 0.0
-    return float(sum(run.sim.edge_params[run.cost.stage]))
+    if kind in ("F", "B"):
+        return 0.0 if backward_only and kind == "F" else float(sum(sim.edge_params[run.cost.stage]))
+    if kind == "F&B":
+        own = float(sum(sim.edge_params[run.cost.stage]))
+        return own if backward_only else own + float(sum(sim.edge_params[run.cost.f_stage]))
+    return 0.0
 
 
 def _walk(env: simpy.Environment, run: ActionRun, chain: tuple[Segment, ...], half: int | None):

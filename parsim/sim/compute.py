@@ -14,7 +14,10 @@ of each layer -- the executor's ``Block`` concatenates them -- so the layers are
 after another (``layer_groups``); a layer's recompute (R) runs with its backward, per layer.
 
 Backward order is the forward ops reversed. ``B`` = bwd_input + bwd_weight; zero-bubble ``I``
-(input grad, with the backward collectives) and ``W`` (weight grad, no collectives).
+(input grad, with the backward collectives) and ``W`` (weight grad, no collectives; a fully
+recomputed layer's W re-runs its forward ``costs.split_backward.w_recomputes`` times first).
+DualPipe's overlapped F&B slot plays a forward and a backward as two chains on the shared
+streams (``overlap_cost``).
 Recompute runs before a layer's backward: ``full`` re-runs the layer forward with its TP
 collectives (Korthikanti et al. 2022 Sec. 3; Megatron-LM checkpointed forward), ``selective``
 re-runs the ``attention_core`` ops only (Korthikanti et al. 2022 Sec. 5). Embedding ops run
@@ -30,38 +33,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import simpy
-
 from parsim.costs import (embedding_ops, head_ops, layer_ops, recomputed_ops, recomputes_collectives, stage_recompute,
                           tp_collectives_edge, tp_collectives_per_layer)
 from parsim.costs.host import ComputeScale
+from parsim.costs.split_backward import overlapped_time, w_recomputes
 from parsim.costs.timing import op_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 
+from .streams import Placed, Segment, layer_groups, place, uncovered
+
+__all__ = ["Segment", "Placed", "ActionCost", "GradPart", "StageShape", "action_cost", "overlap_cost", "layer_chain",
+           "layer_groups", "place", "uncovered", "stage_shapes", "halves", "segment_key", "with_tp_times"]
+
 # trace kind of a TP collective op (parsim.trace.events.COMM_KINDS)
 TP_KINDS = {"all_reduce": "tp_allreduce", "all_gather": "tp_allgather", "reduce_scatter": "tp_reducescatter"}
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A run of ops on the compute stream, or one TP collective on the tp stream."""
-    stream: str             # "compute" | "tp"
-    kind: str               # F, B, I, W, R, embedding, head | tp_allreduce, tp_allgather, tp_reducescatter
-    layer: int              # global transformer layer index; -1 for embedding / head
-    duration: float         # seconds (compute already scaled by the rank's slowdown)
-    flops: float = 0.0      # FLOP executed (compute segments)
-    nbytes: float = 0.0     # full collective buffer, bytes (tp segments)
-    op: str = ""            # collective op (tp segments)
-    name: str = ""          # op names it covers / the collective's name
-
-
-@dataclass(frozen=True)
-class Placed:
-    """A segment placed in its action: seconds from the action's start."""
-    start: float
-    end: float
-    half: int
-    segment: Segment
 
 
 @dataclass(frozen=True)
@@ -78,6 +63,12 @@ class ActionCost:
     exposed_tp: float                        # seconds of TP comm the compute stream does not cover
     flops: float                             # FLOP executed
     grads_ready: tuple["GradPart", ...]      # B / W: weight gradients as backward completes them
+    f_stage: int = -1                        # an overlapped slot's forward stage
+
+    @property
+    def weight_grads(self) -> bool:
+        """Does it produce weight gradients (B, W, or an overlapped slot's B)?"""
+        return self.kind in ("B", "W", "F&B")
 
 
 @dataclass(frozen=True)
@@ -141,7 +132,12 @@ def layer_chain(model: ModelSpec, cluster: ClusterSpec, plan: Plan, kind: str, p
         return _chain(ops, "fwd", "F", layer, fwd_c, dev, dt, scale)
     back = list(reversed(ops))
     if kind == "W":
-        return _chain(back, "bwd_weight", "W", layer, [], dev, dt, scale)
+        # a fully recomputed layer's W re-runs its forward once per weight group (torch 2.13's
+        # stage_backward_weight with non-reentrant checkpointing: ``costs.split_backward``)
+        out: list[Segment] = []
+        for _ in range(w_recomputes(model) if policy == "full" else 0):
+            out += _chain(ops, "fwd", "R", layer, fwd_c, dev, dt, scale)
+        return out + _chain(back, "bwd_weight", "W", layer, [], dev, dt, scale)
     # the recomputed forward first (none without recomputation)
     again = fwd_c if recomputes_collectives(policy) else []
     out = _chain(recomputed_ops(ops, policy), "fwd", "R", layer, again, dev, dt, scale)
@@ -185,79 +181,6 @@ def _merge_compute(chain: list[Segment]) -> list[Segment]:
         else:
             out.append(s)
     return out
-
-
-# ----------------------------------------------------------------------- placement
-
-def place(chains: list[list[Segment]]) -> list[Placed]:
-    """Start/end of every segment of one or two chains sharing the compute and tp streams.
-
-    One chain runs back to back. Two chains (the halves of a sub-pipelined microbatch) run as
-    two SimPy processes on capacity-1 ``compute`` and ``tp`` stream Resources, each asking for
-    its next segment's stream when its previous segment ends (FIFO): the same processes the
-    engine runs when it steps through an action, so both ways give the same times."""
-    if len(chains) <= 1:
-        out, t = [], 0.0
-        for s in (chains[0] if chains else []):
-            out.append(Placed(t, t + s.duration, 0, s))
-            t += s.duration
-        return out
-    env = simpy.Environment()
-    streams = {"compute": simpy.Resource(env, capacity=1), "tp": simpy.Resource(env, capacity=1)}
-    out = []
-
-    def half(h: int, chain: list[Segment]):
-        for s in chain:
-            with streams[s.stream].request() as req:
-                yield req
-                start = env.now
-                yield env.timeout(s.duration)
-            out.append(Placed(start, env.now, h, s))
-
-    for h, chain in enumerate(chains):
-        env.process(half(h, chain))
-    env.run()
-    out.sort(key=lambda p: (p.start, p.half))
-    return out
-
-
-def layer_groups(chains) -> list[list[list[Segment]]]:
-    """The chains cut per transformer layer: one group per layer, in the order the chains visit
-    them, holding that layer's segments of every chain (two with sub-pipelined TP, whose halves
-    meet at every layer's end; a chain with nothing on a layer contributes an empty list)."""
-    order: dict[int, None] = {}
-    by_layer: list[dict[int, list[Segment]]] = []
-    for chain in chains:
-        parts: dict[int, list[Segment]] = {}
-        for s in chain:
-            order.setdefault(s.layer)
-            parts.setdefault(s.layer, []).append(s)
-        by_layer.append(parts)
-    return [[parts.get(layer, []) for parts in by_layer] for layer in order]
-
-
-def uncovered(comm: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
-    """Seconds of the union of ``comm`` intervals outside the union of ``cover`` intervals."""
-    def union(iv):
-        merged: list[list[float]] = []
-        for s, e in sorted(iv):
-            if merged and s <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], e)
-            else:
-                merged.append([s, e])
-        return merged
-
-    c, k = union(comm), union(cover)
-    total = sum(e - s for s, e in c)
-    j = 0
-    for s, e in c:
-        while j < len(k) and k[j][1] <= s:
-            j += 1
-        jj = j
-        while jj < len(k) and k[jj][0] < e:
-            total -= min(e, k[jj][1]) - max(s, k[jj][0])
-            jj += 1
-    return total
 
 
 # ----------------------------------------------------------------------- action costs
@@ -340,6 +263,42 @@ def action_cost(model: ModelSpec, cluster: ClusterSpec, plan: Plan, shape: Stage
                       placed=placed, duration=duration, exposed_tp=uncovered(comm, cover),
                       flops=sum(p.segment.flops for p in placed),
                       grads_ready=_grads_ready(placed, shape, kind, layer_params, edge_params))
+
+
+def overlap_cost(f: ActionCost, b: ActionCost, shape: StageShape, layer_params: float,
+                 edge_params: tuple[float, float]) -> ActionCost:
+    """DualPipe's overlapped slot: the forward ``f`` of one stage and the backward ``b`` (B or I)
+    of another (``shape``), each one's TP collectives hidden behind the other's compute
+    (DeepSeek-AI 2024, Sec 3.2.1). Its duration is the one rule every engine takes,
+    ``costs.split_backward.overlapped_time`` of the two passes' compute and communication. The
+    segments are the two chains replayed on the shared compute and TP streams (``place``, as
+    sub-pipelined TP's halves) and drawn compressed to that duration; a device stepped segment by
+    segment (ZeRO-3, TP sharing a link, full mode) replays them as they are, which hides less
+    (``actions.run_stepped``). Kind ``F&`` + the backward's kind; its stage is the backward's."""
+    chains = [_flat(f), _flat(b)]
+    replay = place(chains)
+    replayed = max((p.end for p in replay), default=0.0)
+    duration = overlapped_time(*_compute_and_comm(f), *_compute_and_comm(b))
+    scale = duration / replayed if replayed > 0 else 1.0
+    placed = tuple(Placed(p.start * scale, p.end * scale, p.half, p.segment) for p in replay)
+    comm = [(p.start, p.end) for p in placed if p.segment.stream == "tp"]
+    cover = [(p.start, p.end) for p in placed if p.segment.stream == "compute"]
+    backward = [p for p in placed if p.half == 1]
+    return ActionCost(kind="F&" + b.kind, stage=b.stage, prologue=(), halves=tuple(tuple(c) for c in chains),
+                      layers=(tuple(tuple(c) for c in chains),), epilogue=(), placed=placed, duration=duration,
+                      exposed_tp=uncovered(comm, cover), flops=f.flops + b.flops,
+                      grads_ready=_grads_ready(backward, shape, b.kind, layer_params, edge_params), f_stage=f.stage)
+
+
+def _compute_and_comm(cost: ActionCost) -> tuple[float, float]:
+    """Seconds of an action's compute segments, and the rest of its duration (its TP collectives)."""
+    compute = sum(p.end - p.start for p in cost.placed if p.segment.stream == "compute")
+    return compute, cost.duration - compute
+
+
+def _flat(cost: ActionCost) -> list[Segment]:
+    """An action's segments as one chain, in the order they run (one microbatch: no halves)."""
+    return [p.segment for p in cost.placed]
 
 
 def _grads_ready(placed, shape: StageShape, kind: str, layer_params: float, edge_params: tuple[float, float]):

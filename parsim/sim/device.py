@@ -30,12 +30,18 @@ def device(env: simpy.Environment, sim: "Simulation", dev: "Device"):
 
     This loop runs once per action of the step (10^5 times for the 1T benchmark), so it keeps
     its lookups in locals, skips the zero-byte memory changes, and runs a whole action's
-    compute through plain functions (a generator per action would cost ~10% of a run)."""
+    compute through plain functions (a generator per action would cost ~10% of a run).
+    Memory (``costs.memory.StageFootprint``): a forward holds its activations until its B (or W)
+    ends; a backward pass holds what it needs while it runs; an I leaves its output gradients
+    (``kept``) until its W ends."""
     rec, mem, rank, ledger = sim.recorder, dev.memory, dev.rank, dev.ledger
     footprints, keep, last_stage = sim.footprints, rec.keep_events, sim.num_stages - 1
-    interfered, detail, exposed = sim.interference > 0, rec.detail, rec.exposed[dev.rank]
+    interfered, detail = sim.interference > 0, rec.detail
     for idx, (kind, stage, mb) in enumerate(dev.actions):
-        forward, backward = kind == "F", kind in ("B", "I")
+        if kind == "F&":
+            yield from overlapped(env, sim, dev, idx, dev.overlaps[stage])
+            continue
+        forward = kind == "F"
         # input: activations of the previous stage (F), gradients of the next stage (B, I)
         now = env.now
         begin = input_start(sim, dev, kind, stage, mb, now)
@@ -45,55 +51,121 @@ def device(env: simpy.Environment, sim: "Simulation", dev: "Device"):
         start = begin + ledger.pay() if ledger.debt else begin    # compute owed to collectives first
         cost = dev.costs.get((stage, kind)) or sim.cost(dev, stage, kind)
         fp = footprints[stage]
+        during = 0.0 if forward else fp.backward if kind == "B" else fp.during(kind)
         if forward:
             mem.change(start, ACTIVATIONS, fp.activations)
-        elif backward and fp.backward:
-            mem.change(start, OTHER, fp.backward)
+        elif during:
+            mem.change(start, OTHER, during)
         if fp.gathered_params:
             mem.change(start, OTHER, fp.gathered_params)
-        issued = len(dev.pending_dp)
-        if dev.stepped:
-            run = yield from compute_stepped(env, sim, dev, cost, idx, mb, start)
-        else:
-            run = None
-            if interfered:
-                ledger.busy_since = begin
-            if sim.sharing is not None and start > env.now:
-                yield env.timeout(start - env.now)   # a job of the shared host starts when it starts
-            done, stretch = start_whole(env, sim, dev, cost, idx, mb, start)
-            yield done
-            if interfered or detail:
-                end_whole(env, sim, dev, cost, mb, begin, start, stretch)
-            elif cost.exposed_tp:
-                exposed["tp"] += cost.exposed_tp
-        released = False
-        if sim.zero_blocking and len(dev.pending_dp) > issued:
-            # the action's ZeRO reduce-scatters are waited for before it ends (no side stream)
-            if run is not None:
-                run.release_final_gradients()
-                released = True
-            waited = env.now
-            yield env.all_of(dev.pending_dp[issued:])
-            rec.expose(rank, "dp", env.now - waited)
-        end = env.now
+        end = yield from compute(env, sim, dev, cost, idx, mb, begin, start, interfered, detail)
         if fp.gathered_params:
             mem.change(end, OTHER, -fp.gathered_params)
-        if backward and fp.backward:
-            mem.change(end, OTHER, -fp.backward)
-        if kind == "B" or kind == "W":
-            mem.change(end, ACTIVATIONS, -fp.activations)
+        if during:
+            mem.change(end, OTHER, -during)
+        if not forward:
+            release(mem, end, kind, fp)
         rec.busy[rank] += end - begin
         if keep:
             rec.rows.append((rank, stage, "compute", kind, mb, -1, begin, end, 0.0, cost.flops, ACTION))
         # output: to the next stage (F) or the previous one (B, I)
         if forward and stage < last_stage:
             sim.send(dev, ("act", stage, mb), stage + 1, mb)
-        elif backward and stage > 0:
+        elif (kind == "B" or kind == "I") and stage > 0:
             sim.send(dev, ("grad", stage, mb), stage - 1, mb)
-        if run is not None and not released:
-            run.release_final_gradients()
+        if dev.run is not None:
+            dev.run.release_final_gradients()
+            dev.run = None
     dev.compute_done.succeed(env.now)
     yield from finish_step(env, sim, dev)
+
+
+def release(mem, end: float, kind: str, fp) -> None:
+    """Activations a backward pass frees (B, W: the microbatch's; W also the output gradients
+    its I left) or leaves (I: its output gradients) at its end."""
+    if kind == "B":
+        mem.change(end, ACTIVATIONS, -fp.activations)
+    elif kind == "I":
+        if fp.kept:
+            mem.change(end, ACTIVATIONS, fp.kept)
+    else:
+        mem.change(end, ACTIVATIONS, -(fp.activations + fp.kept))
+
+
+def compute(env: simpy.Environment, sim: "Simulation", dev: "Device", cost: ActionCost, idx: int, mb: int,
+            begin: float, start: float, interfered: bool, detail: bool):
+    """An action's compute from ``start``: stepped, or one timeout (or host job); then, without
+    a side stream, its ZeRO reduce-scatters. Returns its end; a stepped action's run is left in
+    ``dev.run`` for the caller to release its last gradients after its send."""
+    issued = len(dev.pending_dp)
+    if dev.stepped:
+        run = yield from compute_stepped(env, sim, dev, cost, idx, mb, start)
+    else:
+        run = None
+        if interfered:
+            dev.ledger.busy_since = begin
+        if sim.sharing is not None and start > env.now:
+            yield env.timeout(start - env.now)   # a job of the shared host starts when it starts
+        done, stretch = start_whole(env, sim, dev, cost, idx, mb, start)
+        yield done
+        if interfered or detail:
+            end_whole(env, sim, dev, cost, mb, begin, start, stretch)
+        elif cost.exposed_tp:
+            sim.recorder.exposed[dev.rank]["tp"] += cost.exposed_tp
+    if sim.zero_blocking and len(dev.pending_dp) > issued:
+        # the action's ZeRO reduce-scatters are waited for before it ends (no side stream)
+        if run is not None:
+            run.release_final_gradients()
+            run = None
+        waited = env.now
+        yield env.all_of(dev.pending_dp[issued:])
+        sim.recorder.expose(dev.rank, "dp", env.now - waited)
+    dev.run = run
+    return env.now
+
+
+def overlapped(env: simpy.Environment, sim: "Simulation", dev: "Device", idx: int, slot):
+    """DualPipe's overlapped F&B slot (``compute.overlap_cost``): it starts when the forward's
+    activations and the backward's gradients are both in, holds the forward's activations from
+    its start and the backward's working set while it runs, then sends both outputs."""
+    f, b = slot.forward, slot.backward
+    now = env.now
+    begin = now
+    for a in (f, b):
+        arrived = input_start(sim, dev, a.kind, a.stage, a.microbatch, now)
+        if arrived.__class__ is Arrival:
+            yield arrived
+            arrived = input_start(sim, dev, a.kind, a.stage, a.microbatch, now, waited=arrived)
+        begin = max(begin, arrived)
+    ledger, mem = dev.ledger, dev.memory
+    start = begin + ledger.pay() if ledger.debt else begin
+    key = (f.stage, b.stage)
+    cost = dev.costs.get((key, "F&" + b.kind)) or sim.cost(dev, key, "F&" + b.kind)
+    ffp, bfp = sim.footprints[f.stage], sim.footprints[b.stage]
+    during = bfp.during(b.kind) + max(ffp.gathered_params, bfp.gathered_params)
+    mem.change(start, ACTIVATIONS, ffp.activations)
+    if during:
+        mem.change(start, OTHER, during)
+    end = yield from compute(env, sim, dev, cost, idx, b.microbatch, begin, start, sim.interference > 0,
+                             sim.recorder.detail)
+    if during:
+        mem.change(end, OTHER, -during)
+    release(mem, end, b.kind, bfp)
+    sim.recorder.busy[dev.rank] += end - begin
+    if sim.recorder.keep_events:
+        flops = {0: 0.0, 1: 0.0}
+        for p in cost.placed:
+            flops[p.half] += p.segment.flops
+        for h, a in enumerate((f, b)):
+            sim.recorder.rows.append((dev.rank, a.stage, "compute", a.kind, a.microbatch, -1, begin, end, 0.0,
+                                      flops[h], ACTION))
+    if f.stage < sim.num_stages - 1:
+        sim.send(dev, ("act", f.stage, f.microbatch), f.stage + 1, f.microbatch)
+    if b.stage > 0:
+        sim.send(dev, ("grad", b.stage, b.microbatch), b.stage - 1, b.microbatch)
+    if dev.run is not None:
+        dev.run.release_final_gradients()
+        dev.run = None
 
 
 def input_start(sim: "Simulation", dev: "Device", kind: str, stage: int, mb: int, now: float,
@@ -139,7 +211,8 @@ def start_whole(env: simpy.Environment, sim: "Simulation", dev: "Device", cost: 
     gradients' readiness and its ZeRO-2 reduce-scatters hang on the inside offsets."""
     now, stage, kind = env.now, cost.stage, cost.kind
     if sim.sharing is not None:
-        solo = sim.solo_seconds(dev, stage, kind)
+        # an overlapped slot is priced (and memoised) under its (forward, backward) stages
+        solo = sim.solo_seconds(dev, (cost.f_stage, stage) if kind.startswith("F&") else stage, kind)
         stretch = sim.sharing.estimate(*solo) / cost.duration if cost.duration > 0 else 1.0
         done = sim.sharing.run(*solo)
     else:
@@ -150,7 +223,7 @@ def start_whole(env: simpy.Environment, sim: "Simulation", dev: "Device", cost: 
     if dev.sync is not None and idx in dev.last_backward:
         dev.grads_started[stage].succeed([(env.timeout(start - now + gp.offset * stretch), gp.params)
                                           for gp in cost.grads_ready])
-    if sim.zero2_scatters and (kind == "B" or kind == "W"):
+    if sim.zero2_scatters and cost.weight_grads:
         # no side stream (blocking): the reduce-scatters follow the compute one after the other
         ready = ([done] * len(cost.grads_ready) if sim.zero_blocking else
                  [start + gp.offset * stretch for gp in cost.grads_ready])
@@ -187,7 +260,7 @@ def compute_stepped(env: simpy.Environment, sim: "Simulation", dev: "Device", co
     run = ActionRun(sim, dev, cost, mb)
     if dev.sync is not None and idx in dev.last_backward:
         dev.grads_started[stage].succeed([(_grad_event(env, run, gp), gp.params) for gp in cost.grads_ready])
-    scatters = sim.zero2_scatters and (cost.kind == "B" or cost.kind == "W")
+    scatters = sim.zero2_scatters and cost.weight_grads
     if scatters and not sim.zero_blocking:
         ready = [_grad_event(env, run, gp) for gp in cost.grads_ready]
         dev.pending_dp.append(env.process(zero2_scatters(env, sim, dev, stage, mb, cost.grads_ready, ready)))

@@ -37,9 +37,7 @@ Patarasuk & Yuan 2009, bandwidth-optimal all-reduce). Intra-node links are not a
 """
 from __future__ import annotations
 
-import gc
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import simpy
 
@@ -47,19 +45,18 @@ from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes
                           zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing
 from parsim.costs.optimizer import layer_from_host_s, layer_shard_bytes
+from parsim.costs.placement import loop_placed, rank_of_stage, stages_of_rank
 from parsim.costs.timing import collective_time, p2p_time
 from parsim.costs.zero import gathers_layers, scatters_every_backward
-from parsim.schedules import Action, Schedule, build_schedule
-from parsim.specs import (ClusterSpec, ModelSpec, Plan, RankLayout, SpecError, load_cluster, load_model, parse_plan,
-                          validate)
+from parsim.schedules import OVERLAP_F_B, Action, Schedule
+from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
 
-from .compute import ActionCost, action_cost, stage_shapes
+from .compute import ActionCost, action_cost, overlap_cost, stage_shapes
 from .device import device
 from .dp import gradient_sync
 from .memory import MemoryTimeline, stage_footprints, static_bytes
 from .network import Arrival, Communicator, Ports, device_ports, group_link, group_shape, link_between, ps_time
 from .record import SEND_B, SEND_F, Recorder
-from .result import SimResult, assemble
 from .symmetry import RankClasses, every_rank, full_mode_classes
 
 MODES = ("representative", "full")
@@ -71,7 +68,7 @@ class Device:
     rank: int
     pp_rank: int
     replica: tuple[int, int]              # (dp_rank, tp_rank)
-    actions: tuple[Action, ...]
+    actions: tuple[Action, ...]           # overlapped F&B slots as ("F&", slot index, None)
     scale: ComputeScale                   # compute slowdown factors (stragglers x host contention)
     ledger: ComputeLedger                 # compute owed to collectives and side streams (``costs.host``)
     stepped: bool                         # run actions segment by segment
@@ -87,6 +84,8 @@ class Device:
     sync_order: list[int]                 # stages in the order their gradients complete
     grads_started: dict[int, simpy.Event] = field(default_factory=dict)
     sync: simpy.Process | None = None
+    run: object = None                    # the stepped action whose last gradients await its send
+    overlaps: tuple = ()                  # the OverlapFB items of ``actions``, by slot index
     pending_dp: list = field(default_factory=list)
     costs: dict = field(default_factory=dict)             # (stage, kind) -> ActionCost
     routes: dict = field(default_factory=dict)            # stage sent to -> (port, seconds)
@@ -188,14 +187,16 @@ class Simulation:
             p, d, t = layout.coords(r)
             tp = communicator("tp", [layout.rank(p, d, x) for x in range(plan.tp)])
             dp = communicator("dp", [layout.rank(p, x, t) for x in range(plan.dp)])
-            actions = self.schedule.actions[p]
+            actions, overlaps = _device_actions(self.schedule.actions[p])
             last_bwd = {}
             for i, (kind, stage, _) in enumerate(actions):
                 if kind in ("B", "W"):
                     last_bwd[stage] = i
+                elif kind == "F&" and overlaps[stage].backward.kind == "B":
+                    last_bwd[overlaps[stage].backward.stage] = i
             self.recorder.add_rank(r)
             devices[r] = Device(
-                rank=r, pp_rank=p, replica=(d, t), actions=actions, scale=contention.times(float(slowdown.get(r, 1.0))),
+                rank=r, pp_rank=p, replica=(d, t), actions=actions, overlaps=overlaps, scale=contention.times(float(slowdown.get(r, 1.0))),
                 ledger=ComputeLedger(self.interference),
                 stepped=self._needs_steps(r, tp, dp), ports=ports[r], tp=tp, dp=dp,
                 memory=MemoryTimeline.starting_with(static_bytes(self.model, plan, p, self.zero_copies)),
@@ -223,6 +224,10 @@ class Simulation:
         p, d, t = self.layout.coords(rank)
         wrap = plan.vpp > 1                 # interleaving sends from the last rank to the first
         neighbours = [q % plan.pp for q in (p - 1, p + 1) if plan.pp > 1 and (wrap or 0 <= q < plan.pp)]
+        if not loop_placed(plan):           # the ranks holding the stages next to this rank's
+            last = plan.pp * plan.vpp - 1
+            neighbours = sorted({rank_of_stage(plan, x) for s in stages_of_rank(plan, p) for x in (s - 1, s + 1)
+                                 if 0 <= x <= last} - {p})
         others = {link_between(self.cluster, rank, self.layout.rank(q, d, t)) for q in neighbours}
         if plan.dp > 1:
             others.add(dp.link)
@@ -247,7 +252,21 @@ class Simulation:
             dev.costs[(stage, kind)] = c
         return c
 
-    def _price(self, dev: Device, stage: int, kind: str, scale: ComputeScale) -> ActionCost:
+    def _price(self, dev: Device, stage, kind: str, scale: ComputeScale) -> ActionCost:
+        """An action's cost; an overlapped slot's ``stage`` is (forward stage, backward stage) and
+        its kind ``F&`` + the backward's kind."""
+        if kind.startswith("F&"):
+            f_stage, b_stage = stage
+            return overlap_cost(self._price(dev, f_stage, "F", scale), self._price(dev, b_stage, kind[2:], scale),
+                                self.shapes[b_stage], self.layer_params, self.edge_params[b_stage])
+        if stage == 0 and kind in ("I", "W"):
+            # no input gradient on the first stage: its I runs nothing, its W the whole backward
+            # (torch 2.13's PipelineStage; ``costs.split_backward``)
+            full = self._price(dev, 0, "B", scale)
+            if kind == "W":
+                return replace(full, kind="W")
+            return replace(full, kind="I", prologue=(), halves=((),), layers=(), epilogue=(), placed=(),
+                           duration=0.0, exposed_tp=0.0, flops=0.0, grads_ready=())
         return action_cost(self.model, self.cluster, self.plan, self.shapes[stage], kind,
                            lambda op, nbytes: self.comm_time(dev.tp, op, nbytes, in_situ=True), self.layer_params,
                            self.edge_params[stage], scale)
@@ -296,15 +315,17 @@ class Simulation:
         event at the arrival, else the arrival time is left for it (no event at all)."""
         route = dev.routes.get(to_stage)
         if route is None:
-            dst = self.layout.rank(to_stage % self.plan.pp, *dev.replica)
-            duration = p2p_time(self.cluster, self.p2p_nbytes, dev.rank, dst)
+            dst = self.layout.rank(rank_of_stage(self.plan, to_stage), *dev.replica)
+            duration = p2p_time(self.cluster, self.p2p_nbytes, dev.rank, dst) if dst != dev.rank else 0.0
             link = link_between(self.cluster, dev.rank, dst)
             if link == "nic" and self.link_slowdown:
                 duration *= self._nic_factor("nic", (dev.rank, dst))
-            route = dev.routes[to_stage] = (getattr(dev.ports, link), duration)
+            port = None if dst == dev.rank else getattr(dev.ports, link)
+            route = dev.routes[to_stage] = (port, duration)
         port, duration = route
         now = self.env.now
-        start = port.reserve(now, duration)
+        # a stage handing over to another stage on the same device (the turn of a V) sends nothing
+        start = port.reserve(now, duration) if port is not None else now
         k = (dev.replica, key)
         waiting = self.deliveries.pop(k, None)
         if waiting is None:
@@ -316,83 +337,17 @@ class Simulation:
                                        self.p2p_nbytes, 0.0, SEND_F if key[0] == "act" else SEND_B))
 
 
-def _run(model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule, mode: str, slowdown: dict,
-         record_events: bool, detail: bool, contention: ComputeScale | None, links: dict,
-         symmetric: bool = True) -> "Simulation":
-    sim = Simulation(model, cluster, plan, schedule, mode, slowdown, Recorder(record_events, detail), contention,
-                     links, symmetric)
-    sim.start()
-    # A step allocates ~10 short-lived objects per SimPy event; the cyclic collector would
-    # re-scan the growing trace again and again, so it waits until the run is over.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        sim.env.run()
-    finally:
-        if collecting:
-            gc.enable()
-    # SimPy numbers every event it schedules (the tie-break counter of its event queue, an
-    # itertools.count); a run to completion processes them all. -1 if a SimPy release drops it.
-    counter = getattr(sim.env, "_eid", None)
-    sim.num_events = next(counter) if counter is not None else -1
-    stuck = [r for r in sim.devices if r not in sim.recorder.finish]
-    if stuck:
-        raise SpecError("schedule", schedule.name, f"deadlocks: ranks {stuck[:8]} never finish their actions")
-    if sim.classes.reduced:
-        sim.recorder.stand_for(sim.classes.members)    # every rank's accounts and events: its class's
-    return sim
-
-
-def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | str, *, mode: str = "representative",
-             slowdown: dict[int, float] | None = None, schedule: Schedule | None = None,
-             record_events: bool = True, detail: bool = False,
-             link_slowdown: dict[int, float] | None = None, symmetric: bool = True) -> SimResult:
-    """One training step of ``plan`` through the SimPy engine.
-
-    ``mode``: "representative" (one device per pipeline rank) or "full" (every device;
-    needed for ``slowdown``: {global rank: factor on its compute time, 1.5 = 50% slower}). ``schedule``
-    overrides the plan's generated one. ``record_events`` keeps the trace; ``detail`` adds
-    per-layer compute and per-collective TP events to it (slower). ``link_slowdown``: {global
-    rank: factor on the time of its NIC transfers} (a degraded NIC; module docstring).
-    ``symmetric`` (full mode): one device per class of identical ranks, copied to the others
-    (``symmetry``; the same numbers); False plays every device (the tests' reference)."""
-    wall = time.perf_counter()
-    model, cluster, plan = load_model(model), load_cluster(cluster), parse_plan(plan)
-    warnings = validate(model, cluster, plan)
-    if mode not in MODES:
-        raise SpecError("mode", mode, f"one of {', '.join(MODES)}")
-    slowdown = _factors("slowdown", slowdown, plan.world_size)
-    links = _factors("link_slowdown", link_slowdown, plan.world_size)
-    layout = RankLayout(plan.dp, plan.tp, plan.pp)
-    if mode != "full" and any(layout.coords(r)[1:] != (0, 0) for r in slowdown):
-        raise SpecError("slowdown", ",".join(f"{r}={f}" for r, f in slowdown.items()),
-                        "per-rank slowdowns need mode=full (every device simulated), or ranks of DP replica 0 "
-                        "and TP rank 0 in representative mode")
-    if schedule is None:
-        schedule = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
-    elif (schedule.pp, schedule.vpp, schedule.num_microbatches) != (plan.pp, plan.vpp, plan.num_microbatches):
-        raise SpecError("schedule", schedule.name, f"must have pp={plan.pp}, vpp={plan.vpp} and "
-                        f"{plan.num_microbatches} microbatches to match the plan")
-    sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, None, links, symmetric)
-    if sim.sharing is None and sim.host.shared:
-        # stepped actions on a shared host: a pipeline rank idle in a bubble leaves its core to
-        # the others, so iterate the mean-field slowdown (``HostModel.settle``) over whole runs
-        for _ in range(6):
-            busy = sum(sim.recorder.busy[r] for r in sim.devices) * plan.world_size / len(sim.devices)
-            scale = sim.host.settle(busy, max(sim.recorder.finish.values(), default=0.0), sim.contention)
-            if scale is None:
-                break
-            sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, scale, links,
-                       symmetric)
-    return assemble(sim, warnings, wall)
-
-
-def _factors(name: str, given: dict[int, float] | None, world: int) -> dict[int, float]:
-    """Checked {global rank: positive time factor}."""
-    out = dict(given or {})
-    for r, f in out.items():
-        if not isinstance(r, int) or not 0 <= r < world:
-            raise SpecError(name, f"{r}={f}", f"rank must be an integer in 0..{world - 1}")
-        if not isinstance(f, (int, float)) or not f > 0:
-            raise SpecError(name, f"{r}={f}", "factor must be a positive number (1.5 = 50% slower)")
-    return out
+def _device_actions(order) -> tuple[tuple, tuple]:
+    """A rank's actions as (kind, stage, microbatch) triples for the device loop, each overlapped
+    F&B slot as ("F&", its index in the second list, None)."""
+    overlaps = [item for item in order if item.kind == OVERLAP_F_B]
+    if not overlaps:
+        return tuple(order), ()
+    out, k = [], 0
+    for item in order:
+        if item.kind == OVERLAP_F_B:
+            out.append(("F&", k, None))
+            k += 1
+        else:
+            out.append(item)
+    return tuple(out), tuple(overlaps)

@@ -6,13 +6,17 @@ with them (``parsim.fast.codes`` re-exports the constants below).
 """
 from __future__ import annotations
 
-from .plan import DP_IMPLS, DTYPES, OFFLOADS, RECOMPUTES, SCHEDULES, TP_OVERLAPS
+from .plan import CSV_PREFIX, DP_IMPLS, DTYPES, OFFLOADS, RECOMPUTES, SCHEDULES, TP_OVERLAPS
 
 # plan key -> the words it takes, in code order
 WORDS: dict[str, tuple[str, ...]] = {"schedule": SCHEDULES, "offload": OFFLOADS, "recompute": RECOMPUTES,
                                      "dtype": DTYPES, "dp_impl": DP_IMPLS, "tp_overlap": TP_OVERLAPS}
 
 NAIVE, GPIPE, ONE_F_ONE_B, INTERLEAVED = (SCHEDULES.index(w) for w in ("naive", "gpipe", "1f1b", "interleaved"))
+ZB_H1, ZB_H2, INTERLEAVED_ZB, ZBV, DUALPIPEV, LOOPED_BFS = (
+    SCHEDULES.index(w) for w in ("zb-h1", "zb-h2", "interleaved-zb", "zbv", "dualpipev", "looped-bfs"))
+# ``schedule=csv:FILE`` (a schedule read from a file; never in a sweep's table of plans)
+CSV = len(SCHEDULES)
 OFF_NONE, OFF_OPT, OFF_OPT_PARAMS = (OFFLOADS.index(w) for w in ("none", "optimizer", "optimizer+params"))
 RC_NONE, RC_FULL, RC_SELECTIVE, RC_STAGE_AWARE = (RECOMPUTES.index(w)
                                                   for w in ("none", "full", "selective", "stage-aware"))
@@ -22,6 +26,8 @@ TP_OVERLAP_NONE, SUBPIPE = (TP_OVERLAPS.index(w) for w in ("none", "subpipe"))
 
 def code(key: str, value: object) -> int:
     """The integer code of a plan value: a word's index, a boolean as 0/1, an integer itself."""
+    if key == "schedule" and isinstance(value, str) and value.startswith(CSV_PREFIX):
+        return CSV
     if key in WORDS:
         return WORDS[key].index(value)
     return int(value)

@@ -5,11 +5,17 @@ from dataclasses import dataclass, fields, replace
 
 from .errors import SpecError
 
-SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved")      # plan values every engine times
-# Generated, checked, drawn and written as CSV by parsim.schedules (`parsim schedule`), but
-# not yet timed by the engines (issue 21, items 3-6): not plan values until they are.
-UNTIMED_SCHEDULES = ("zb-h1", "zb-h2", "interleaved-zb", "zbv", "dualpipev", "looped-bfs")
-ALL_SCHEDULES = SCHEDULES + UNTIMED_SCHEDULES
+# Plan values of ``schedule`` (their order is their code, ``codes.py``: new ones go last). The
+# zero-bubble family splits the backward into input-gradient (I) and weight-gradient (W) passes;
+# zbv and dualpipev place two stages per rank in a V (``parsim.schedules``).
+SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved",
+             "zb-h1", "zb-h2", "interleaved-zb", "zbv", "dualpipev", "looped-bfs")
+SPLIT_BACKWARD_SCHEDULES = ("zb-h1", "zb-h2", "interleaved-zb", "zbv", "dualpipev")
+V_SCHEDULES = ("zbv", "dualpipev")          # two stages per rank, placed in a V: vpp = 2
+UNTIMED_SCHEDULES: tuple[str, ...] = ()     # every generated schedule is timed by the engines
+ALL_SCHEDULES = SCHEDULES
+# ``schedule=csv:FILE``: any schedule in torch 2.13's ``_dump_csv`` format (``schedules.csv_io``)
+CSV_PREFIX = "csv:"
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 RECOMPUTES = ("none", "full", "selective", "stage-aware")
 DTYPES = ("fp32", "bf16", "fp16")
@@ -31,7 +37,7 @@ class Plan:
     dp: int = 1
     tp: int = 1
     pp: int = 1
-    vpp: int = 1
+    vpp: int | None = None            # virtual stages per rank; default 2 for zbv/dualpipev, else 1
     mbs: int = 1
     gbs: int | None = None            # sequences per step; default dp*mbs (one microbatch)
     schedule: str = "1f1b"
@@ -49,6 +55,8 @@ class Plan:
     recompute_layers: tuple[int, ...] | None = None  # stage-aware: recomputed layers per stage
 
     def __post_init__(self) -> None:
+        if self.vpp is None:
+            object.__setattr__(self, "vpp", _default_vpp(self.schedule))
         for name in ("dp", "tp", "pp", "vpp", "mbs"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -61,7 +69,10 @@ class Plan:
             raise SpecError("gbs", self.gbs, "a positive integer (global batch in sequences)")
         if self.gbs > MAX_INT:
             raise SpecError("gbs", self.gbs, f"a global batch {_TOO_BIG} sequences")
-        _one_of("schedule", self.schedule, SCHEDULES)
+        if not (isinstance(self.schedule, str) and self.schedule.startswith(CSV_PREFIX)
+                and self.schedule[len(CSV_PREFIX):].strip()):
+            _one_of("schedule", self.schedule, SCHEDULES, f" or {CSV_PREFIX}FILE (a schedule in torch's _dump_csv "
+                    "format)")
         _one_of("offload", self.offload, OFFLOADS)
         _one_of("recompute", self.recompute, RECOMPUTES)
         _one_of("dtype", self.dtype, DTYPES)
@@ -91,6 +102,13 @@ class Plan:
     def num_microbatches(self) -> int:
         """Microbatches per step per pipeline: gbs / (dp * mbs)."""
         return self.gbs // (self.dp * self.mbs)
+
+    @property
+    def schedule_file(self) -> str | None:
+        """The CSV file of a ``schedule=csv:FILE`` plan; None for a generated schedule."""
+        if self.schedule.startswith(CSV_PREFIX):
+            return self.schedule[len(CSV_PREFIX):].strip()
+        return None
 
     @property
     def num_stages(self) -> int:
@@ -126,6 +144,19 @@ class Plan:
         return d
 
 
-def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
+def _default_vpp(schedule: object) -> int:
+    """2 for the V-placed schedules; for a CSV schedule, its stages per row (``rules.py`` checks
+    that they divide); else 1."""
+    if schedule in V_SCHEDULES:
+        return 2
+    if isinstance(schedule, str) and schedule.startswith(CSV_PREFIX) and schedule[len(CSV_PREFIX):].strip():
+        from .schedule_file import schedule_shape
+        shape = schedule_shape(schedule[len(CSV_PREFIX):].strip())
+        if shape.rows and shape.stages % shape.rows == 0 and shape.stages:
+            return shape.stages // shape.rows
+    return 1
+
+
+def _one_of(name: str, value: object, allowed: tuple[str, ...], more: str = "") -> None:
     if value not in allowed:
-        raise SpecError(name, value, f"one of {', '.join(allowed)}")
+        raise SpecError(name, value, f"one of {', '.join(allowed)}{more}")

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cluster import ClusterSpec
-from .codes import INTERLEAVED, OFF_OPT, OFF_OPT_PARAMS, SUBPIPE, WORDS, code
+from .codes import (CSV, DUALPIPEV, INTERLEAVED, INTERLEAVED_ZB, LOOPED_BFS, OFF_OPT, OFF_OPT_PARAMS, SUBPIPE, WORDS,
+                    ZBV, code)
 from .errors import SpecError
 from .layout import stage_layers
 from .model import ModelSpec
 from .plan import Plan
+from .schedule_file import schedule_shape
 
 # (plan view, model, cluster) -> bool, or a boolean array over a table of plans
 Condition = Callable[[Any, ModelSpec, ClusterSpec], Any]
@@ -87,6 +89,37 @@ def _interleaved(p, model, cluster):
     return p.schedule == INTERLEAVED
 
 
+def _is(*codes: int) -> Condition:
+    def applies(p, model, cluster):
+        out = p.schedule == codes[0]
+        for c in codes[1:]:
+            out = out | (p.schedule == c)
+        return out
+    return applies
+
+
+def _single_chunk(p, model, cluster):
+    """Schedules with one stage per rank (vpp = 1): all but the looping and V-placed ones."""
+    multi = _is(INTERLEAVED, INTERLEAVED_ZB, LOOPED_BFS, ZBV, DUALPIPEV, CSV)(p, model, cluster)
+    return (not multi) if isinstance(multi, bool) else ~multi
+
+
+def _rounds(p):
+    """torch 2.13's interleaved zero-bubble rounds, max(1, m // pp), written with arithmetic only."""
+    m = _microbatches(p)
+    return m // p.pp + (m < p.pp)
+
+
+def _csv(p, model, cluster):
+    """A ``schedule=csv:FILE`` plan. A table of plans holds only generated schedules (their codes),
+    so on columns this is a plain False and the file rules are never evaluated there."""
+    return isinstance(p.schedule, int) and p.schedule == CSV
+
+
+def _shape(plan: Plan):
+    return schedule_shape(plan.schedule_file)
+
+
 def _given(name: str) -> Condition:
     return lambda p, model, cluster: getattr(p, name) is not None
 
@@ -127,8 +160,44 @@ RULES: tuple[Rule, ...] = (
                                        f"divisible by pp={plan.pp}"),
          applies=_interleaved),
     Rule("vpp", ("schedule", "vpp"), lambda p, model, cluster: p.vpp == 1, lambda plan: plan.vpp,
-         lambda plan, model, cluster: f"vpp > 1 needs schedule=interleaved (schedule is {plan.schedule})",
-         applies=lambda p, model, cluster: p.schedule != INTERLEAVED),
+         lambda plan, model, cluster: ("vpp > 1 needs schedule=interleaved, interleaved-zb, looped-bfs, zbv or "
+                                       f"dualpipev (schedule is {plan.schedule})"),
+         applies=_single_chunk),
+    # torch 2.13 ScheduleInterleavedZeroBubble: several stages per rank (vpp >= 2), microbatches
+    # in max(1, m // pp) rounds of equal size
+    Rule("vpp", ("schedule", "vpp"), lambda p, model, cluster: p.vpp >= 2, lambda plan: plan.vpp,
+         lambda plan, model, cluster: "interleaved-zb schedule needs vpp >= 2", applies=_is(INTERLEAVED_ZB)),
+    Rule("gbs", ("schedule", "gbs", "dp", "mbs", "pp"), lambda p, model, cluster: _microbatches(p) % _rounds(p) == 0,
+         lambda plan: plan.gbs,
+         lambda plan, model, cluster: (f"interleaved-zb runs microbatches (gbs/(dp*mbs)={_microbatches(plan)}) in "
+                                       f"max(1, m // pp)={_rounds(plan)} rounds of equal size: needs a multiple "
+                                       f"of {_rounds(plan)}"),
+         applies=_is(INTERLEAVED_ZB)),
+    # ZBV and DualPipeV place two stages per rank in a V (Qi et al. 2023 Sec 6; DeepSeek-AI 2024)
+    Rule("vpp", ("schedule", "vpp"), lambda p, model, cluster: p.vpp == 2, lambda plan: plan.vpp,
+         lambda plan, model, cluster: f"{plan.schedule} places two stages per rank in a V: needs vpp=2",
+         applies=_is(ZBV, DUALPIPEV)),
+    # torch 2.13 ScheduleDualPipeV: at least as many microbatches as stages
+    Rule("gbs", ("schedule", "gbs", "dp", "mbs", "pp"), lambda p, model, cluster: _microbatches(p) >= 2 * p.pp,
+         lambda plan: plan.gbs,
+         lambda plan, model, cluster: (f"dualpipev needs microbatches (gbs/(dp*mbs)={_microbatches(plan)}) >= "
+                                       f"2*pp={2 * plan.pp}"),
+         applies=_is(DUALPIPEV)),
+    # schedule=csv:FILE: the file's rows, stages and microbatches must be the plan's
+    Rule("pp", ("schedule", "pp"), lambda p, model, cluster: _shape(p).rows == p.pp, lambda plan: plan.pp,
+         lambda plan, model, cluster: f"must equal the {_shape(plan).rows} rows (pipeline ranks) of {plan.schedule_file}",
+         applies=_csv),
+    Rule("vpp", ("schedule", "pp", "vpp"), lambda p, model, cluster: _shape(p).stages == p.pp * p.vpp,
+         lambda plan: plan.vpp,
+         lambda plan, model, cluster: (f"{plan.schedule_file} uses {_shape(plan).stages} stages: needs "
+                                       f"pp*vpp={_shape(plan).stages}"),
+         applies=_csv),
+    Rule("gbs", ("schedule", "gbs", "dp", "mbs"), lambda p, model, cluster: _shape(p).microbatches == _microbatches(p),
+         lambda plan: plan.gbs,
+         lambda plan, model, cluster: (f"{plan.schedule_file} runs {_shape(plan).microbatches} microbatches: needs "
+                                       f"gbs/(dp*mbs)={_shape(plan).microbatches} (gbs="
+                                       f"{_shape(plan).microbatches * plan.dp * plan.mbs})"),
+         applies=_csv),
     Rule("sp", ("sp", "tp"), lambda p, model, cluster: p.tp >= 2, lambda plan: "true",
          lambda plan, model, cluster: "sequence parallel needs tp > 1", applies=lambda p, model, cluster: p.sp != 0),
     Rule("sp", ("sp", "tp"), lambda p, model, cluster: model.seq_len % p.tp == 0, lambda plan: "true",

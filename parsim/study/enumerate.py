@@ -111,12 +111,16 @@ def redundant_mask(table: PlanTable, vals: dict[str, tuple]) -> np.ndarray:
 
     * pp = 1: every schedule but ``1f1b`` (one stage: no pipeline to schedule; GPipe would
       only keep more activations alive)
+    * looped BFS with one stage per rank: GPipe (all forwards, then all backwards; torch 2.13
+      runs the backwards in reverse microbatch order, the same time and memory)
     * dp = 1: ZeRO stages above the least the offload needs (nothing to shard over one rank)
     """
     out = np.zeros(len(table), dtype=bool)
     one_f_one_b = WORDS["schedule"].index("1f1b")
     if "1f1b" in vals["schedule"]:
         out |= (table["pp"] == 1) & (table["schedule"] != one_f_one_b)
+    if "gpipe" in vals["schedule"]:
+        out |= (table["schedule"] == WORDS["schedule"].index("looped-bfs")) & (table["vpp"] == 1)
     least_zero = np.select([table["offload"] == OFF_OPT_PARAMS, table["offload"] == OFF_OPT], [3, 1], 0)
     needed_in_space = np.isin(least_zero, np.array(vals["zero"]))
     out |= (table["dp"] == 1) & (table["zero"] != least_zero) & needed_in_space

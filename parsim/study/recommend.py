@@ -23,6 +23,7 @@ import pandas as pd
 from parsim.costs import device_capacity, layer_params, memory_by_stage, state_bytes
 from parsim.specs import ClusterSpec, ModelSpec, SpecError, parse_plan, validate
 
+from .schedule_advice import layout_verdicts, schedule_summary
 from .sweep import SweepResult
 
 GIB = 2.0 ** 30
@@ -62,12 +63,14 @@ class Recommendation:
     plans: list[Advice]
     rule_check: str                    # does the sweep's best plan follow the rule?
     memory_advice: list[str]           # when nothing fits: how to make it fit
+    schedule_advice: list[str] = field(default_factory=list)   # each schedule vs 1F1B: where it wins, loses
 
     def to_dict(self) -> dict:
         return {
             "model": self.model, "cluster": self.cluster, "num_devices": self.num_devices,
             "num_plans": self.num_plans, "num_fit": self.num_fit,
             "regime": self.regime.__dict__, "rule_check": self.rule_check, "memory_advice": self.memory_advice,
+            "schedule_advice": self.schedule_advice,
             "plans": [{"rank": a.rank, "plan": a.plan, "reasons": a.reasons, **a.metrics} for a in self.plans],
         }
 
@@ -141,6 +144,10 @@ def plan_reasons(row: dict, frame: pd.DataFrame, capacity: float) -> list[str]:
     out.append(f"peak memory {row['peak_memory_bytes'] / GIB:.1f} GiB of {row['memory_limit_bytes'] / GIB:.1f} GiB "
                f"allowed per device ({row['memory_headroom'] * 100:.0f}% of the {capacity / GIB:.1f} GiB usable is free)")
     out += _counterfactuals(row, frame)
+    if pp > 1:
+        others = layout_verdicts(row, frame)
+        if others:
+            out.append("other schedules at this layout: " + "; ".join(others))
     return out
 
 
@@ -228,8 +235,9 @@ def recommend(model: ModelSpec, cluster: ClusterSpec, result: SweepResult, top: 
     else:
         rule_check = f"rule of thumb for {regime.description}: {regime.rule}."
         mem = memory_advice(model, cluster, frame, result.headroom)
+    schedules = [s["verdict"] for s in schedule_summary(frame)]
     return Recommendation(model.name, f"{cluster.name}:{cluster.num_devices}", cluster.num_devices, result.num_plans,
-                          result.num_fit, regime, advice, rule_check, mem)
+                          result.num_fit, regime, advice, rule_check, mem, schedules)
 
 
 def _best_following(regime: Regime, frame: pd.DataFrame, dpn: int, best: dict) -> str:

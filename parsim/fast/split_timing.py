@@ -1,0 +1,231 @@
+"""Step time of a plan whose schedule is timed by its action graph (numba): the split-backward
+family (zb-h1, zb-h2, interleaved-zb, zbv, dualpipev) and looped BFS.
+
+Per model chunk c of rank r (L_rc layers; the embedding on stage 0, the output head on the last
+stage, wherever the placement puts them: ``fast.ranks`` R_LAST), one microbatch's passes from the
+layer rows (``costs.split_backward``): F, B = I + W, I (the input-gradient ops, the backward TP
+collectives, the recomputation), W (the weight-gradient ops, W's re-runs of a recomputed forward)
+and DualPipe's overlapped F&B slot (``split_backward.overlapped_time``). ``fast.dag`` plays the
+schedule's graph with them (each node starts when its rank is free and its inputs from other
+ranks have arrived, plus the pipeline send between the two ranks, ``fast.ranks.send_between``); a step longer than the
+graph's canonical microbatches adds the steady-state period per extra microbatch: the bottleneck
+rank's work per microbatch, sum_c (F_rc + I_rc + W_rc) (I + W exceeds B where W re-runs a
+recomputed forward; DualPipeV's steady state runs overlapped F&B slots: their time in place of
+F + B), and for looped BFS sum_c (max_r F_rc + max_r B_rc) (each chunk's forwards, then its
+backwards, pace at the slowest stage). ZeRO-3's waits inside the actions follow ``fast.timing``.
+
+End of the step, per rank: each chunk's gradients are complete when its last B or W ends (the
+graph gives when); DP buckets of the chunks go out in that order (``fast.timing._sync_end``'s rule
+with the graph's times), then the optimizer and the parameter traffic as in ``fast.timing`` (the
+rank rows' optimizer block, ``fast.ranks``).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .codes import DUALPIPEV, LOOPED_BFS, O_BUBBLE, O_DP, O_PIPE, O_PP, O_STEP, O_TP, OFF_NONE
+from .comm import C_AG_ALL, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER
+from .dag import K_B, K_F, K_FB, K_I, K_W, N_CHUNK, N_CHUNK_B, N_DEP0, N_DEP1, N_KIND, N_KIND_B, N_RANK
+from .ranks import (R_CHUNK, R_COMM, R_LAST, R_PARAMS, R_STEP, S_GRADS_DOWN, S_OPT_STEP, S_PARAMS_UP,
+                    send_between)
+from .rules import overlapped_time
+from .tables import (H_EMB_BWD, H_EMB_FWD, H_HEAD_BWD, H_HEAD_BWD_W, H_HEAD_FWD, L_BWD, L_BWD_I, L_BWD_W, L_FWD,
+                     L_RECOMPUTE, L_TP_BWD, L_TP_RECOMPUTE, L_TP_W_RECOMPUTE, L_W_RECOMPUTE)
+from .timing import _chained, _plan_terms, _scatter_end, _sync_rounds
+
+# per (rank, chunk): one microbatch's pass times and the communication inside them (seconds)
+P_F, P_B, P_I, P_W, P_F_COMM, P_B_COMM, P_I_COMM, P_WIDTH = range(8)
+
+
+@numba.njit(cache=True)
+def pass_times(plan, t, lrow, hrow, ranks):
+    """(pp, vpp, P_WIDTH) pass times of every chunk (module docstring)."""
+    out = np.zeros((plan.pp, plan.vpp, P_WIDTH))
+    i_layer = lrow[L_BWD_I] + lrow[L_TP_BWD] + lrow[L_RECOMPUTE] + lrow[L_TP_RECOMPUTE]
+    w_layer = lrow[L_BWD_W] + lrow[L_W_RECOMPUTE] + lrow[L_TP_W_RECOMPUTE]
+    for r in range(plan.pp):
+        root = ranks[r, R_COMM + C_Z3_ROOT_GATHER] if t.zero3 else 0.0
+        root_b = root + (ranks[r, R_COMM + C_Z3_ROOT_SCATTER] if t.zero3 else 0.0)
+        for c in range(plan.vpp):
+            L = ranks[r, R_CHUNK + c]
+            first = r == 0 and c == 0
+            last = ranks[r, R_LAST] == c
+            p = out[r, c]
+            if t.zero3:
+                p[P_F] = _chained(L, 1, t.f_wait, t.f_layer, max(t.gather, t.gather - t.h2d + t.tp_f))
+                p[P_B] = _chained(L, 1, t.b_wait, t.b_layer, max(t.gather + t.scatter, t.gather - t.h2d + t.scatter
+                                                                 + t.tp_b))
+                p[P_I] = _chained(L, 1, t.b_wait, i_layer, t.gather)
+                p[P_W] = _chained(L, 1, 0.0, w_layer, t.scatter)
+            else:
+                p[P_F], p[P_B], p[P_I], p[P_W] = L * t.f_layer, L * t.b_layer, L * i_layer, L * w_layer
+            # what is not the layers' compute: TP collectives, ZeRO-3 waits (an overlapped slot
+            # hides them behind the other pass's compute)
+            p[P_F_COMM] = p[P_F] - L * lrow[L_FWD]
+            p[P_B_COMM] = p[P_B] - L * (lrow[L_BWD] + lrow[L_RECOMPUTE])
+            p[P_I_COMM] = p[P_I] - L * (lrow[L_BWD_I] + lrow[L_RECOMPUTE])
+            if first or last:
+                p[P_F] += root
+                p[P_B] += root_b
+            if first:
+                p[P_F] += hrow[H_EMB_FWD]
+                p[P_B] += hrow[H_EMB_BWD]
+            if last:
+                p[P_F] += hrow[H_HEAD_FWD]
+                p[P_B] += hrow[H_HEAD_BWD]
+                p[P_I] += hrow[H_HEAD_BWD] - hrow[H_HEAD_BWD_W]
+                p[P_W] += hrow[H_HEAD_BWD_W]
+            if first:
+                # no input gradient: the first stage's I runs nothing, its W the whole backward
+                p[P_I], p[P_I_COMM], p[P_W] = 0.0, 0.0, p[P_B]
+    return out
+
+
+@numba.njit(cache=True)
+def node_time(p, kind, c, cb, kind_b):
+    """Seconds of one node: a pass of chunk ``c``, or an overlapped F (chunk c) & B/I (chunk cb)."""
+    if kind == K_F:
+        return p[c, P_F]
+    if kind == K_B:
+        return p[c, P_B]
+    if kind == K_I:
+        return p[c, P_I]
+    if kind == K_W:
+        return p[c, P_W]
+    b, b_comm = (p[cb, P_B], p[cb, P_B_COMM]) if kind_b == K_B else (p[cb, P_I], p[cb, P_I_COMM])
+    return overlapped_time(p[c, P_F] - p[c, P_F_COMM], p[c, P_F_COMM], b - b_comm, b_comm)
+
+
+@numba.njit(cache=True)
+def play(plan, nodes, passes, send):
+    """The graph's makespan; per rank its busy seconds; per (rank, chunk) the end, duration and
+    kind of its last gradient-producing node (B, W, or an overlapped slot's B)."""
+    pp, vpp = plan.pp, plan.vpp
+    n = nodes.shape[0]
+    end = np.empty(n)
+    free = np.zeros(pp)
+    busy = np.zeros(pp)
+    grad = np.full((pp, vpp, 3), -1.0)          # end, duration, kind
+    for i in range(n):
+        r = nodes[i, N_RANK]
+        start = free[r]
+        for j in (N_DEP0, N_DEP1):
+            d = nodes[i, j]
+            if d >= 0:
+                src = nodes[d, N_RANK]
+                start = max(start, end[d] + send_between(send, src, r))
+        kind, c, cb, kind_b = nodes[i, N_KIND], nodes[i, N_CHUNK], nodes[i, N_CHUNK_B], nodes[i, N_KIND_B]
+        d = node_time(passes[r], kind, c, cb, kind_b)
+        end[i] = start + d
+        free[r] = end[i]
+        busy[r] += d
+        if kind == K_B or kind == K_W or (kind == K_FB and kind_b == K_B):
+            g = grad[r, c if kind != K_FB else cb]
+            g[0], g[1], g[2] = end[i], d, kind
+    return free.max(), busy, grad
+
+
+@numba.njit(cache=True)
+def period(plan, passes):
+    """Seconds one more microbatch adds to a long step (module docstring); and per rank its work
+    per microbatch."""
+    pp, vpp = plan.pp, plan.vpp
+    work = np.zeros(pp)
+    split = plan.schedule != DUALPIPEV and plan.schedule != LOOPED_BFS    # I and W in the steady state
+    for r in range(pp):
+        for c in range(vpp):
+            p = passes[r, c]
+            work[r] += p[P_F] + (p[P_I] + p[P_W] if split else p[P_B])
+        if plan.schedule == DUALPIPEV and vpp == 2:
+            p = passes[r]
+            work[r] = (overlapped_time(p[0, P_F] - p[0, P_F_COMM], p[0, P_F_COMM], p[1, P_B] - p[1, P_B_COMM],
+                                       p[1, P_B_COMM])
+                       + overlapped_time(p[1, P_F] - p[1, P_F_COMM], p[1, P_F_COMM], p[0, P_B] - p[0, P_B_COMM],
+                                         p[0, P_B_COMM]))
+    if plan.schedule != LOOPED_BFS:
+        return work.max(), work
+    slope = 0.0
+    for c in range(vpp):
+        slope += passes[:, c, P_F].max() + passes[:, c, P_B].max()
+    return slope, work
+
+
+@numba.njit(cache=True)
+def plan_time_split(out, plan, lrow, hrow, ranks, send, sync, nodes, m_played):
+    """``fast.timing.plan_time`` for a schedule timed by its graph ``nodes`` of ``m_played``
+    microbatches (``fast.dag``): step time, pipeline time, bubble and exposed communication;
+    ``send`` the plan's send rows (``fast.ranks``)."""
+    t = _plan_terms(plan, lrow, hrow, ranks)
+    passes = pass_times(plan, t, lrow, hrow, ranks)
+    makespan, busy, grad = play(plan, nodes, passes, send)
+    slope, work = period(plan, passes)
+    extra = plan.m - m_played
+    t_pipe = makespan + extra * slope
+    step, exposed_dp, busy_all = 0.0, 0.0, 0.0
+    tp_total, sends = 0.0, 0.0
+    on_host = plan.offload != OFF_NONE
+    for r in range(plan.pp):
+        for c in range(plan.vpp):
+            grad[r, c, 0] += extra * slope
+        ready, post = _ready(plan, ranks, t, sync, r, grad[r], passes[r], slope)
+        if on_host and (t.zero3 or t.zero2):
+            ready += ranks[r, t.opt_block + S_GRADS_DOWN]          # the accumulated gradient shard
+        end_r = grad[r, :, 0].max()
+        opt = ranks[r, t.opt_block + S_OPT_STEP]
+        if on_host:
+            opt += ranks[r, t.opt_block + S_PARAMS_UP]          # the updated parameter shard comes back
+        else:
+            busy_all += opt
+        step = max(step, ready + opt + post)
+        exposed_dp += ready - end_r + post
+        busy_all += busy[r] + extra * work[r]
+        for c in range(plan.vpp):
+            tp_total += passes[r, c, P_F_COMM] + passes[r, c, P_I_COMM]
+        if r < plan.pp - 1:
+            sends += send[r]
+    out[O_STEP] = step
+    out[O_PIPE] = t_pipe
+    out[O_BUBBLE] = 1.0 - busy_all / (plan.pp * step) if step > 0 else 0.0
+    out[O_TP] = plan.m * tp_total / plan.pp
+    out[O_DP] = exposed_dp / plan.pp
+    out[O_PP] = (plan.m + 1.0) * sends / plan.pp
+
+
+@numba.njit(cache=True)
+def _ready(plan, ranks, t, sync, r, grad, passes, slope):
+    """(when rank r's gradients are reduced, the DP parameter traffic after its step), its chunks'
+    last gradient passes ending at ``grad[c, 0]`` after ``grad[c, 1]`` seconds (``fast.timing.
+    _gradients_ready`` with the graph's times)."""
+    end_r = grad[:, 0].max()
+    if t.zero2:
+        last = 0
+        for c in range(plan.vpp):
+            if grad[c, 0] > grad[last, 0]:
+                last = c
+        window = (plan.m - 1.0) * slope + grad[last, 1]
+        return (_scatter_end(plan, ranks, t, r, ranks[r, R_CHUNK + last], end_r, window),
+                ranks[r, R_COMM + C_AG_ALL])
+    if t.zero3:
+        return end_r + t.scatter, 0.0
+    if plan.dp == 1:
+        return end_r, 0.0
+    sync_all, sync_last, post = _sync_rounds(ranks[r, R_COMM:R_STEP], plan.zero, plan.dp_impl)
+    if not sync.overlap:
+        return end_r + sync_all, post
+    n = ranks[r, R_PARAMS]
+    done = -1e300
+    order = np.argsort(grad[:, 0])
+    for c in order:
+        L = ranks[r, R_CHUNK + c]
+        share = L * t.layer_params
+        first_layer = t.b_layer if grad[c, 2] != K_W else passes[c, P_W] / max(L, 1.0)
+        tail = sync_last
+        if ranks[r, R_LAST] == c:
+            share += t.head_params
+        if r == 0 and c == 0:
+            share += t.emb_params
+            tail = max(sync_last, sync_all * t.emb_params / n) if n > 0 else sync_last
+        duration = sync_all * share / n if n > 0 else 0.0
+        done = max(max(done, grad[c, 0] - grad[c, 1] + first_layer) + duration, grad[c, 0] + tail)
+    return done, post
