@@ -161,19 +161,22 @@ def test_a_file_that_is_not_a_trace_is_a_spec_error(tmp_path, body):
 
 # ------------------------------------------------------------------------------- outputs are finite
 
-SIGNED = {"memory_headroom"}     # < 0 where a plan does not fit: a signed quantity by definition
+# signed by definition: < 0 where a plan does not fit; a schedule's throughput and peak memory
+# relative to 1F1B at the same layout (parsim.study.schedule_advice), < 0 where it is slower / smaller
+SIGNED = {"memory_headroom", "speedup", "extra_memory_bytes", "median_speedup_when_faster",
+          "median_speedup_when_slower", "median_extra_memory_bytes"}
 
 
-def _numbers(obj):
+def _numbers(obj, signed: bool = False):
+    """(number, whether it may be negative) of every number in a JSON document."""
     if isinstance(obj, dict):
         for k, v in obj.items():
-            if k not in SIGNED:
-                yield from _numbers(v)
+            yield from _numbers(v, signed or k in SIGNED)
     elif isinstance(obj, list):
         for v in obj:
-            yield from _numbers(v)
+            yield from _numbers(v, signed)
     elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
-        yield obj
+        yield obj, signed
 
 
 EXTREMES = [   # legal but extreme profile values: each output is a clear error or finite and >= 0
@@ -199,4 +202,4 @@ def test_no_nan_inf_or_negative_number_is_printed_with_exit_0(capsys, tmp_path, 
             continue
         assert code == 0, (argv, err)
         numbers = list(_numbers(json.loads(out)))
-        assert numbers and all(math.isfinite(x) and x >= 0 for x in numbers), argv[0]
+        assert numbers and all(math.isfinite(x) and (signed or x >= 0) for x, signed in numbers), argv[0]

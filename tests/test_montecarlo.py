@@ -107,7 +107,8 @@ def test_sweep_resimulates_on_the_dask_cluster_named_by_the_environment(dask_add
     there = sweep(MODEL, "a100-80g:8", gbs=16, fix="tp=1,2 mbs=1", resimulate=3).rows(5)
     strip = lambda rows: [{k: v for k, v in r.items() if k != "sim_wall_s"} for r in rows]   # noqa: E731
     assert strip(there) == strip(here)
-    assert sum(r["source"] == "sim" for r in there) == 3
+    # the top 3 and any approximate row that could reach them (parsim.fast.honesty) carry SimPy's numbers
+    assert all(r["source"] == "sim" for r in there[:3])
 
 
 def test_an_unreachable_scheduler_is_a_spec_error():

@@ -139,7 +139,7 @@ def run_sweep(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace, headroo
     t1 = time.perf_counter()
     df = fast_frame(model, cluster, table, headroom, progress)
     t2 = time.perf_counter()
-    df, n_sim = rank_with_resimulation(model, cluster, df, headroom, resimulate_top, workers, progress)
+    df, n_sim = rank_with_resimulation(model, cluster, df, headroom, resimulate_top, workers, progress, address)
     t3 = time.perf_counter()
     return SweepResult(model=model.name, cluster=cluster.name, num_devices=cluster.num_devices, headroom=headroom,
                        capacity_bytes=device_capacity(cluster), frame=df, num_resimulated=n_sim,
@@ -147,14 +147,16 @@ def run_sweep(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace, headroo
 
 
 def rank_with_resimulation(model: ModelSpec, cluster: ClusterSpec, df: pd.DataFrame, headroom: float,
-                           top: int, workers: int = 1, progress: bool = False) -> tuple[pd.DataFrame, int]:
+                           top: int, workers: int | None = 1, progress: bool = False,
+                           address: str | None = None) -> tuple[pd.DataFrame, int]:
     """Rank ``df`` (``fast_frame``'s rows) and re-run through the SimPy engine the ``top`` best
     fitting plans and every approximate row (``fast.honesty``) that could reach the top: an
     approximate row whose fast throughput, allowed ``PESSIMISM`` of error, reaches the
     ``top``-th fitting row's. Repeated until the top holds no approximate row the engine has not
     run, at most ``MAX_RESIM_FACTOR x top`` plans in all. ``approximate`` stays a property of
     the plan (the fast path's numbers for it are approximate); ``source`` says whose numbers a
-    row carries. Returns the ranked frame and the count re-simulated."""
+    row carries; ``address``: a Dask scheduler to run them on. Returns the ranked frame and the
+    count re-simulated."""
     df = rank_frame(df)
     if top <= 0 or not len(df):
         return df, 0
