@@ -3,7 +3,7 @@ host copies. Each returns a ``Summary`` of seconds (see ``timer.measure``).
 
 Ops run the way the executor's layers run them (nn.Linear forward and its two backward
 GEMMs, ``F.scaled_dot_product_attention`` causal, LayerNorm/RMSNorm/GELU/SwiGLU/softmax,
-AdamW with ``foreach=False``), with autograd on, so what is timed is what a training step
+the executor's AdamW), with autograd on, so what is timed is what a training step
 pays. Backward passes are timed with ``torch.autograd.grad(..., retain_graph=True)`` on one
 recorded forward.
 """
@@ -176,11 +176,14 @@ def bench_membound(point: MemboundPoint, dtype: str, clock: Clock, repeats: int,
 
 
 def bench_adamw(shapes: list[tuple[int, ...]], clock: Clock, repeats: int, budget_s: float) -> Summary:
-    """One ``AdamW.step`` (foreach=False, as the executor) over fp32 master params of ``shapes``."""
+    """One step of the executor's own AdamW (``parsim.executor.optimizer.make_adamw``: torch's
+    ``foreach=False`` update written out, weight decay on matrices) over fp32 master params of
+    ``shapes``: the optimizer a training step runs, not torch.optim's."""
+    from parsim.executor.optimizer import make_adamw
     params = [torch.nn.Parameter(torch.randn(*s, device=clock.device)) for s in shapes]
     for p in params:
         p.grad = torch.randn_like(p)
-    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, foreach=False)
+    opt = make_adamw(params)
     opt.step()   # allocates exp_avg / exp_avg_sq
     return measure(opt.step, clock, repeats, budget_s, warmup=1)
 

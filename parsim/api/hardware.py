@@ -95,14 +95,16 @@ def profile_summary(profile: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def calibrate(model: ModelLike = "cpu-small", *, dtype: str = "fp32", ranks: str = "2,4", repeats: int | None = None,
+def calibrate(model: ModelLike | None = None, *, dtype: str = "fp32", ranks: str = "2,4", repeats: int | None = None,
               quick: bool = False, mbs: str | None = None, tp: str = "1,2,4", device: str = "cpu",
               base: str | Path | None = None, name: str | None = None, out: str | Path | None = None,
               progress: bool = False) -> Calibration:
-    """Micro-benchmark this machine (GEMMs, attention, memory-bound ops, collectives over
-    ``ranks`` processes, the model's real layer) and write the profile YAML to ``out``
-    [calibration/profiles/<name>.yaml]. ``device``: cpu (gloo) or cuda (nccl); ``base``: a
-    profile for what is not measured; ``quick``: few shapes, 3 repeats (~30 s)."""
+    """Micro-benchmark this machine -- the machine grid (GEMMs per form and dtype, fused
+    attention, memory-bound ops over sizes, synthetic training stages; fitted surfaces with
+    their leave-out errors), collectives and contention over ``ranks`` processes -- and write
+    the profile YAML to ``out`` [calibration/profiles/<name>.yaml]. ``model``: also measure a
+    model's own shapes (never needed to predict one). ``device``: cpu (gloo) or cuda (nccl);
+    ``base``: a profile for what is not measured; ``quick``: a smaller grid, 3 repeats."""
     from parsim.calibration import calibrate as measure, default_profile_name, write_profile
     from parsim.specs import profiles_dir
 
