@@ -22,8 +22,8 @@ from .fit import Summary, fit_alpha_beta, fit_gemm_efficiency
 from .layer_terms import fit_layer_terms, layer_probe_tables
 from .machine_fit import device_numbers, fit_surfaces
 from .shapes import AttentionPoint, GemmPoint, MemboundPoint
-from .tables import (attention_efficiency, attention_table, collective_fits, contention_curve, interference_curve,
-                     membound_table, spreads)
+from .tables import (attention_efficiency, attention_table, collective_fits, collective_leave_out, contention_curve,
+                     interference_curve, membound_table, spreads)
 
 
 @dataclass
@@ -75,6 +75,8 @@ def build_profile(m: Measurements, name: str) -> dict[str, Any]:
                 device[key] = float(m.base["device"][key])
     collectives = collective_fits(m.comm)
     tables = _tables(m, surfaces, membound)
+    if collectives:      # the collectives' own leave-out errors beside the surfaces' (fit_report)
+        tables = tables.replace(fit_report={**(tables.fit_report or {}), **collective_leave_out(collectives)} or None)
     if m.layer is not None and m.model is not None:
         # the real-layer probe and the synthetic stages: the layer terms (``layer_terms``)
         tables = layer_probe_tables(tables, m.layer, m.layer_blocks, m.comm)

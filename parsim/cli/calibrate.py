@@ -63,6 +63,7 @@ def render(profile: dict, path: Path) -> str:
                          + " / ".join(f"{x:.1f}" for x in sums)
                          + f" ms (the machine's drift: {(max(sums) - min(sums)) / min(sums):.0%}; the profile takes "
                          "the median of all samples)")
+    lines += fit_report_lines(tables.fit_report or {})
     lines.append("")
     rows = [[op, str(n), f"{f.alpha * 1e3:.3f}", f"{f.alpha_insitu * 1e3:.3f}" if f.alpha_insitu is not None else "-",
              f"{1 / f.beta / 1e9:.3f}" if f.beta > 0 else "inf", f"{f.spread:.2f}", f"{f.fit_rms_rel:.2f}"]
@@ -71,3 +72,25 @@ def render(profile: dict, path: Path) -> str:
         lines.append(table(rows, ["collective", "ranks", "alpha ms", "in situ ms", "1/beta GB/s", "spread", "fit rms"]))
     lines.append(f"wrote {path}")
     return "\n".join(lines)
+
+
+def fit_report_lines(report: dict) -> list[str]:
+    """The calibration's own leave-out errors (``device.extra.fit_report`` in the profile), one
+    line per family of fits (gemm, attention, membound, composition, collective): every measured
+    point predicted by a fit it was not part of, |predicted / measured - 1|."""
+    if not report:
+        return []
+    families: dict[str, list] = {}
+    for key, r in report.items():
+        families.setdefault(key.split(".")[0], []).append((key, r))
+    medians = sorted(r.median for r in report.values())
+    mid = len(medians) // 2
+    overall = medians[mid] if len(medians) % 2 else (medians[mid - 1] + medians[mid]) / 2
+    lines = [f"fit report (leave-out: each measured point predicted by the fit of the others; written to the "
+             f"profile's device.extra.fit_report): median of the {len(report)} fits' medians {overall:.1%}"]
+    for family, fits in families.items():
+        worst_key, worst = max(fits, key=lambda kr: kr[1].median)
+        points = sum(r.points for _, r in fits)
+        lines.append(f"  {family:12s} {len(fits):3d} fits {points:5d} points: median {min(r.median for _, r in fits):.1%}"
+                     f"-{worst.median:.1%}, max {max(r.max for _, r in fits):.1%} (worst median: {worst_key})")
+    return lines
