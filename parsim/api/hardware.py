@@ -136,9 +136,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "parsim"
 
 
-def host_profile(shipped: str = "cpu-calibrated", recalibrate: bool = False, progress: bool = True,
+def host_profile(shipped: str | Path = "cpu-calibrated", recalibrate: bool = False, progress: bool = True,
                  say: Callable[[str], None] = print) -> HostProfile:
-    """The profile that describes *this* machine: the shipped one where it was measured here
+    """The profile that describes *this* machine: the shipped one (a profile name or YAML path)
+    where it was measured here
     (its ``provenance.host_id`` is this host's), else the quick profile kept for this host under
     ``cache_dir()``, else a fresh ``parsim calibrate --quick`` (machine grid, 2 ranks, ~30-60 s;
     progress bar on stderr) written there. Timing predictions made with another machine's
@@ -151,13 +152,14 @@ def host_profile(shipped: str = "cpu-calibrated", recalibrate: bool = False, pro
     import os
 
     from parsim.calibration.machine import cpu_model, host_id
-    from parsim.specs import known_profiles, load_profile_dict, profiles_dir
+    from parsim.specs import load_profile_dict, profiles_dir
 
     here = host_id()
-    if shipped in known_profiles() and not recalibrate:
-        prov = load_profile_dict(shipped).get("provenance", {})
+    path = Path(shipped) if Path(shipped).suffix in (".yaml", ".yml") else profiles_dir() / f"{shipped}.yaml"
+    if path.exists() and not recalibrate:
+        prov = load_profile_dict(str(path)).get("provenance", {})
         if prov.get("host_id") == here:
-            return HostProfile(profiles_dir() / f"{shipped}.yaml", f"profile {shipped} (measured on this host)", False)
+            return HostProfile(path, f"profile {shipped} (measured on this host)", False)
         elsewhere = (f"the shipped profile {shipped} was measured on another host "
                      f"({prov.get('host', '?')}, {prov.get('cpu', '?')}, {prov.get('date', '?')})")
     else:
