@@ -22,7 +22,7 @@ import numpy as np
 
 from parsim.specs import ModelSpec
 
-from .shapes import AttentionPoint, GemmPoint, MemboundPoint, membound_points
+from .shapes import ADAMW_BYTES_PER_PARAM, AttentionPoint, GemmPoint, MemboundPoint, membound_points
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,27 @@ def membound_grid(device_type: str, dtype: str, count: int, seed: int = 0) -> li
         kept += 1
         if kept == count:
             break
+    return out + adamw_grid(device_type, dtype, count, seed)
+
+
+# AdamW over 1 .. 2^8 tensors: the executor's optimizer loops over parameter tensors in Python
+ADAMW_MAX_TENSORS_LOG2 = 8
+
+
+def adamw_grid(device_type: str, dtype: str, count: int, seed: int = 0) -> list[MemboundPoint]:
+    """``count`` AdamW steps over 1 .. 256 equal tensors of 256 .. max_elements / tensors
+    elements each (a Latin hypercube over log tensors x log size): the synthetic layers alone
+    tie the tensor count to the bytes; these separate the per-tensor cost of the optimizer's
+    loop (``costs.optimizer_tensors``) from its bytes."""
+    r = ranges_for(device_type)
+    per_param = ADAMW_BYTES_PER_PARAM + (0.0 if dtype == "fp32" else 4.0)
+    out = []
+    for a, b in latin_hypercube(count, 2, 57 + 100 * seed):
+        tensors = max(1, round(2 ** (a * ADAMW_MAX_TENSORS_LOG2)))
+        elements = _log_value(b, 256, max(256, r.max_elements // tensors), 64)
+        params = tensors * elements
+        out.append(MemboundPoint("adamw", (params,), params * per_param, 0.0, f"tensors={tensors} n={elements}",
+                                 ((elements,),) * tensors))
     return out
 
 

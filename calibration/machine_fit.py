@@ -13,7 +13,7 @@ import numpy as np
 
 from parsim.specs.surfaces import LeaveOut, MemboundFit, RooflineFit
 
-from .surface_fit import Points, fit_membound, roofline_params, roofline_with_report
+from .surface_fit import Points, fit_membound, fit_optimizer, roofline_params, roofline_with_report
 
 # costs.ops: fused attention's backward counts 2.5x its forward FLOPs (Dao 2022, Sec. 3.1)
 ATTENTION_BWD_FACTOR = 2.5
@@ -30,6 +30,7 @@ class Surfaces:
     membound: dict[str, MemboundFit] = field(default_factory=dict)
     rates: dict[str, float] = field(default_factory=dict)       # op -> bytes/s (1 / beta)
     report: dict[str, LeaveOut] = field(default_factory=dict)
+    optimizer_per_tensor_s: float | None = None                 # AdamW's Python loop, s per tensor
 
     def peak(self, dtype: str) -> float | None:
         """The fitted asymptote of ``dtype``'s forward GEMMs (FLOP/s)."""
@@ -84,12 +85,19 @@ def attention_surfaces(results: list, dtype: str, overlap: bool, out: Surfaces) 
         out.report[f"attention.{dtype}.{pass_}"] = report
 
 
-def membound_surfaces(results: list, out: Surfaces) -> None:
-    """alpha + beta x bytes per op and pass over the grid's sizes (ops with at least 3 sizes)."""
+def membound_surfaces(results: list, out: Surfaces, overhead: float = 0.0) -> None:
+    """alpha + beta x bytes per op and pass over the grid's sizes (ops with at least 3 sizes);
+    AdamW: bytes / bandwidth + seconds per parameter tensor (``surface_fit.fit_optimizer``)."""
     names = sorted({p.name for p, _, _ in results})
     for name in names:
         sel = [(p, f, b) for p, f, b in results if p.name == name]
         if len(sel) < 3:
+            continue
+        if name == "adamw" and all(p.tensors for p, _, _ in sel):
+            opt = fit_optimizer([len(p.tensors) for p, _, _ in sel], [p.fwd_bytes for p, _, _ in sel],
+                                [f.median for _, f, _ in sel], overhead)
+            out.rates[name], out.optimizer_per_tensor_s = opt.bandwidth, opt.per_tensor_s
+            out.report[f"membound.{name}"] = opt.report
             continue
         with_bwd = all(b is not None for _, _, b in sel)
         fit, report = fit_membound([p.fwd_bytes for p, _, _ in sel], [f.median for _, f, _ in sel],
@@ -101,13 +109,13 @@ def membound_surfaces(results: list, out: Surfaces) -> None:
             out.membound[name] = fit
 
 
-def fit_surfaces(grid, dtype: str, sms: int | None = None, overlap: bool = False) -> Surfaces:
+def fit_surfaces(grid, dtype: str, sms: int | None = None, overlap: bool = False, overhead: float = 0.0) -> Surfaces:
     """Every surface of the grid; ``sms`` and ``overlap`` on a GPU (wave quantisation,
-    asynchronous launches)."""
+    asynchronous launches); ``overhead``: the per-op overhead (s) the optimizer's price adds."""
     out = Surfaces()
     gemm_surfaces(grid.gemm, dtype, sms, overlap, out)
     attention_surfaces(grid.attention, dtype, overlap, out)
-    membound_surfaces(grid.membound, out)
+    membound_surfaces(grid.membound, out, overhead)
     return out
 
 

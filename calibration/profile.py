@@ -57,7 +57,7 @@ def build_profile(m: Measurements, name: str) -> dict[str, Any]:
     """The profile mapping of one run: the machine grid's fitted surfaces (``machine_fit``) and,
     where a model's own shapes were measured (``--model``), its exact tables beside them."""
     overhead = float(np.median([s.median for s in m.op_overhead.values()]))
-    surfaces = (fit_surfaces(m.grid, m.dtype, m.sms, overlap=m.device_type == "cuda")
+    surfaces = (fit_surfaces(m.grid, m.dtype, m.sms, overlap=m.device_type == "cuda", overhead=overhead)
                 if m.grid is not None else None)
     membound = membound_table(m.membound, overhead, m.norm) if m.membound else None
     device: dict[str, Any] = {"name": m.device_name, **_compute_numbers(m, surfaces, membound),
@@ -67,7 +67,8 @@ def build_profile(m: Measurements, name: str) -> dict[str, Any]:
                                      "membound_efficiency", "attention_efficiency", "kernel_overhead_s")}
     if m.device_type == "cpu":   # the host is the device: offloaded optimizer steps run at the same rates
         device["host_flops"] = device["peak_flops"][m.dtype]
-        rates = {**(surfaces.rates if surfaces else {}), **(membound["measured"] if membound else {})}
+        # the grid's AdamW bandwidth (its per-tensor term apart) before a --model's own rate
+        rates = {**(membound["measured"] if membound else {}), **(surfaces.rates if surfaces else {})}
         device["host_memory_bandwidth"] = float(rates.get("adamw", device["memory_bandwidth"]))
     elif m.base:
         for key in ("host_flops", "host_memory_bandwidth", "usable_memory_fraction"):
@@ -122,6 +123,9 @@ def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
     exact = bool(m.gemm)
     gemm_rows = [(*p.key, p.flops / s.median, s.rel_spread) for p, s in m.gemm]
     rates = {**(surfaces.rates if surfaces else {}), **(membound["table"] if membound else {})}
+    per_tensor = surfaces.optimizer_per_tensor_s if surfaces else None
+    if per_tensor is not None:   # a --model's own AdamW rate holds its loop's cost: keep the grid's bytes term
+        rates["adamw"] = surfaces.rates["adamw"]
     curve_rms = None
     if exact and surfaces is None:
         peak = max(r[3] for r in gemm_rows)
@@ -149,7 +153,8 @@ def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
         gemm_surface=surfaces.gemm if surfaces else None,
         attention_surface=surfaces.attention or None if surfaces else None,
         membound_surface=surfaces.membound or None if surfaces else None,
-        fit_report=surfaces.report or None if surfaces else None)
+        fit_report=surfaces.report or None if surfaces else None,
+        optimizer_per_tensor_s=per_tensor)
 
 
 def stage_probes(stages, layer) -> StageProbes:

@@ -226,6 +226,31 @@ def fit_membound(fwd_bytes: Sequence[float], fwd_s: Sequence[float], bwd_bytes: 
 
 
 @dataclass(frozen=True)
+class OptimizerFit:
+    """seconds = overhead + per_tensor_s x tensors + bytes / bandwidth for one optimizer step
+    (``costs.timing.optimizer_time``)."""
+    bandwidth: float        # bytes/s
+    per_tensor_s: float     # s per parameter tensor
+    report: LeaveOut
+
+
+def fit_optimizer(tensors: Sequence[float], nbytes: Sequence[float], seconds: Sequence[float], overhead: float,
+                  folds: int = FOLDS) -> OptimizerFit:
+    """The optimizer's two terms over its measured steps (non-negative, relative residuals), and
+    their k-fold leave-out error on the full seconds (overhead included)."""
+    n_t, x, t = (np.asarray(v, dtype=float) for v in (tensors, nbytes, seconds))
+    y = np.maximum(t - overhead, 0.05 * t)
+
+    def fit(idx: np.ndarray) -> tuple[float, float]:
+        return _nonnegative_fit(x[idx], n_t[idx], y[idx], two_terms=True)
+
+    report = leave_out(len(t), fit, lambda bt, idx: overhead + bt[0] * x[idx] + bt[1] * n_t[idx], t,
+                       min(folds, len(t)))
+    beta, tau = fit(np.arange(len(t)))
+    return OptimizerFit(bandwidth=1.0 / beta, per_tensor_s=tau, report=report)
+
+
+@dataclass(frozen=True)
 class CompositionFit:
     """measured = factor x priced + per_op_s x ops for one pass, over the synthetic stages."""
     factor: float

@@ -7,7 +7,8 @@ from .inflight import Moment, inflight_chunks, inflight_microbatches, peak_held,
 from .memory import (CATEGORIES, StageFootprint, StageMemory, StateBytes, device_capacity, fits, memory_by_stage,
                      model_state_bytes, stage_footprints, state_bytes, static_bytes, zero_model_state_bytes)
 from .ops import DTYPE_BYTES, Op, embedding_ops, head_ops, layer_ops, padded_vocab
-from .params import embedding_params, eq2_params, head_params, layer_params, stage_params, total_params
+from .params import (embedding_params, eq2_params, head_params, layer_params, layer_tensors, optimizer_tensors,
+                     stage_params, stage_tensors, total_params)
 from .recompute import fewest_recomputed, layer_recompute, recomputes_fully, stage_policy, stage_recompute
 from .stage_aware import stage_aware_recompute_layers
 

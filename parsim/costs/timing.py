@@ -261,16 +261,22 @@ def host_transfer_time(cluster: ClusterSpec, nbytes: float) -> float:
     return link.latency + nbytes / link.bandwidth
 
 
-def optimizer_time(cluster: ClusterSpec, num_params: float, dtype: str, on_host: bool = False) -> float:
+def optimizer_time(cluster: ClusterSpec, num_params: float, dtype: str, on_host: bool = False,
+                   tensors: float = 0.0) -> float:
     """AdamW step as a memory-bound op: per parameter it reads grad, master param, m, v and
     writes master param, m, v (+ the low-precision copy): 4*(1+3+3) bytes in fp32, + 2 for
-    the bf16/fp16 copy (Megatron-LM / apex fused Adam)."""
+    the bf16/fp16 copy (Megatron-LM / apex fused Adam). Plus, where the profile measured one,
+    seconds per parameter tensor (``costs.optimizer_tensors``): an optimizer that loops over
+    tensors in Python (torch's ``foreach=False``, the executor's AdamW) launches ~10 small ops
+    and reads the step count back per tensor, whatever its size (``tables.optimizer_per_tensor_s``,
+    fitted by ``parsim calibrate``; absent: 0)."""
     per_param = 28.0 + (0.0 if dtype == "fp32" else 4.0)
     nbytes = num_params * per_param
     dev = cluster.device
+    loop = tensors * (dev.tables.optimizer_per_tensor_s or 0.0)
     if on_host:
-        return nbytes / dev.host_memory_bandwidth
-    return membound_time(dev, nbytes, "adamw")
+        return nbytes / dev.host_memory_bandwidth + loop
+    return membound_time(dev, nbytes, "adamw") + loop
 
 
 def parameter_server_time(cluster: ClusterSpec, nbytes: float, group: list[int]) -> float:

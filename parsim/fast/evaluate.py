@@ -58,6 +58,7 @@ def link_row(cluster: ClusterSpec) -> np.ndarray:
     k[K.K_MEMBOUND_BW] = float(bw)
     k[K.K_OVERHEAD] = dev.kernel_overhead_s
     k[K.K_HOST_MEM_BW] = dev.host_memory_bandwidth
+    k[K.K_OPT_TENSOR] = dev.tables.optimizer_per_tensor_s or 0.0
     return k
 
 

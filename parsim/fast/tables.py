@@ -19,14 +19,14 @@ kernel (``fast.memory``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_params, head_activation_bytes,
                           head_ops, head_params, layer_activation_bytes, layer_ops, layer_params, layer_recompute,
-                          p2p_bytes, recomputes_fully, stage_params, state_bytes, tp_collectives_edge,
-                          tp_collectives_per_layer)
+                          optimizer_tensors, p2p_bytes, recomputes_fully, stage_params, state_bytes,
+                          tp_collectives_edge, tp_collectives_per_layer)
 from parsim.costs import timing
 from parsim.costs.activations import layer_working_bytes, logits_grad_bytes, stage_output_bytes, vocab_grad_bytes
 from parsim.costs.footprint import recompute_transient
@@ -42,8 +42,9 @@ from .plans import WORDS, PlanTable
 # head table columns
 (H_EMB_FWD, H_EMB_BWD, H_HEAD_FWD, H_HEAD_BWD, H_EMB_ACT, H_HEAD_ACT, H_P2P_BYTES, H_EMB_PARAMS, H_HEAD_PARAMS_PP1,
  H_HEAD_PARAMS_PPN, H_SBH, H_VOCAB_GRAD, H_TIED, H_LOGITS_GRAD, H_WIDTH) = range(15)
-# rank table columns: layers, parameters, the fast.comm columns, then layers per model chunk
-R_LAYERS, R_PARAMS, R_COMM = 0, 1, 2
+# rank table columns: layers, parameters, the optimizer's parameter tensors (ZeRO-0/2/3; ZeRO-1's
+# most owned by a replica), the fast.comm columns, then layers per model chunk
+R_LAYERS, R_PARAMS, R_TENSORS, R_TENSORS_Z1, R_COMM = 0, 1, 2, 3, 4
 R_CHUNK = R_COMM + C_WIDTH
 # dtype table columns: bytes per parameter of each model state, optimizer traffic per parameter
 D_PARAM, D_GRAD, D_OPT, D_ADAM_BYTES, D_WIDTH = range(5)
@@ -215,6 +216,8 @@ def rank_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int, pp: 
     rows = np.zeros((pp, R_CHUNK + max_vpp))
     rows[:, R_LAYERS] = [sum(per_stage[r + v * pp] for v in range(vpp)) for r in range(pp)]
     rows[:, R_PARAMS] = params
+    rows[:, R_TENSORS] = optimizer_tensors(model, plan)
+    rows[:, R_TENSORS_Z1] = optimizer_tensors(model, replace(plan, zero=1)) if dp > 1 else rows[:, R_TENSORS]
     rows[:, R_COMM:R_CHUNK] = rank_comm_rows(model, pricer, dp, tp, pp, vpp, dtype, params, bucket_bytes, with_ps)
     for r in range(pp):
         rows[r, R_CHUNK:R_CHUNK + vpp] = [per_stage[r + v * pp] for v in range(vpp)]

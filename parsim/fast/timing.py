@@ -39,15 +39,15 @@ import numba
 import numpy as np
 
 from .codes import (GPIPE, INTERLEAVED, K_DPN, K_HOST_A, K_HOST_BW, K_HOST_MEM_BW, K_INTER_A, K_INTER_BW, K_INTRA_A,
-                    K_INTRA_BW, K_MEMBOUND_BW, K_OVERHEAD, K_P2P_A, K_P2P_B, K_P2P_CAL, NAIVE, O_BUBBLE, O_DP, O_PIPE,
-                    O_PP, O_STEP, O_TP, OFF_NONE, OFF_OPT_PARAMS, ONE_F_ONE_B, PS)
+                    K_INTRA_BW, K_MEMBOUND_BW, K_OPT_TENSOR, K_OVERHEAD, K_P2P_A, K_P2P_B, K_P2P_CAL, NAIVE, O_BUBBLE,
+                    O_DP, O_PIPE, O_PP, O_STEP, O_TP, OFF_NONE, OFF_OPT_PARAMS, ONE_F_ONE_B, PS)
 from .comm import (C_AG_ALL, C_AR_ALL, C_AR_LAST, C_PS_ALL, C_PS_BCAST, C_PS_LAST, C_RS_ALL, C_RS_LAST,
                    C_SHARED_LINK, C_Z2_EMB, C_Z2_HEAD, C_Z3_GATHER, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER,
                    C_Z3_SCATTER)
 from .tables import (D_ADAM_BYTES, D_GRAD, D_PARAM, H_EMB_BWD, H_EMB_FWD, H_EMB_PARAMS, H_HEAD_BWD, H_HEAD_FWD,
                      H_HEAD_PARAMS_PP1, H_HEAD_PARAMS_PPN, H_P2P_BYTES, L_BWD, L_PRE_BWD, L_PRE_FWD,
                      L_FWD, L_PARAMS, L_RECOMPUTE, L_TP_BWD, L_TP_FWD, L_TP_RECOMPUTE, R_CHUNK, R_COMM, R_LAYERS,
-                     R_PARAMS)
+                     R_PARAMS, R_TENSORS, R_TENSORS_Z1)
 
 
 @numba.njit(cache=True)
@@ -57,12 +57,14 @@ def host_copy(k, nbytes: float) -> float:
 
 
 @numba.njit(cache=True)
-def optimizer_seconds(k, num_params: float, adam_bytes: float, on_host: bool) -> float:
-    """``timing.optimizer_time``: AdamW as a memory-bound op (device or host memory)."""
+def optimizer_seconds(k, num_params: float, adam_bytes: float, on_host: bool, tensors: float) -> float:
+    """``timing.optimizer_time``: AdamW as a memory-bound op (device or host memory), + seconds
+    per parameter tensor."""
     nbytes = num_params * adam_bytes
+    loop = tensors * k[K_OPT_TENSOR]
     if on_host:
-        return nbytes / k[K_HOST_MEM_BW]
-    return 0.0 if nbytes <= 0 else nbytes / k[K_MEMBOUND_BW] + k[K_OVERHEAD]
+        return nbytes / k[K_HOST_MEM_BW] + loop
+    return 0.0 if nbytes <= 0 else nbytes / k[K_MEMBOUND_BW] + k[K_OVERHEAD] + loop
 
 
 @numba.njit(cache=True)
@@ -264,7 +266,8 @@ def _end_of_step(plan, hrow, drow, ranks, t, k, sync, t_pipe, rank_x, max_b, max
         if on_host and (t.zero3 or t.zero2):
             ready += host_copy(k, shard * gb)          # the accumulated gradient shard
         exposed = ready - end_r + post
-        opt = optimizer_seconds(k, shard, drow[D_ADAM_BYTES], on_host)
+        tensors = ranks[r, R_TENSORS_Z1] if zero == 1 and dp > 1 else ranks[r, R_TENSORS]
+        opt = optimizer_seconds(k, shard, drow[D_ADAM_BYTES], on_host, tensors)
         if on_host:
             opt += host_copy(k, shard * pb)          # the updated parameter shard comes back
         else:

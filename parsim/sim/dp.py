@@ -102,23 +102,24 @@ def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     rec.expose(rank, "dp", env.now - waited)
     n = sim.rank_params[dev.pp_rank]
     shard = n / plan.dp if plan.zero >= 1 else n
+    tensors = sim.rank_optimizer_tensors[dev.pp_rank]
     if plan.offload != "none":
         if plan.zero >= 2:
             start = yield from transfer(env, dev.ports.pcie, host_transfer_time(cluster, shard * sb.grad))
             rec.event(rank, -1, "host", "offload_d2h", -1, -1, start, env.now, nbytes=shard * sb.grad)
         start = env.now
-        yield env.timeout(optimizer_time(cluster, shard, plan.dtype, on_host=True))
+        yield env.timeout(optimizer_time(cluster, shard, plan.dtype, on_host=True, tensors=tensors))
         rec.event(rank, -1, "host", "optimizer", -1, -1, start, env.now, name="optimizer (host)")
         start = yield from transfer(env, dev.ports.pcie, host_transfer_time(cluster, shard * sb.param))
         rec.event(rank, -1, "host", "offload_h2d", -1, -1, start, env.now, nbytes=shard * sb.param)
     else:
-        start = env.now
+        start, step_s = env.now, optimizer_time(cluster, shard, plan.dtype, tensors=tensors)
         # AdamW is memory-bound: on a shared host it slows down like the other memory-bound ops
         # (after the compute that collectives overlapping the last backward took: ``ledger``)
         if sim.sharing is not None:   # a job among the ranks sharing the host's cores
-            yield sim.sharing.run(dev.ledger.pay(), 0.0, optimizer_time(cluster, shard, plan.dtype) * dev.scale.membound)
+            yield sim.sharing.run(dev.ledger.pay(), 0.0, step_s * dev.scale.membound)
         else:
-            yield env.timeout(dev.ledger.pay() + optimizer_time(cluster, shard, plan.dtype) * dev.scale.membound)
+            yield env.timeout(dev.ledger.pay() + step_s * dev.scale.membound)
         rec.compute(rank, -1, "optimizer", -1, start, env.now, name="optimizer")
     waited = env.now
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, stage_params, state_bytes,
-                          zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
+from parsim.costs import (embedding_params, head_params, layer_params, optimizer_tensors, p2p_bytes, stage_params,
+                          state_bytes, zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing
 from parsim.costs.timing import collective_time, host_transfer_time, p2p_time
 from parsim.schedules import Action, Schedule, build_schedule
@@ -99,6 +99,7 @@ class Simulation:
         self.footprints = stage_footprints(model, plan, cluster.device.tables.fsdp2_copies)
         self.state = state_bytes(plan.dtype)
         self.rank_params = stage_params(model, plan)
+        self.rank_optimizer_tensors = optimizer_tensors(model, plan)
         self.layer_params = layer_params(model, plan.tp)
         self.edge_params = [(embedding_params(model, plan) if s == 0 else 0.0,
                              head_params(model, plan) if s == self.num_stages - 1 else 0.0)

@@ -250,6 +250,7 @@ class CalibratedTables:
     membound_surface: dict[str, MemboundFit] | None = None            # op (or implementation) -> fit
     stage_probes: StageProbes | None = None                           # the synthetic stages run
     fit_report: dict[str, LeaveOut] | None = None                     # table -> leave-out error
+    optimizer_per_tensor_s: float | None = None                       # AdamW's loop: seconds per tensor
 
     # ------------------------------------------------------------------ reading
 
@@ -351,5 +352,6 @@ _KEYS: dict[str, tuple[str, Callable, Callable]] = {
     "membound_surface": ("membound_surface", read_named(MemboundFit), write_named),
     "stage_probes": ("stage_probes", StageProbes.from_dict, StageProbes.to_dict),
     "fit_report": ("fit_report", read_named(LeaveOut), write_named),
+    "optimizer_per_tensor_s": ("optimizer_per_tensor_s", number, _same),
 }
 assert {a for a, _, _ in _KEYS.values()} == {f.name for f in fields(CalibratedTables)}
