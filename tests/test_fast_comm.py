@@ -1,4 +1,6 @@
 """The fast path prices communication with the very functions of ``parsim.costs.timing``."""
+import dataclasses
+
 import pytest
 
 from parsim.costs import dp_buckets, timing
@@ -46,12 +48,16 @@ def test_bucketed_time_is_the_sum_over_ddp_buckets():
 
 
 @pytest.mark.parametrize("cluster_name", ["a100-80g:8", "h100-sxm:8", "cpu:2"])
-def test_host_copy_and_optimizer_step_equal_costs_timing(cluster_name):
+@pytest.mark.parametrize("per_tensor_s", [None, 7e-5])     # the optimizer's loop: unmeasured, measured
+def test_host_copy_and_optimizer_step_equal_costs_timing(cluster_name, per_tensor_s):
     cluster = load_cluster(cluster_name)
+    tables = cluster.device.tables.replace(optimizer_per_tensor_s=per_tensor_s)
+    cluster = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, tables=tables))
     k = link_row(cluster)
     for nbytes in (0.0, 1e6, 3.3e9):
         assert host_copy(k, nbytes) == pytest.approx(timing.host_transfer_time(cluster, nbytes), rel=1e-12)
     for params, dtype, adam in ((1e9, "bf16", 32.0), (2.5e8, "fp32", 28.0)):
         for on_host in (False, True):
-            assert optimizer_seconds(k, params, adam, on_host) == pytest.approx(
-                timing.optimizer_time(cluster, params, dtype, on_host=on_host), rel=1e-12)
+            for tensors in (0.0, 291.0):
+                assert optimizer_seconds(k, params, adam, on_host, tensors) == pytest.approx(
+                    timing.optimizer_time(cluster, params, dtype, on_host=on_host, tensors=tensors), rel=1e-12)
