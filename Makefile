@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 OUT     ?= out/demo
 
-.PHONY: demo test studies equivalence venv clean fuzz gpu-check
+.PHONY: demo test studies equivalence heldout heldout-smoke venv clean fuzz gpu-check
 
 venv: $(STAMP)
 
@@ -54,6 +54,16 @@ studies: $(STAMP)
 	$(BIN)/python studies/merak/run.py
 	$(BIN)/python studies/plots_demo/make_demo_plots.py
 	$(BIN)/python studies/at_scale/run.py
+
+# Issue 20's held-out validation: calibrate this machine (no --model), run three models it never
+# saw (15 plans, 2 and 4 ranks) on the executor and the simulator, check the targets. Needs an
+# idle machine: ~35 minutes; results in studies/validation_cpu/heldout/ (its README). The smoke
+# run (one round, 6 plans, quick calibration) only proves the pipeline works: its numbers are not results.
+heldout: $(STAMP)
+	bash studies/validation_cpu/heldout/run.sh
+
+heldout-smoke: $(STAMP)
+	QUICK=1 bash studies/validation_cpu/heldout/run.sh
 
 # Did a refactor change any number? The corpus in both the reference commit and this tree.
 equivalence: $(STAMP)

@@ -3,7 +3,7 @@ host copies. Each returns a ``Summary`` of seconds (see ``timer.measure``).
 
 Ops run the way the executor's layers run them (nn.Linear forward and its two backward
 GEMMs, ``F.scaled_dot_product_attention`` causal, LayerNorm/RMSNorm/GELU/SwiGLU/softmax,
-AdamW with ``foreach=False``), with autograd on, so what is timed is what a training step
+the executor's AdamW), with autograd on, so what is timed is what a training step
 pays. Backward passes are timed with ``torch.autograd.grad(..., retain_graph=True)`` on one
 recorded forward.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from itertools import cycle
 from typing import Callable
 
 import torch
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from parsim.executor.layer_probe import TORCH_DTYPES, layer_step
 
+from .cache import copies_for, rotation
 from .fit import Summary, summarize
 from .shapes import AttentionPoint, GemmPoint, MemboundPoint
 from .timer import Clock, measure, measure_many
@@ -31,34 +33,35 @@ def _rand(shape, dtype, device, grad: bool = False) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- GEMMs
 
-def gemm_callable(point: GemmPoint, dtype: str, device: torch.device) -> Callable[[], torch.Tensor]:
+def gemm_callable(point: GemmPoint, dtype: str, device: torch.device, cold: bool = False) -> Callable[[], torch.Tensor]:
+    """The GEMM of ``point`` as torch runs it; ``cold``: each call takes the next of enough
+    operand copies to span twice the last-level cache (``cache.rotation``), as a model pass
+    finds its weights in memory, not in cache."""
     dt = TORCH_DTYPES[dtype]
     m, n, k = point.key
-    if point.form == "linear":
-        x, w = _rand((m, k), dt, device), _rand((n, k), dt, device)
-        return lambda: F.linear(x, w)
-    if point.form == "grad_input":
-        dy, w = _rand((m, k), dt, device), _rand((k, n), dt, device)
-        return lambda: dy @ w
-    if point.form == "grad_weight":
-        dy, x = _rand((k, n), dt, device), _rand((k, m), dt, device)
-        return lambda: dy.t() @ x
-    if point.form == "bmm":
-        a, b = _rand((point.batch, m, k), dt, device), _rand((point.batch, n, k), dt, device)
-        return lambda: a @ b.transpose(1, 2)
-    raise ValueError(f"unknown GEMM form {point.form!r}")
+    shapes = {"linear": ((m, k), (n, k)), "grad_input": ((m, k), (k, n)), "grad_weight": ((k, n), (k, m)),
+              "bmm": ((point.batch, m, k), (point.batch, n, k))}.get(point.form)
+    if shapes is None:
+        raise ValueError(f"unknown GEMM form {point.form!r}")
+    make = lambda: [_rand(s, dt, device) for s in shapes]   # noqa: E731
+    operands = rotation(make, device) if cold else (lambda fixed=make(): fixed)
+    op = {"linear": lambda a, b: F.linear(a, b), "grad_input": lambda a, b: a @ b,
+          "grad_weight": lambda a, b: a.t() @ b, "bmm": lambda a, b: a @ b.transpose(1, 2)}[point.form]
+    return lambda: op(*operands())
 
 
-def bench_gemm(point: GemmPoint, dtype: str, clock: Clock, repeats: int, budget_s: float) -> Summary:
+def bench_gemm(point: GemmPoint, dtype: str, clock: Clock, repeats: int, budget_s: float,
+               cold: bool = False) -> Summary:
     with torch.no_grad():
-        return measure(gemm_callable(point, dtype, clock.device), clock, repeats, budget_s)
+        return measure(gemm_callable(point, dtype, clock.device, cold), clock, repeats, budget_s)
 
 
 def bench_gemms(points: list[GemmPoint], dtype: str, clock: Clock, repeats: int, budget_s: float,
-                on_round: Callable[[], None] = lambda: None) -> list[Summary]:
-    """All shapes, sampled round-robin (``timer.measure_many``); ``budget_s`` per shape."""
+                on_round: Callable[[], None] = lambda: None, cold: bool = True) -> list[Summary]:
+    """All shapes, sampled round-robin (``timer.measure_many``); ``budget_s`` per shape; cold
+    operands (``gemm_callable``)."""
     with torch.no_grad():
-        fns = [gemm_callable(p, dtype, clock.device) for p in points]
+        fns = [gemm_callable(p, dtype, clock.device, cold) for p in points]
         return measure_many(fns, clock, repeats, budget_s, on_round=on_round)
 
 
@@ -114,73 +117,95 @@ def _explicit_attention(q, k, v):
 
 
 def bench_attention(point: AttentionPoint, dtype: str, clock: Clock, repeats: int, budget_s: float,
-                    kind: str = "sdpa") -> tuple[Summary, Summary]:
-    """(forward, backward) seconds of the causal attention core at ``point``."""
+                    kind: str = "sdpa", cold: bool = True) -> tuple[Summary, Summary]:
+    """(forward, backward) seconds of the causal attention core at ``point`` (``cold``: rotating
+    over copies of q, k, v, ``cache.rotation``)."""
     if kind == "explicit" and point.kv_heads != point.heads:
         raise ValueError("the explicit attention benchmark needs kv_heads == heads")
     fn = _sdpa if kind == "sdpa" else _explicit_attention
     dt = TORCH_DTYPES[dtype]
-    q = _rand((point.mbs, point.heads, point.seq, point.head_dim), dt, clock.device, grad=True)
-    k = _rand((point.mbs, point.kv_heads, point.seq, point.head_dim), dt, clock.device, grad=True)
-    v = _rand((point.mbs, point.kv_heads, point.seq, point.head_dim), dt, clock.device, grad=True)
-    return _fwd_bwd(lambda: fn(q, k, v), [q, k, v], clock, repeats, budget_s)
+
+    def case():
+        q = _rand((point.mbs, point.heads, point.seq, point.head_dim), dt, clock.device, grad=True)
+        k = _rand((point.mbs, point.kv_heads, point.seq, point.head_dim), dt, clock.device, grad=True)
+        v = _rand((point.mbs, point.kv_heads, point.seq, point.head_dim), dt, clock.device, grad=True)
+        return (lambda: fn(q, k, v)), [q, k, v]
+    return _fwd_bwd(case, clock, repeats, budget_s, cold)
 
 
-def _fwd_bwd(forward: Callable[[], torch.Tensor], inputs: list[torch.Tensor], clock: Clock,
-             repeats: int, budget_s: float) -> tuple[Summary, Summary]:
-    fwd = measure(forward, clock, repeats, budget_s / 2)
-    y = forward()
-    g = torch.randn_like(y)
-    bwd = measure(lambda: torch.autograd.grad(y, inputs, g, retain_graph=True), clock, repeats, budget_s / 2)
-    return fwd, bwd
+def _fwd_bwd(case: Callable[[], tuple[Callable[[], torch.Tensor], list[torch.Tensor]]], clock: Clock,
+             repeats: int, budget_s: float, cold: bool = True) -> tuple[Summary, Summary]:
+    """Forward and backward seconds of ``case()`` = (forward, its inputs): with ``cold``, over
+    enough independent cases to span twice the last-level cache, one after the other; backward
+    as ``torch.autograd.grad`` on each case's recorded forward."""
+    cases = [case()]
+    if cold:
+        nbytes = sum(t.numel() * t.element_size() for t in cases[0][1])
+        cases += [case() for _ in range(copies_for(3 * nbytes, clock.device) - 1)]   # inputs, output, grads
+    forwards = cycle([fn for fn, _ in cases])
+    fwd = measure(lambda: next(forwards)(), clock, repeats, budget_s / 2)
+    graphs = []
+    for fn, inputs in cases:
+        y = fn()
+        graphs.append((y, inputs, torch.randn_like(y)))
+    backwards = cycle(graphs)
+
+    def backward():
+        y, inputs, g = next(backwards)
+        return torch.autograd.grad(y, inputs, g, retain_graph=True)
+    return fwd, measure(backward, clock, repeats, budget_s / 2)
 
 
 # ----------------------------------------------------------------------------- memory-bound ops
 
-def bench_membound(point: MemboundPoint, dtype: str, clock: Clock, repeats: int,
-                   budget_s: float) -> tuple[Summary, Summary | None]:
-    """(forward, backward) seconds of one memory-bound op; AdamW has no backward (None)."""
-    dev, dt = clock.device, TORCH_DTYPES[dtype]
-    if point.name == "adamw":
-        return bench_adamw(list(point.tensors), clock, repeats, budget_s), None
-    if point.name == "grad_accumulate":
-        return bench_grad_accumulate(list(point.tensors), dtype, clock, repeats, budget_s), None
+def membound_case(point: MemboundPoint, dt: torch.dtype, dev: torch.device):
+    """(forward, inputs) of one memory-bound op on fresh tensors, as the executor's layers run it."""
     shape = point.shape
     if point.name in ("layernorm", "rmsnorm"):
         x, w, b = _rand(shape, dt, dev, True), _rand(shape[-1:], dt, dev, True), _rand(shape[-1:], dt, dev, True)
         if point.name == "layernorm":
-            return _fwd_bwd(lambda: F.layer_norm(x, shape[-1:], w, b, NORM_EPS), [x, w, b], clock, repeats, budget_s)
+            return (lambda: F.layer_norm(x, shape[-1:], w, b, NORM_EPS)), [x, w, b]
         # Zhang & Sennrich 2019, computed as the executor's RMSNorm does
-        return _fwd_bwd(lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS) * w,
-                        [x, w], clock, repeats, budget_s)
+        return (lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS) * w), [x, w]
     if point.name in ("residual_add", "swiglu"):
         a, b = _rand(shape, dt, dev, True), _rand(shape, dt, dev, True)
-        op = (lambda: a + b) if point.name == "residual_add" else (lambda: F.silu(a) * b)   # Shazeer 2020
-        return _fwd_bwd(op, [a, b], clock, repeats, budget_s)
+        return ((lambda: a + b) if point.name == "residual_add" else (lambda: F.silu(a) * b)), [a, b]  # Shazeer 2020
     if point.name in ("gelu", "softmax"):
         x = _rand(shape, dt, dev, True)
-        op = (lambda: F.gelu(x)) if point.name == "gelu" else (lambda: torch.softmax(x, dim=-1))
-        return _fwd_bwd(op, [x], clock, repeats, budget_s)
+        return ((lambda: F.gelu(x)) if point.name == "gelu" else (lambda: torch.softmax(x, dim=-1))), [x]
     if point.name == "cross_entropy":
         tokens, vocab = shape
         logits = _rand((tokens, vocab), dt, dev, True)
         target = torch.randint(0, vocab, (tokens,), device=dev)
-        return _fwd_bwd(lambda: F.cross_entropy(logits.float(), target, reduction="none"), [logits],
-                        clock, repeats, budget_s)
+        return (lambda: F.cross_entropy(logits.float(), target, reduction="none")), [logits]
     if point.name == "embedding":
         tokens, vocab, hidden = shape
         table = _rand((vocab, hidden), dt, dev, True)
         idx = torch.randint(0, vocab, (tokens,), device=dev)
-        return _fwd_bwd(lambda: F.embedding(idx, table), [table], clock, repeats, budget_s)
+        return (lambda: F.embedding(idx, table)), [table]
     raise ValueError(f"unknown memory-bound op {point.name!r}")
 
 
+def bench_membound(point: MemboundPoint, dtype: str, clock: Clock, repeats: int,
+                   budget_s: float) -> tuple[Summary, Summary | None]:
+    """(forward, backward) seconds of one memory-bound op on cold inputs; AdamW and gradient
+    accumulation have no backward (None)."""
+    if point.name == "adamw":
+        return bench_adamw(list(point.tensors), clock, repeats, budget_s), None
+    if point.name == "grad_accumulate":
+        return bench_grad_accumulate(list(point.tensors), dtype, clock, repeats, budget_s), None
+    return _fwd_bwd(lambda: membound_case(point, TORCH_DTYPES[dtype], clock.device), clock, repeats, budget_s)
+
+
 def bench_adamw(shapes: list[tuple[int, ...]], clock: Clock, repeats: int, budget_s: float) -> Summary:
-    """One ``AdamW.step`` (foreach=False, as the executor) over fp32 master params of ``shapes``."""
+    """One step of the executor's own AdamW (``parsim.executor.optimizer.make_adamw``: torch's
+    ``foreach=False`` update written out, weight decay on matrices) over fp32 master params of
+    ``shapes``: the optimizer a training step runs, not torch.optim's."""
+    from parsim.executor.optimizer import make_adamw
     params = [torch.nn.Parameter(torch.randn(*s, device=clock.device)) for s in shapes]
     for p in params:
         p.grad = torch.randn_like(p)
-    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, foreach=False)
+    opt = make_adamw(params)
     opt.step()   # allocates exp_avg / exp_avg_sq
     return measure(opt.step, clock, repeats, budget_s, warmup=1)
 

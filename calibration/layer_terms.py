@@ -9,16 +9,17 @@ each run by ``parsim validate``'s anchoring (``parsim.study.validate.anchored_pr
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from parsim.specs import (CalibratedTables, DeviceProfile, LayerComposition, LayerProbe, RankCurve, device_from_dict,
-                          with_profile_tables)
+from parsim.specs import (CalibratedTables, DeviceProfile, LayerComposition, LayerProbe, ModelSpec, RankCurve,
+                          device_from_dict, with_profile_tables)
 
 from .profile_io import write_profile_text
+from .surface_fit import CompositionFit, fit_composition
 from .tables import contention_curve
 
 PROBE_CALL = "parsim.executor.model Block (tp=1): forward, then backward of a fixed output gradient"
@@ -44,15 +45,17 @@ def layer_probe_tables(tables: CalibratedTables, layer, blocks: list[tuple[float
 
 
 def fit_layer_terms(device: DeviceProfile, model, dtype: str) -> CalibratedTables:
-    """``device.tables`` with the layer terms derived from its layer probe (unchanged
-    without one):
+    """``device.tables`` with the layer terms derived from its probes (unchanged without a
+    layer probe):
 
-    * ``layer_composition`` {fwd, bwd}: the measured layer time over the sum of its ops
-      priced by this profile's tables (``costs.layer_ops`` at tp=1 and the probe's mbs,
-      through ``timing.op_time``). It is what composing the ops costs beyond the ops timed
-      alone -- autograd's graph and engine, bias-gradient reductions, layout copies,
-      allocation, caches that a layer's working set evicts -- and ``timing.op_time``
-      multiplies every compute op by it (per pass). Dimensionless; 1 = the per-op sum is exact.
+    * ``layer_composition``: what composing ops costs beyond the ops timed alone (autograd's
+      graph and engine, Python module calls, bias-gradient reductions, layout copies,
+      allocation and its page faults, caches a pass evicts); ``timing.op_time`` applies it to
+      every op. With the synthetic stages of a machine calibration (``stage_probes``):
+      ``composition_terms``, scaled by the layer probe now over the one taken with the stages
+      (1 as calibrated; the machine's drift when anchored to a later probe). Without them: the
+      real layer's measured time over its ops' priced sum (``costs.layer_ops`` at tp=1 and the
+      probe's mbs), per pass. Dimensionless; 1 = the per-op sum is exact.
     * ``contention``: the per-rank GEMM slowdown when N ranks compute at once, fitted to the
       real layer's slowdown L(N) (``contention_layer``) instead of one GEMM repeated: the
       layer's op sum is G (GEMMs and attention) + M (memory-bound ops, whose slowdown c_m(N)
@@ -72,9 +75,16 @@ def fit_layer_terms(device: DeviceProfile, model, dtype: str) -> CalibratedTable
     pred = {p: {kind: sum(op_time(dev, op, p, dtype) for op in ops if (op.kind == "membound") == (kind == "m"))
                 for kind in ("g", "m")} for p in ("fwd", "bwd")}
     ops_fwd, ops_bwd = sum(pred["fwd"].values()), sum(pred["bwd"].values())
-    tables = tables.replace(
-        layer_composition=LayerComposition(float(probe.fwd_s) / ops_fwd, float(probe.bwd_s) / ops_bwd),
-        layer_probe=replace(probe, ops_fwd_s=ops_fwd, ops_bwd_s=ops_bwd))
+    if tables.stage_probes is not None and tables.stage_probes.stages:
+        ref_f, ref_b = tables.stage_probes.reference
+        terms = composition_terms(dev, dtype)
+        composition = terms.composition.scaled(float(probe.fwd_s) / float(ref_f), float(probe.bwd_s) / float(ref_b))
+        tables = tables.replace(fit_report={**(tables.fit_report or {}), "composition.fwd": terms.fwd.report,
+                                            "composition.bwd": terms.bwd.report})
+    else:
+        composition = LayerComposition(float(probe.fwd_s) / ops_fwd, float(probe.bwd_s) / ops_bwd)
+    tables = tables.replace(layer_composition=composition, layer_probe=replace(probe, ops_fwd_s=ops_fwd,
+                                                                                 ops_bwd_s=ops_bwd))
     layer = tables.contention_layer
     if layer is not None and len(layer) > 1:
         g = pred["fwd"]["g"] + pred["bwd"]["g"]
@@ -83,6 +93,46 @@ def fit_layer_terms(device: DeviceProfile, model, dtype: str) -> CalibratedTable
         tables = tables.replace(contention=RankCurve(tuple(
             (n, max(1.0, (float(slow) * (g + mem) - float(membound.get(n, 1.0)) * mem) / g)) for n, slow in layer.values)))
     return tables
+
+
+@dataclass(frozen=True)
+class StageComposition:
+    """The composition terms fitted over the synthetic stages, and each pass's fit."""
+    composition: LayerComposition
+    fwd: CompositionFit
+    bwd: CompositionFit
+
+
+def stage_prices(device: DeviceProfile, dtype: str, spec: ModelSpec, mbs: int) -> dict[str, tuple[float, int]]:
+    """Per pass ("fwd", "bwd"): (seconds, ops that run) of one stage holding every layer of
+    ``spec`` -- embedding, layers, head and loss -- priced op by op by ``device`` (its own
+    composition terms included, if it has any)."""
+    from parsim.costs import embedding_ops, head_ops, layer_ops
+    from parsim.costs.timing import op_time
+    from parsim.specs import Plan
+
+    plan = Plan(mbs=mbs, gbs=mbs, dtype=dtype)
+    ops = embedding_ops(spec, plan) + layer_ops(spec, plan) * spec.layers + head_ops(spec, plan)
+    out = {}
+    for pass_, runs in (("fwd", "fwd"), ("bwd", "bwd_input")):
+        out[pass_] = (sum(op_time(device, op, pass_, dtype) for op in ops),
+                      sum(1 for op in ops if op_time(device, op, runs, dtype) > 0))
+    return out
+
+
+def composition_terms(device: DeviceProfile, dtype: str) -> StageComposition:
+    """measured = factor x priced + per-op seconds x ops, per pass, fitted over the stages of
+    ``device.tables.stage_probes`` priced without composition (``surface_fit.fit_composition``,
+    with its leave-one-stage-out error)."""
+    from parsim.specs import model_from_dict
+
+    raw = replace(device, tables=device.tables.replace(layer_composition=None))
+    stages = device.tables.stage_probes.stages
+    priced = [stage_prices(raw, dtype, model_from_dict(s.spec), int(s.mbs)) for s in stages]
+    fits = {pass_: fit_composition([p[pass_][0] for p in priced], [p[pass_][1] for p in priced],
+                                   [float(getattr(s, f"{pass_}_s")) for s in stages]) for pass_ in ("fwd", "bwd")}
+    return StageComposition(LayerComposition(fits["fwd"].factor, fits["bwd"].factor, fits["fwd"].per_op_s,
+                                             fits["bwd"].per_op_s), fits["fwd"], fits["bwd"])
 
 
 def refit_data(data: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Facts about this machine that a profile's name and provenance record."""
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import re
@@ -22,6 +23,25 @@ def hostname() -> str:
     return socket.gethostname()
 
 
+def host_id() -> str:
+    """A short id of this machine as it runs now: a hash of the OS install's machine id, this
+    boot's id, the CPU model, the core count and the hostname (machine-id(5), proc(5)
+    ``sys/kernel/random/boot_id``). Cloned VMs share a hostname ("vm") and a CPU model string
+    ("AMD EPYC") and may share the machine id; the boot id tells them apart, so a profile
+    measured on one VM is never taken for another's. A reboot, which may move a VM to another
+    physical host, gives a new id too."""
+    parts = [_read("/etc/machine-id"), _read("/proc/sys/kernel/random/boot_id"), cpu_model(),
+             str(os.cpu_count() or 1), hostname()]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
 def default_profile_name(device_type: str) -> str:
     host = re.sub(r"[^a-z0-9-]+", "-", hostname().lower()).strip("-") or "host"
     return f"{device_type}-{host}"
@@ -37,3 +57,32 @@ def total_memory_bytes() -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
+def cpu_seconds() -> tuple[float, float, float] | None:
+    """(busy s of all cores, steal s, CPU s of this process and its joined children) so far.
+    /proc/stat "cpu" line: user nice system idle iowait irq softirq steal, in USER_HZ ticks (proc(5))."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [float(v) for v in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    t = os.times()
+    return (user + nice + system + irq + softirq) / hz, steal / hz, t.user + t.system + t.children_user + t.children_system
+
+
+def other_work(before: tuple | None, after: tuple | None, wall_s: float) -> dict[str, float] | None:
+    """Cores kept busy by other processes during the run, and the fraction of time the
+    hypervisor stole: both make a profile slower than the machine is."""
+    if before is None or after is None or wall_s <= 0:
+        return None
+    busy, steal, ours = (a - b for a, b in zip(after, before))
+    return {"other_cores_busy": round(max(busy - ours, 0.0) / wall_s, 2),
+            "steal_fraction": round(steal / (wall_s * (os.cpu_count() or 1)), 3)}
+
+
+def load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None

@@ -7,6 +7,7 @@ to the calibrated tables (``tables``: typed ``parsim.specs.CalibratedTables`` an
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -15,12 +16,14 @@ from typing import Any
 import numpy as np
 
 from parsim.specs import CalibratedTables, CollectiveTables, GemmTable, device_from_dict
+from parsim.specs.surfaces import StageProbe, StageProbes
 
 from .fit import Summary, fit_alpha_beta, fit_gemm_efficiency
 from .layer_terms import fit_layer_terms, layer_probe_tables
+from .machine_fit import device_numbers, fit_surfaces
 from .shapes import AttentionPoint, GemmPoint, MemboundPoint
-from .tables import (attention_efficiency, attention_table, collective_fits, contention_curve, interference_curve,
-                     membound_table, spreads)
+from .tables import (attention_efficiency, attention_table, collective_fits, collective_leave_out, contention_curve,
+                     interference_curve, membound_table, spreads)
 
 
 @dataclass
@@ -46,11 +49,63 @@ class Measurements:
     devices_per_node: int = 64
     provenance: dict[str, Any] = field(default_factory=dict)
     base: dict[str, Any] | None = None                 # profile supplying what was not measured
+    grid: Any = None                                   # machine_bench.GridResults: the machine grid
+    sms: int | None = None                             # a GPU's SMs (wave quantisation of its GEMM surface)
 
 
 def build_profile(m: Measurements, name: str) -> dict[str, Any]:
+    """The profile mapping of one run: the machine grid's fitted surfaces (``machine_fit``) and,
+    where a model's own shapes were measured (``--model``), its exact tables beside them."""
     overhead = float(np.median([s.median for s in m.op_overhead.values()]))
-    gemm_rows = [(*p.key, p.flops / s.median, s.rel_spread) for p, s in m.gemm]
+    surfaces = (fit_surfaces(m.grid, m.dtype, m.sms, overlap=m.device_type == "cuda", overhead=overhead)
+                if m.grid is not None else None)
+    membound = membound_table(m.membound, overhead, m.norm) if m.membound else None
+    device: dict[str, Any] = {"name": m.device_name, **_compute_numbers(m, surfaces, membound),
+                              "memory_bytes": int(m.memory_bytes), "membound_efficiency": 1.0,
+                              "kernel_overhead_s": overhead}
+    device = {k: device[k] for k in ("name", "peak_flops", "memory_bytes", "memory_bandwidth", "gemm",
+                                     "membound_efficiency", "attention_efficiency", "kernel_overhead_s")}
+    if m.device_type == "cpu":   # the host is the device: offloaded optimizer steps run at the same rates
+        device["host_flops"] = device["peak_flops"][m.dtype]
+        # the grid's AdamW bandwidth (its per-tensor term apart) before a --model's own rate
+        rates = {**(membound["measured"] if membound else {}), **(surfaces.rates if surfaces else {})}
+        device["host_memory_bandwidth"] = float(rates.get("adamw", device["memory_bandwidth"]))
+    elif m.base:
+        for key in ("host_flops", "host_memory_bandwidth", "usable_memory_fraction"):
+            if key in m.base["device"]:
+                device[key] = float(m.base["device"][key])
+    collectives = collective_fits(m.comm)
+    tables = _tables(m, surfaces, membound)
+    if collectives:      # the collectives' own leave-out errors beside the surfaces' (fit_report)
+        tables = tables.replace(fit_report={**(tables.fit_report or {}), **collective_leave_out(collectives)} or None)
+    if m.layer is not None and m.model is not None:
+        # the real-layer probe and the synthetic stages: the layer terms (``layer_terms``)
+        tables = layer_probe_tables(tables, m.layer, m.layer_blocks, m.comm)
+        if m.grid is not None and m.grid.stages:
+            tables = tables.replace(stage_probes=stage_probes(m.grid.stages, m.layer))
+        tables = fit_layer_terms(device_from_dict({**device, "extra": tables.to_dict()}, name), m.model, m.dtype)
+    device["extra"] = tables.to_dict()
+    prov = dict(m.provenance)
+    prov["spread"] = spreads(m.gemm or [p for rows in (m.grid.gemm.values() if m.grid else []) for p in rows],
+                             m.attention or (m.grid.attention if m.grid else []),
+                             m.membound or (m.grid.membound if m.grid else []), collectives)
+    return {
+        "name": name,
+        "source": f"parsim calibrate on {prov.get('host', '?')}, {prov.get('date', '?')}",
+        "provenance": prov,
+        "devices_per_node": int(m.devices_per_node),
+        "device": device,
+        "network": _network(m, collectives),
+    }
+
+
+def _compute_numbers(m: Measurements, surfaces, membound) -> dict[str, Any]:
+    """Peak FLOP/s, GEMM curve, memory bandwidth and attention efficiency: from the fitted
+    surfaces where the grid ran, else from the model's own tables."""
+    if surfaces is not None:
+        return device_numbers(surfaces, m.dtype)
+    overhead = float(np.median([s.median for s in m.op_overhead.values()]))
+    gemm_rows = [(*p.key, p.flops / s.median) for p, s in m.gemm]
     peak = max(r[3] for r in gemm_rows)
     curve = fit_gemm_efficiency([tuple(r[:3]) for r in gemm_rows], [r[3] for r in gemm_rows], peak)
     peaks = {m.dtype: peak}
@@ -58,34 +113,31 @@ def build_profile(m: Measurements, name: str) -> dict[str, Any]:
         if dt != m.dtype:    # the same efficiency curve for every dtype (GemmEfficiency): peak = rate / eff(shape)
             occupancy = math.prod(d / (d + curve.half_dim) for d in shape)
             peaks[dt] = rate / (curve.max_efficiency * occupancy)
-    membound = membound_table(m.membound, overhead, m.norm)
-    bandwidth = float(np.median(list(membound["measured"].values())))
-    collectives = collective_fits(m.comm)
-    device: dict[str, Any] = {
-        "name": m.device_name,
-        "peak_flops": {k: float(v) for k, v in sorted(peaks.items())},
-        "memory_bytes": int(m.memory_bytes),
-        "memory_bandwidth": bandwidth,
-        "gemm": {"max_efficiency": float(curve.max_efficiency), "half_dim": float(curve.half_dim)},
-        "membound_efficiency": 1.0,
-        "attention_efficiency": attention_efficiency(m.attention, peak, overhead),
-        "kernel_overhead_s": overhead,
-    }
-    if m.device_type == "cpu":   # the host is the device: offloaded optimizer steps run at the same rates
-        device["host_flops"] = peak
-        device["host_memory_bandwidth"] = float(membound["measured"].get("adamw", bandwidth))
-    elif m.base:
-        for key in ("host_flops", "host_memory_bandwidth", "usable_memory_fraction"):
-            if key in m.base["device"]:
-                device[key] = float(m.base["device"][key])
-    tables = CalibratedTables(
+    return {"peak_flops": {k: float(v) for k, v in sorted(peaks.items())},
+            "memory_bandwidth": float(np.median(list(membound["measured"].values()))),
+            "gemm": {"max_efficiency": float(curve.max_efficiency), "half_dim": float(curve.half_dim)},
+            "attention_efficiency": attention_efficiency(m.attention, peak, overhead)}
+
+
+def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
+    exact = bool(m.gemm)
+    gemm_rows = [(*p.key, p.flops / s.median, s.rel_spread) for p, s in m.gemm]
+    rates = {**(surfaces.rates if surfaces else {}), **(membound["table"] if membound else {})}
+    per_tensor = surfaces.optimizer_per_tensor_s if surfaces else None
+    if per_tensor is not None:   # a --model's own AdamW rate holds its loop's cost: keep the grid's bytes term
+        rates["adamw"] = surfaces.rates["adamw"]
+    curve_rms = None
+    if exact and surfaces is None:
+        peak = max(r[3] for r in gemm_rows)
+        curve_rms = fit_gemm_efficiency([tuple(r[:3]) for r in gemm_rows], [r[3] for r in gemm_rows], peak).rms_log
+    return CalibratedTables(
         cores=os.cpu_count() or 1,
-        gemm={m.dtype: GemmTable(tuple(gemm_rows))},
-        gemm_fit_rms_log=curve.rms_log,
-        attention={m.dtype: attention_table(m.attention)},
-        attention_explicit={m.dtype: attention_table(m.attention_explicit)},
-        membound=membound["table"],
-        membound_detail=membound["detail"],
+        gemm={m.dtype: GemmTable(tuple(gemm_rows))} if exact else None,
+        gemm_fit_rms_log=curve_rms,
+        attention={m.dtype: attention_table(m.attention)} if exact else None,
+        attention_explicit={m.dtype: attention_table(m.attention_explicit)} if exact else None,
+        membound=rates,
+        membound_detail=membound["detail"] if membound else None,
         op_overhead_s={k: s.median for k, s in m.op_overhead.items()},
         contention=contention_curve(m.comm, "gemm_rounds"),
         contention_membound=contention_curve(m.comm, "stream_rounds"),
@@ -97,22 +149,21 @@ def build_profile(m: Measurements, name: str) -> dict[str, Any]:
         # collective; FSDP2 overlaps its collectives through CUDA side streams only, so on a CPU
         # they are waited for where they are issued (parsim.sim.actions.fsdp_copy, engine)
         zero_copies="fsdp2",
-        zero_overlap=m.device_type != "cpu")
-    if m.layer is not None and m.model is not None:
-        # the real-layer probe: the layer terms (``layer_terms``); nothing changes without it
-        tables = layer_probe_tables(tables, m.layer, m.layer_blocks, m.comm)
-        tables = fit_layer_terms(device_from_dict({**device, "extra": tables.to_dict()}, name), m.model, m.dtype)
-    device["extra"] = tables.to_dict()
-    prov = dict(m.provenance)
-    prov["spread"] = spreads(m.gemm, m.attention, m.membound, collectives)
-    return {
-        "name": name,
-        "source": f"parsim calibrate on {prov.get('host', '?')}, {prov.get('date', '?')}",
-        "provenance": prov,
-        "devices_per_node": int(m.devices_per_node),
-        "device": device,
-        "network": _network(m, collectives),
-    }
+        zero_overlap=m.device_type != "cpu",
+        gemm_surface=surfaces.gemm if surfaces else None,
+        attention_surface=surfaces.attention or None if surfaces else None,
+        membound_surface=surfaces.membound or None if surfaces else None,
+        fit_report=surfaces.report or None if surfaces else None,
+        optimizer_per_tensor_s=per_tensor)
+
+
+def stage_probes(stages, layer) -> StageProbes:
+    """The synthetic stages' measured seconds, with the real-layer probe of the same run as
+    their reference (``specs.surfaces.StageProbes``)."""
+    _, fwd, bwd = layer
+    return StageProbes(stages=tuple(StageProbe(spec=dataclasses.asdict(spec), mbs=mbs, fwd_s=f.median, bwd_s=b.median)
+                                    for spec, mbs, f, b in stages),
+                       reference=(fwd.median, bwd.median))
 
 
 def _network(m: Measurements, collectives: CollectiveTables) -> dict[str, Any]:

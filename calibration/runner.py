@@ -54,6 +54,9 @@ FULL = Settings(mbs=(1, 2, 4), repeats=10, gemm_budget_s=1.0, op_budget_s=0.4,
 
 @dataclass(frozen=True)
 class CalibrationOptions:
+    """``model``: the layer the real-layer probe, the contention and in-situ probes run (a
+    given ``--model``'s, else the machine grid's reference layer); ``exact``: also measure the
+    given model's own shapes (exact GEMM / attention / memory-bound tables)."""
     model: ModelSpec
     dtype: str
     ranks: tuple[int, ...]
@@ -62,6 +65,7 @@ class CalibrationOptions:
     settings: Settings
     quick: bool = False
     base: dict[str, Any] | None = None
+    exact: bool = False
 
 
 def parse_int_list(field: str, value: str | int | Iterable[int], allowed: str) -> tuple[int, ...]:
@@ -75,12 +79,16 @@ def parse_int_list(field: str, value: str | int | Iterable[int], allowed: str) -
     return out
 
 
-def make_options(model: str | ModelSpec = "cpu-small", dtype: str = "fp32", ranks: str | Iterable[int] = (2, 4),
+def make_options(model: str | ModelSpec | None = None, dtype: str = "fp32", ranks: str | Iterable[int] = (2, 4),
                  repeats: int | None = None, quick: bool = False, mbs: str | Iterable[int] | None = None,
                  tps: str | Iterable[int] = (1, 2, 4), device: str | None = None,
                  base: str | None = None) -> CalibrationOptions:
-    """Validate the inputs of a calibration run; bad ones raise SpecError naming the field."""
-    spec = load_model(model)
+    """Validate the inputs of a calibration run; bad ones raise SpecError naming the field.
+    ``model`` None: the machine grid only (its reference layer for the layer probes)."""
+    from .grid import reference_layer
+    device = device or "cpu"
+    exact = model is not None
+    spec = load_model(model) if exact else reference_layer(device.split(":")[0])[0]
     if dtype not in DTYPES:
         raise SpecError("dtype", dtype, f"one of {', '.join(DTYPES)}")
     group_sizes = parse_int_list("ranks", ranks, f"comma-separated group sizes, each an integer in 1..{MAX_RANKS} "
@@ -98,7 +106,6 @@ def make_options(model: str | ModelSpec = "cpu-small", dtype: str = "fp32", rank
     if not tp_list:
         raise SpecError("tp", tps, f"TP degrees dividing heads={spec.heads}, kv_heads={spec.kv_heads}, "
                                    f"ffn_hidden={spec.ffn_hidden}")
-    device = device or "cpu"
     if device != "cpu" and not device.startswith("cuda"):
         raise SpecError("device", device, "cpu or cuda")
     if device.startswith("cuda"):
@@ -112,38 +119,9 @@ def make_options(model: str | ModelSpec = "cpu-small", dtype: str = "fp32", rank
     if max(group_sizes) < 2 and base_dict is None:
         raise SpecError("ranks", ranks, "at least one group size >= 2 to measure collectives on, "
                                         "or --base PROFILE to take the network numbers from")
-    return CalibrationOptions(spec, dtype, group_sizes, tp_list, device, settings, quick, base_dict)
-
-
-def _cpu_seconds() -> tuple[float, float, float] | None:
-    """(busy s of all cores, steal s, CPU s of this process and its joined children) so far.
-    /proc/stat "cpu" line: user nice system idle iowait irq softirq steal, in USER_HZ ticks (proc(5))."""
-    try:
-        with open("/proc/stat") as stat:
-            fields = [float(v) for v in stat.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    hz = os.sysconf("SC_CLK_TCK")
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-    t = os.times()
-    return (user + nice + system + irq + softirq) / hz, steal / hz, t.user + t.system + t.children_user + t.children_system
-
-
-def _other_work(before: tuple | None, after: tuple | None, wall_s: float) -> dict[str, float] | None:
-    """Cores kept busy by other processes during the run, and the fraction of time the
-    hypervisor stole: both make a profile slower than the machine is."""
-    if before is None or after is None or wall_s <= 0:
-        return None
-    busy, steal, ours = (a - b for a, b in zip(after, before))
-    return {"other_cores_busy": round(max(busy - ours, 0.0) / wall_s, 2),
-            "steal_fraction": round(steal / (wall_s * (os.cpu_count() or 1)), 3)}
-
-
-def _load_average() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
+    if not exact and mbs is None:   # the reference layer's micro-batch size for its probes
+        settings = _replace(settings, mbs=(reference_layer(device.split(":")[0])[1],))
+    return CalibrationOptions(spec, dtype, group_sizes, tp_list, device, settings, quick, base_dict, exact)
 
 
 def _replace(s: Settings, **kw) -> Settings:
@@ -151,7 +129,7 @@ def _replace(s: Settings, **kw) -> Settings:
     return replace(s, **kw)
 
 
-def calibrate(model: str | ModelSpec = "cpu-small", dtype: str = "fp32", ranks: str | Iterable[int] = (2, 4),
+def calibrate(model: str | ModelSpec | None = None, dtype: str = "fp32", ranks: str | Iterable[int] = (2, 4),
               repeats: int | None = None, quick: bool = False, name: str | None = None,
               progress: bool = False, **options: Any) -> dict[str, Any]:
     """Measure this machine and return the profile dict (see ``profile.build_profile``).
@@ -170,10 +148,11 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     from parsim.executor.host_alloc import apply_host_memory_policy
 
     from .comm import COLLECTIVES, LIST_VARIANTS
-    from .machine import cpu_model, default_profile_name
+    from .machine_bench import steps_of
+    from .machine import cpu_model, cpu_seconds, default_profile_name, load_average, other_work
     from .profile import Measurements, build_profile
 
-    t_start, load_before, cpu_before = time.perf_counter(), _load_average(), _cpu_seconds()
+    t_start, load_before, cpu_before = time.perf_counter(), load_average(), cpu_seconds()
     started = dt.datetime.now(dt.timezone.utc)
     s, spec = opts.settings, opts.model
     device = torch.device(opts.device)
@@ -182,11 +161,14 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     all_ops = COLLECTIVES + (LIST_VARIANTS if s.list_variants else ())
     # point-to-point is timed once, in the smallest group
     ops = {w: tuple(op for op in all_ops if op != "send_recv" or w == worlds[0]) for w in worlds}
-    gemms = gemm_points(spec, list(opts.tps), list(s.mbs), opts.dtype)
-    attns = attention_points(spec, list(opts.tps), list(s.mbs))
-    mems = membound_points(spec, list(opts.tps), list(s.mbs), opts.dtype)
+    exact = opts.exact
+    gemms = gemm_points(spec, list(opts.tps), list(s.mbs), opts.dtype) if exact else []
+    attns = attention_points(spec, list(opts.tps), list(s.mbs)) if exact else []
+    mems = membound_points(spec, list(opts.tps), list(s.mbs), opts.dtype) if exact else []
+    grid = _plan_grid(opts, device)
     insitu_jobs = len(worlds) if device.type == "cpu" else 0      # one in-situ probe per CPU job
-    bar = tqdm(total=s.repeats + 2 * len(attns) + len(mems) + 4 + sum(len(o) for o in ops.values()) + insitu_jobs
+    bar = tqdm(total=(s.repeats if exact else 0) + 2 * len(attns) + len(mems) + 2 + steps_of(grid, s.repeats)
+               + sum(len(o) for o in ops.values()) + insitu_jobs
                + 1 + len(worlds),     # the layer probe's other blocks: at the start, after every collectives job
                file=sys.stderr, disable=not progress, desc="calibrate", unit="pt", dynamic_ncols=True)
 
@@ -214,14 +196,14 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
 
     probe_block("layer probe 1")
     contention_shape = single_thread(lambda: _measure_compute(m, opts, device, gemms, attns, mems, step, bar,
-                                                             layer))
+                                                             layer, grid))
     _measure_comm(m, opts, device, ops, contention_shape, step, probe_block)
     bar.close()
     m.layer, m.layer_blocks = layer.result()
     _device_totals(m, device)
     wall = time.perf_counter() - t_start
     m.provenance = _provenance(opts, device, worlds, started, wall, load_before)
-    m.provenance["other_work"] = _other_work(cpu_before, _cpu_seconds(), wall)
+    m.provenance["other_work"] = other_work(cpu_before, cpu_seconds(), wall)
     if host_memory is not None:
         m.provenance["host_memory"] = host_memory       # PARSIM_HOST_MEMORY (executor.host_alloc)
     return build_profile(m, name or default_profile_name(device.type))
@@ -259,18 +241,50 @@ class LayerProbe:
         return (self.mbs, summarize(self.fwd), summarize(self.bwd)), list(self.blocks)
 
 
-def _measure_compute(m, opts: CalibrationOptions, device, gemms, attns, mems, step, bar,
-                     layer: LayerProbe) -> tuple[int, int, int]:
-    """The single-process benchmarks, into ``m``; returns the GEMM shape used for contention."""
+def _plan_grid(opts: CalibrationOptions, device):
+    """The machine grid of this run, its GEMMs capped by each dtype's rate (one GEMM timed
+    single-threaded on a CPU, as one executor rank)."""
     import torch
 
+    from .machine_bench import FULL_GRID, QUICK_GRID, estimate_rate, plan_grid
+    from .timer import Clock
+
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        rates = {dt: estimate_rate(dt, Clock(device)) for dt in DTYPES}
+    finally:
+        torch.set_num_threads(threads)
+    extra = [(opts.model, min(opts.settings.mbs))] if opts.exact else []
+    return plan_grid(device.type, opts.dtype, QUICK_GRID if opts.quick else FULL_GRID, rates, opts.quick, extra)
+
+
+def _measure_compute(m, opts: CalibrationOptions, device, gemms, attns, mems, step, bar,
+                     layer: LayerProbe, grid) -> tuple[int, int, int]:
+    """The single-process benchmarks, into ``m``; returns the GEMM shape used for contention."""
     from . import compute
-    from .shapes import GemmPoint
+    from .machine_bench import measure_grid
     from .timer import Clock
 
     s, spec, dtype, clock = opts.settings, opts.model, opts.dtype, Clock(device)
     m.op_overhead = compute.bench_op_overhead(clock, s.repeats, 0.5)
-    step("op overhead")
+    m.host_copy = [(n, compute.bench_host_copy(clock, n, s.repeats, s.op_budget_s)) for n in s.host_sizes]
+    step("op overhead, host copy")
+    m.grid = measure_grid(grid, dtype, clock, s.repeats, s.gemm_budget_s / 4, s.op_budget_s / 2, step)
+    if opts.exact:
+        _measure_model_shapes(m, opts, clock, gemms, attns, mems, step, bar)
+    # the real layer again right after the per-op tables and stages
+    layer.block()
+    step("layer probe 2")
+    return _contention_shape(opts)
+
+
+def _measure_model_shapes(m, opts: CalibrationOptions, clock, gemms, attns, mems, step, bar) -> None:
+    """``--model``: the model's own GEMM, attention and memory-bound shapes (exact tables)."""
+    from . import compute
+
+    s, dtype = opts.settings, opts.dtype
     rounds: list[int] = []
 
     def gemm_round() -> None:     # the bar counts GEMM rounds (one sample of every shape each)
@@ -289,21 +303,12 @@ def _measure_compute(m, opts: CalibrationOptions, device, gemms, attns, mems, st
     for p in mems:
         m.membound.append((p, *compute.bench_membound(p, dtype, clock, s.repeats, s.op_budget_s)))
         step(f"{p.name} {p.source}")
-    m.host_copy = [(n, compute.bench_host_copy(clock, n, s.repeats, s.op_budget_s)) for n in s.host_sizes]
-    step("host copy")
-    probe = (spec.seq_len * min(s.mbs), spec.hidden, spec.hidden)
-    for other in DTYPES:
-        if other != dtype:
-            pt = GemmPoint(probe, 1, "linear", f"{other} probe")
-            m.dtype_probes[other] = (probe, pt.flops / compute.bench_gemm(pt, other, clock, 3, s.gemm_budget_s).median)
-    step("dtype probes")
-    # the contention GEMM (comm jobs): the model's MLP-up at the smallest TP degree
-    shape = (spec.seq_len * min(s.mbs), spec.ffn_hidden // min(opts.tps), spec.hidden)
-    # the real layer again right after the per-op tables: how far the per-op sum is from the
-    # composed layer (layer_terms: layer_composition)
-    layer.block()
-    step("layer probe 2")
-    return shape
+
+
+def _contention_shape(opts: CalibrationOptions) -> tuple[int, int, int]:
+    """The contention GEMM (comm jobs): the probe layer's MLP-up at the smallest TP degree."""
+    spec, mbs = opts.model, min(opts.settings.mbs)
+    return spec.seq_len * mbs, spec.ffn_hidden // min(opts.tps), spec.hidden
 
 
 def _measure_comm(m, opts: CalibrationOptions, device, ops: dict[int, tuple[str, ...]],
@@ -344,7 +349,8 @@ def _device_totals(m, device) -> None:
 
     from .machine import total_memory_bytes
     if device.type == "cuda":
-        m.memory_bytes = float(torch.cuda.get_device_properties(device).total_memory)
+        props = torch.cuda.get_device_properties(device)
+        m.memory_bytes, m.sms = float(props.total_memory), int(props.multi_processor_count)
         m.devices_per_node = torch.cuda.device_count()
     else:
         # per-rank share of RAM with one rank per core (validation runs do not oversubscribe memory)
@@ -356,19 +362,21 @@ def _provenance(opts: CalibrationOptions, device, worlds: list[int], started: dt
                 load_before: float | None) -> dict[str, Any]:
     import torch
 
-    from .machine import cpu_model, hostname
+    from .machine import cpu_model, host_id, hostname, load_average
     is_cuda = device.type == "cuda"
     s = opts.settings
     return {
-        "host": hostname(), "cpu": cpu_model(), "cores": os.cpu_count() or 1,
+        "host": hostname(), "host_id": host_id(), "cpu": cpu_model(), "cores": os.cpu_count() or 1,
         "torch": torch.__version__.split("+")[0], "backend": "nccl" if is_cuda else "gloo",
         "device": torch.cuda.get_device_name(device) if is_cuda else "cpu",
         "date": started.replace(microsecond=0).isoformat(), "duration_s": round(duration_s, 1),
         "repeats": s.repeats, "quick": opts.quick, "model": opts.model.name,
+        # what the compute tables cover: the machine grid (its reference layer probed), and a model's shapes
+        "shapes": f"machine grid + {opts.model.name}" if opts.exact else "machine grid",
         # the whole spec: the layer probe is re-taken from it (a model given as a file has no preset name)
         "model_spec": dataclasses.asdict(opts.model), "dtype": opts.dtype,
         "mbs": list(s.mbs), "tp": list(opts.tps), "ranks": list(worlds),
         "comm_dtype": "fp32", "threads_per_rank": 1, "python": platform.python_version(),
         # other work on the machine skews everything: the 1-minute load average before / after
-        "load_average": [load_before, _load_average()],
+        "load_average": [load_before, load_average()],
     }

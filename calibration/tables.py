@@ -10,10 +10,12 @@ import numpy as np
 
 from parsim.specs import AttentionTable, CollectiveFit, CollectiveTables, RankCurve
 from parsim.specs.collectives import InsituFit
+from parsim.specs.surfaces import LeaveOut
 
 from .comm import CALLS
 from .fit import AlphaBeta, Summary, fit_alpha_beta, summarize
 from .shapes import OP_NAME_ALIASES
+from .surface_fit import leave_out
 
 # parsim.costs.ops / timing: causal fused attention executes half of the counted 4 b s^2 h d
 # FLOPs (Dao 2023, Sec. 3.1.1) and its backward counts 2.5x the forward (Dao 2022, Sec. 3.1).
@@ -98,6 +100,23 @@ def collective_fits(comm: dict[int, list[dict]]) -> CollectiveTables:
                 if fit is not None:
                     table = table.with_fit(op, n, fit.with_insitu(insitu_fit(samples, fit.beta), host_ranks=world))
     return table
+
+
+def collective_leave_out(table: CollectiveTables) -> dict[str, LeaveOut]:
+    """The leave-out error of every collective's alpha + beta x fit over its message sizes
+    (``collective.<op>.<group size>``): each size's median predicted by the fit of the other
+    sizes (leave-one-out; ``surface_fit.leave_out``), |predicted / measured - 1|. Needs three
+    sizes: two to fit, one left out."""
+    report = {}
+    for op, n, fit in table.entries():
+        sizes = np.array([p[0] for p in fit.points], dtype=float)
+        seconds = np.array([p[1] for p in fit.points], dtype=float)
+        if len(sizes) < 3:
+            continue
+        report[f"collective.{op}.{n}"] = leave_out(
+            len(sizes), lambda idx: fit_alpha_beta(sizes[idx], seconds[idx]),
+            lambda ab, idx: ab.alpha + ab.beta * sizes[idx], seconds, folds=len(sizes))
+    return report
 
 
 def insitu_fit(samples: dict, beta: float) -> InsituFit:

@@ -1,7 +1,10 @@
 """The fast path prices communication with the very functions of ``parsim.costs``."""
+import dataclasses
+
 import pytest
 
-from parsim.costs import dp_buckets, optimizer_step, p2p_bytes, stage_params, state_bytes, timing
+from parsim.costs import dp_buckets, optimizer_step, optimizer_tensors, p2p_bytes, stage_params, state_bytes, timing
+from parsim.costs.optimizer import rank_tensors
 from parsim.fast.comm import CollectivePricer, dp_group_ranks
 from parsim.fast.ranks import (R_PARAMS, S_BUCKET_DOWN, S_BUCKETS_DOWN, S_GRADS_DOWN, S_LAYER_UP, S_OPT_STEP,
                                S_PARAMS_UP, RankRows, send_between, send_rows, step_block)
@@ -48,22 +51,32 @@ def test_bucketed_time_is_the_sum_over_ddp_buckets():
     assert got_last == pytest.approx(expected[-1], rel=1e-12)
 
 
+def _with_per_tensor(cluster, seconds):
+    tables = cluster.device.tables.replace(optimizer_per_tensor_s=seconds)
+    return dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, tables=tables))
+
+
 @pytest.mark.parametrize("cluster_name", ["a100-80g:64", "cpu:4"])
 @pytest.mark.parametrize("zero, offload", [(0, "none"), (1, "none"), (1, "optimizer"), (2, "optimizer"),
                                            (3, "optimizer+params")])
-def test_rank_rows_hold_the_optimizer_step_of_costs(cluster_name, zero, offload):
-    """The optimizer step and the host transfers of every pipeline rank are ``costs.optimizer``'s."""
-    cluster, model = load_cluster(cluster_name), load_model("gpt3-1.3b")
+@pytest.mark.parametrize("per_tensor_s", [None, 7e-5])     # the optimizer's loop: unmeasured, measured
+def test_rank_rows_hold_the_optimizer_step_of_costs(cluster_name, zero, offload, per_tensor_s):
+    """The optimizer step (with its per-tensor term where the profile has one) and the host
+    transfers of every pipeline rank are ``costs.optimizer``'s."""
+    cluster, model = _with_per_tensor(load_cluster(cluster_name), per_tensor_s), load_model("gpt3-1.3b")
     dp, tp, pp = (4, 2, 8) if cluster.num_devices == 64 else (2, 1, 2)
     bucket = 25 * 2**20
     plan = Plan(dp=dp, tp=tp, pp=pp, zero=zero, offload=offload)
     codes = (zero, OFFLOADS.index(offload))
     rows = RankRows(model, cluster, bucket, False, 1, [codes])(dp, tp, pp, 1, DTYPES.index("bf16"))
     b = step_block(*codes)
+    tensors = rank_tensors(cluster, model, plan)
+    assert tensors == (optimizer_tensors(model, plan) if per_tensor_s else [0.0] * pp)
     for r, n in enumerate(stage_params(model, plan)):
-        step = optimizer_step(cluster, plan, n)
+        step = optimizer_step(cluster, plan, n, tensors[r])
         assert rows[r, R_PARAMS] == n
         assert rows[r, b + S_OPT_STEP] == step.step_s
+        assert (step.step_s > optimizer_step(cluster, plan, n).step_s) == bool(per_tensor_s)
         assert rows[r, b + S_GRADS_DOWN] == step.grads_to_host_s and (step.grads_to_host_s > 0) == (zero >= 2)
         assert rows[r, b + S_PARAMS_UP] == step.params_from_host_s and (step.params_from_host_s > 0) == step.on_host
         buckets = dp_buckets(n * state_bytes("bf16").grad, bucket)
@@ -85,6 +98,8 @@ def test_optimizer_step_shards_over_dp_from_zero_1_and_runs_on_the_host_with_off
     assert offloaded.grads_to_host_bytes == n / 8 * state_bytes("bf16").grad
     assert offloaded.params_from_host_s == timing.host_transfer_time(cluster, n / 8 * state_bytes("bf16").param)
     assert plain.grads_to_host_s == plain.params_from_host_s == 0.0
+    looped = optimizer_step(_with_per_tensor(cluster, 7e-5), Plan(dp=8, zero=2, offload="optimizer"), n, 291.0)
+    assert looped.tensors == 291.0 and looped.step_s == pytest.approx(offloaded.step_s + 291.0 * 7e-5, rel=1e-12)
 
 
 def test_a_graph_edge_is_priced_as_the_send_between_its_two_ranks():

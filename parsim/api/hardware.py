@@ -95,14 +95,16 @@ def profile_summary(profile: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def calibrate(model: ModelLike = "cpu-small", *, dtype: str = "fp32", ranks: str = "2,4", repeats: int | None = None,
+def calibrate(model: ModelLike | None = None, *, dtype: str = "fp32", ranks: str = "2,4", repeats: int | None = None,
               quick: bool = False, mbs: str | None = None, tp: str = "1,2,4", device: str = "cpu",
               base: str | Path | None = None, name: str | None = None, out: str | Path | None = None,
               progress: bool = False) -> Calibration:
-    """Micro-benchmark this machine (GEMMs, attention, memory-bound ops, collectives over
-    ``ranks`` processes, the model's real layer) and write the profile YAML to ``out``
-    [calibration/profiles/<name>.yaml]. ``device``: cpu (gloo) or cuda (nccl); ``base``: a
-    profile for what is not measured; ``quick``: few shapes, 3 repeats (~30 s)."""
+    """Micro-benchmark this machine -- the machine grid (GEMMs per form and dtype, fused
+    attention, memory-bound ops over sizes, synthetic training stages; fitted surfaces with
+    their leave-out errors), collectives and contention over ``ranks`` processes -- and write
+    the profile YAML to ``out`` [calibration/profiles/<name>.yaml]. ``model``: also measure a
+    model's own shapes (never needed to predict one). ``device``: cpu (gloo) or cuda (nccl);
+    ``base``: a profile for what is not measured; ``quick``: a smaller grid, 3 repeats."""
     from parsim.calibration import calibrate as measure, default_profile_name, write_profile
     from parsim.specs import profiles_dir
 
@@ -112,3 +114,65 @@ def calibrate(model: ModelLike = "cpu-small", *, dtype: str = "fp32", ranks: str
     profile = measure(model=model, dtype=dtype, ranks=ranks, repeats=repeats, quick=quick, name=name,
                       progress=progress, mbs=mbs, tps=tp, device=device, base=base)
     return Calibration(profile, write_profile(profile, target))
+
+
+# ----------------------------------------------------------------------------- this host's CPU profile
+
+QUICK_RANKS = "2"       # the demo's plans run on 2 ranks
+
+
+@dataclass(frozen=True)
+class HostProfile:
+    """The CPU profile ``parsim demo`` predicts this machine with, and why it is that one."""
+    path: Path
+    note: str             # printed: where the profile comes from
+    calibrated: bool      # measured just now
+
+
+def cache_dir() -> Path:
+    """Where quick profiles of this machine are kept (never the repository): ``$PARSIM_CACHE_DIR``,
+    else ``$XDG_CACHE_HOME/parsim``, else ``~/.cache/parsim``."""
+    import os
+    if os.environ.get("PARSIM_CACHE_DIR"):
+        return Path(os.environ["PARSIM_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "parsim"
+
+
+def host_profile(shipped: str | Path = "cpu-calibrated", recalibrate: bool = False, progress: bool = True,
+                 say: Callable[[str], None] = print) -> HostProfile:
+    """The profile that describes *this* machine: the shipped one (a profile name or YAML path)
+    where it was measured here
+    (its ``provenance.host_id`` is this host's), else the quick profile kept for this host under
+    ``cache_dir()``, else a fresh ``parsim calibrate --quick`` (machine grid, 2 ranks, ~30-60 s;
+    progress bar on stderr) written there. Timing predictions made with another machine's
+    profile are not this machine's; a host id (``calibration.machine.host_id``: machine id, boot
+    id, CPU model, cores, hostname) tells them apart where hostnames and CPU strings do not.
+    The quick profile is measured with ``PARSIM_HOST_MEMORY=keep`` unless the variable is set:
+    freed host memory is reused as a GPU framework's caching allocator does, so the executor's
+    ranks (which run under the profile's policy) pay no first-touch page faults that the
+    simulator does not model (studies/validation_cpu/page_faults.txt)."""
+    import os
+
+    from parsim.calibration.machine import cpu_model, host_id
+    from parsim.specs import load_profile_dict, profiles_dir
+
+    here = host_id()
+    path = Path(shipped) if Path(shipped).suffix in (".yaml", ".yml") else profiles_dir() / f"{shipped}.yaml"
+    if path.exists() and not recalibrate:
+        prov = load_profile_dict(str(path)).get("provenance", {})
+        if prov.get("host_id") == here:
+            return HostProfile(path, f"profile {shipped} (measured on this host)", False)
+        elsewhere = (f"the shipped profile {shipped} was measured on another host "
+                     f"({prov.get('host', '?')}, {prov.get('cpu', '?')}, {prov.get('date', '?')})")
+    else:
+        elsewhere = "recalibrating as asked" if recalibrate else f"no shipped profile {shipped}"
+    cached = cache_dir() / "profiles" / f"cpu-{here}.yaml"
+    if cached.exists() and not recalibrate:
+        prov = load_profile_dict(str(cached)).get("provenance", {})
+        if prov.get("host_id") == here:
+            return HostProfile(cached, f"quick profile of this host kept in {cached} ({prov.get('date', '?')})", False)
+    say(f"{elsewhere}; this host is {here} ({cpu_model()}, {os.cpu_count()} cores): calibrating a quick profile "
+        f"of it first (parsim calibrate --quick, about 30-60 s), kept in {cached}")
+    os.environ.setdefault("PARSIM_HOST_MEMORY", "keep")
+    calibrate(quick=True, ranks=QUICK_RANKS, name=f"cpu-{here}", out=cached, progress=progress)
+    return HostProfile(cached, f"quick profile of this host, calibrated just now ({cached})", True)

@@ -9,11 +9,13 @@ HELP = "micro-benchmark this machine (GEMMs, attention, memory-bound ops, collec
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default="cpu-small", help="model whose layer shapes are measured [cpu-small]")
+    p.add_argument("--model", default=None,
+                   help="also measure this model's own shapes (exact tables beside the machine grid; never needed) "
+                        "[none: the machine grid only]")
     p.add_argument("--dtype", default="fp32", help="dtype of the GEMM / attention / memory-bound tables [fp32]")
     p.add_argument("--ranks", default="2,4", help="process-group sizes for collectives and contention [2,4]")
     p.add_argument("--repeats", type=int, default=None, help="samples per point (median, p10/p90) [10; 3 with --quick]")
-    p.add_argument("--quick", action="store_true", help="few shapes, sizes <= 4 MiB, 3 repeats (~30 s)")
+    p.add_argument("--quick", action="store_true", help="a smaller grid, sizes <= 4 MiB, 3 repeats (~30-60 s)")
     p.add_argument("--mbs", default=None, help="micro-batch sizes whose shapes are measured [1,2,4; 1 with --quick]")
     p.add_argument("--tp", default="1,2,4", help="tensor-parallel degrees whose shard shapes are measured [1,2,4]")
     p.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (nccl, one GPU per rank) [cpu]")
@@ -61,6 +63,7 @@ def render(profile: dict, path: Path) -> str:
                          + " / ".join(f"{x:.1f}" for x in sums)
                          + f" ms (the machine's drift: {(max(sums) - min(sums)) / min(sums):.0%}; the profile takes "
                          "the median of all samples)")
+    lines += fit_report_lines(tables.fit_report or {})
     lines.append("")
     rows = [[op, str(n), f"{f.alpha * 1e3:.3f}", f"{f.alpha_insitu * 1e3:.3f}" if f.alpha_insitu is not None else "-",
              f"{1 / f.beta / 1e9:.3f}" if f.beta > 0 else "inf", f"{f.spread:.2f}", f"{f.fit_rms_rel:.2f}"]
@@ -69,3 +72,25 @@ def render(profile: dict, path: Path) -> str:
         lines.append(table(rows, ["collective", "ranks", "alpha ms", "in situ ms", "1/beta GB/s", "spread", "fit rms"]))
     lines.append(f"wrote {path}")
     return "\n".join(lines)
+
+
+def fit_report_lines(report: dict) -> list[str]:
+    """The calibration's own leave-out errors (``device.extra.fit_report`` in the profile), one
+    line per family of fits (gemm, attention, membound, composition, collective): every measured
+    point predicted by a fit it was not part of, |predicted / measured - 1|."""
+    if not report:
+        return []
+    families: dict[str, list] = {}
+    for key, r in report.items():
+        families.setdefault(key.split(".")[0], []).append((key, r))
+    medians = sorted(r.median for r in report.values())
+    mid = len(medians) // 2
+    overall = medians[mid] if len(medians) % 2 else (medians[mid - 1] + medians[mid]) / 2
+    lines = [f"fit report (leave-out: each measured point predicted by the fit of the others; written to the "
+             f"profile's device.extra.fit_report): median of the {len(report)} fits' medians {overall:.1%}"]
+    for family, fits in families.items():
+        worst_key, worst = max(fits, key=lambda kr: kr[1].median)
+        points = sum(r.points for _, r in fits)
+        lines.append(f"  {family:12s} {len(fits):3d} fits {points:5d} points: median {min(r.median for _, r in fits):.1%}"
+                     f"-{worst.median:.1%}, max {max(r.max for _, r in fits):.1%} (worst median: {worst_key})")
+    return lines

@@ -3,11 +3,14 @@
 1. A what-if study at GPU scale: sweep every valid plan of a default model on a default
    cluster (fast path, best plans re-simulated in SimPy), recommend the best, simulate it,
    and write the plots and the Chrome trace to one output folder.
-2. The same question on this machine: the best plan for a small model on 2 CPU ranks
-   (predicted with the calibrated CPU profile), executed for real with the torch executor,
-   measured printed beside predicted; with a calibrated profile also the prediction
-   re-anchored to the calibration's layer probe re-taken around the timed steps, as
-   ``parsim validate`` does (this shared machine's speed drifts; the drift is printed).
+2. The same question on this machine: the best plan for a small model on 2 CPU ranks,
+   predicted with a profile of *this* machine -- the shipped CPU profile only where it was
+   measured on this host (``provenance.host_id``), else a quick profile kept for this host
+   outside the repository, else one calibrated first (``parsim calibrate --quick``, ~30-60 s,
+   said so, with a progress bar) -- executed for real with the torch executor, measured printed
+   beside predicted; also the prediction re-anchored to the calibration's layer probe re-taken
+   around the timed steps, as ``parsim validate`` does (a shared machine's speed drifts; the
+   drift is printed).
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from parsim.specs import known_profiles, load_cluster, load_model
+from parsim.specs import load_cluster, load_model
 
 HELP = "run the main job on built-in defaults: a what-if study, its plots and trace, and a real 2-rank run"
 
@@ -31,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default=GPU_CLUSTER, help=f"cluster of the GPU what-if study [{GPU_CLUSTER}]")
     p.add_argument("--skip-execute", action="store_true", help="do not run the 2-rank torch execution")
     p.add_argument("--steps", type=int, default=4, help="executed steps per plan (first is warm-up) [4]")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="calibrate a fresh quick profile of this host even if one is kept")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     best = what_if(load_model(args.model), load_cluster(args.cluster), out)
     if not args.skip_execute:
-        execute_locally(out, args.steps)
+        execute_locally(out, args.steps, args.recalibrate)
     print(f"\ndone in {time.perf_counter() - t0:.0f} s; everything is in {out}/")
     return 0 if best else 1
 
@@ -84,7 +89,7 @@ def what_if(model, cluster, out: Path):
     return best
 
 
-def execute_locally(out: Path, steps: int) -> None:
+def execute_locally(out: Path, steps: int, recalibrate: bool = False) -> None:
     from parsim.calibration.host_alloc import use_profile_policy
     from parsim.executor import run_plans
     from parsim.executor.config import ExecutorConfig
@@ -93,10 +98,14 @@ def execute_locally(out: Path, steps: int) -> None:
     from parsim.specs import cluster_from_dict, load_profile_dict, parse_plan
     from parsim.calibration.anchor import anchored_profile, probe_drift, probe_request
 
-    profile = "cpu-calibrated" if "cpu-calibrated" in known_profiles() else "cpu"
+    from parsim.api.hardware import host_profile
+
     model = load_model(CPU_MODEL)
+    _section(f"this machine: {model.name} on {CPU_RANKS} CPU ranks (gloo)")
+    chosen = host_profile(recalibrate=recalibrate, say=lambda line: print(line, flush=True))
+    profile = str(chosen.path)
     cluster = load_cluster(f"cpu:{CPU_RANKS}", profile=profile)
-    _section(f"this machine: {model.name} on {CPU_RANKS} CPU ranks (gloo), profile {profile}")
+    print(f"predicting with the {chosen.note}")
     plans = [parse_plan(p) for p in ("dp=2 gbs=8 dtype=fp32", "tp=2 gbs=8 dtype=fp32 sp=true",
                                      "pp=2 gbs=8 dtype=fp32 schedule=1f1b")]
     predicted = {p: simulate(model, cluster, p) for p in plans}

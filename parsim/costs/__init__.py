@@ -9,7 +9,8 @@ from .memory import (CATEGORIES, StageFootprint, StageMemory, StateBytes, device
                      model_state_bytes, stage_footprints, state_bytes, static_bytes, zero_model_state_bytes)
 from .optimizer import OptimizerStep, optimizer_step
 from .ops import DTYPE_BYTES, Op, embedding_ops, head_ops, layer_ops, padded_vocab
-from .params import embedding_params, eq2_params, head_params, layer_params, stage_params, total_params
+from .params import (embedding_params, eq2_params, head_params, layer_params, layer_tensors, optimizer_tensors,
+                     stage_params, stage_tensors, total_params)
 from .recompute import (fewest_recomputed, layer_recompute, recomputed_ops, recomputes_collectives, recomputes_fully,
                         stage_policy, stage_recompute)
 from .stage_aware import stage_aware_recompute_layers

@@ -34,6 +34,7 @@ class Op:
     batch: int = 1                 # batched GEMMs (attention): number of (m, n, k) products
     attention_core: bool = False   # re-run by selective recompute (Korthikanti 2022 Sec. 5)
     grad_accumulation: bool = False  # adds this microbatch's weight gradients into .grad (bwd_weight)
+    impl: str = ""                 # the kernel that runs it where the name does not say (norms: layernorm / rmsnorm)
 
     @property
     def bwd_flops(self) -> float:
@@ -52,11 +53,11 @@ def _gemm(name: str, m: int, n: int, k: int, batch: int = 1, has_weight: bool = 
 
 
 def _membound(name: str, elements: float, act_bytes: int, reads: float = 1.0, writes: float = 1.0,
-              core: bool = False) -> Op:
+              core: bool = False, impl: str = "") -> Op:
     # Elementwise: read `reads` tensors and write `writes` tensors of `elements` each;
     # backward reads the output grad and the saved input and writes the input grad (~1.5x).
     fwd = elements * act_bytes * (reads + writes)
-    return Op(name, "membound", 0.0, 0.0, 0.0, fwd_bytes=fwd, bwd_bytes=1.5 * fwd, attention_core=core)
+    return Op(name, "membound", 0.0, 0.0, 0.0, fwd_bytes=fwd, bwd_bytes=1.5 * fwd, attention_core=core, impl=impl)
 
 
 def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
@@ -71,7 +72,7 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     kv = model.kv_hidden // t
     f = model.ffn_hidden // t
     ops = [
-        _membound("input_norm", tok_sp * h, e),
+        _membound("input_norm", tok_sp * h, e, impl=model.norm),
         _gemm("qkv", tokens, h // t + 2 * kv, h),
     ]
     if model.flash_attention:
@@ -88,7 +89,7 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
         ops.append(_gemm("attn_values", s, d, s, batch=b * heads, has_weight=False, core=True))
     ops.append(_gemm("attn_out", tokens, h, h // t))
     ops.append(_membound("attn_residual", tok_sp * h, e, reads=2.0))
-    ops.append(_membound("post_attn_norm", tok_sp * h, e))
+    ops.append(_membound("post_attn_norm", tok_sp * h, e, impl=model.norm))
     if model.activation == "swiglu":
         ops.append(_gemm("mlp_up_gate", tokens, 2 * f, h))
         ops.append(_membound("swiglu", tokens * f, e, reads=2.0))
@@ -152,7 +153,7 @@ def head_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     tok_sp = tokens // t if plan.sp else tokens
     vocab_shard = padded_vocab(model, plan) // t
     return [
-        _membound("final_norm", tok_sp * model.hidden, e),
+        _membound("final_norm", tok_sp * model.hidden, e, impl=model.norm),
         _gemm("logits", tokens, vocab_shard, model.hidden),
         _membound("cross_entropy", tokens * vocab_shard, 4),
         _grad_accumulation("head_grad_accumulate", _head_params(model, plan), plan),

@@ -2,7 +2,9 @@
 
 * The step: AdamW on the parameters the rank steps, its 1/dp shard under ZeRO >= 1
   (``costs.zero.zero_shard``; Rajbhandari et al. 2020 Sec. 5.1), priced by
-  ``timing.optimizer_time`` on the device or, with ZeRO-Offload, on the host.
+  ``timing.optimizer_time`` on the device or, with ZeRO-Offload, on the host: its bytes, plus
+  seconds per parameter tensor the rank steps where the profile measured that term
+  (``rank_tensors``; ``tables.optimizer_per_tensor_s``, an optimizer looping over tensors in Python).
 * ZeRO-Offload (Ren et al. 2021, Sec. 4): every reduced gradient bucket's 1/dp shard goes to the
   host as it is done (ZeRO-0/1 bucketed synchronisation); under ZeRO-2/3 the accumulated
   gradient shard goes down once, before the step; the updated parameter shard comes back after it.
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from parsim.specs import ClusterSpec, ModelSpec, Plan
 
 from .memory import state_bytes
-from .params import layer_params
+from .params import layer_params, optimizer_tensors
 from .timing import host_transfer_time, optimizer_time
 from .zero import zero_shard
 
@@ -32,13 +34,24 @@ class OptimizerStep:
     grads_to_host: bool           # ZeRO-2/3 with offload: the accumulated gradient shard goes down first
     grads_to_host_bytes: float
     grads_to_host_s: float
+    tensors: float                # parameter tensors the step loops over (0 where not priced)
     step_s: float                 # AdamW (on the device: before any host-sharing slowdown)
     params_from_host_bytes: float  # with offload: the updated parameter shard comes back
     params_from_host_s: float
 
 
-def optimizer_step(cluster: ClusterSpec, plan: Plan, rank_params: float) -> OptimizerStep:
-    """The optimizer step of a pipeline rank holding ``rank_params`` parameters under ``plan``."""
+def rank_tensors(cluster: ClusterSpec, model: ModelSpec, plan: Plan) -> list[float]:
+    """Per pipeline rank: the parameter tensors its optimizer step loops over
+    (``params.optimizer_tensors``), or 0 each where the profile prices no per-tensor term (the
+    count would be multiplied by 0: ZeRO-1's partition is not worth playing then)."""
+    if not cluster.device.tables.optimizer_per_tensor_s:
+        return [0.0] * plan.pp
+    return optimizer_tensors(model, plan)
+
+
+def optimizer_step(cluster: ClusterSpec, plan: Plan, rank_params: float, tensors: float = 0.0) -> OptimizerStep:
+    """The optimizer step of a pipeline rank holding ``rank_params`` parameters, whose optimizer
+    loops over ``tensors`` parameter tensors (``rank_tensors``), under ``plan``."""
     shard = zero_shard(rank_params, plan.dp, plan.zero, 1)
     sb = state_bytes(plan.dtype)
     on_host = plan.offload != "none"
@@ -48,7 +61,7 @@ def optimizer_step(cluster: ClusterSpec, plan: Plan, rank_params: float) -> Opti
     return OptimizerStep(
         params=shard, on_host=on_host, grads_to_host=grads, grads_to_host_bytes=grad_bytes,
         grads_to_host_s=host_transfer_time(cluster, grad_bytes) if grads else 0.0,
-        step_s=optimizer_time(cluster, shard, plan.dtype, on_host=on_host),
+        tensors=tensors, step_s=optimizer_time(cluster, shard, plan.dtype, on_host=on_host, tensors=tensors),
         params_from_host_bytes=param_bytes,
         params_from_host_s=host_transfer_time(cluster, param_bytes) if on_host else 0.0)
 

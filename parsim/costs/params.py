@@ -4,6 +4,8 @@ Total for GPT shapes: P = 12 L h^2 (1 + 13/(12h) + (V + s)/(12 L h))  (Narayanan
 """
 from __future__ import annotations
 
+import heapq
+
 from parsim.specs import ModelSpec, Plan, stage_layers
 
 from .ops import padded_vocab
@@ -73,3 +75,58 @@ def eq2_params(model: ModelSpec) -> float:
     """Narayanan et al. 2021 Eq. 2 literally (GPT shapes)."""
     L, h, V, s = model.layers, model.hidden, model.vocab, model.seq_len
     return 12 * L * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * L * h))
+
+
+# ----------------------------------------------------------------------------- parameter tensors
+
+def layer_tensors(model: ModelSpec, tp: int = 1) -> list[float]:
+    """Elements of each parameter tensor of one transformer layer on one TP rank, as the torch
+    executor builds it (``executor/model.py``: two norms, q / k / v / o and up / (gate) / down
+    ``nn.Linear``s with biases where ``model.bias``; LayerNorm's bias too, RMSNorm has none).
+    Column-parallel weights and biases split tp ways, row-parallel weights split, row biases and
+    norms replicated (Megatron-LM, as ``layer_params``)."""
+    h, kv, f, b = model.hidden, model.kv_hidden, model.ffn_hidden, model.bias
+    norm = [h, h] if model.norm == "layernorm" and b else [h]
+    column = [(h * h, h), (h * kv, kv), (h * kv, kv)] + [(h * f, f)] * (2 if model.activation == "swiglu" else 1)
+    out = norm * 2
+    for weight, bias in column:
+        out += [weight / tp] + ([bias / tp] if b else [])
+    for weight in (h * h, f * h):                 # o, down: row-parallel
+        out += [weight / tp] + ([h] if b else [])
+    return out
+
+
+def stage_tensors(model: ModelSpec, plan: Plan) -> list[list[float]]:
+    """Elements of every parameter tensor each pipeline rank holds (its vpp model chunks):
+    layers, the word (+ learned position) embedding on the first chunk, the final norm and its
+    own output weight on the last (the tied embedding is reused only by a single-chunk model).
+    The executor pads the vocabulary to a multiple of tp rows only (``executor/tp_parallel.py``
+    ``padded_rows``), not to Megatron's 128 x tp: sizes decide ZeRO-1's partition."""
+    words = float(-(-model.vocab // plan.tp) * model.hidden)
+    norm = [model.hidden] * (2 if model.norm == "layernorm" and model.bias else 1)
+    out: list[list[float]] = [[] for _ in range(plan.pp)]
+    chunks = plan.pp * plan.vpp
+    for vstage, n in enumerate(stage_layers(model, plan)):
+        out[vstage % plan.pp] += layer_tensors(model, plan.tp) * n
+    out[0] += [words] + ([model.seq_len * model.hidden] if model.position == "learned" else [])
+    out[(chunks - 1) % plan.pp] += norm + ([] if model.tied_embeddings and chunks == 1 else [words])
+    return out
+
+
+def optimizer_tensors(model: ModelSpec, plan: Plan) -> list[float]:
+    """Parameter tensors one rank's optimizer steps over, per pipeline rank: all it holds
+    (ZeRO-2/3 shard every tensor, FSDP2), or under ZeRO-1 the most any DP replica owns when
+    whole tensors go, largest first, to the least-loaded replica (the executor's
+    ``zero.partition_parameters``, as torch's ZeroRedundancyOptimizer)."""
+    per_rank = stage_tensors(model, plan)
+    if plan.zero != 1 or plan.dp == 1:
+        return [float(len(t)) for t in per_rank]
+    out = []
+    for tensors in per_rank:
+        heap, count = [(0.0, i) for i in range(plan.dp)], [0] * plan.dp   # (load, replica): the least, lowest first
+        for size in sorted(tensors, reverse=True):     # stable: ties keep their order, as the executor's
+            load, r = heapq.heappop(heap)
+            heapq.heappush(heap, (load + size, r))
+            count[r] += 1
+        out.append(float(max(count)))
+    return out

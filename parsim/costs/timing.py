@@ -1,7 +1,9 @@
 """Durations of ops, collectives and transfers on a device/cluster profile (seconds).
 
 * GEMM: 2mnk FLOP / (peak FLOP/s x efficiency(m, n, k)) + per-op overhead; a calibrated
-  profile's ``gemm_table`` (measured achieved FLOP/s per shape) takes precedence.
+  profile's ``gemm_table`` (measured achieved FLOP/s per shape) takes precedence, and a
+  machine-calibrated one's fitted surfaces (``specs.surfaces``: GEMM per form, fused
+  attention, alpha + beta x bytes per memory-bound op and pass) price every other shape.
 * Memory-bound op: bytes / (memory bandwidth x efficiency) + overhead (roofline,
   Williams et al. 2009).
 * Collectives: ring algorithm (Patarasuk & Yuan 2009; NCCL "bus bandwidth" convention):
@@ -39,12 +41,23 @@ from .ops import Op
 CAUSAL_ATTENTION_FRACTION = 0.5
 
 
-def gemm_time(device: DeviceProfile, m: float, n: float, k: float, dtype: str, batch: int = 1) -> float:
+def gemm_time(device: DeviceProfile, m: float, n: float, k: float, dtype: str, batch: int = 1,
+              form: str = "linear") -> float:
+    """Seconds of ``batch`` GEMMs (m x k)(k x n) run as ``form`` (linear, grad_input,
+    grad_weight; batched products: bmm). A calibrated profile's measured rate of this exact
+    shape wins; else its fitted surface (``CalibratedTables.gemm_fit``); else the datasheet
+    curve. Profiles without a surface take the measured shape nearest in log space."""
     flops = 2.0 * m * n * k * batch
     if flops <= 0:
         return 0.0
-    table = device.tables.gemm_table(dtype)
-    if table is not None:
+    tables = device.tables
+    table = tables.gemm_table(dtype)
+    fit = tables.gemm_fit(dtype, "bmm" if batch > 1 else form) if tables.gemm_surface else None
+    if fit is not None:
+        rate = table.exact_rate(m, n, k) if table is not None else None
+        if rate is None:
+            return fit.seconds(flops, (m, n, k), batch)
+    elif table is not None:
         rate = table.nearest_rate(m, n, k)
     else:
         eff = device.gemm.efficiency(m, n, k) * wave_efficiency(device, m, n, batch)
@@ -66,57 +79,93 @@ def wave_efficiency(device: DeviceProfile, m: float, n: float, batch: int = 1) -
     return tiles / (math.ceil(tiles / sms) * sms)
 
 
-def membound_time(device: DeviceProfile, nbytes: float, op_name: str = "") -> float:
+def membound_time(device: DeviceProfile, nbytes: float, op_name: str = "", pass_: str = "fwd") -> float:
+    """Seconds of a memory-bound op moving ``nbytes``: the profile's fitted alpha + beta x bytes
+    for that op and pass (``CalibratedTables.membound_fit``) where it has one; else bytes / its
+    measured rate of the op (or the memory bandwidth x efficiency) + the per-op overhead."""
     if nbytes <= 0:
         return 0.0
+    fit = device.tables.membound_fit(op_name) if op_name else None
+    if fit is not None:
+        return fit.seconds(pass_, nbytes)
     bw = device.tables.membound_rate(op_name) or device.memory_bandwidth * device.membound_efficiency
     return nbytes / float(bw) + device.kernel_overhead_s
+
+
+# ``costs.ops`` op names -> the benchmark standing for them in a fitted membound surface
+# (norms go by ``Op.impl``: layernorm / rmsnorm)
+SURFACE_OPS = {"attn_residual": "residual_add", "mlp_residual": "residual_add", "attn_dropout": "residual_add"}
+
+
+def _membound_name(device: DeviceProfile, op: Op) -> str:
+    """The name ``membound_time`` looks ``op`` up by: with a fitted surface its benchmark's
+    (``SURFACE_OPS``, the norm's implementation), else the op's own (the tables' aliases)."""
+    if op.grad_accumulation:
+        return "grad_accumulate"
+    if not device.tables.membound_surface:
+        return op.name
+    return op.impl or SURFACE_OPS.get(op.name, op.name)
 
 
 def op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
     """Duration of ``op`` in pass "fwd", "bwd_input", "bwd_weight" or "bwd" (both), seconds.
 
-    Profiles calibrated with the real-layer probe carry ``tables.layer_composition``
-    {fwd, bwd}: a real layer's measured forward / backward time over the sum of its ops
-    priced from the per-op tables, on the same machine in the same run (``parsim calibrate``;
-    ``calibration.layer_terms``). Ops timed alone miss what composing them
-    costs (autograd's engine, bias-gradient reductions, layout copies, allocation, evicted
-    caches), so every op of a pass is scaled by its pass's factor. Other profiles: 1."""
+    Calibrated profiles carry ``tables.layer_composition``: what composing ops into a training
+    pass costs beyond the ops timed alone (autograd's graph and engine, bias-gradient
+    reductions, layout copies, allocation and its page faults, evicted caches). Every op of a
+    pass is scaled by its pass's factor and, where the calibration fitted one over its
+    synthetic stages (``calibration.layer_terms``), pays seconds per op that runs (the
+    backward's once, with its input gradient). Other profiles: the op alone."""
     if pass_ == "bwd":
         return op_time(device, op, "bwd_input", dtype) + op_time(device, op, "bwd_weight", dtype)
     composition = device.tables.layer_composition
-    factor = composition.factor(pass_) if composition is not None else 1.0
-    return _op_time(device, op, pass_, dtype) * factor
+    if composition is None:
+        return _op_time(device, op, pass_, dtype)
+    seconds = _op_time(device, op, pass_, dtype) * composition.factor(pass_)
+    per_op = composition.per_op_s(pass_)
+    return seconds + per_op if per_op > 0 and seconds > 0 else seconds
 
 
 def _op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
     if op.grad_accumulation:
         if pass_ != "bwd_weight" or not device.tables.unfused_grad_accumulation:
             return 0.0
-        return membound_time(device, op.bwd_bytes, "grad_accumulate")
+        return membound_time(device, op.bwd_bytes, _membound_name(device, op))
     if op.kind == "membound":
         if pass_ == "bwd_weight":
             return 0.0
-        return membound_time(device, op.fwd_bytes if pass_ == "fwd" else op.bwd_bytes, op.name)
+        fwd = pass_ == "fwd"
+        return membound_time(device, op.fwd_bytes if fwd else op.bwd_bytes, _membound_name(device, op),
+                             "fwd" if fwd else "bwd")
     flops = {"fwd": op.fwd_flops, "bwd_input": op.bwd_input_flops, "bwd_weight": op.bwd_weight_flops}[pass_]
     if flops <= 0:
         return 0.0
     if op.kind == "attention":
-        table = device.tables.attention_table(dtype)
-        if table is not None:
-            return flops / _attention_rate(table, op, pass_) + device.kernel_overhead_s
-        # Causal FlashAttention skips the score blocks above the diagonal: it executes about
-        # half of the 4 b s^2 h FLOPs counted (Dao 2023, FlashAttention-2, Sec. 3.1.1; its
-        # benchmarks count causal FLOPs as half). attention_efficiency is the achieved
-        # fraction of peak on the FLOPs executed.
-        executed = flops * CAUSAL_ATTENTION_FRACTION
-        return executed / (device.flops(dtype) * device.attention_efficiency) + device.kernel_overhead_s
+        return _attention_time(device, op, pass_, dtype, flops)
     m, n, k = op.shape
     # backward GEMMs: dX = dY W^T is (m x n)(n x k); dW = X^T dY is (k x m)(m x n)
     shape = {"fwd": (m, n, k), "bwd_input": (m, k, n), "bwd_weight": (k, n, m)}[pass_]
+    form = {"fwd": "linear", "bwd_input": "grad_input", "bwd_weight": "grad_weight"}[pass_]
     # a pass may hold several GEMMs of this shape (activation x activation backward: two)
     gemms = flops / (2.0 * m * n * k * op.batch)
-    return gemm_time(device, *shape, dtype, batch=op.batch) * gemms
+    return gemm_time(device, *shape, dtype, batch=op.batch, form=form) * gemms
+
+
+def _attention_time(device: DeviceProfile, op: Op, pass_: str, dtype: str, flops: float) -> float:
+    """Fused attention: the fitted surface over (seq, head dim, batch x heads) on the counted
+    FLOPs of the pass; else the measured table; else the datasheet peak on the executed half."""
+    fit = device.tables.attention_fit(dtype, "fwd" if pass_ == "fwd" else "bwd")
+    if fit is not None:
+        return fit.seconds(flops, (op.shape[0], op.shape[2], op.batch))
+    table = device.tables.attention_table(dtype)
+    if table is not None:
+        return flops / _attention_rate(table, op, pass_) + device.kernel_overhead_s
+    # Causal FlashAttention skips the score blocks above the diagonal: it executes about
+    # half of the 4 b s^2 h FLOPs counted (Dao 2023, FlashAttention-2, Sec. 3.1.1; its
+    # benchmarks count causal FLOPs as half). attention_efficiency is the achieved
+    # fraction of peak on the FLOPs executed.
+    executed = flops * CAUSAL_ATTENTION_FRACTION
+    return executed / (device.flops(dtype) * device.attention_efficiency) + device.kernel_overhead_s
 
 
 def _attention_rate(table: AttentionTable, op: Op, pass_: str = "fwd") -> float:
@@ -213,16 +262,22 @@ def host_transfer_time(cluster: ClusterSpec, nbytes: float) -> float:
     return link.latency + nbytes / link.bandwidth
 
 
-def optimizer_time(cluster: ClusterSpec, num_params: float, dtype: str, on_host: bool = False) -> float:
+def optimizer_time(cluster: ClusterSpec, num_params: float, dtype: str, on_host: bool = False,
+                   tensors: float = 0.0) -> float:
     """AdamW step as a memory-bound op: per parameter it reads grad, master param, m, v and
     writes master param, m, v (+ the low-precision copy): 4*(1+3+3) bytes in fp32, + 2 for
-    the bf16/fp16 copy (Megatron-LM / apex fused Adam)."""
+    the bf16/fp16 copy (Megatron-LM / apex fused Adam). Plus, where the profile measured one,
+    seconds per parameter tensor (``costs.optimizer_tensors``): an optimizer that loops over
+    tensors in Python (torch's ``foreach=False``, the executor's AdamW) launches ~10 small ops
+    and reads the step count back per tensor, whatever its size (``tables.optimizer_per_tensor_s``,
+    fitted by ``parsim calibrate``; absent: 0)."""
     per_param = 28.0 + (0.0 if dtype == "fp32" else 4.0)
     nbytes = num_params * per_param
     dev = cluster.device
+    loop = tensors * (dev.tables.optimizer_per_tensor_s or 0.0)
     if on_host:
-        return nbytes / dev.host_memory_bandwidth
-    return membound_time(dev, nbytes, "adamw")
+        return nbytes / dev.host_memory_bandwidth + loop
+    return membound_time(dev, nbytes, "adamw") + loop
 
 
 def parameter_server_time(cluster: ClusterSpec, nbytes: float, group: list[int]) -> float:

@@ -4,20 +4,22 @@
   (``specs.stage_layers``, placed as the schedule places its stages: loop or V,
   ``costs.placement``) in all and per model chunk, which of its chunks holds the output head, its
   parameters (``costs.stage_params``), its DP communication (``fast.comm.rank_comm_rows``), and
-  for each (ZeRO stage, offload) its optimizer
-  step and ZeRO-Offload's host transfers (``costs.optimizer``: the same ``OptimizerStep`` the
-  SimPy engine plays at the end of the step);
+  for each (ZeRO stage, offload) its optimizer step (its bytes and, where the profile prices it,
+  its parameter tensors: ``costs.optimizer.rank_tensors``) and ZeRO-Offload's host transfers
+  (``costs.optimizer``: the same ``OptimizerStep`` the SimPy engine plays at the end of the step);
 * send key (dp, tp, pp, mbs, dtype): per pipeline rank r the seconds of its send to rank r + 1,
   and the last rank's to rank 0 (a loop's turn to the next chunk) (``costs.timing.p2p_time`` of
   ``costs.p2p_bytes`` between the two ranks' devices; it is the same both ways, ``send_between``).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from numba.extending import register_jitable
 
 from parsim.costs import dp_buckets, optimizer_step, p2p_bytes, stage_params, state_bytes
-from parsim.costs.optimizer import bucket_to_host, layer_from_host_s
+from parsim.costs.optimizer import bucket_to_host, layer_from_host_s, rank_tensors
 from parsim.costs.placement import stages_of_rank
 from parsim.costs.timing import p2p_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout, stage_layers
@@ -89,30 +91,45 @@ class RankRows:
         head_rank = next(r for r, stages in enumerate(held) if last in stages)
         rows[:, R_COMM:R_STEP] = rank_comm_rows(self.model, self.pricer, dp, tp, pp, vpp, dtype, params,
                                                 self.bucket_bytes, self.with_ps, head_rank)
-        # the optimizer blocks depend on the layout only through the rank's parameters
-        distinct, rank_of = np.unique(rows[:, R_PARAMS], return_inverse=True)
-        blocks = np.array([self._step_blocks(dp, tp, dtype, n) for n in distinct.tolist()])
+        # the optimizer blocks depend on the layout only through the rank's parameters and the
+        # tensors its step loops over (all it holds; ZeRO-1: a replica's most)
+        keys = np.column_stack([params, rank_tensors(self.cluster, self.model, plan), self._zero1_tensors(plan)])
+        distinct, rank_of = np.unique(keys, axis=0, return_inverse=True)
+        blocks = np.array([self._step_blocks(dp, tp, dtype, *key) for key in distinct.tolist()])
         rows[:, self.step_columns] = blocks.reshape(len(distinct), -1)[rank_of.reshape(-1)]
         for r, stages in enumerate(held):
             rows[r, R_CHUNK:R_CHUNK + vpp] = [per_stage[s] for s in stages]
         return rows
 
-    def _step_blocks(self, dp: int, tp: int, dtype: int, params: float) -> np.ndarray:
+    def _zero1_tensors(self, plan: Plan) -> list[float]:
+        """Per pipeline rank: the tensors a ZeRO-1 step loops over (``rank_tensors``), where the
+        sweep has ZeRO-1 plans with dp > 1 (otherwise as many as the others')."""
+        if plan.dp > 1 and any(zero == 1 for zero, _ in self.steps):
+            return rank_tensors(self.cluster, self.model, replace(plan, zero=1))
+        return rank_tensors(self.cluster, self.model, plan)
+
+    def _step_blocks(self, dp: int, tp: int, dtype: int, params: float, tensors: float,
+                     zero1_tensors: float) -> np.ndarray:
         """The optimizer blocks (``steps``, one after another) of a rank holding ``params``
-        parameters (memoised: ranks of many layouts hold as many)."""
-        key = (dp, tp, dtype, params)
+        parameters in ``tensors`` tensors (``zero1_tensors`` its ZeRO-1 step's; memoised: ranks
+        of many layouts hold as many)."""
+        key = (dp, tp, dtype, params, tensors, zero1_tensors)
         if key not in self._blocks:
-            self._blocks[key] = np.array([x for zero, offload in self.steps
-                                          for x in self._step_columns(dp, tp, dtype, zero, offload, params)])
+            self._blocks[key] = np.array([
+                x for zero, offload in self.steps
+                for x in self._step_columns(dp, tp, dtype, zero, offload, params,
+                                            zero1_tensors if zero == 1 else tensors)])
         return self._blocks[key]
 
-    def _step_columns(self, dp: int, tp: int, dtype: int, zero: int, offload: int, params: float) -> list[float]:
-        """The optimizer block of a rank holding ``params`` parameters under (zero, offload)."""
+    def _step_columns(self, dp: int, tp: int, dtype: int, zero: int, offload: int, params: float,
+                      tensors: float) -> list[float]:
+        """The optimizer block of a rank holding ``params`` parameters, whose step loops over
+        ``tensors`` tensors, under (zero, offload)."""
         if (dp, tp, dtype, zero, offload) not in self._plans:
             plan = rank_plan(dp, tp, 1, 1, dtype, zero, offload)
             self._plans[dp, tp, dtype, zero, offload] = plan, layer_from_host_s(self.cluster, self.model, plan)
         plan, layer_up = self._plans[dp, tp, dtype, zero, offload]
-        step = optimizer_step(self.cluster, plan, params)
+        step = optimizer_step(self.cluster, plan, params, tensors)
         bucket = bucket_all = 0.0
         if plan.offload != "none":
             buckets = dp_buckets(params * state_bytes(plan.dtype).grad, self.bucket_bytes)

@@ -103,7 +103,7 @@ def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
         yield env.all_of(pending)
     rec.expose(rank, "dp", env.now - waited)
     n = sim.rank_params[dev.pp_rank]
-    opt = optimizer_step(sim.cluster, plan, n)
+    opt = optimizer_step(sim.cluster, plan, n, sim.rank_optimizer_tensors[dev.pp_rank])
     if opt.on_host:
         if opt.grads_to_host:
             start = yield from transfer(env, dev.ports.pcie, opt.grads_to_host_s)

@@ -44,7 +44,7 @@ import simpy
 from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, stage_params, state_bytes,
                           zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing
-from parsim.costs.optimizer import layer_from_host_s, layer_shard_bytes
+from parsim.costs.optimizer import layer_from_host_s, layer_shard_bytes, rank_tensors
 from parsim.costs.placement import loop_placed, rank_of_stage, stages_of_rank
 from parsim.costs.timing import collective_time, p2p_time
 from parsim.costs.zero import gathers_layers, scatters_every_backward
@@ -110,7 +110,7 @@ class Simulation:
         self.shapes = stage_shapes(model, plan)
         self.footprints = stage_footprints(model, plan, cluster.device.tables.fsdp2_copies)
         self.state = state_bytes(plan.dtype)
-        self.rank_params = stage_params(model, plan)
+        self.rank_params, self.rank_optimizer_tensors = stage_params(model, plan), rank_tensors(cluster, model, plan)
         self.layer_params = layer_params(model, plan.tp)
         self.edge_params = [(embedding_params(model, plan) if s == 0 else 0.0,
                              head_params(model, plan) if s == self.num_stages - 1 else 0.0)

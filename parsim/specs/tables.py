@@ -16,34 +16,11 @@ from functools import cached_property
 from typing import Any, Callable
 
 from .errors import SpecError
+from .readers import known as _known, mapping, number, plain as _plain, row, rows
+from .surfaces import (LeaveOut, MemboundFit, RooflineFit, StageProbes, read_named, read_per_dtype, write_named,
+                       write_per_dtype)
 
 EXTRA = "profile.device.extra"
-
-
-def number(where: str, raw: Any) -> float:
-    """A finite int or float as read (never a bool); the value itself, unconverted. NaN, inf
-    and integers beyond float range are refused: every price computed from them would be too."""
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not abs(raw) <= 1e300:   # NaN fails <=
-        raise SpecError(where, raw, "a finite number")
-    return raw
-
-
-def mapping(where: str, raw: Any) -> dict:
-    if not isinstance(raw, dict):
-        raise SpecError(where, raw, "a mapping of keys to values")
-    return raw
-
-
-def row(where: str, raw: Any, widths: tuple[int, ...], text_first: bool = False) -> tuple:
-    if not isinstance(raw, (list, tuple)) or len(raw) not in widths:
-        raise SpecError(where, raw, f"a list of {' or '.join(map(str, widths))} numbers")
-    return (str(raw[0]), *(number(where, x) for x in raw[1:])) if text_first else tuple(number(where, x) for x in raw)
-
-
-def rows(where: str, raw: Any, widths: tuple[int, ...], text_first: bool = False) -> tuple[tuple, ...]:
-    if not isinstance(raw, (list, tuple)):
-        raise SpecError(where, raw, "a list of rows")
-    return tuple(row(where, r, widths, text_first) for r in raw)
 
 
 @dataclass(frozen=True)
@@ -97,6 +74,10 @@ class GemmTable:
                 best, best_d = r, d
         return float(best[3])
 
+    def exact_rate(self, m: float, n: float, k: float) -> float | None:
+        """FLOP/s of this exact shape where it was measured (the first such row), else None."""
+        return next((float(r[3]) for r in self.rows if (r[0], r[1], r[2]) == (m, n, k)), None)
+
 
 @dataclass(frozen=True)
 class AttentionTable:
@@ -146,26 +127,48 @@ class LayerProbe:
 
 @dataclass(frozen=True)
 class LayerComposition:
-    """A real layer's measured time over the sum of its ops priced one by one, per pass
-    (dimensionless; ``costs.timing.op_time`` scales every op of the pass by it)."""
+    """What composing ops into a training pass costs beyond the ops priced one by one, per pass:
+    a factor on every op (dimensionless; a real layer's measured time over its ops' priced sum)
+    and, where the calibration fitted one over its synthetic stages (``calibration.layer_terms``),
+    seconds per op (``per_op_fwd_s`` / ``per_op_bwd_s``: autograd's node and engine, Python
+    module calls). ``costs.timing.op_time`` applies both."""
     fwd: float
     bwd: float
+    per_op_fwd_s: float = 0.0
+    per_op_bwd_s: float = 0.0
+
+    _PER_OP = ("per_op_fwd_s", "per_op_bwd_s")
 
     @classmethod
     def from_dict(cls, where: str, raw: Any) -> "LayerComposition":
         ok = isinstance(raw, dict) and all(
             isinstance(raw.get(k), (int, float)) and not isinstance(raw.get(k), bool) and 0 < raw[k] < 10
             for k in ("fwd", "bwd"))
-        if not ok or set(raw) != {"fwd", "bwd"}:
-            raise SpecError(where, raw, "{fwd: x, bwd: y} with 0 < x, y < 10 (measured layer time / per-op sum)")
-        return cls(raw["fwd"], raw["bwd"])
+        if not ok or not {"fwd", "bwd"} <= set(raw) <= {"fwd", "bwd", *cls._PER_OP}:
+            raise SpecError(where, raw, "{fwd: x, bwd: y[, per_op_fwd_s: s, per_op_bwd_s: s]} with 0 < x, y < 10 "
+                                        "(measured time / per-op sum) and seconds per op >= 0")
+        per_op = {k: number(f"{where}.{k}", raw[k]) for k in cls._PER_OP if k in raw}
+        if any(v < 0 for v in per_op.values()):
+            raise SpecError(where, raw, "seconds per op >= 0")
+        return cls(raw["fwd"], raw["bwd"], **per_op)
 
     def factor(self, pass_: str) -> float:
         """The forward factor for "fwd", the backward one for every backward pass."""
         return float(self.fwd if pass_ == "fwd" else self.bwd)
 
+    def per_op_s(self, pass_: str) -> float:
+        """Seconds added per op that runs in ``pass_`` ("fwd", or "bwd_input": an op's backward
+        node runs once, charged with its input gradient)."""
+        return float(self.per_op_fwd_s if pass_ == "fwd" else self.per_op_bwd_s if pass_ == "bwd_input" else 0.0)
+
+    def scaled(self, fwd: float, bwd: float) -> "LayerComposition":
+        """Every term of a pass times that pass's factor (a machine running slower)."""
+        return LayerComposition(self.fwd * fwd, self.bwd * bwd, self.per_op_fwd_s * fwd, self.per_op_bwd_s * bwd)
+
     def to_dict(self) -> dict[str, float]:
-        return {"fwd": self.fwd, "bwd": self.bwd}
+        out = {"fwd": self.fwd, "bwd": self.bwd}
+        out.update({k: getattr(self, k) for k in self._PER_OP if getattr(self, k)})
+        return out
 
 
 @dataclass(frozen=True)
@@ -187,18 +190,6 @@ class GemmWaves:
     def to_dict(self) -> dict[str, int]:
         return {"sms": self.sms, "tile_m": self.tile_m, "tile_n": self.tile_n}
 
-
-def _known(where: str, d: dict, allowed: tuple[str, ...]) -> None:
-    for k in d:
-        if k not in allowed:
-            raise SpecError(f"{where}.{k}", d[k], f"unknown key; allowed: {', '.join(allowed)}")
-
-
-def _plain(x: Any) -> Any:
-    """Tuples back to the lists YAML writes."""
-    if isinstance(x, tuple):
-        return [_plain(v) for v in x]
-    return x
 
 
 def _per_dtype(make: Callable[[tuple], Any], widths: tuple[int, ...]):
@@ -253,6 +244,13 @@ class CalibratedTables:
     contention_layer: RankCurve | None = None                 # ranks -> slowdown of the real layer
     layer_composition: LayerComposition | None = None
     gemm_waves: GemmWaves | None = None
+    # the machine calibration's fitted surfaces (``specs.surfaces``; ``costs.timing`` prices with them)
+    gemm_surface: dict[str, dict[str, RooflineFit]] | None = None      # dtype -> GEMM form -> fit
+    attention_surface: dict[str, dict[str, RooflineFit]] | None = None  # dtype -> pass -> fused attention
+    membound_surface: dict[str, MemboundFit] | None = None            # op (or implementation) -> fit
+    stage_probes: StageProbes | None = None                           # the synthetic stages run
+    fit_report: dict[str, LeaveOut] | None = None                     # table -> leave-out error
+    optimizer_per_tensor_s: float | None = None                       # AdamW's loop: seconds per tensor
 
     # ------------------------------------------------------------------ reading
 
@@ -264,6 +262,19 @@ class CalibratedTables:
     def attention_table(self, dtype: str) -> AttentionTable | None:
         table = (self.attention or {}).get(dtype)
         return table if table is not None and table.rows else None
+
+    def gemm_fit(self, dtype: str, form: str) -> RooflineFit | None:
+        """The fitted GEMM surface of ``dtype`` for ``form`` (linear, grad_input, grad_weight,
+        bmm), its ``linear`` surface where that form was not fitted; None without one."""
+        per = (self.gemm_surface or {}).get(dtype)
+        return (per.get(form) or per.get("linear")) if per else None
+
+    def attention_fit(self, dtype: str, pass_: str) -> RooflineFit | None:
+        """The fitted fused-attention surface of ``dtype`` for "fwd" or "bwd" (None: none)."""
+        return ((self.attention_surface or {}).get(dtype) or {}).get(pass_)
+
+    def membound_fit(self, name: str) -> MemboundFit | None:
+        return (self.membound_surface or {}).get(name)
 
     def membound_rate(self, op_name: str) -> float | None:
         """Measured bytes/s of a memory-bound op (None, or 0, when not measured)."""
@@ -336,5 +347,11 @@ _KEYS: dict[str, tuple[str, Callable, Callable]] = {
     "contention_layer": ("contention_layer", RankCurve.from_dict, RankCurve.to_dict),
     "layer_composition": ("layer_composition", LayerComposition.from_dict, LayerComposition.to_dict),
     "gemm_waves": ("gemm_waves", GemmWaves.from_dict, GemmWaves.to_dict),
+    "gemm_surface": ("gemm_surface", read_per_dtype(RooflineFit), write_per_dtype),
+    "attention_surface": ("attention_surface", read_per_dtype(RooflineFit), write_per_dtype),
+    "membound_surface": ("membound_surface", read_named(MemboundFit), write_named),
+    "stage_probes": ("stage_probes", StageProbes.from_dict, StageProbes.to_dict),
+    "fit_report": ("fit_report", read_named(LeaveOut), write_named),
+    "optimizer_per_tensor_s": ("optimizer_per_tensor_s", number, _same),
 }
 assert {a for a, _, _ in _KEYS.values()} == {f.name for f in fields(CalibratedTables)}

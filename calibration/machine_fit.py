@@ -1,0 +1,137 @@
+"""The machine grid's measurements (``machine_bench.GridResults``) -> the fitted surfaces of a
+profile (``parsim.specs.surfaces``) with their leave-out errors. Pure: numbers in, typed fits out.
+
+Keys of the fit report: ``gemm.<dtype>.<form>``, ``attention.<dtype>.<pass>``,
+``membound.<op>``, ``composition.<pass>`` (``layer_terms``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from parsim.specs.surfaces import LeaveOut, MemboundFit, RooflineFit
+
+from .surface_fit import Points, fit_membound, fit_optimizer, roofline_params, roofline_with_report
+
+# costs.ops: fused attention's backward counts 2.5x its forward FLOPs (Dao 2022, Sec. 3.1)
+ATTENTION_BWD_FACTOR = 2.5
+# Ops kept out of the membound surface: AdamW is priced by ``timing.optimizer_time`` as bytes /
+# rate + the per-op overhead by both engines (the fast path's numba kernel too), so it keeps the
+# rate form: 1 / beta of its fit goes to the rate table.
+RATE_ONLY = ("adamw",)
+
+
+@dataclass
+class Surfaces:
+    gemm: dict[str, dict[str, RooflineFit]] = field(default_factory=dict)
+    attention: dict[str, dict[str, RooflineFit]] = field(default_factory=dict)
+    membound: dict[str, MemboundFit] = field(default_factory=dict)
+    rates: dict[str, float] = field(default_factory=dict)       # op -> bytes/s (1 / beta)
+    report: dict[str, LeaveOut] = field(default_factory=dict)
+    optimizer_per_tensor_s: float | None = None                 # AdamW's Python loop, s per tensor
+
+    def peak(self, dtype: str) -> float | None:
+        """The fitted asymptote of ``dtype``'s forward GEMMs (FLOP/s)."""
+        fit = self.gemm.get(dtype, {}).get("linear")
+        return fit.peak if fit else None
+
+
+def gemm_surfaces(results: dict[str, list], dtype: str, sms: int | None, overlap: bool, out: Surfaces) -> None:
+    """One surface per GEMM form of the calibrated ``dtype`` with enough points (more than its
+    parameters). Every other dtype's ``linear`` GEMMs: fitted with the calibrated dtype's
+    half-saturation sizes held (the same kernel family's tiles: only its peak and overhead
+    are fitted, so a dozen points pin its asymptote), or freely where that predicts the
+    left-out points better (a CPU's bf16 GEMMs may run another kernel)."""
+    def points(dt: str, form: str) -> Points | None:
+        sel = [(p, s) for p, s in results.get(dt, []) if p.form == form]
+        if len(sel) < 4:
+            return None
+        return Points.of([p.flops for p, _ in sel], [p.key for p, _ in sel], [s.median for _, s in sel],
+                         [p.batch for p, _ in sel])
+
+    def keep(dt: str, form: str, surface_report) -> None:
+        out.gemm.setdefault(dt, {})[form], out.report[f"gemm.{dt}.{form}"] = surface_report
+
+    # the forward GEMM first: the other forms' asymptotes stay below its peak (one chip, one peak;
+    # fitted alone, a form measured mostly below saturation can extrapolate past it)
+    for form in sorted({p.form for p, _ in results.get(dtype, [])}, key=lambda f: f != "linear"):
+        pts, per_batch = points(dtype, form), form == "bmm"
+        cap = out.gemm.get(dtype, {}).get("linear")
+        if pts is not None and len(pts) >= roofline_params(3, per_batch) + 2:
+            keep(dtype, form, roofline_with_report(pts, per_batch=per_batch, sms=sms, overlap=overlap,
+                                                   peak_cap=cap.peak if cap else None))
+    main = out.gemm.get(dtype, {}).get("linear")
+    for dt in results:
+        pts = points(dt, "linear")
+        if dt == dtype or main is None or pts is None:
+            continue
+        options = [roofline_with_report(pts, sms=sms, overlap=overlap, half=main.half)]
+        if len(pts) >= roofline_params(3, False) + 2:
+            options.append(roofline_with_report(pts, sms=sms, overlap=overlap))
+        keep(dt, "linear", min(options, key=lambda fr: fr[1].median))
+
+
+def attention_surfaces(results: list, dtype: str, overlap: bool, out: Surfaces) -> None:
+    """Fused causal attention per pass over (seq, head dim, batch x heads) on the counted FLOPs."""
+    if len(results) < roofline_params(3, False) + 2:
+        return
+    dims = [(p.seq, p.head_dim, p.batch_heads) for p, _, _ in results]
+    for pass_, column, factor in (("fwd", 1, 1.0), ("bwd", 2, ATTENTION_BWD_FACTOR)):
+        pts = Points.of([factor * p.fwd_flops for p, *_ in results], dims, [r[column].median for r in results])
+        fit, report = roofline_with_report(pts, overlap=overlap)
+        out.attention.setdefault(dtype, {})[pass_] = fit
+        out.report[f"attention.{dtype}.{pass_}"] = report
+
+
+def membound_surfaces(results: list, out: Surfaces, overhead: float = 0.0) -> None:
+    """alpha + beta x bytes per op and pass over the grid's sizes (ops with at least 3 sizes);
+    AdamW: bytes / bandwidth + seconds per parameter tensor (``surface_fit.fit_optimizer``)."""
+    names = sorted({p.name for p, _, _ in results})
+    for name in names:
+        sel = [(p, f, b) for p, f, b in results if p.name == name]
+        if len(sel) < 3:
+            continue
+        if name == "adamw" and all(p.tensors for p, _, _ in sel):
+            opt = fit_optimizer([len(p.tensors) for p, _, _ in sel], [p.fwd_bytes for p, _, _ in sel],
+                                [f.median for _, f, _ in sel], overhead)
+            out.rates[name], out.optimizer_per_tensor_s = opt.bandwidth, opt.per_tensor_s
+            out.report[f"membound.{name}"] = opt.report
+            continue
+        with_bwd = all(b is not None for _, _, b in sel)
+        fit, report = fit_membound([p.fwd_bytes for p, _, _ in sel], [f.median for _, f, _ in sel],
+                                   [p.bwd_bytes for p, _, _ in sel] if with_bwd else None,
+                                   [b.median for _, _, b in sel] if with_bwd else None)
+        out.rates[name] = fit.bandwidth
+        out.report[f"membound.{name}"] = report
+        if name not in RATE_ONLY:
+            out.membound[name] = fit
+
+
+def fit_surfaces(grid, dtype: str, sms: int | None = None, overlap: bool = False, overhead: float = 0.0) -> Surfaces:
+    """Every surface of the grid; ``sms`` and ``overlap`` on a GPU (wave quantisation,
+    asynchronous launches); ``overhead``: the per-op overhead (s) the optimizer's price adds."""
+    out = Surfaces()
+    gemm_surfaces(grid.gemm, dtype, sms, overlap, out)
+    attention_surfaces(grid.attention, dtype, overlap, out)
+    membound_surfaces(grid.membound, out, overhead)
+    return out
+
+
+def device_numbers(s: Surfaces, dtype: str) -> dict[str, float | dict]:
+    """The ``DeviceProfile`` numbers a machine-calibrated profile states beside its surfaces
+    (what prices a shape where no surface does): peak FLOP/s per dtype (each dtype's fitted
+    asymptote), a ``GemmEfficiency`` curve with efficiency <= 1 (max 1, the geometric mean of
+    the forward GEMM's half-saturation sizes), the median memory-bound bandwidth and fused
+    attention's achieved fraction of peak on the executed (causal: half the counted) FLOPs."""
+    peaks = {dt: fits["linear"].peak for dt, fits in s.gemm.items() if "linear" in fits}
+    linear = s.gemm[dtype]["linear"]
+    half = math.exp(float(np.mean(np.log(np.maximum(linear.half, 1e-3)))))
+    att = s.attention.get(dtype, {}).get("fwd")
+    return {
+        "peak_flops": {k: float(v) for k, v in sorted(peaks.items())},
+        "gemm": {"max_efficiency": 1.0, "half_dim": float(half)},
+        "memory_bandwidth": float(np.median(list(s.rates.values()))) if s.rates else 0.0,
+        "attention_efficiency": float(min(1.0, 0.5 * att.peak / peaks[dtype])) if att else 0.5,
+    }

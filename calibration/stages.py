@@ -1,0 +1,79 @@
+"""Synthetic training stages run by the executor's own modules: what composing ops costs.
+
+Ops timed one by one miss what a training pass pays around them: autograd's graph and engine,
+Python module calls, the loss, layout copies, casts under autocast, allocating activations
+and gradients (on a CPU under glibc's default policy, first-touch page faults of freshly
+mapped memory: ``parsim.executor.host_alloc``), caches a pass's working set evicts. Each
+stage here is a whole small model as one pipeline stage -- embedding, ``layers`` blocks, final
+norm, output layer and the token loss (``parsim.executor.model.StageModule``) -- stepped as the
+executor steps a microbatch: forward with the loss under the executor's autocast, then
+``(loss * multiplier).backward()`` accumulating into ``.grad`` (``executor.pp_parallel``).
+``calibration.layer_terms`` fits the composition terms from their times (``grid.STAGES``:
+shapes that differ from any validation model).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from parsim.executor.model import StageModule, init_stage
+from parsim.executor.optimizer import autocast_factory
+from parsim.specs import ModelSpec
+
+from .cache import Evictor
+from .fit import Summary, summarize
+from .timer import Clock
+
+
+def stage_step(spec: ModelSpec, mbs: int, dtype: str, device: torch.device
+               ) -> tuple[Callable[[], torch.Tensor], Callable[[], None], StageModule]:
+    """(forward, backward, module) of ``spec`` as one stage holding every layer: fp32
+    parameters, matmuls in ``dtype`` under autocast (the executor's mixed precision)."""
+    stage = StageModule(spec, 0, spec.layers, is_first=True, is_last=True)
+    init_stage(stage, seed=0)
+    stage.to(device=device)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(spec.vocab, (mbs, spec.seq_len + 1), generator=gen).to(device)
+    inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    autocast = autocast_factory(dtype, device)
+    held: list[torch.Tensor] = []
+
+    def forward() -> torch.Tensor:
+        with autocast():
+            held[:] = [stage(inputs, targets)]
+        return held[0]
+
+    def backward() -> None:
+        (held.pop() * 0.25).backward()
+
+    return forward, backward, stage
+
+
+def bench_stage(spec: ModelSpec, mbs: int, dtype: str, clock: Clock, repeats: int,
+                warmup: int = 2) -> tuple[Summary, Summary]:
+    """Forward (with the loss) and backward seconds of the stage: ``repeats`` samples after
+    ``warmup`` untimed steps (the first backward allocates ``.grad``). The last-level cache is
+    swept before each timed pass (``cache.Evictor``): in a training step the layers, the other
+    microbatches' passes and the optimizer have evicted a stage's weights before it runs, which
+    a small stage stepped alone would otherwise keep in cache."""
+    forward, backward, _ = stage_step(spec, mbs, dtype, clock.device)
+    evict = Evictor(clock.device)
+    fwd, bwd = [], []
+    for i in range(warmup + repeats):
+        evict()
+        clock.sync()
+        t0 = time.perf_counter()
+        forward()
+        clock.sync()
+        t1 = time.perf_counter()
+        evict()
+        clock.sync()
+        t2 = time.perf_counter()
+        backward()
+        clock.sync()
+        if i >= warmup:
+            fwd.append(t1 - t0)
+            bwd.append(time.perf_counter() - t2)
+    return summarize(fwd), summarize(bwd)

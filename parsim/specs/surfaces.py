@@ -1,0 +1,231 @@
+"""Fitted surfaces of a calibrated device: an op's seconds as a function of its shape.
+
+``parsim calibrate`` measures the machine, not a model: GEMMs over a grid of (m, n, k) per form
+and dtype, fused attention over (batch x heads, seq, head dim), memory-bound ops over sizes,
+and a few small synthetic training stages run by the executor's own modules; it fits the
+surfaces below and keeps each fit's leave-out error (``LeaveOut``). ``costs.timing`` prices
+any shape with them. A profile YAML keeps them under ``device.extra`` (``CalibratedTables``).
+
+* ``RooflineFit``: seconds = overhead + batch x per-batch + work / (peak x prod_i s(d_i) x waves)
+  with s(d) = d / (d + half): a per-op overhead (framework dispatch, kernel launch), the
+  roofline's compute ceiling ``peak`` (Williams et al. 2009, CACM 52(4)) and one saturating
+  fill term per dimension (small dimensions under-fill the register / tensor-core tiles and
+  the vector lanes; the ``GemmEfficiency`` curve with one half-saturation size per dimension),
+  times the wave quantisation of a GPU (tiles / (ceil(tiles / SMs) x SMs); NVIDIA, "Matrix
+  Multiplication Background User's Guide", Sec. "Wave Quantization"). Every factor is <= 1,
+  so the efficiency is <= 1 by construction and ``peak`` is the fitted asymptote.
+* ``MemboundFit``: seconds = alpha + beta x bytes per pass (Hockney 1994's latency-bandwidth
+  model; 1 / beta is the op's achieved bandwidth).
+
+SI units: seconds, FLOP, FLOP/s, bytes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import SpecError
+from .readers import known, mapping, number, plain, row
+
+
+def saturation(d: float, half: float) -> float:
+    """d / (d + half): 1/2 at d = half, -> 1 for d >> half (dimensionless)."""
+    return d / (d + half)
+
+
+def wave_fraction(m: float, n: float, batch: float, tile: int, sms: int) -> float:
+    """Busy fraction of the last wave of tile_m x tile_n output tiles over ``sms`` SMs."""
+    tiles = math.ceil(m / tile) * math.ceil(n / tile) * batch
+    return tiles / (math.ceil(tiles / sms) * sms)
+
+
+@dataclass(frozen=True)
+class RooflineFit:
+    """seconds = overhead_s + batch * per_batch_s + work / (peak * prod_i s(dims_i, half_i) * waves).
+
+    GEMMs: work = 2 b m n k FLOP, dims = (m, n, k); fused attention: work = the counted
+    4 bh s^2 d FLOP (2.5x in backward), dims = (seq, head_dim, batch x heads)."""
+    peak: float                          # FLOP/s: the asymptote, never exceeded
+    half: tuple[float, ...]              # half-saturation size per dimension
+    overhead_s: float                    # seconds per call
+    per_batch_s: float = 0.0             # seconds per batch element (batched GEMMs)
+    tile: int | None = None              # GPU output tile (square), with ``sms``: wave quantisation
+    sms: int | None = None
+    overlap: bool = False                # asynchronous launches: the larger of overhead and work, not the sum
+    points: int | None = None            # measured points it was fitted on
+
+    _ORDER = ("peak", "half", "overhead_s", "per_batch_s", "tile", "sms", "overlap", "points")
+
+    def efficiency(self, dims: tuple[float, ...], batch: float = 1) -> float:
+        """Achieved fraction of ``peak`` on the work (dimensionless, in (0, 1])."""
+        eff = math.prod(saturation(d, h) for d, h in zip(dims, self.half))
+        if self.tile and self.sms:
+            eff *= wave_fraction(dims[0], dims[1], batch, int(self.tile), int(self.sms))
+        return eff
+
+    def seconds(self, work: float, dims: tuple[float, ...], batch: float = 1) -> float:
+        """On a CPU an op's framework overhead and its work run one after the other (the sum);
+        a GPU kernel is launched asynchronously, so back-to-back ops overlap the next launch
+        with the running kernel and each costs the larger of the two (``overlap``)."""
+        if work <= 0:
+            return 0.0
+        fixed = self.overhead_s + batch * self.per_batch_s
+        busy = work / (self.peak * max(self.efficiency(dims, batch), 1e-9))
+        return max(fixed, busy) if self.overlap else fixed + busy
+
+    @classmethod
+    def from_dict(cls, where: str, raw: Any) -> "RooflineFit":
+        d = mapping(where, raw)
+        known(where, d, cls._ORDER)
+        for k in ("peak", "half", "overhead_s"):
+            if k not in d:
+                raise SpecError(f"{where}.{k}", None, "required key missing in the fitted surface")
+        half = row(f"{where}.half", d["half"], (1, 2, 3, 4))
+        peak = number(f"{where}.peak", d["peak"])
+        if peak <= 0 or any(h < 0 for h in half):
+            raise SpecError(where, raw, "peak > 0 and half-saturation sizes >= 0")
+        opt = {k: number(f"{where}.{k}", d[k]) for k in ("per_batch_s", "tile", "sms", "points") if k in d}
+        if "overlap" in d:
+            if not isinstance(d["overlap"], bool):
+                raise SpecError(f"{where}.overlap", d["overlap"], "true or false")
+            opt["overlap"] = d["overlap"]
+        return cls(peak=peak, half=half, overhead_s=number(f"{where}.overhead_s", d["overhead_s"]), **opt)
+
+    def to_dict(self) -> dict[str, Any]:
+        skip = {"per_batch_s": 0.0, "overlap": False}
+        return {k: plain(getattr(self, k)) for k in self._ORDER
+                if getattr(self, k) is not None and not (k in skip and getattr(self, k) == skip[k])}
+
+
+@dataclass(frozen=True)
+class MemboundFit:
+    """A memory-bound op: seconds = alpha + beta * bytes, per pass (bytes as ``costs.ops``
+    counts them); ``bwd`` None for ops without a backward (AdamW, gradient accumulation)."""
+    fwd: tuple[float, float]             # (alpha s, beta s/byte)
+    bwd: tuple[float, float] | None = None
+    points: int | None = None
+
+    def seconds(self, pass_: str, nbytes: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        alpha, beta = self.fwd if pass_ == "fwd" or self.bwd is None else self.bwd
+        return float(alpha) + float(beta) * nbytes
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes/s of the forward's bandwidth term (1 / beta)."""
+        return 1.0 / self.fwd[1] if self.fwd[1] > 0 else math.inf
+
+    @classmethod
+    def from_dict(cls, where: str, raw: Any) -> "MemboundFit":
+        d = mapping(where, raw)
+        known(where, d, ("fwd", "bwd", "points"))
+        if "fwd" not in d:
+            raise SpecError(f"{where}.fwd", None, "required key missing: [alpha s, beta s/byte]")
+        return cls(fwd=row(f"{where}.fwd", d["fwd"], (2,)),
+                   bwd=row(f"{where}.bwd", d["bwd"], (2,)) if d.get("bwd") is not None else None,
+                   points=number(f"{where}.points", d["points"]) if "points" in d else None)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"fwd": list(self.fwd)}
+        if self.bwd is not None:
+            out["bwd"] = list(self.bwd)
+        if self.points is not None:
+            out["points"] = self.points
+        return out
+
+
+@dataclass(frozen=True)
+class LeaveOut:
+    """How well a fit predicts measured points it was not fitted on: |predicted / measured - 1|
+    over every point, each predicted by the fit of the other folds (k-fold cross-validation)."""
+    points: int
+    median: float
+    p90: float
+    max: float
+    folds: int
+
+    _ORDER = ("points", "median", "p90", "max", "folds")
+
+    @classmethod
+    def from_dict(cls, where: str, raw: Any) -> "LeaveOut":
+        d = mapping(where, raw)
+        known(where, d, cls._ORDER)
+        try:
+            return cls(**{k: number(f"{where}.{k}", d[k]) for k in cls._ORDER})
+        except KeyError as e:
+            raise SpecError(f"{where}.{e.args[0]}", None, "required key missing in the leave-out report") from None
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in self._ORDER}
+
+
+@dataclass(frozen=True)
+class StageProbe:
+    """One synthetic training stage run by the executor's own modules (embedding, ``layers``
+    blocks, output layer and loss; ``calibration.stages``): its measured forward (with the
+    loss) and backward seconds. ``spec`` holds the ``ModelSpec`` fields."""
+    spec: dict[str, Any]
+    mbs: int
+    fwd_s: float
+    bwd_s: float
+
+    @classmethod
+    def from_dict(cls, where: str, raw: Any) -> "StageProbe":
+        d = mapping(where, raw)
+        known(where, d, ("spec", "mbs", "fwd_s", "bwd_s"))
+        try:
+            return cls(spec=dict(mapping(f"{where}.spec", d["spec"])), mbs=number(f"{where}.mbs", d["mbs"]),
+                       fwd_s=number(f"{where}.fwd_s", d["fwd_s"]), bwd_s=number(f"{where}.bwd_s", d["bwd_s"]))
+        except KeyError as e:
+            raise SpecError(f"{where}.{e.args[0]}", None, "required key missing in the stage probe") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"spec": dict(self.spec), "mbs": self.mbs, "fwd_s": self.fwd_s, "bwd_s": self.bwd_s}
+
+
+@dataclass(frozen=True)
+class StageProbes:
+    """The synthetic stages a calibration ran, and the real-layer probe's forward / backward
+    seconds in the same run (``reference``): ``calibration.layer_terms`` scales the composition
+    terms fitted on the stages by the layer probe now over ``reference`` (1 as calibrated; the
+    machine's drift when the probe is re-taken around a run)."""
+    stages: tuple[StageProbe, ...]
+    reference: tuple[float, float]
+
+    @classmethod
+    def from_dict(cls, where: str, raw: Any) -> "StageProbes":
+        d = mapping(where, raw)
+        known(where, d, ("stages", "reference"))
+        stages = d.get("stages")
+        if not isinstance(stages, list) or "reference" not in d:
+            raise SpecError(where, raw, "{stages: [...], reference: [forward s, backward s]}")
+        return cls(stages=tuple(StageProbe.from_dict(f"{where}.stages[{i}]", s) for i, s in enumerate(stages)),
+                   reference=row(f"{where}.reference", d["reference"], (2,)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stages": [s.to_dict() for s in self.stages], "reference": list(self.reference)}
+
+
+def read_per_dtype(make):
+    """{dtype: {key: fit}} (GEMM forms, attention passes) of fits read by ``make.from_dict``."""
+    def read(where: str, raw: Any) -> dict[str, dict[str, Any]]:
+        return {str(dt): {str(k): make.from_dict(f"{where}.{dt}.{k}", v)
+                          for k, v in mapping(f"{where}.{dt}", per).items()}
+                for dt, per in mapping(where, raw).items()}
+    return read
+
+
+def write_per_dtype(value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {dt: {k: fit.to_dict() for k, fit in per.items()} for dt, per in value.items()}
+
+
+def read_named(make):
+    def read(where: str, raw: Any) -> dict[str, Any]:
+        return {str(k): make.from_dict(f"{where}.{k}", v) for k, v in mapping(where, raw).items()}
+    return read
+
+
+def write_named(value: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.to_dict() for k, v in value.items()}

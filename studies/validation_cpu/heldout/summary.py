@@ -1,0 +1,103 @@
+"""The held-out validation against issue 20's targets: every plan of the three models'
+``validation.csv`` under a folder, pooled.
+
+    .venv/bin/python studies/validation_cpu/heldout/summary.py [FOLDER]
+
+Targets: step-time |error| median <= 5% and max <= 12%, Spearman rho >= 0.9 over the plans'
+step times, peak memory within 3% on every plan, no systematic sign (at most 2/3 of the plans
+on one side); the calibration's own leave-out report (``fit_report``) median <= 5%.
+"""
+from __future__ import annotations
+
+import csv
+import statistics
+import sys
+from pathlib import Path
+
+MODELS = ("gpt", "llama", "deep")
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+    def ranks(x):
+        order = sorted(range(len(x)), key=lambda i: x[i])
+        r = [0.0] * len(x)
+        i = 0
+        while i < len(x):
+            j = i
+            while j + 1 < len(x) and x[order[j + 1]] == x[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    return cov / ((sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5 or 1.0)
+
+
+def summarise(folder: Path) -> str:
+    import yaml
+
+    rows = []
+    for m in MODELS:
+        path = folder / m / "validation.csv"
+        if path.exists():
+            with path.open(newline="") as f:
+                rows += [dict(r, model_key=m) for r in csv.DictReader(f)]
+    if not rows:
+        return f"no validation.csv under {folder}/{{{','.join(MODELS)}}}"
+    lines = [f"{'model':14s} {'ranks':>5s} {'plan':62s} {'measured s':>10s} {'error':>7s} {'anchored':>8s} {'memory':>7s}"]
+    for r in rows:
+        anchored = f"{float(r['anchored_error']):+8.1%}" if r.get("anchored_error") else f"{'-':>8s}"
+        lines.append(f"{r['model']:14s} {r['world_size']:>5s} {r['plan'].replace(' dtype=fp32', '')[:62]:62s} "
+                     f"{float(r['measured_step_s']):10.3f} {float(r['step_error']):+7.1%} {anchored} "
+                     f"{float(r['max_rank_memory_error']):7.1%}")
+    for label, key in (("profile", "step_error"), ("anchored", "anchored_error")):
+        errs = [float(r[key]) for r in rows if r.get(key)]
+        if len(errs) != len(rows):
+            continue
+        pred_col = "predicted_step_s" if key == "step_error" else "anchored_step_s"
+        rho = spearman([float(r["measured_step_s"]) for r in rows], [float(r[pred_col]) for r in rows])
+        under = sum(e < 0 for e in errs)
+        lines += ["", f"{label}: {len(rows)} plans over {len({r['model'] for r in rows})} models, "
+                      f"{'/'.join(sorted({r['world_size'] for r in rows}))} ranks"]
+        lines += target_lines([("|step error| median", statistics.median(map(abs, errs)), 0.05, "%"),
+                               ("|step error| max", max(map(abs, errs)), 0.12, "%"),
+                               ("Spearman rho", rho, 0.9, "rho"),
+                               ("plans on one side", max(under, len(errs) - under) / len(errs), 2 / 3, "%")])
+    mem = [float(r["max_rank_memory_error"]) for r in rows]
+    lines += ["", f"peak memory: {sum(m <= 0.03 for m in mem)}/{len(mem)} plans within 3%"]
+    lines += target_lines([("|peak memory error| max over plans and ranks", max(mem), 0.03, "%")])
+    prof = folder / "profile.yaml"
+    if prof.exists():
+        report = yaml.safe_load(prof.read_text())["device"]["extra"].get("fit_report", {})
+        if report:
+            meds = [v["median"] for v in report.values()]
+            lines += ["", f"calibration fit report: {len(report)} fits; worst "
+                          + ", ".join(f"{k} {v['median']:.1%}" for k, v in
+                                      sorted(report.items(), key=lambda kv: -kv[1]["median"])[:3])]
+            lines += target_lines([("leave-out median (median over fits)", statistics.median(meds), 0.05, "%")])
+    return "\n".join(lines)
+
+
+def target_lines(checks: list[tuple[str, float, float, str]]) -> list[str]:
+    """One line per target: the value, the target and whether it is met (rho: at least the
+    target; the others: at most)."""
+    out = []
+    for name, value, target, unit in checks:
+        met = value >= target if unit == "rho" else value <= target
+        shown = f"{value:.3f} (target >= {target})" if unit == "rho" else f"{value:.1%} (target <= {target:.0%})"
+        out.append(f"  {name:46s} {shown:28s} {'met' if met else 'NOT MET'}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    print(summarise(Path(args[0]) if args else Path(__file__).parent))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
