@@ -11,6 +11,7 @@ from parsim.specs.codes import (GPIPE, INTERLEAVED, NAIVE, OFF_NONE, OFF_OPT, OF
  O_OTHER, O_WIDTH) = range(14)
 
 # link row: intra bw, intra alpha, inter bw, inter alpha, host bw, host alpha, p2p calibrated?, alpha, beta,
-# devices per node, membound rate for the optimizer (bytes/s), kernel overhead (s), host memory bandwidth (bytes/s)
+# devices per node, membound rate for the optimizer (bytes/s), kernel overhead (s), host memory bandwidth (bytes/s),
+# compute seconds lost per second of collective overlapping it on a GPU (``costs.stack.comm_compute_slowdown``)
 (K_INTRA_BW, K_INTRA_A, K_INTER_BW, K_INTER_A, K_HOST_BW, K_HOST_A, K_P2P_CAL, K_P2P_A, K_P2P_B, K_DPN,
- K_MEMBOUND_BW, K_OVERHEAD, K_HOST_MEM_BW, K_WIDTH) = range(14)
+ K_MEMBOUND_BW, K_OVERHEAD, K_HOST_MEM_BW, K_COMM_SLOWDOWN, K_WIDTH) = range(15)

@@ -11,6 +11,8 @@ Per rank, in seconds (buckets back to back on one DP stream, ``costs.dp_buckets`
     all-gather of the parameters (all buckets)                 ZeRO-1/2 after the step
     ZeRO-3 per-layer all-gather / reduce-scatter               (Rajbhandari et al. 2020 Sec. 7)
     ZeRO-3 root unit (embedding / head) gather and scatter     per forward / backward
+    (the ZeRO collectives of every layer at the stack's share of NCCL bandwidth,
+    ``costs.stack.zero_comm_factor``, as the SimPy engine's ``actions.zero3_collective``)
     reduce-scatter of the embedding's / the head's gradients   ZeRO-2, every backward (with the
                                                                per-layer one: Sec. 5.2)
     parameter server: gradient buckets in (all, last), parameters out    (``dp_impl=ps``)
@@ -26,6 +28,7 @@ import numpy as np
 from parsim.costs import (dp_buckets, embedding_params, head_params, state_bytes, zero3_gather_bytes_per_layer,
                           zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs import timing
+from parsim.costs.stack import zero_comm_factor
 from parsim.costs.timing import parameter_server_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
 
@@ -98,6 +101,7 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
     done: dict[tuple[float, tuple[int, ...]], np.ndarray] = {}
     cluster = pricer.cluster
     tp_nodes = len({cluster.node_of(x) for x in tp_group_ranks(dp, tp, pp)})
+    zero_factor = zero_comm_factor(cluster)
     for r in range(pp):
         group = pricer.dp_group(dp, tp, pp, r)
         n = rank_params[r]
@@ -125,6 +129,7 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
             # every forward and backward, reduce-scattered after every backward (sim.actions)
             row[C_Z3_ROOT_GATHER] = pricer("all_gather", (emb + head) * sb.param, group)
             row[C_Z3_ROOT_SCATTER] = pricer("reduce_scatter", (emb + head) * sb.grad, group)
+        row[[C_Z3_GATHER, C_Z3_SCATTER, C_Z2_EMB, C_Z2_HEAD, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER]] *= zero_factor
         dp_nodes = len({cluster.node_of(x) for x in group})
         row[C_SHARED_LINK] = float(tp > 1 and (tp_nodes > 1) == (dp_nodes > 1))
         done[key] = row.copy()

@@ -6,12 +6,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from parsim.costs import device_capacity, hardware_flops_per_step, model_flops_per_step
+from parsim.costs.stack import comm_compute_slowdown
 from parsim.specs import RECOMPUTES, ClusterSpec, ModelSpec, Plan, validate
 
 from . import codes as K
 from .kernel import evaluate_all
 from .plans import WORDS, PlanTable, valid_mask
-from .tables import CostTables, build_tables, key_ids
+from .tables import CostTables, build_tables, key_ids, with_stack
 
 
 @dataclass
@@ -45,6 +46,7 @@ class FastResult:
 
 
 def link_row(cluster: ClusterSpec) -> np.ndarray:
+    """The cluster's numbers the kernel reads (``fast.codes``)."""
     net, dev = cluster.network, cluster.device
     k = np.zeros(K.K_WIDTH)
     k[K.K_INTRA_BW], k[K.K_INTRA_A] = net.intra_node.bandwidth, net.intra_node.latency
@@ -58,12 +60,14 @@ def link_row(cluster: ClusterSpec) -> np.ndarray:
     k[K.K_MEMBOUND_BW] = float(bw)
     k[K.K_OVERHEAD] = dev.kernel_overhead_s
     k[K.K_HOST_MEM_BW] = dev.host_memory_bandwidth
+    k[K.K_COMM_SLOWDOWN] = comm_compute_slowdown(cluster)
     return k
 
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable,
              tables: CostTables | None = None) -> FastResult:
     _check_valid(model, cluster, plans)
+    model, cluster, plans = with_stack(model, cluster, plans)     # the table's software stack (``costs.stack``)
     tables = tables or build_tables(model, cluster, plans)
     c = plans.cols
     n = len(plans)

@@ -30,7 +30,8 @@ from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_p
 from parsim.costs import timing
 from parsim.costs.activations import layer_working_bytes, logits_grad_bytes, stage_output_bytes, vocab_grad_bytes
 from parsim.costs.footprint import recompute_transient
-from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
+from parsim.costs.stack import apply_stack, tp_covered
+from parsim.specs import ClusterSpec, ModelSpec, Plan, get_stack, stage_layers
 
 from .comm import C_WIDTH, CollectivePricer, rank_comm_rows, tp_group_ranks
 from .inflight import canonical_microbatches, moment_table
@@ -45,8 +46,10 @@ from .plans import WORDS, PlanTable
 # rank table columns: layers, parameters, the fast.comm columns, then layers per model chunk
 R_LAYERS, R_PARAMS, R_COMM = 0, 1, 2
 R_CHUNK = R_COMM + C_WIDTH
-# dtype table columns: bytes per parameter of each model state, optimizer traffic per parameter
-D_PARAM, D_GRAD, D_OPT, D_ADAM_BYTES, D_WIDTH = range(5)
+# dtype table columns: bytes per parameter of each model state, optimizer traffic per parameter; and
+# the table's stack's ZeRO-3 terms (``costs.footprint``): fp32 shards (0 / 1), layers gathered at
+# once, the most gathered parameters alive
+D_PARAM, D_GRAD, D_OPT, D_ADAM_BYTES, D_FP32_SHARDS, D_GATHERED_LAYERS, D_MAX_LIVE, D_WIDTH = range(8)
 
 
 @dataclass
@@ -77,8 +80,9 @@ def key_ids(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return keys, inverse.reshape(-1).astype(np.int64)
 
 
-def _plan(tp: int, sp: int, mbs: int, dtype: int, recompute: int = 0) -> Plan:
-    return Plan(tp=tp, sp=bool(sp), mbs=mbs, dtype=WORDS["dtype"][dtype], recompute=WORDS["recompute"][recompute])
+def _plan(tp: int, sp: int, mbs: int, dtype: int, recompute: int = 0, stack: str = "auto") -> Plan:
+    return Plan(tp=tp, sp=bool(sp), mbs=mbs, dtype=WORDS["dtype"][dtype], recompute=WORDS["recompute"][recompute],
+                stack=stack)
 
 
 def _ops_time(cluster: ClusterSpec, ops, pass_: str, dtype: str, core_only: bool = False) -> float:
@@ -88,10 +92,13 @@ def _ops_time(cluster: ClusterSpec, ops, pass_: str, dtype: str, core_only: bool
 def _tp_seconds(cluster: ClusterSpec, model: ModelSpec, plan: Plan, phase: str, host_ranks: int | None = None,
                 part: str | None = None) -> float:
     """Seconds of a layer's TP collectives (or, with ``part``, the embedding's / head's:
-    ``tp_collectives_edge``), priced in situ (timing.collective_time) as the SimPy engine does."""
+    ``tp_collectives_edge``), priced in situ (timing.collective_time) as the SimPy engine does,
+    less what the stack hides behind the weight-gradient GEMMs (``costs.stack.tp_covered``)."""
     group = tp_group_ranks(1, plan.tp, 1)
     colls = tp_collectives_per_layer(model, plan, phase) if part is None else tp_collectives_edge(model, plan, part, phase)
-    return sum(timing.collective_time(cluster, c.op, c.nbytes, group, in_situ=True, host_ranks=host_ranks)
+    ops = layer_ops(model, plan) if part is None else [] if part == "embedding" else head_ops(model, plan)
+    return sum(max(timing.collective_time(cluster, c.op, c.nbytes, group, in_situ=True, host_ranks=host_ranks)
+                   - tp_covered(cluster.device, ops, c.after, phase, plan.dtype), 0.0)
                for c in colls)
 
 
@@ -197,11 +204,16 @@ def head_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ranks: int
     return row
 
 
-def dtype_table() -> np.ndarray:
+def dtype_table(stack: str = "torch") -> np.ndarray:
+    """Per dtype: its state bytes and optimizer traffic per parameter, and ``stack``'s ZeRO-3
+    memory terms (the same on every row)."""
+    st = get_stack(stack)
     out = np.zeros((len(WORDS["dtype"]), D_WIDTH))
     for i, name in enumerate(WORDS["dtype"]):
         sb = state_bytes(name)
         out[i, D_PARAM], out[i, D_GRAD], out[i, D_OPT] = sb.param, sb.grad, sb.optimizer
+        out[i, D_FP32_SHARDS] = float(st.fp32_shards)
+        out[i, D_GATHERED_LAYERS], out[i, D_MAX_LIVE] = st.zero3_gathered_layers, st.zero3_max_live_params
         # timing.optimizer_time: 28 bytes per parameter in fp32, + 4 for the low-precision copy
         out[i, D_ADAM_BYTES] = 28.0 + (0.0 if name == "fp32" else 4.0)
     return out
@@ -221,6 +233,17 @@ def rank_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int, pp: 
     return rows
 
 
+def with_stack(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable) -> tuple[ModelSpec, ClusterSpec, PlanTable]:
+    """The table's software stack applied (``costs.stack.apply_stack``; applying it again is a
+    no-op): the model and cluster as the stack runs them, the table with its stack named and
+    the DP overlap the stack can do."""
+    probe = Plan(stack=plans.stack, dp_overlap=plans.dp_overlap)
+    model, cluster, probe = apply_stack(model, cluster, probe)
+    if (probe.stack, probe.dp_overlap) != (plans.stack, plans.dp_overlap):
+        plans = PlanTable(plans.cols, plans.dp_bucket_bytes, probe.dp_overlap, probe.stack)
+    return model, cluster, plans
+
+
 def uneven_chunks(model: ModelSpec, pp: int, vpp: int) -> list[bool]:
     """Per pipeline rank: do its model chunks hold different bytes? (Different layer counts;
     and the first / last rank, whose first / last chunk also holds the embedding / head.)"""
@@ -229,6 +252,8 @@ def uneven_chunks(model: ModelSpec, pp: int, vpp: int) -> list[bool]:
 
 
 def build_tables(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable) -> CostTables:
+    model, cluster, plans = with_stack(model, cluster, plans)
+    st = plans.stack
     c = plans.cols
     # ranks per node: a key of the layer rows only where in-situ TP prices depend on it
     host = (np.minimum(c["dp"] * c["tp"] * c["pp"], cluster.devices_per_node) if _prices_by_host_ranks(cluster)
@@ -239,11 +264,11 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable) -> Co
     for k in lkeys.tolist():
         shape_key = (*k[:4], k[5])
         if shape_key not in shapes:
-            shapes[shape_key] = layer_shape_row(model, cluster, _plan(*k[:4]), k[5] or None)
-        rows.append(with_recompute(model, _plan(*k[:5]), shapes[shape_key]))
+            shapes[shape_key] = layer_shape_row(model, cluster, _plan(*k[:4], stack=st), k[5] or None)
+        rows.append(with_recompute(model, _plan(*k[:5], stack=st), shapes[shape_key]))
     layer = np.array(rows).reshape(-1, L_WIDTH)
     hkeys, head_id = key_ids(c["tp"], c["sp"], c["mbs"], c["dtype"], host)
-    head = np.array([head_row(model, cluster, _plan(*map(int, k[:4])), int(k[4]) or None)
+    head = np.array([head_row(model, cluster, _plan(*map(int, k[:4]), stack=st), int(k[4]) or None)
                      for k in hkeys]).reshape(-1, H_WIDTH)
     rkeys, rank_id = key_ids(c["dp"], c["tp"], c["pp"], c["vpp"], c["dtype"])
     with_ps = bool((c["dp_impl"] == WORDS["dp_impl"].index("ps")).any())
@@ -259,6 +284,6 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable) -> Co
     moments, mstart, mcount = moment_table([(WORDS["schedule"][s], pp, m, vpp) for s, pp, m, vpp in mkeys.tolist()],
                                            max_vpp, lambda pp, vpp: uneven_chunks(model, pp, vpp))
     moff = np.cumsum([0] + [int(k[1]) for k in mkeys[:-1]]).astype(np.int64)
-    return CostTables(layer=layer, head=head, dtype=dtype_table(), rank=rank, rank_offset=offsets,
+    return CostTables(layer=layer, head=head, dtype=dtype_table(st), rank=rank, rank_offset=offsets,
                       moments=moments, moment_start=mstart, moment_count=mcount, moment_offset=moff,
                       layer_id=layer_id, head_id=head_id, rank_id=rank_id, moment_id=moment_id)

@@ -20,7 +20,8 @@ CPU hosts (calibrated profiles with a contention table): ranks share the host's 
 a ``ProcessorSharing`` host whose speed follows how many ranks compute at that instant;
 otherwise every rank computes at a mean-field slowdown (``HostModel.settle``, iterated by
 ``simulate``). Collectives that run while a rank computes take ``comm_interference`` x the
-overlap from its compute, paid before its next action (``Device.ledger``). GPUs: identity.
+overlap from its compute, paid before its next action (``Device.ledger``). GPUs: no sharing;
+the interference is the stack's NCCL-on-SM slowdown (``costs.stack``; 0 for most stacks).
 
 Modes: ``representative`` simulates one device per pipeline rank (DP rank 0, TP rank 0: DP
 replicas and TP peers do identical work; DESIGN.md) with collectives costed for the full
@@ -38,6 +39,7 @@ import simpy
 from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, stage_params, state_bytes,
                           zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing
+from parsim.costs.stack import apply_stack, zero_comm_factor
 from parsim.costs.timing import collective_time, host_transfer_time, p2p_time
 from parsim.schedules import Action, Schedule, build_schedule
 from parsim.specs import (ClusterSpec, ModelSpec, Plan, RankLayout, SpecError, load_cluster, load_model, parse_plan,
@@ -107,6 +109,7 @@ class Simulation:
         self.zero3_gathers = plan.zero >= 3 and plan.dp > 1
         # ZeRO-2: every backward reduce-scatters its gradients part by part (``actions.zero2_scatters``)
         self.zero2_scatters = plan.zero == 2 and plan.dp > 1 and plan.dp_impl != "ps"
+        self.zero_comm_factor = zero_comm_factor(cluster)     # the stack's ZeRO collectives (``costs.stack``)
         self.zero3_gather_bytes = zero3_gather_bytes_per_layer(model, plan)
         self.zero3_scatter_bytes = zero3_reduce_scatter_bytes_per_layer(model, plan)
         # ZeRO-2/3 as the reference executor runs them (FSDP2, profile keys; ``actions``):
@@ -323,6 +326,8 @@ def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | st
     wall = time.perf_counter()
     model, cluster, plan = load_model(model), load_cluster(cluster), parse_plan(plan)
     warnings = validate(model, cluster, plan)
+    asked = plan
+    model, cluster, plan = apply_stack(model, cluster, plan)      # the software stack's physics (``costs.stack``)
     if mode not in MODES:
         raise SpecError("mode", mode, f"one of {', '.join(MODES)}")
     slowdown = dict(slowdown or {})
@@ -349,4 +354,4 @@ def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | st
             if scale is None:
                 break
             sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, scale)
-    return assemble(sim, warnings, wall)
+    return assemble(sim, warnings, wall, asked)

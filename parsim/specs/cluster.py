@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from .collectives import CollectiveTables
 from .errors import SpecError
+from .stack import PROFILE_DEFAULT_STACK, Stack
 from .tables import CalibratedTables
 
 DTYPES = ("fp32", "bf16", "fp16")
@@ -47,6 +48,9 @@ class DeviceProfile:
     host_memory_bandwidth: float = 1e11   # CPU DRAM bytes/s for offloaded optimizer steps
     usable_memory_fraction: float = 1.0   # memory the framework can use (allocator/context reserve)
     tables: CalibratedTables = field(default_factory=CalibratedTables)   # what a calibration measured
+    default_stack: str = PROFILE_DEFAULT_STACK  # the stack a plan with stack=auto runs (``specs.stack``)
+    stacks: dict[str, Stack] = field(default_factory=dict)  # this GPU's numbers per stack (over the presets)
+    stack: Stack | None = None            # the stack applied (``costs.stack.apply_stack``); None: not yet
 
     def flops(self, dtype: str) -> float:
         try:

@@ -20,6 +20,7 @@ from .collectives import CollectiveTables
 from .errors import SpecError
 from .model import MODEL_PRESETS, ModelSpec
 from .plan import Plan
+from .stack import get_stack, stacks_from_dict
 from .tables import CalibratedTables
 
 
@@ -172,7 +173,16 @@ def device_from_dict(dev: dict[str, Any], default_name: str = "device") -> Devic
         **{k: float(dev[k]) for k in ("membound_efficiency", "attention_efficiency", "kernel_overhead_s",
                                        "host_flops", "host_memory_bandwidth", "usable_memory_fraction") if k in dev},
         tables=tables,
+        **_stack_fields(dev),
     )
+
+
+def _stack_fields(dev: dict[str, Any]) -> dict[str, Any]:
+    """The profile's ``default_stack`` and per-GPU stack numbers (``specs.stack``)."""
+    out: dict[str, Any] = {"stacks": stacks_from_dict(dev.get("stacks"))}
+    if "default_stack" in dev:
+        out["default_stack"] = get_stack(dev["default_stack"], "profile.device.default_stack").name
+    return out
 
 
 def profile_tables(data: dict[str, Any]) -> CalibratedTables:
