@@ -133,13 +133,19 @@ def uses_fsdp2(cluster: ClusterSpec | None) -> bool:
     return cluster is not None and cluster.device.tables.fsdp2_copies
 
 
+def gathered_bytes(model: ModelSpec, plan: Plan) -> float:
+    """ZeRO-3's (and parameter offload's) gathered layers, held during every action
+    (``footprint.gathered_layers``; how many layers at once: the plan's stack)."""
+    stack = plan_stack(plan)
+    return footprint.gathered_layers(layer_params(model, plan.tp), state_bytes(plan.dtype).param, plan.zero,
+                                     plan.offload == "optimizer+params", stack.zero3_gathered_layers,
+                                     stack.zero3_max_live_params)
+
+
 def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[StageFootprint]:
     """``StageFootprint`` of every virtual stage (``fsdp2``: ZeRO-2/3 as FSDP2 runs them)."""
     in_backward = fsdp2_bytes(model, plan, 0.0)[1] if fsdp2 else 0.0
-    stack = plan_stack(plan)
-    gathered = footprint.gathered_layers(layer_params(model, plan.tp), state_bytes(plan.dtype).param, plan.zero,
-                                         plan.offload == "optimizer+params", stack.zero3_gathered_layers,
-                                         stack.zero3_max_live_params)
+    gathered = gathered_bytes(model, plan)
     groups = [layer_recompute(plan, s, n) for s, n in enumerate(stage_layers(model, plan))]
     stash = [_stash_bytes(model, plan, s, g) for s, g in enumerate(groups)]
     working = [_rank_working(model, plan, r, stash, in_backward == 0.0) for r in range(plan.pp)]
