@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from parsim.costs import fits, memory_by_stage, p2p_bytes
+from parsim.costs import fits, memory_by_stage, p2p_bytes, stage_params
 from parsim.costs.stack import apply_stack, resolve_stack
 from parsim.fast import PlanTable, evaluate
 from parsim.sim import simulate
@@ -60,6 +60,16 @@ def test_fsdp_keeps_fp32_shards_as_master_weights_16_bytes_per_parameter():
     core = memory_by_stage(m, Plan(dp=8, zero=3, gbs=8, stack="megatron-core"), c)[0]
     assert (fsdp.params + fsdp.grads + fsdp.optimizer) / (core.params + core.grads + core.optimizer) == \
         pytest.approx(16 / 18, rel=1e-6)
+
+
+def test_deepspeeds_bf16_optimizer_keeps_bf16_gradients_beside_its_fp32_buffer():
+    m, c = load_model("gpt3-13b"), load_cluster("a100-80g:8")
+    for dtype, zero, extra in (("bf16", 1, 2.0), ("bf16", 0, 2.0), ("fp16", 1, 0.0), ("bf16", 2, 0.0)):
+        plan = Plan(dp=2, tp=4, zero=zero, dtype=dtype, gbs=4)
+        ds = memory_by_stage(m, plan.replace(stack="megatron-deepspeed"), c)[0].grads
+        mlm = memory_by_stage(m, plan.replace(stack="megatron-lm"), c)[0].grads
+        n = stage_params(m, plan)[0]                   # parameters on the device, not sharded
+        assert ds - mlm == pytest.approx(extra * n, rel=1e-12), (dtype, zero)
 
 
 def test_profile_stack_numbers_are_checked_with_a_message_naming_the_field():

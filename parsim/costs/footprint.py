@@ -36,15 +36,25 @@ def offload_staging(bucket_bytes: float, offload_optimizer: bool) -> float:
     return float(bucket_bytes) if offload_optimizer else 0.0
 
 
-def shard_bytes(param_bytes: float, optimizer_bytes: float, zero: int, fp32_shards: bool) -> tuple[float, float]:
-    """(param, optimizer) bytes per parameter of the model state before sharding. A ZeRO-3 run
-    whose software keeps its shard in fp32 as the optimizer's master weight (FSDP with a bf16
-    mixed-precision policy: PyTorch FSDP docs, "Mixed precision"; ``Stack.fp32_shards``) holds
-    4 bytes of parameter and only Adam's m and v beside it (the 16-bit copy exists only
-    gathered, ``gathered_layers``): 4 + grad + (optimizer - 4). Otherwise as given."""
+def stack_state_bytes(param_bytes: float, grad_bytes: float, optimizer_bytes: float, zero: int, fp32_shards: bool,
+                      grad_copy_bytes: float) -> tuple[float, float, float]:
+    """(param, grad, optimizer) bytes per parameter of the model state before sharding, as the
+    software stack keeps it:
+
+    * a ZeRO-3 run whose software keeps its shard in fp32 as the optimizer's master weight
+      (FSDP with a bf16 mixed-precision policy: PyTorch FSDP docs, "Mixed precision";
+      ``Stack.fp32_shards``) holds 4 bytes of parameter and only Adam's m and v beside it (the
+      16-bit copy exists only gathered, ``gathered_layers``): 4 + grad + (optimizer - 4);
+    * DeepSpeed's BF16 optimizer (ZeRO 0-1) accumulates the gradients in a flat fp32 buffer of
+      the whole model and keeps the model's bf16 ``.grad`` tensors beside it
+      (deepspeed/runtime/bf16_optimizer.py: ``fp32_groups_gradients_flat``): ``grad_copy_bytes``
+      (2 in bf16, ``Stack.bf16_grad_copy_bytes``) more per parameter, not sharded.
+    Otherwise as given."""
     if zero >= 3 and fp32_shards and param_bytes < 4.0:
-        return 4.0, optimizer_bytes - 4.0
-    return param_bytes, optimizer_bytes
+        return 4.0, grad_bytes, optimizer_bytes - 4.0
+    if zero <= 1:
+        return param_bytes, grad_bytes + grad_copy_bytes, optimizer_bytes
+    return param_bytes, grad_bytes, optimizer_bytes
 
 
 def gathered_layers(layer_params: float, param_bytes: float, zero: int, offload_params: bool, layers: float,

@@ -91,10 +91,12 @@ def zero_model_state_bytes(num_params: float, dp: int, zero: int, k: float = 12.
 
 def model_state_bytes(n_params: float, plan: Plan) -> tuple[float, float, float]:
     """(params, grads, optimizer) bytes of ``n_params`` parameters on one device under the plan's
-    dtype, ZeRO stage, offload and stack (``footprint.shard_bytes``, ``footprint.model_states``)."""
+    dtype, ZeRO stage, offload and stack (``footprint.stack_state_bytes``, ``footprint.model_states``)."""
     sb = state_bytes(plan.dtype)
-    param, optimizer = footprint.shard_bytes(sb.param, sb.optimizer, plan.zero, plan_stack(plan).fp32_shards)
-    return footprint.model_states(n_params, param, sb.grad, optimizer, plan.dp, plan.zero,
+    stack = plan_stack(plan)
+    param, grad, optimizer = footprint.stack_state_bytes(sb.param, sb.grad, sb.optimizer, plan.zero, stack.fp32_shards,
+                                                         stack.grad_copy_bytes(plan.dtype))
+    return footprint.model_states(n_params, param, grad, optimizer, plan.dp, plan.zero,
                                   plan.offload != "none", plan.offload == "optimizer+params")
 
 

@@ -47,9 +47,10 @@ from .plans import WORDS, PlanTable
 R_LAYERS, R_PARAMS, R_COMM = 0, 1, 2
 R_CHUNK = R_COMM + C_WIDTH
 # dtype table columns: bytes per parameter of each model state, optimizer traffic per parameter; and
-# the table's stack's ZeRO-3 terms (``costs.footprint``): fp32 shards (0 / 1), layers gathered at
-# once, the most gathered parameters alive
-D_PARAM, D_GRAD, D_OPT, D_ADAM_BYTES, D_FP32_SHARDS, D_GATHERED_LAYERS, D_MAX_LIVE, D_WIDTH = range(8)
+# the table's stack's memory terms (``costs.footprint``): fp32 shards (0 / 1), 16-bit gradient copy
+# bytes, layers gathered at once, the most gathered parameters alive
+(D_PARAM, D_GRAD, D_OPT, D_ADAM_BYTES, D_FP32_SHARDS, D_GRAD_COPY, D_GATHERED_LAYERS, D_MAX_LIVE,
+ D_WIDTH) = range(9)
 
 
 @dataclass
@@ -212,7 +213,7 @@ def dtype_table(stack: str = "torch") -> np.ndarray:
     for i, name in enumerate(WORDS["dtype"]):
         sb = state_bytes(name)
         out[i, D_PARAM], out[i, D_GRAD], out[i, D_OPT] = sb.param, sb.grad, sb.optimizer
-        out[i, D_FP32_SHARDS] = float(st.fp32_shards)
+        out[i, D_FP32_SHARDS], out[i, D_GRAD_COPY] = float(st.fp32_shards), st.grad_copy_bytes(name)
         out[i, D_GATHERED_LAYERS], out[i, D_MAX_LIVE] = st.zero3_gathered_layers, st.zero3_max_live_params
         # timing.optimizer_time: 28 bytes per parameter in fp32, + 4 for the low-precision copy
         out[i, D_ADAM_BYTES] = 28.0 + (0.0 if name == "fp32" else 4.0)

@@ -48,6 +48,7 @@ class Stack:
     fp32_shards: bool = False                # ZeRO-3 shard kept in fp32 as the master weight (FSDP mixed precision)
     loss_logits_bytes: float = 4.0           # per logit kept for the loss backward (torch: fp32 log-softmax)
     loss_grad_bytes: float = 8.0             # per logit alive beyond those in the loss backward (torch: 2 fp32 grads)
+    bf16_grad_copy_bytes: float = 0.0        # bf16 .grad kept beside the fp32 gradient buffer (ZeRO 0-1), per parameter
     memory_reserve_bytes: float | None = None  # outside the caching allocator (context, NCCL, cuBLAS), bytes
     fragmentation: float | None = None       # allocator reserved / allocated - 1 at the peak
     # (None, None: the profile's usable_memory_fraction stands)
@@ -63,6 +64,11 @@ class Stack:
                 raise SpecError(f"{where}.{key}", v, "a non-negative number")
             out[key] = float(v)
         return replace(self, **out)
+
+    def grad_copy_bytes(self, dtype: str) -> float:
+        """Bytes per parameter of 16-bit gradients kept beside the gradients parsim's ``dtype``
+        convention counts (``costs.footprint.stack_state_bytes``)."""
+        return self.bf16_grad_copy_bytes if dtype == "bf16" else 0.0
 
     def per_gpu(self) -> dict[str, float]:
         """The per-GPU numbers that differ from this stack's preset, by name (a profile's
@@ -110,9 +116,13 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
           flash_attention=False, grad_reduce_overlap=False, **MEGATRON_LOSS, **HOST),
     # Megatron-DeepSpeed (BigScience fork, 2022): Megatron's layers under DeepSpeed's pipeline
     # engine, which sends the whole activation from every TP rank (no scatter/gather,
-    # deepspeed/runtime/pipe/engine.py) and reduces gradients after the flush.
+    # deepspeed/runtime/pipe/engine.py) and reduces gradients after the flush. In bf16 (ZeRO
+    # 0-1) DeepSpeed's BF16 optimizer accumulates gradients in a flat fp32 buffer and keeps the
+    # model's bf16 .grad beside it (deepspeed/runtime/bf16_optimizer.py; the BLOOM chronicles,
+    # 02-28: "BF16 optimizer with fp32 grad accumulation (more memory, slower)"): 2 bytes more.
     Stack("megatron-deepspeed", "Megatron-DeepSpeed (BigScience): Megatron layers, DeepSpeed pipeline engine",
-          flash_attention=False, grad_reduce_overlap=False, p2p_scatter_gather=False, **MEGATRON_LOSS, **HOST),
+          flash_attention=False, grad_reduce_overlap=False, p2p_scatter_gather=False, bf16_grad_copy_bytes=2.0,
+          **MEGATRON_LOSS, **HOST),
     # DeepSpeed ZeRO on Megatron's GPT layers (the ZeRO-3 comparison of Narayanan et al. 2021
     # Table 2): unfused attention; the parameter coordinator prefetches the next layer.
     # Its ZeRO-3 gathers tensor by tensor, prefetching up to stage3_prefetch_bucket_size (5e7)
