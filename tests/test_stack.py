@@ -152,3 +152,16 @@ def test_memory_on_a_model_without_stack_facts_is_unchanged_for_the_executor_sta
     a = memory_by_stage(m, Plan(pp=2, gbs=4), load_cluster("cpu:2"))
     b = memory_by_stage(m, Plan(pp=2, gbs=4, stack="torch"), load_cluster("cpu:2"))
     assert [s.total for s in a] == [s.total for s in b]
+
+
+def test_a_straggler_under_async_tp_backward_slows_its_group_and_does_not_deadlock():
+    """megatron-core hides backward TP collectives behind the weight-gradient GEMM; the hidden
+    part is one number for the TP group, so a straggler still joins every collective."""
+    model, cluster = load_model("gpt3-350m"), load_cluster("h100-sxm:8")
+    plan = parse_plan("tp=4 pp=2 mbs=1 gbs=8 schedule=1f1b stack=megatron-core")
+    base = simulate(model, cluster, plan, mode="full", record_events=False)
+    slow = simulate(model, cluster, plan, mode="full", slowdown={7: 1.5}, record_events=False)
+    assert base.exposed_comm_s["tp"] < simulate(model, cluster, plan.replace(stack="megatron-lm-2021"), mode="full",
+                                                record_events=False).exposed_comm_s["tp"]
+    # rank 7 (last stage) computes 1.5x slower: the step grows, by less than 1.5x
+    assert base.step_time_s * 1.05 < slow.step_time_s < base.step_time_s * 1.5

@@ -122,7 +122,10 @@ def _chain(ops, pass_: str, kind: str, layer: int, collectives, device, dtype: s
         names.append(op.name)
         if op.name in after:
             flush()
-            hidden = tp_covered(device, ops, op.name, pass_, dtype) * scale.of(op)
+            # hidden behind the weight-gradient GEMM at its nominal speed: one number for the
+            # whole TP group, so every member calls the collective (a straggler crediting its
+            # slower GEMM could drop a call the others wait for: a deadlock)
+            hidden = tp_covered(device, ops, op.name, pass_, dtype)
             out.extend(_tp_segment(c, layer, hidden) for c in after[op.name])
     flush()
     return out
