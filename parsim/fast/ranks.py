@@ -6,7 +6,8 @@
   step and ZeRO-Offload's host transfers (``costs.optimizer``: the same ``OptimizerStep`` the
   SimPy engine plays at the end of the step);
 * send key (dp, tp, pp, mbs, dtype): per pipeline rank r the seconds of its send to rank r + 1
-  (``costs.timing.p2p_time`` of ``costs.p2p_bytes`` between the two ranks' devices).
+  (``costs.timing.p2p_time`` of ``costs.p2p_bytes`` between the two ranks' devices, as the
+  table's software stack sends it).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from parsim.costs import dp_buckets, optimizer_step, p2p_bytes, stage_params, st
 from parsim.costs.optimizer import bucket_to_host, layer_from_host_s
 from parsim.costs.timing import p2p_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout, stage_layers
+from parsim.specs.stack import AUTO
 
 from .comm import C_WIDTH, CollectivePricer, rank_comm_rows
 from .plans import WORDS
@@ -99,10 +101,11 @@ class RankRows:
         return [step.step_s, step.grads_to_host_s, step.params_from_host_s, bucket, bucket_all, layer_up]
 
 
-def send_rows(model: ModelSpec, cluster: ClusterSpec, dp: int, tp: int, pp: int, mbs: int, dtype: int) -> np.ndarray:
+def send_rows(model: ModelSpec, cluster: ClusterSpec, dp: int, tp: int, pp: int, mbs: int, dtype: int,
+              stack: str = AUTO) -> np.ndarray:
     """(pp,): seconds of pipeline rank r's send to rank r + 1 (its DP rank 0, TP rank 0 device to
-    the next one's), 0 on the last rank."""
-    plan = Plan(dp=dp, tp=tp, pp=pp, mbs=mbs, dtype=WORDS["dtype"][dtype])
+    the next one's), 0 on the last rank; the bytes as ``stack``'s pipeline sends them."""
+    plan = Plan(dp=dp, tp=tp, pp=pp, mbs=mbs, dtype=WORDS["dtype"][dtype], stack=stack)
     nbytes = p2p_bytes(model, plan)
     layout = RankLayout(dp=dp, tp=tp, pp=pp)
     out = np.zeros(pp)

@@ -58,6 +58,9 @@ class CostGraph:
     # microbatch; traced graphs use StageCoster's generic estimates
     backward_working: Callable[[bool, bool, float], float] | None = None
     output_bytes: float | None = None
+    # analytic graphs: ZeRO-3's gathered layers held during every action (costs.memory.gathered_bytes);
+    # traced graphs: not modelled (0)
+    gathered_bytes: float = 0.0
 
     def last_use(self) -> list[int]:
         """Per node: the index of its last consumer (len(nodes) if the output returns it)."""

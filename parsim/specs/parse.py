@@ -20,6 +20,7 @@ from .collectives import CollectiveTables
 from .errors import SpecError
 from .model import MODEL_PRESETS, ModelSpec
 from .plan import Plan
+from .stack import get_stack, stacks_from_dict
 from .tables import CalibratedTables
 
 
@@ -174,7 +175,16 @@ def device_from_dict(dev: dict[str, Any], default_name: str = "device") -> Devic
                                        "power_w") if k in dev},
         **({"power_source": str(dev["power_source"])} if "power_source" in dev else {}),
         tables=tables,
+        **_stack_fields(dev),
     )
+
+
+def _stack_fields(dev: dict[str, Any]) -> dict[str, Any]:
+    """The profile's ``default_stack`` and per-GPU stack numbers (``specs.stack``)."""
+    out: dict[str, Any] = {"stacks": stacks_from_dict(dev.get("stacks"))}
+    if "default_stack" in dev:
+        out["default_stack"] = get_stack(dev["default_stack"], "profile.device.default_stack").name
+    return out
 
 
 def profile_tables(data: dict[str, Any]) -> CalibratedTables:

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from parsim.fast import FastResult, PlanTable, evaluate
 from parsim.costs import device_capacity
-from parsim.fast.tables import build_tables
+from parsim.fast.tables import build_tables, with_stack
 from parsim.specs import ClusterSpec, ModelSpec
 
 from .enumerate import enumerate_plans
@@ -79,7 +79,9 @@ def _plain(v):
 
 def fast_frame(model: ModelSpec, cluster: ClusterSpec, table: PlanTable, headroom: float,
                progress: bool = False) -> pd.DataFrame:
-    """Every plan of ``table`` with its fast-path metrics (unranked)."""
+    """Every plan of ``table`` with its fast-path metrics (unranked), under the table's stack."""
+    strings = table.plan_strings()                                 # as the user's space names them
+    model, cluster, table = with_stack(model, cluster, table)
     tables = build_tables(model, cluster, table)
     parts: list[FastResult] = []
     bar = tqdm(total=len(table), desc="fast path", unit="plan", file=sys.stderr, disable=not progress, leave=False)
@@ -88,7 +90,7 @@ def fast_frame(model: ModelSpec, cluster: ClusterSpec, table: PlanTable, headroo
         parts.append(evaluate(model, cluster, table.take(idx), tables.take(idx)))
         bar.update(len(idx))
     bar.close()
-    cols: dict[str, object] = {"plan": table.plan_strings(), **table.decoded(), "microbatches": table.microbatches}
+    cols: dict[str, object] = {"plan": strings, **table.decoded(), "microbatches": table.microbatches}
     for name in FastResult.__dataclass_fields__:
         if name == "capacity_bytes":
             continue
@@ -125,7 +127,7 @@ def run_sweep(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace, headroo
     df = fast_frame(model, cluster, table, headroom, progress)
     t2 = time.perf_counter()
     df = rank_frame(df)
-    cap = device_capacity(cluster)
+    cap = device_capacity(with_stack(model, cluster, table)[1])
     n_sim = 0
     if resimulate_top > 0 and len(df):
         top = df.index[df["fits"]][:resimulate_top]
