@@ -4,8 +4,10 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 OUT     ?= out/demo
+# the shared training data: ../shared from the repository (../../shared from a worktree)
+RUNS    ?= $(firstword $(wildcard ../shared/validation/public_runs_train.csv ../../shared/validation/public_runs_train.csv) ../shared/validation/public_runs_train.csv)
 
-.PHONY: demo test studies equivalence heldout heldout-smoke venv clean fuzz gpu-check
+.PHONY: demo test studies equivalence profiles heldout heldout-smoke venv clean fuzz gpu-check
 
 venv: $(STAMP)
 
@@ -19,6 +21,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/python -m parsim demo --out $(OUT)
+
+# the shipped GPU profiles, fitted to the public training runs (parsim/study/runs/profiles.py)
+profiles: $(STAMP)
+	$(BIN)/python -m parsim.study.runs.profiles $(RUNS)
 
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests

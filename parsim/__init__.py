@@ -5,15 +5,15 @@ The public Python API (``parsim.api``; README "Python API"):
     import parsim
     res = parsim.simulate("gpt3-1.3b", "a100-80g:8", "dp=2 pp=4 gbs=16")
 
-``simulate``, ``memory``, ``sweep``, ``recommend``, ``execute``, ``calibrate`` and ``validate``
-are functions of this package; the partitioner is ``parsim.api.partition`` (``parsim.partition``
+``simulate``, ``memory``, ``sweep``, ``recommend``, ``execute``, ``calibrate``,
+``calibrate_runs`` and ``validate`` are functions of this package; the partitioner is ``parsim.api.partition`` (``parsim.partition``
 is the partitioner's own package, whose ``partition`` function it wraps). They are loaded on
 first use, so ``import parsim`` stays cheap and never imports torch.
 """
 __version__ = "0.1.0"
 
-_API = ("simulate", "memory", "sweep", "recommend", "execute", "calibrate", "validate", "Result", "MemoryReport",
-        "Sweep", "Calibration")
+_API = ("simulate", "memory", "sweep", "recommend", "execute", "calibrate", "calibrate_runs", "validate", "Result",
+        "MemoryReport", "Sweep", "Calibration", "RunsFit")
 _SPECS = ("ModelSpec", "ClusterSpec", "Plan", "SpecError", "load_model", "load_cluster", "parse_plan")
 
 __all__ = [*_API, *_SPECS, "api"]

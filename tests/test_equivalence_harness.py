@@ -157,3 +157,15 @@ def test_the_pin_imports_parsim_from_the_named_tree(tmp_path):
                          cwd=tmp_path.parent).stdout.split()
     assert out == [str(tmp_path / "parsim" / "__init__.py"), "sub", str(tmp_path / "executor" / "__init__.py"),
                    "parsim.calibration"]
+
+
+def test_profile_filters_pick_commands_by_the_profile_their_numbers_come_from():
+    compare = _load("compare")
+    items = [{"argv": ["simulate", "--model", "tiny", "--cluster", "a100-80g:8", "--plan", "dp=8", "--json"]},
+             {"argv": ["memory", "--model", "tiny", "--cluster", "a100-80g:2", "--profile",
+                       "{BEFORE}/studies/merak/profiles/cpu-merak.yaml", "--plan", "dp=2", "--json"]},
+             {"argv": ["simulate", "--model", "tiny", "--cluster", "cpu-calibrated:4", "--plan", "dp=4", "--json"]}]
+    assert [compare.profile_of(it["argv"]) for it in items] == ["a100-80g", "cpu-merak", "cpu-calibrated"]
+    assert compare.select_profiles(items, "cpu*", None) == items[1:]
+    assert compare.select_profiles(items, None, "a100-80g,h100-sxm") == items[1:]
+    assert compare.select_profiles(items, None, None) == items

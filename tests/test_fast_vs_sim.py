@@ -29,7 +29,8 @@ DATA_PARALLEL = ["dp=8 gbs=32", "dp=8 gbs=32 zero=1", "dp=2 tp=2 pp=2 gbs=32", "
 
 def _agree(plans: list[str], model_name="gpt3-2.7b", cluster_name="a100-80g:8"):
     model, cluster = load_model(model_name), load_cluster(cluster_name)
-    ps = [parse_plan(p) for p in plans]
+    # the profile's own numbers (stack=torch); under the GPU stacks: tests/test_stack.py
+    ps = [parse_plan(p if "stack=" in p else f"{p} stack=torch") for p in plans]
     fast = evaluate(model, cluster, PlanTable.from_plans(ps))
     for i, p in enumerate(ps):
         sim = simulate(model, cluster, p, record_events=False)
@@ -64,7 +65,7 @@ def test_pipeline_across_nodes_agrees_within_2_percent():
 
 def test_a_plan_the_fast_path_says_fits_fits_in_the_simpy_engine():
     model, cluster = load_model("gpt3-1.3b"), load_cluster("a100-80g:8")
-    space = SweepSpace(gbs=(16, 64), mbs=(1, 4, 8), vpp=(1, 2, 3, 4))
+    space = SweepSpace(gbs=(16, 64), mbs=(1, 4, 8), vpp=(1, 2, 3, 4), stack="torch")
     table = enumerate_plans(model, cluster, space)
     fast = evaluate(model, cluster, table)
     m = table.microbatches

@@ -13,11 +13,23 @@ MODEL, CLUSTER, PLAN = "gpt3-1.3b", "a100-80g:16", "dp=2 tp=2 pp=4 gbs=16"
 
 
 def test_representative_refinement_matches_full_mode_step_by_step():
+    """Exact where every TP collective waits for the group's slowest member (stack=torch)."""
     kw = dict(steps=6, variability="lognormal:0.08", seed=3, workers=1)
-    rep = monte_carlo(MODEL, CLUSTER, PLAN, **kw)
-    full = monte_carlo(MODEL, CLUSTER, PLAN, mode="full", **kw)
+    rep = monte_carlo(MODEL, CLUSTER, f"{PLAN} stack=torch", **kw)
+    full = monte_carlo(MODEL, CLUSTER, f"{PLAN} stack=torch", mode="full", **kw)
     assert np.allclose(rep.step_times, full.step_times, rtol=0.01)
     assert [s.critical_rank for s in rep.samples] == [s.critical_rank for s in full.samples]
+
+
+def test_representative_refinement_is_an_upper_bound_under_async_tp_backward():
+    """megatron-core hides backward TP collectives behind the weight-gradient GEMM: a TP group
+    is no longer gated at every collective by its slowest member, so the representative
+    refinement (the whole group at that member's pace) errs high, by a few percent."""
+    kw = dict(steps=6, variability="lognormal:0.08", seed=3, workers=1)
+    rep = monte_carlo(MODEL, CLUSTER, f"{PLAN} stack=megatron-core", **kw)
+    full = monte_carlo(MODEL, CLUSTER, f"{PLAN} stack=megatron-core", mode="full", **kw)
+    assert np.all(rep.step_times >= full.step_times * (1 - 1e-3))
+    assert np.allclose(rep.step_times, full.step_times, rtol=0.03)
 
 
 def test_same_seed_same_steps_whatever_runs_them():

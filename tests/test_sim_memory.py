@@ -6,7 +6,7 @@ import pytest
 
 from parsim.costs import CATEGORIES, memory_by_stage
 from parsim.sim import simulate
-from parsim.specs import load_model, parse_plan
+from parsim.specs import load_cluster, load_model, parse_plan
 
 PIPELINES = [("naive", 4, 1, 8), ("gpipe", 4, 1, 8), ("1f1b", 4, 1, 8), ("1f1b", 4, 1, 2), ("1f1b", 8, 1, 16),
              ("interleaved", 4, 2, 8), ("interleaved", 4, 2, 4), ("interleaved", 2, 3, 4), ("interleaved", 4, 2, 12)]
@@ -36,7 +36,7 @@ def test_simulated_peak_memory_equals_the_analytic_model(model, plan):
     if p.partition is not None and sum(p.partition) != m.layers:
         pytest.skip("partition written for 24 layers")
     r = simulate(m, f"a100-80g:{p.world_size}", p, record_events=False)
-    analytic = memory_by_stage(m, p)
+    analytic = memory_by_stage(m, p, load_cluster(f"a100-80g:{p.world_size}"))   # the same stack
     assert len(r.memory_by_stage) == len(analytic) == p.pp
     for sim, ref in zip(r.memory_by_stage, analytic):
         for c in CATEGORIES:

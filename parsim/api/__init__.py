@@ -13,16 +13,16 @@ YAML) overrides the cluster's device and network numbers. Bad input raises ``Spe
 the field, the value and what is allowed. Nothing here prints: warnings about a plan are in
 the result's ``warnings``. SI units throughout (seconds, bytes, FLOP, bytes/s).
 
-``parsim.simulate``, ``memory``, ``sweep``, ``recommend``, ``execute``, ``calibrate`` and
-``validate`` are these functions; the partitioner is ``parsim.api.partition`` only, since
-``parsim.partition`` names the partitioner's package. Only ``execute``, ``calibrate`` and
+``parsim.simulate``, ``memory``, ``sweep``, ``recommend``, ``execute``, ``calibrate``,
+``calibrate_runs`` and ``validate`` are these functions; the partitioner is
+``parsim.api.partition`` only, since ``parsim.partition`` names the partitioner's package. Only ``execute``, ``calibrate`` and
 ``validate`` (which run on real hardware) need torch; they import it when called.
 """
-from .hardware import Calibration, calibrate, execute, profile_summary, validate
+from .hardware import Calibration, RunsFit, calibrate, calibrate_runs, execute, profile_summary, validate
 from .inputs import ClusterLike, ModelLike, PlanLike, load_specs
 from .search import Sweep, partition, recommend, sweep
 from .step import MemoryReport, Result, memory, parse_slowdown, simulate
 
-__all__ = ["Calibration", "ClusterLike", "MemoryReport", "ModelLike", "PlanLike", "Result", "Sweep", "calibrate",
-           "execute", "load_specs", "memory", "parse_slowdown", "partition", "profile_summary", "recommend",
-           "simulate", "sweep", "validate"]
+__all__ = ["Calibration", "ClusterLike", "MemoryReport", "ModelLike", "PlanLike", "Result", "RunsFit", "Sweep",
+           "calibrate", "calibrate_runs", "execute", "load_specs", "memory", "parse_slowdown", "partition",
+           "profile_summary", "recommend", "simulate", "sweep", "validate"]

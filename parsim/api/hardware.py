@@ -1,6 +1,7 @@
 """Real hardware: ``execute`` (the torch executor), ``calibrate`` (micro-benchmarks into a
-profile) and ``validate`` (executor against simulator over a matrix of plans). Torch is
-imported when they run."""
+profile), ``calibrate_runs`` (GPU profiles fitted to a log of training runs) and ``validate``
+(executor against simulator over a matrix of plans). Torch is imported when ``execute``,
+``calibrate`` and ``validate`` run."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from .inputs import ModelLike, PlanLike
 
 if TYPE_CHECKING:
     from parsim.executor.results import ExecutionResult
+    from parsim.study.runs import RunsCalibration
     from parsim.study.validate import ValidationReport
 
 
@@ -176,3 +178,40 @@ def host_profile(shipped: str | Path = "cpu-calibrated", recalibrate: bool = Fal
     os.environ.setdefault("PARSIM_HOST_MEMORY", "keep")
     calibrate(quick=True, ranks=QUICK_RANKS, name=f"cpu-{here}", out=cached, progress=progress)
     return HostProfile(cached, f"quick profile of this host, calibrated just now ({cached})", True)
+    return Calibration(profile, write_profile(profile, out or profiles_dir() / f"{name}.yaml"))
+
+
+@dataclass(frozen=True)
+class RunsFit:
+    """A fit of GPU profiles to a run log (``parsim calibrate --runs``): the calibration (per
+    group and leave-one-group-out errors, the fitted numbers with their spread, warnings,
+    skipped rows) and the profile YAMLs written."""
+    calibration: "RunsCalibration"
+    paths: list[Path]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of ``parsim calibrate --runs --json``."""
+        from parsim.study.runs.report import to_json
+        return {**to_json(self.calibration), "profile_paths": [str(p) for p in self.paths]}
+
+    def text(self, table: Callable[[list[list[str]], list[str]], str]) -> str:
+        """The readable report (``table`` formats rows under a header)."""
+        from parsim.study.runs.report import render_text
+        return render_text(self.calibration, table)
+
+
+def calibrate_runs(runs: str | Path, *, group: str | None = None, loso: bool = True, out: str | Path | None = None,
+                   log: Callable[[str], None] | None = None) -> RunsFit:
+    """Fit the profiles of the GPUs in a log of past training runs (the columns of
+    ``../shared/validation/public_runs_train.csv``; an optional ``stack`` column) and write one
+    profile YAML per GPU to ``out`` [out/calibrate-runs]. Errors are reported per ``group``
+    column [source], and with ``loso`` for each group predicted by a fit without it. ``log``
+    gets progress lines. No torch: runs are priced by the fast path."""
+    from parsim.study.runs import calibrate_runs as fit_runs
+    from parsim.study.runs.predict import base_profiles
+    from parsim.study.runs.report import default_out, write_profiles
+
+    cal = fit_runs(str(runs), group_column=group, loso=loso, log=log)
+    base = base_profiles({o.profile for o in cal.observations})
+    paths = write_profiles(cal, base, Path(out) if out else default_out(), Path(runs).name)
+    return RunsFit(cal, paths)

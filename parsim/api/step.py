@@ -44,7 +44,8 @@ class Result:
     (max over ranks), ``capacity_bytes`` (usable per device), ``memory_by_stage`` (per pipeline
     stage: params, grads, optimizer, activations, other, total at its peak). Fractions: ``mfu``,
     ``hfu``, ``bubble_fraction``. FLOP per step: ``model_flops_per_step``,
-    ``hardware_flops_per_step`` (with recomputation). ``tokens_per_s``: tokens per second."""
+    ``hardware_flops_per_step`` (with recomputation). ``tokens_per_s``: tokens per second.
+    ``stack``: the software stack that ran the plan (the plan's, or the profile's default)."""
     step_time_s: float
     tokens_per_s: float
     mfu: float
@@ -62,6 +63,7 @@ class Result:
     mode: str
     simulated_ranks: list[int]
     plan: str
+    stack: str
     model: str
     cluster: str
     warnings: list[str]
@@ -193,9 +195,10 @@ def memory(model: ModelLike, cluster: ClusterLike, plan: PlanLike, *,
     """Per pipeline stage: parameters, gradients, optimizer state, activations and other bytes
     at the stage's peak, and whether the plan fits the device (``parsim memory``)."""
     from parsim.costs import device_capacity, memory_by_stage
+    from parsim.costs.stack import apply_stack
     model, cluster, plan, warnings = load_specs(model, cluster, plan, profile)
     stages = [s.to_dict() for s in memory_by_stage(model, plan, cluster)]
-    cap = device_capacity(cluster)
+    cap = device_capacity(apply_stack(model, cluster, plan)[1])     # under the plan's stack
     peak = max(s["total"] for s in stages)
     check_finite({"peak_memory_bytes": peak, "capacity_bytes": cap, "memory_by_stage": stages}, cluster)
     return MemoryReport(model.name, f"{cluster.name}:{cluster.num_devices}", plan.to_string(), stages, peak, cap,

@@ -1,11 +1,15 @@
-"""``parsim calibrate``: micro-benchmarks on this machine's devices -> profile YAML."""
+"""``parsim calibrate``: micro-benchmarks on this machine's devices -> profile YAML; or, with
+``--runs FILE.csv``, the profiles of the GPUs in a log of past training runs fitted to it
+(``parsim.api.calibrate_runs``)."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from .common import add_json_argument, emit_json, table
 
-HELP = "micro-benchmark this machine (GEMMs, attention, memory-bound ops, collectives) and write a profile YAML"
+HELP = ("micro-benchmark this machine (GEMMs, attention, memory-bound ops, collectives) and write a profile YAML; "
+        "or fit GPU profiles to a log of training runs (--runs)")
 
 
 def add_arguments(p) -> None:
@@ -22,11 +26,21 @@ def add_arguments(p) -> None:
     p.add_argument("--base", default=None, metavar="PROFILE",
                    help="profile supplying numbers not measured (network with --ranks 1; GPU host/inter-node links)")
     p.add_argument("--name", default=None, help="profile name [<device>-<hostname>]")
-    p.add_argument("--out", default=None, metavar="PATH", help="output YAML [calibration/profiles/<name>.yaml]")
+    p.add_argument("--out", default=None, metavar="PATH",
+                   help="output YAML [calibration/profiles/<name>.yaml]; with --runs a folder [out/calibrate-runs]")
+    p.add_argument("--runs", default=None, metavar="FILE.csv",
+                   help="fit the profiles of the GPUs in this run log (columns of public_runs_train.csv: model shape, "
+                        "GPUs, tp/pp/dp, ZeRO, batch, schedule, recompute, precision, metric, value; optional stack "
+                        "column) instead of micro-benchmarking")
+    p.add_argument("--group", default=None, metavar="COLUMN",
+                   help="with --runs: report errors per this column's values [source]")
+    p.add_argument("--no-loso", action="store_true", help="with --runs: skip the leave-one-group-out refits")
     add_json_argument(p)
 
 
 def run(args) -> int:
+    if args.runs:
+        return run_logs(args)
     from parsim.api import calibrate
 
     done = calibrate(args.model, dtype=args.dtype, ranks=args.ranks, repeats=args.repeats, quick=args.quick,
@@ -36,6 +50,20 @@ def run(args) -> int:
         emit_json(done.to_dict())
         return 0
     print(render(done.profile, done.path))
+    return 0
+
+
+def run_logs(args) -> int:
+    """``--runs``: fit, report per group and leave-one-group-out, write the profiles."""
+    from parsim.api import calibrate_runs
+
+    log = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    done = calibrate_runs(args.runs, group=args.group, loso=not args.no_loso, out=args.out, log=log)
+    if args.json:
+        emit_json(done.to_dict())
+        return 0
+    print(done.text(table))
+    print("wrote " + ", ".join(str(p) for p in done.paths))
     return 0
 
 

@@ -5,7 +5,7 @@ import argparse
 import sys
 from typing import Any
 
-from parsim.specs import ClusterSpec, ModelSpec, Plan
+from parsim.specs import ClusterSpec, ModelSpec, Plan, plan_stacks
 from parsim.specs.files import finite_json
 from parsim.trace.io import jsonable
 
@@ -17,7 +17,8 @@ def add_spec_arguments(p: argparse.ArgumentParser, *, model="gpt3-1.3b", cluster
         p.add_argument("--cluster", default=cluster, help=f"PRESET:NDEVICES or cluster YAML [{cluster}]")
         p.add_argument("--profile", default=None, help="calibration profile YAML overriding the cluster's device/network numbers")
     if need_plan:
-        p.add_argument("--plan", default=plan, help=f"'k=v ...' plan string or plan YAML [{plan!r}]")
+        p.add_argument("--plan", default=plan, help=f"'k=v ...' plan string or plan YAML [{plan!r}]; the key "
+                       f"stack= names the software stack: {', '.join(plan_stacks())} [auto: the profile's default]")
     add_json_argument(p)
 
 

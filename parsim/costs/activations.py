@@ -14,7 +14,7 @@ touch. Result in bytes per layer per microbatch on one device.
 """
 from __future__ import annotations
 
-from parsim.specs import ModelSpec, Plan
+from parsim.specs import ModelSpec, Plan, plan_stack
 
 from .footprint import backward_working
 from .ops import DTYPE_BYTES, padded_vocab
@@ -68,12 +68,14 @@ def embedding_activation_bytes(model: ModelSpec, plan: Plan) -> float:
 
 
 def head_activation_bytes(model: ModelSpec, plan: Plan) -> float:
-    """Last stage: final-norm input and logits input (e*sbh each) and the fp32 logits kept by
-    the cross-entropy (4*s*b*V/t) (Korthikanti 2022 Sec. 4.3), per microbatch."""
+    """Last stage: final-norm input and logits input (e*sbh each) and the logits kept by the
+    cross-entropy (Korthikanti 2022 Sec. 4.3: fp32, 4*s*b*V/t; the stack's loss says how many
+    bytes per logit, ``Stack.loss_logits_bytes``), per microbatch."""
     e = DTYPE_BYTES[plan.dtype]
     sb = model.seq_len * plan.mbs
     sp = plan.tp if plan.sp else 1
-    return 2 * e * sb * model.hidden / sp + 4 * sb * padded_vocab(model, plan) / plan.tp
+    kept = plan_stack(plan).loss_logits_bytes
+    return 2 * e * sb * model.hidden / sp + kept * sb * padded_vocab(model, plan) / plan.tp
 
 
 def stage_output_bytes(model: ModelSpec, plan: Plan) -> float:
@@ -91,8 +93,9 @@ def logits_grad_bytes(model: ModelSpec, plan: Plan) -> float:
     """The cross-entropy backward's peak beside the stored logits: the gradient of the
     log-probabilities and of the logits exist together, fp32, 2 x 4*s*b*V/t bytes (torch's
     ``F.cross_entropy`` = log_softmax + nll_loss, the executor). Megatron-LM's vocab-parallel
-    cross entropy writes its gradient into the saved softmax in place (one copy, not modelled)."""
-    return 2 * 4 * model.seq_len * plan.mbs * padded_vocab(model, plan) / plan.tp
+    cross entropy writes its gradient into the saved softmax in place: the stack's loss says
+    how many bytes per logit (``Stack.loss_grad_bytes``)."""
+    return plan_stack(plan).loss_grad_bytes * model.seq_len * plan.mbs * padded_vocab(model, plan) / plan.tp
 
 
 def vocab_grad_bytes(model: ModelSpec, plan: Plan) -> float:

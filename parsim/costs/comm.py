@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parsim.specs import ModelSpec, Plan
+from parsim.specs import ModelSpec, Plan, plan_stack
 
 from .memory import state_bytes
 from .ops import DTYPE_BYTES
@@ -99,8 +99,11 @@ def tp_collectives_edge(model: ModelSpec, plan: Plan, part: str, phase: str) -> 
 def p2p_bytes(model: ModelSpec, plan: Plan) -> float:
     """Bytes one device sends to the next pipeline stage per microbatch (activations forward,
     their gradients backward): b*s*h*e, divided by t with TP (the scatter/gather optimisation
-    of Narayanan et al. 2021 Sec. 4.1, and natively with SP)."""
-    return microbatch_activation_bytes(model, plan) / plan.tp
+    of Narayanan et al. 2021 Sec. 4.1, and natively with SP); the whole b*s*h*e from every TP
+    rank where the stack's pipeline does not scatter (DeepSpeed's pipeline engine,
+    ``Stack.p2p_scatter_gather``)."""
+    full = microbatch_activation_bytes(model, plan)
+    return full / plan.tp if plan_stack(plan).p2p_scatter_gather or plan.sp else full
 
 
 def dp_grad_bytes(model: ModelSpec, plan: Plan, pp_rank: int) -> float:

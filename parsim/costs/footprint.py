@@ -38,10 +38,34 @@ def offload_staging(bucket_bytes: float, offload_optimizer: bool) -> float:
     return float(bucket_bytes) if offload_optimizer else 0.0
 
 
-def gathered_layers(layer_params: float, param_bytes: float, zero: int, offload_params: bool) -> float:
-    """ZeRO-3 (and parameter offload) materialise the full parameters of the current and the
-    prefetched layer: 2 layers' parameter bytes during every action (``other``)."""
-    return 2 * layer_params * param_bytes if (zero >= 3 or offload_params) else 0.0
+def stack_state_bytes(param_bytes: float, grad_bytes: float, optimizer_bytes: float, zero: int, fp32_shards: bool,
+                      grad_copy_bytes: float) -> tuple[float, float, float]:
+    """(param, grad, optimizer) bytes per parameter of the model state before sharding, as the
+    software stack keeps it:
+
+    * a ZeRO-3 run whose software keeps its shard in fp32 as the optimizer's master weight
+      (FSDP with a bf16 mixed-precision policy: PyTorch FSDP docs, "Mixed precision";
+      ``Stack.fp32_shards``) holds 4 bytes of parameter and only Adam's m and v beside it (the
+      16-bit copy exists only gathered, ``gathered_layers``): 4 + grad + (optimizer - 4);
+    * DeepSpeed's BF16 optimizer (ZeRO 0-1) accumulates the gradients in a flat fp32 buffer of
+      the whole model and keeps the model's bf16 ``.grad`` tensors beside it
+      (deepspeed/runtime/bf16_optimizer.py: ``fp32_groups_gradients_flat``): ``grad_copy_bytes``
+      (2 in bf16, ``Stack.bf16_grad_copy_bytes``) more per parameter, not sharded.
+    Otherwise as given."""
+    if zero >= 3 and fp32_shards and param_bytes < 4.0:
+        return 4.0, grad_bytes, optimizer_bytes - 4.0
+    if zero <= 1:
+        return param_bytes, grad_bytes + grad_copy_bytes, optimizer_bytes
+    return param_bytes, grad_bytes, optimizer_bytes
+
+
+def gathered_layers(layer_params: float, param_bytes: float, zero: int, offload_params: bool, layers: float,
+                    max_live: float) -> float:
+    """ZeRO-3 (and parameter offload) materialise the full parameters of the layers being
+    gathered during every action (``other``): ``layers`` of them (the current and the
+    prefetched one: 2; ``Stack.zero3_gathered_layers``), at most ``max_live`` parameters
+    (DeepSpeed's stage3_max_live_parameters; ``Stack.zero3_max_live_params``)."""
+    return min(layers * layer_params, max_live) * param_bytes if (zero >= 3 or offload_params) else 0.0
 
 
 def stash_bytes(layers: float, first: bool, last: bool, embedding: float, head: float) -> float:

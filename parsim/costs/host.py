@@ -14,8 +14,9 @@ memory bandwidth. Three measured effects (``parsim calibrate``; ``specs.Calibrat
   the measured sharing law); where that cannot be played out instant by instant, a
   mean-field fixed point on the average number of ranks computing (``HostModel.settle``).
 
-A GPU owns its device: every factor is 1 and interference 0 (a GPU collective runs on its own
-SMs and copy engines; the few percent it takes from concurrent GEMMs are not modelled).
+A GPU owns its device: every factor is 1; interference is what NCCL's kernels take from the
+compute they overlap, as the software stack runs them (``costs.stack.comm_compute_slowdown``;
+0 unless the stack states it).
 ``HostModel`` is the one interface: the SimPy engine, the partitioner's shared-host replay
 and the fast path (which prices each rank alone: its rows are solo times) ask it.
 """
@@ -28,6 +29,7 @@ from parsim.specs import ClusterSpec
 from parsim.specs.tables import RankCurve
 
 from .ops import Op
+from .stack import comm_compute_slowdown
 
 SharingLaw = Callable[[int], tuple[float, float]]     # jobs computing at once -> (g, m) slowdowns
 
@@ -71,10 +73,14 @@ def comm_interference(cluster: ClusterSpec, ranks: float) -> float:
     Calibrated CPU profiles carry ``comm_interference``: {ranks: measured (T_both -
     T_compute) / T_comm} when ``ranks`` ranks compute while all-reducing 4 MiB buffers in the
     background (``calibration.comm``), interpolated linearly between counts and held beyond
-    the largest. GPUs and uncalibrated profiles: 0. Dimensionless, >= 0."""
+    the largest. GPUs (no curve): the NCCL kernels' share of the SMs under the device's stack
+    (``costs.stack.comm_compute_slowdown``; 0 without one, and for uncalibrated CPU profiles).
+    Dimensionless, >= 0."""
     curve = cluster.device.tables.comm_interference
+    if not curve:
+        return comm_compute_slowdown(cluster)
     on_host = min(float(ranks), float(cluster.devices_per_node))
-    if not curve or on_host <= 1:
+    if on_host <= 1:
         return 0.0
     return max(_per_ranks(curve, on_host, 0.0, beyond="hold"), 0.0)
 

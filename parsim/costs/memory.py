@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
+from parsim.specs import ClusterSpec, ModelSpec, Plan, plan_stack, stage_layers
 
 from . import footprint
 from .activations import (backward_working_bytes, embedding_activation_bytes, head_activation_bytes,
@@ -34,6 +34,7 @@ from .placement import rank_of_stage, stages_of_rank
 from .recompute import layer_recompute, recomputes_fully, stage_recompute
 from .split_backward import (head_output_grad_bytes, output_grad_bytes, w_recompute_residue,
                              weight_grad_working_bytes)
+from .stack import apply_stack, default_stack_cluster
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
 
@@ -101,9 +102,12 @@ def zero_model_state_bytes(num_params: float, dp: int, zero: int, k: float = 12.
 
 def model_state_bytes(n_params: float, plan: Plan) -> tuple[float, float, float]:
     """(params, grads, optimizer) bytes of ``n_params`` parameters on one device under the plan's
-    dtype, ZeRO stage and offload (``footprint.model_states``)."""
+    dtype, ZeRO stage, offload and stack (``footprint.stack_state_bytes``, ``footprint.model_states``)."""
     sb = state_bytes(plan.dtype)
-    return footprint.model_states(n_params, sb.param, sb.grad, sb.optimizer, plan.dp, plan.zero,
+    stack = plan_stack(plan)
+    param, grad, optimizer = footprint.stack_state_bytes(sb.param, sb.grad, sb.optimizer, plan.zero, stack.fp32_shards,
+                                                         stack.grad_copy_bytes(plan.dtype))
+    return footprint.model_states(n_params, param, grad, optimizer, plan.dp, plan.zero,
                                   plan.offload != "none", plan.offload == "optimizer+params")
 
 
@@ -142,11 +146,19 @@ def uses_fsdp2(cluster: ClusterSpec | None) -> bool:
     return cluster is not None and cluster.device.tables.fsdp2_copies
 
 
+def gathered_bytes(model: ModelSpec, plan: Plan) -> float:
+    """ZeRO-3's (and parameter offload's) gathered layers, held during every action
+    (``footprint.gathered_layers``; how many layers at once: the plan's stack)."""
+    stack = plan_stack(plan)
+    return footprint.gathered_layers(layer_params(model, plan.tp), state_bytes(plan.dtype).param, plan.zero,
+                                     plan.offload == "optimizer+params", stack.zero3_gathered_layers,
+                                     stack.zero3_max_live_params)
+
+
 def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[StageFootprint]:
     """``StageFootprint`` of every virtual stage (``fsdp2``: ZeRO-2/3 as FSDP2 runs them)."""
     in_backward = fsdp2_bytes(model, plan, 0.0)[1] if fsdp2 else 0.0
-    gathered = footprint.gathered_layers(layer_params(model, plan.tp), state_bytes(plan.dtype).param, plan.zero,
-                                         plan.offload == "optimizer+params")
+    gathered = gathered_bytes(model, plan)
     counts = stage_layers(model, plan)
     groups = [layer_recompute(plan, s, n) for s, n in enumerate(counts)]
     stash = [_stash_bytes(model, plan, s, g) for s, g in enumerate(groups)]
@@ -225,7 +237,10 @@ def rank_peak(chunks: list[StageFootprint], moments: list) -> tuple[float, float
 
 
 def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = None) -> list[StageMemory]:
-    """Peak memory of every pipeline rank (per device; TP and DP peers are identical)."""
+    """Peak memory of every pipeline rank (per device; TP and DP peers are identical), under
+    the plan's software stack where a cluster is given (``costs.stack.apply_stack``)."""
+    if cluster is not None:
+        model, cluster, plan = apply_stack(model, cluster, plan)
     fsdp2 = uses_fsdp2(cluster)
     stages = stage_footprints(model, plan, fsdp2)
     out = []
@@ -239,10 +254,13 @@ def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = 
 
 
 def device_capacity(cluster: ClusterSpec) -> float:
-    """Bytes a framework can allocate on one device."""
+    """Bytes a framework can allocate on one device (under the stack applied, else the
+    profile's default stack: its allocator reserve, ``costs.stack``)."""
+    cluster = default_stack_cluster(cluster)
     return cluster.device.memory_bytes * cluster.device.usable_memory_fraction
 
 
 def fits(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> bool:
+    model, cluster, plan = apply_stack(model, cluster, plan)
     cap = device_capacity(cluster)
     return all(s.total <= cap for s in memory_by_stage(model, plan, cluster))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from parsim.specs import ModelSpec, Plan
+from parsim.specs import ModelSpec, Plan, plan_stack
 
 from .zero import zero_shard
 
@@ -146,7 +146,8 @@ def embedding_bwd_bytes(fwd_bytes: float, table_elements: float, act_bytes: int)
 
 def head_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     """Last stage: final norm, vocab-parallel logits GEMM (2*b*s*h*V/t FLOP, Narayanan 2021
-    Eq. 3's last term), and softmax cross-entropy in fp32 over the local vocab shard."""
+    Eq. 3's last term), and softmax cross-entropy over the local vocab shard, on as many bytes
+    per logit as the stack's loss keeps (fp32: 4; a fused bf16 loss: 2; ``Stack.loss_logits_bytes``)."""
     e = DTYPE_BYTES[plan.dtype]
     t = plan.tp
     tokens = plan.mbs * model.seq_len
@@ -155,7 +156,7 @@ def head_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     return [
         _membound("final_norm", tok_sp * model.hidden, e, impl=model.norm),
         _gemm("logits", tokens, vocab_shard, model.hidden),
-        _membound("cross_entropy", tokens * vocab_shard, 4),
+        _membound("cross_entropy", tokens * vocab_shard, plan_stack(plan).loss_logits_bytes),
         _grad_accumulation("head_grad_accumulate", _head_params(model, plan), plan),
     ]
 

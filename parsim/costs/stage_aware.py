@@ -21,6 +21,7 @@ from parsim.specs import ClusterSpec, ModelSpec, Plan, SpecError, stage_layers
 
 from .memory import device_capacity, memory_by_stage
 from .recompute import fewest_recomputed
+from .stack import apply_stack
 
 
 def stage_aware_recompute_layers(model: ModelSpec, plan: Plan, cluster: ClusterSpec,
@@ -28,7 +29,7 @@ def stage_aware_recompute_layers(model: ModelSpec, plan: Plan, cluster: ClusterS
     """The fewest fully recomputed layers per virtual stage such that every pipeline rank fits
     ``memory_budget`` bytes (default: the device capacity). Raises SpecError naming
     ``recompute`` when even recomputing every layer does not fit."""
-    budget = device_capacity(cluster) if memory_budget is None else float(memory_budget)
+    budget = device_capacity(apply_stack(model, cluster, plan)[1]) if memory_budget is None else float(memory_budget)
     if budget <= 0:
         raise SpecError("memory_budget", memory_budget, "a positive number of bytes")
     base = plan.replace(recompute="stage-aware")

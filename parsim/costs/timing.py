@@ -163,9 +163,21 @@ def _attention_time(device: DeviceProfile, op: Op, pass_: str, dtype: str, flops
     # Causal FlashAttention skips the score blocks above the diagonal: it executes about
     # half of the 4 b s^2 h FLOPs counted (Dao 2023, FlashAttention-2, Sec. 3.1.1; its
     # benchmarks count causal FLOPs as half). attention_efficiency is the achieved
-    # fraction of peak on the FLOPs executed.
+    # fraction of peak on the FLOPs executed at long sequences (``flash_shape_factor``).
     executed = flops * CAUSAL_ATTENTION_FRACTION
-    return executed / (device.flops(dtype) * device.attention_efficiency) + device.kernel_overhead_s
+    eff = device.attention_efficiency * flash_shape_factor(device, op.shape[0])
+    return executed / (device.flops(dtype) * eff) + device.kernel_overhead_s
+
+
+def flash_shape_factor(device: DeviceProfile, seq: float) -> float:
+    """Flash attention's efficiency at sequence length ``seq`` over its long-sequence value:
+    s / (s + s_half). Each query block walks s / block keys, so per-block fixed work (loading Q,
+    writing O and the log-sum-exp, the causal diagonal block, the launch) weighs ~1/s (Dao 2023,
+    FlashAttention-2, Fig. 4-6: fwd+bwd TFLOP/s rise with s and flatten past ~8k). 1 unless the
+    device runs a stack that states its kernel's half-efficiency length
+    (``Stack.attention_half_seq``, ``costs.stack``)."""
+    half = device.stack.attention_half_seq if device.stack is not None else 0.0
+    return seq / (seq + half) if half > 0 else 1.0
 
 
 def _attention_rate(table: AttentionTable, op: Op, pass_: str = "fwd") -> float:

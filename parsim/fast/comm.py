@@ -11,11 +11,15 @@ Per rank, in seconds (buckets back to back on one DP stream, ``costs.dp_buckets`
     all-gather of the parameters (all buckets)                 ZeRO-1/2 after the step
     ZeRO-3 per-layer all-gather / reduce-scatter               (Rajbhandari et al. 2020 Sec. 7)
     ZeRO-3 root unit (embedding / head) gather and scatter     per forward / backward
+    (the ZeRO collectives of every layer at the stack's share of NCCL bandwidth,
+    ``costs.stack.zero_comm_factor``, as the SimPy engine's ``actions.zero3_collective``)
     reduce-scatter of the embedding's / the head's gradients   ZeRO-2, every backward (with the
                                                                per-layer one: Sec. 5.2)
     parameter server: gradient buckets in (all, last), parameters out    (``dp_impl=ps``)
     whether the TP and the DP groups leave the device on the same link (both NVLink inside a
     node, or both the NIC): then their transfers queue for one port, as in the SimPy engine
+    compute seconds lost per second of these collectives overlapping compute (NCCL on the
+    SMs: ``costs.stack.comm_compute_slowdown``, the SimPy engine's ``Device.ledger``)
 """
 from __future__ import annotations
 
@@ -28,13 +32,14 @@ from parsim.costs import (embedding_params, head_params, state_bytes, zero3_gath
 from parsim.costs import timing
 from parsim.costs.comm import bucket_split
 from parsim.costs.links import group_link
+from parsim.costs.stack import comm_compute_slowdown, zero_comm_factor
 from parsim.costs.timing import parameter_server_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
 
 from .plans import WORDS
 
 (C_AR_ALL, C_AR_LAST, C_RS_ALL, C_RS_LAST, C_AG_ALL, C_PS_ALL, C_PS_LAST, C_PS_BCAST, C_Z3_GATHER, C_Z3_SCATTER,
- C_SHARED_LINK, C_Z2_EMB, C_Z2_HEAD, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER, C_WIDTH) = range(16)
+ C_SHARED_LINK, C_Z2_EMB, C_Z2_HEAD, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER, C_COMM_SLOWDOWN, C_WIDTH) = range(17)
 
 
 def dp_group_ranks(dp: int, tp: int, pp: int, pp_rank: int = 0) -> list[int]:
@@ -110,6 +115,7 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
     done: dict[tuple[float, tuple[int, ...]], np.ndarray] = {}
     cluster = pricer.cluster
     tp_link = group_link(cluster, tp_group_ranks(dp, tp, pp))
+    zero_factor = zero_comm_factor(cluster)
     for r in range(pp):
         group = pricer.dp_group(dp, tp, pp, r)
         n = rank_params[r]
@@ -138,6 +144,8 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
             # every forward and backward, reduce-scattered after every backward (sim.actions)
             row[C_Z3_ROOT_GATHER] = pricer("all_gather", (emb + head) * sb.param, group)
             row[C_Z3_ROOT_SCATTER] = pricer("reduce_scatter", (emb + head) * sb.grad, group)
+        row[[C_Z3_GATHER, C_Z3_SCATTER, C_Z2_EMB, C_Z2_HEAD, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER]] *= zero_factor
         row[C_SHARED_LINK] = float(tp > 1 and group_link(cluster, list(group)) == tp_link)
+        row[C_COMM_SLOWDOWN] = comm_compute_slowdown(cluster)
         done[key] = row.copy()
     return out

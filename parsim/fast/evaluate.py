@@ -11,7 +11,7 @@ from parsim.specs import RECOMPUTES, ClusterSpec, ModelSpec, Plan, validate
 from . import codes as K
 from .kernel import PlanColumns, evaluate_all
 from .plans import WORDS, PlanTable, valid_mask
-from .tables import CostTables, build_tables, key_ids
+from .tables import CostTables, build_tables, key_ids, with_stack
 from .timing import DPSync
 
 
@@ -48,6 +48,7 @@ class FastResult:
 def evaluate(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable,
              tables: CostTables | None = None) -> FastResult:
     _check_valid(model, cluster, plans)
+    model, cluster, plans = with_stack(model, cluster, plans)     # the table's software stack (``costs.stack``)
     tables = tables or build_tables(model, cluster, plans)
     c = plans.cols
     n = len(plans)

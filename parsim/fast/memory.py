@@ -21,9 +21,10 @@ from .codes import O_ACT, O_GRADS, O_OPT, O_OTHER, O_PARAMS, O_PEAK, O_PEAK_STAG
 from .inflight import KIND_FIRST_I, KIND_I, KIND_W
 from .ranks import R_CHUNK, R_LAST, R_PARAMS
 from .rules import (backward_bytes, backward_working, gathered_layers, held_bytes, model_states, offload_staging,
-                    stash_bytes)
-from .tables import (D_GRAD, D_OPT, D_PARAM, H_EMB_ACT, H_HEAD_ACT, H_HEAD_KEPT, H_LOGITS_GRAD, H_SBH, H_TIED,
-                     H_VOCAB_GRAD, L_ACT, L_KEPT, L_PARAMS, L_TRANSIENT, L_W_RESIDUE, L_WORK, L_WORK_I, L_WORK_W)
+                    stack_state_bytes, stash_bytes)
+from .tables import (D_FP32_SHARDS, D_GATHERED_LAYERS, D_GRAD, D_GRAD_COPY, D_MAX_LIVE, D_OPT, D_PARAM, H_EMB_ACT,
+                     H_HEAD_ACT, H_HEAD_KEPT, H_LOGITS_GRAD, H_SBH, H_TIED, H_VOCAB_GRAD, L_ACT, L_KEPT, L_PARAMS,
+                     L_TRANSIENT, L_W_RESIDUE, L_WORK, L_WORK_I, L_WORK_W)
 
 
 @numba.njit(cache=True)
@@ -33,11 +34,14 @@ def plan_memory(out, dp, pp, vpp, zero, offload, lrow, hrow, drow, ranks, moment
     gradients, then the kind of pass starting (its working set; ``fast.inflight.KIND_OF``)."""
     offload_optimizer = offload != OFF_NONE
     offload_params = offload == OFF_OPT_PARAMS
-    gathered = gathered_layers(lrow[L_PARAMS], drow[D_PARAM], zero, offload_params)
+    gathered = gathered_layers(lrow[L_PARAMS], drow[D_PARAM], zero, offload_params, drow[D_GATHERED_LAYERS],
+                               drow[D_MAX_LIVE])
+    pb, gb, ob = stack_state_bytes(drow[D_PARAM], drow[D_GRAD], drow[D_OPT], zero, drow[D_FP32_SHARDS] > 0,
+                                   drow[D_GRAD_COPY])
     width = (moments.shape[1] - 1) // 2
     peak = -1.0
     for r in range(pp):
-        params, grads, opt = model_states(ranks[r, R_PARAMS], drow[D_PARAM], drow[D_GRAD], drow[D_OPT], dp, zero,
+        params, grads, opt = model_states(ranks[r, R_PARAMS], pb, gb, ob, dp, zero,
                                           offload_optimizer, offload_params)
         other = offload_staging(bucket_bytes, offload_optimizer) + gathered
         extra_b = backward_bytes(lrow[L_TRANSIENT], 0.0, _rank_working(r, pp, vpp, lrow, hrow, ranks, False))

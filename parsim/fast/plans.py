@@ -15,6 +15,7 @@ import numpy as np
 from parsim.specs import OFFLOADS, RECOMPUTES, SCHEDULES, ClusterSpec, ModelSpec, Plan, SpecError, plan_mask
 from parsim.specs.codes import OFF_NONE, WORDS, code
 from parsim.specs.plan import DEFAULT_DP_BUCKET_BYTES, DP_IMPLS, DTYPES
+from parsim.specs.stack import AUTO
 
 COLUMNS = ("dp", "tp", "pp", "vpp", "mbs", "gbs", "schedule", "zero", "offload", "recompute", "sp", "dtype",
            "dp_impl")
@@ -30,6 +31,7 @@ class PlanTable:
     cols: dict[str, np.ndarray]
     dp_bucket_bytes: int = DEFAULT_DP_BUCKET_BYTES
     dp_overlap: bool = True
+    stack: str = AUTO                  # one software stack for the whole table (``specs.stack``)
 
     def __len__(self) -> int:
         return int(self.cols["dp"].shape[0])
@@ -42,7 +44,7 @@ class PlanTable:
         return self.cols["gbs"] // (self.cols["dp"] * self.cols["mbs"])
 
     def take(self, index: np.ndarray) -> "PlanTable":
-        return PlanTable({k: v[index] for k, v in self.cols.items()}, self.dp_bucket_bytes, self.dp_overlap)
+        return PlanTable({k: v[index] for k, v in self.cols.items()}, self.dp_bucket_bytes, self.dp_overlap, self.stack)
 
     def value(self, key: str, i: int):
         """The plan-level value (word, bool or int) of column ``key`` at row ``i``."""
@@ -55,7 +57,7 @@ class PlanTable:
 
     def plan(self, i: int) -> Plan:
         return Plan(**{k: self.value(k, i) for k in COLUMNS}, dp_bucket_bytes=self.dp_bucket_bytes,
-                    dp_overlap=self.dp_overlap)
+                    dp_overlap=self.dp_overlap, stack=self.stack)
 
     def plan_strings(self) -> list[str]:
         """``Plan.to_string()`` of every row, built without constructing Plan objects."""
@@ -66,6 +68,7 @@ class PlanTable:
             tail += f" dp_bucket_bytes={self.dp_bucket_bytes}"
         if self.dp_overlap != d.dp_overlap:
             tail += f" dp_overlap={'true' if self.dp_overlap else 'false'}"
+        stack = f" stack={self.stack}" if self.stack != d.stack else ""
         out = []
         for i in range(len(self)):
             s = f"dp={c['dp'][i]} tp={c['tp'][i]} pp={c['pp'][i]}"
@@ -85,7 +88,7 @@ class PlanTable:
             s += tail
             if DP_IMPLS[c["dp_impl"][i]] != d.dp_impl:
                 s += f" dp_impl={DP_IMPLS[c['dp_impl'][i]]}"
-            out.append(s)
+            out.append(s + stack)
         return out
 
     def decoded(self) -> dict[str, list]:
@@ -103,7 +106,7 @@ class PlanTable:
 
     @classmethod
     def from_plans(cls, plans: list[Plan]) -> "PlanTable":
-        """Plans -> table. All must share dp_bucket_bytes/dp_overlap and use only fast-path keys."""
+        """Plans -> table. All must share dp_bucket_bytes/dp_overlap/stack and use only fast-path keys."""
         if not plans:
             return cls({k: np.zeros(0, dtype=np.int64) for k in COLUMNS})
         for p in plans:
@@ -112,8 +115,8 @@ class PlanTable:
                     raise SpecError(key, getattr(p, key), f"the default ({default}) in a sweep: the fast path does not model it")
         first = plans[0]
         for p in plans:
-            if (p.dp_bucket_bytes, p.dp_overlap) != (first.dp_bucket_bytes, first.dp_overlap):
-                raise SpecError("dp_bucket_bytes/dp_overlap", f"{p.dp_bucket_bytes}/{p.dp_overlap}",
+            if (p.dp_bucket_bytes, p.dp_overlap, p.stack) != (first.dp_bucket_bytes, first.dp_overlap, first.stack):
+                raise SpecError("dp_bucket_bytes/dp_overlap/stack", f"{p.dp_bucket_bytes}/{p.dp_overlap}/{p.stack}",
                                 "one value for all plans of a table")
         cols = {}
         for k in COLUMNS:
@@ -121,7 +124,7 @@ class PlanTable:
                 cols[k] = np.array([WORDS[k].index(getattr(p, k)) for p in plans], dtype=np.int64)
             else:
                 cols[k] = np.array([int(getattr(p, k)) for p in plans], dtype=np.int64)
-        return cls(cols, first.dp_bucket_bytes, first.dp_overlap)
+        return cls(cols, first.dp_bucket_bytes, first.dp_overlap, first.stack)
 
 
 def valid_mask(model: ModelSpec, cluster: ClusterSpec, t: PlanTable) -> np.ndarray:
@@ -133,7 +136,7 @@ def valid_mask(model: ModelSpec, cluster: ClusterSpec, t: PlanTable) -> np.ndarr
 
 
 def product_table(values: dict[str, tuple], dp_bucket_bytes: int = DEFAULT_DP_BUCKET_BYTES,
-                  dp_overlap: bool = True) -> PlanTable:
+                  dp_overlap: bool = True, stack: str = AUTO) -> PlanTable:
     """The full cartesian product of per-key value lists (words given as words)."""
     coded = []
     for k in COLUMNS:
@@ -143,7 +146,7 @@ def product_table(values: dict[str, tuple], dp_bucket_bytes: int = DEFAULT_DP_BU
         else:
             coded.append(np.array([int(v) for v in vals], dtype=np.int64))
     grids = np.meshgrid(*coded, indexing="ij")
-    return PlanTable({k: g.ravel() for k, g in zip(COLUMNS, grids)}, dp_bucket_bytes, dp_overlap)
+    return PlanTable({k: g.ravel() for k, g in zip(COLUMNS, grids)}, dp_bucket_bytes, dp_overlap, stack)
 
 
 def concat(tables: list[PlanTable]) -> PlanTable:
@@ -151,4 +154,4 @@ def concat(tables: list[PlanTable]) -> PlanTable:
         return PlanTable({k: np.zeros(0, dtype=np.int64) for k in COLUMNS})
     first = tables[0]
     return PlanTable({k: np.concatenate([t.cols[k] for t in tables]) for k in COLUMNS},
-                     first.dp_bucket_bytes, first.dp_overlap)
+                     first.dp_bucket_bytes, first.dp_overlap, first.stack)

@@ -9,7 +9,8 @@
   (``costs.optimizer``: the same ``OptimizerStep`` the SimPy engine plays at the end of the step);
 * send key (dp, tp, pp, mbs, dtype): per pipeline rank r the seconds of its send to rank r + 1,
   and the last rank's to rank 0 (a loop's turn to the next chunk) (``costs.timing.p2p_time`` of
-  ``costs.p2p_bytes`` between the two ranks' devices; it is the same both ways, ``send_between``).
+  ``costs.p2p_bytes`` between the two ranks' devices, as the table's software stack sends it;
+  it is the same both ways, ``send_between``).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from parsim.costs.optimizer import bucket_to_host, layer_from_host_s, rank_tenso
 from parsim.costs.placement import stages_of_rank
 from parsim.costs.timing import p2p_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout, stage_layers
+from parsim.specs.stack import AUTO
 
 from .comm import C_WIDTH, CollectivePricer, rank_comm_rows
 from .plans import WORDS
@@ -139,10 +141,12 @@ class RankRows:
         return [step.step_s, step.grads_to_host_s, step.params_from_host_s, bucket, bucket_all, layer_up]
 
 
-def send_rows(model: ModelSpec, cluster: ClusterSpec, dp: int, tp: int, pp: int, mbs: int, dtype: int) -> np.ndarray:
+def send_rows(model: ModelSpec, cluster: ClusterSpec, dp: int, tp: int, pp: int, mbs: int, dtype: int,
+              stack: str = AUTO) -> np.ndarray:
     """(pp,): seconds of pipeline rank r's send to rank r + 1 (its DP rank 0, TP rank 0 device to
-    the next one's); on the last rank its send to rank 0 (0 without pipelining)."""
-    plan = Plan(dp=dp, tp=tp, pp=pp, mbs=mbs, dtype=WORDS["dtype"][dtype])
+    the next one's); on the last rank its send to rank 0 (0 without pipelining); the bytes as
+    ``stack``'s pipeline sends them."""
+    plan = Plan(dp=dp, tp=tp, pp=pp, mbs=mbs, dtype=WORDS["dtype"][dtype], stack=stack)
     nbytes = p2p_bytes(model, plan)
     layout = RankLayout(dp=dp, tp=tp, pp=pp)
     out = np.zeros(pp)

@@ -19,6 +19,7 @@ gathers_layers = zero.gathers_layers
 scatters_every_backward = zero.scatters_every_backward
 reduce_scatters_buckets = zero.reduce_scatters_buckets
 
+stack_state_bytes = numba.njit(cache=True)(footprint.stack_state_bytes)
 model_states = numba.njit(cache=True)(footprint.model_states)
 offload_staging = numba.njit(cache=True)(footprint.offload_staging)
 gathered_layers = numba.njit(cache=True)(footprint.gathered_layers)

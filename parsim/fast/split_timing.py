@@ -30,8 +30,9 @@ from .dag import K_B, K_F, K_FB, K_I, K_W, N_CHUNK, N_CHUNK_B, N_DEP0, N_DEP1, N
 from .ranks import (R_CHUNK, R_COMM, R_LAST, R_PARAMS, R_STEP, S_GRADS_DOWN, S_OPT_STEP, S_PARAMS_UP,
                     send_between)
 from .rules import overlapped_time
-from .tables import (H_EMB_BWD, H_EMB_FWD, H_HEAD_BWD, H_HEAD_BWD_W, H_HEAD_FWD, L_BWD, L_BWD_I, L_BWD_W, L_FWD,
-                     L_RECOMPUTE, L_TP_BWD, L_TP_RECOMPUTE, L_TP_W_RECOMPUTE, L_W_RECOMPUTE)
+from .tables import (H_EMB_BWD, H_EMB_FWD, H_HEAD_BWD, H_HEAD_BWD_W, H_HEAD_FWD, H_HEAD_TP_COVER, L_BWD, L_BWD_I,
+                     L_BWD_W, L_FWD, L_RECOMPUTE, L_TP_BWD, L_TP_COVER, L_TP_RECOMPUTE, L_TP_W_RECOMPUTE,
+                     L_W_RECOMPUTE)
 from .timing import _chained, _plan_terms, _scatter_end, _sync_rounds
 
 # per (rank, chunk): one microbatch's pass times and the communication inside them (seconds)
@@ -42,7 +43,9 @@ P_F, P_B, P_I, P_W, P_F_COMM, P_B_COMM, P_I_COMM, P_WIDTH = range(8)
 def pass_times(plan, t, lrow, hrow, ranks):
     """(pp, vpp, P_WIDTH) pass times of every chunk (module docstring)."""
     out = np.zeros((plan.pp, plan.vpp, P_WIDTH))
-    i_layer = lrow[L_BWD_I] + lrow[L_TP_BWD] + lrow[L_RECOMPUTE] + lrow[L_TP_RECOMPUTE]
+    # I's TP collectives hide nothing behind a weight-gradient GEMM (``L_TP_COVER``: 0 but for
+    # stacks that overlap them, ``costs.stack.tp_covered``)
+    i_layer = lrow[L_BWD_I] + (lrow[L_TP_BWD] + lrow[L_TP_COVER]) + lrow[L_RECOMPUTE] + lrow[L_TP_RECOMPUTE]
     w_layer = lrow[L_BWD_W] + lrow[L_W_RECOMPUTE] + lrow[L_TP_W_RECOMPUTE]
     for r in range(plan.pp):
         root = ranks[r, R_COMM + C_Z3_ROOT_GATHER] if t.zero3 else 0.0
@@ -74,7 +77,7 @@ def pass_times(plan, t, lrow, hrow, ranks):
             if last:
                 p[P_F] += hrow[H_HEAD_FWD]
                 p[P_B] += hrow[H_HEAD_BWD]
-                p[P_I] += hrow[H_HEAD_BWD] - hrow[H_HEAD_BWD_W]
+                p[P_I] += hrow[H_HEAD_BWD] - hrow[H_HEAD_BWD_W] + hrow[H_HEAD_TP_COVER]
                 p[P_W] += hrow[H_HEAD_BWD_W]
             if first:
                 # no input gradient: the first stage's I runs nothing, its W the whole backward

@@ -17,7 +17,9 @@ functions the SimPy engine uses, and looked up by index. Keys:
   split-backward family and looped BFS), that graph (``fast.dag``)
 
 The memory rules that combine these rows per plan (``costs.footprint``) are compiled into the
-kernel (``fast.memory``).
+kernel (``fast.memory``). A table has one software stack (``PlanTable.stack``), applied once
+(``with_stack``: ``costs.stack.apply_stack``): every row is priced as that stack runs it, and
+the dtype rows carry its memory terms.
 """
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ from parsim.costs.host import HostModel
 from parsim.costs.placement import loop_placed, stages_of_rank
 from parsim.costs.split_backward import (head_output_grad_bytes, output_grad_bytes, w_recompute_residue,
                                          w_recomputes, weight_grad_working_bytes)
-from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
+from parsim.costs.stack import apply_stack, tp_covered
+from parsim.specs import ClusterSpec, ModelSpec, Plan, get_stack, stage_layers
 
 from .comm import tp_group_ranks
 from .dag import N_WIDTH, schedule_graph
@@ -56,15 +59,18 @@ V_PLACED = tuple(name for name in WORDS["schedule"] if not loop_placed(Plan(sche
 # gradients kept from I to W, the backward working sets of I and of W
 (L_FWD, L_BWD, L_RECOMPUTE, L_TP_FWD, L_TP_BWD, L_TP_RECOMPUTE, L_ACT, L_ACT_NONE, L_ACT_FULL,
  L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WORK, L_TRANSIENT, L_RERUN_FULL, L_RERUN_SELECTIVE, L_BWD_I, L_BWD_W,
- L_W_RECOMPUTE, L_TP_W_RECOMPUTE, L_KEPT, L_WORK_I, L_WORK_W, L_W_RESIDUE, L_WIDTH) = range(25)
+ L_W_RECOMPUTE, L_TP_W_RECOMPUTE, L_KEPT, L_WORK_I, L_WORK_W, L_W_RESIDUE, L_TP_COVER, L_WIDTH) = range(26)
 # the forward a backward re-runs under each layer policy that re-runs one (``costs.recomputed_ops``)
 RERUN = {"full": L_RERUN_FULL, "selective": L_RERUN_SELECTIVE}
 # head table columns; the head's weight-gradient time and kept output gradients (the first stage
 # runs its whole backward as W: ``costs.split_backward``)
 (H_EMB_FWD, H_EMB_BWD, H_HEAD_FWD, H_HEAD_BWD, H_EMB_ACT, H_HEAD_ACT, H_EMB_PARAMS, H_HEAD_PARAMS_PP1,
- H_HEAD_PARAMS_PPN, H_SBH, H_VOCAB_GRAD, H_TIED, H_LOGITS_GRAD, H_HEAD_BWD_W, H_HEAD_KEPT, H_WIDTH) = range(16)
-# dtype table columns: bytes per parameter of each model state
-D_PARAM, D_GRAD, D_OPT, D_WIDTH = range(4)
+ H_HEAD_PARAMS_PPN, H_SBH, H_VOCAB_GRAD, H_TIED, H_LOGITS_GRAD, H_HEAD_BWD_W, H_HEAD_KEPT, H_HEAD_TP_COVER,
+ H_WIDTH) = range(17)
+# dtype table columns: bytes per parameter of each model state; and the table's stack's memory
+# terms (``costs.footprint``): fp32 shards (0 / 1), 16-bit gradient copy bytes, layers gathered
+# at once, the most gathered parameters alive
+D_PARAM, D_GRAD, D_OPT, D_FP32_SHARDS, D_GRAD_COPY, D_GATHERED_LAYERS, D_MAX_LIVE, D_WIDTH = range(8)
 
 
 class CostTables(NamedTuple):
@@ -108,8 +114,9 @@ def key_ids(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return keys, inverse.reshape(-1).astype(np.int64)
 
 
-def _plan(tp: int, sp: int, mbs: int, dtype: int, recompute: int = 0) -> Plan:
-    return Plan(tp=tp, sp=bool(sp), mbs=mbs, dtype=WORDS["dtype"][dtype], recompute=WORDS["recompute"][recompute])
+def _plan(tp: int, sp: int, mbs: int, dtype: int, recompute: int = 0, stack: str = "auto") -> Plan:
+    return Plan(tp=tp, sp=bool(sp), mbs=mbs, dtype=WORDS["dtype"][dtype], recompute=WORDS["recompute"][recompute],
+                stack=stack)
 
 
 def _ops_time(cluster: ClusterSpec, ops, pass_: str, dtype: str) -> float:
@@ -117,12 +124,15 @@ def _ops_time(cluster: ClusterSpec, ops, pass_: str, dtype: str) -> float:
 
 
 def _tp_seconds(cluster: ClusterSpec, model: ModelSpec, plan: Plan, phase: str, host_ranks: int | None = None,
-                part: str | None = None) -> float:
+                part: str | None = None, cover: bool = True) -> float:
     """Seconds of a layer's TP collectives (or, with ``part``, the embedding's / head's:
-    ``tp_collectives_edge``), priced in situ (timing.collective_time) as the SimPy engine does."""
+    ``tp_collectives_edge``), priced in situ (timing.collective_time) as the SimPy engine does,
+    less (``cover``) what the stack hides behind the weight-gradient GEMMs (``costs.stack.tp_covered``)."""
     group = tp_group_ranks(1, plan.tp, 1)
     colls = tp_collectives_per_layer(model, plan, phase) if part is None else tp_collectives_edge(model, plan, part, phase)
-    return sum(timing.collective_time(cluster, c.op, c.nbytes, group, in_situ=True, host_ranks=host_ranks)
+    ops = layer_ops(model, plan) if part is None else [] if part == "embedding" else head_ops(model, plan)
+    return sum(max(timing.collective_time(cluster, c.op, c.nbytes, group, in_situ=True, host_ranks=host_ranks)
+                   - (tp_covered(cluster.device, ops, c.after, phase, plan.dtype) if cover else 0.0), 0.0)
                for c in colls)
 
 
@@ -177,6 +187,9 @@ def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ran
     row[L_KEPT] = output_grad_bytes(model, plan)
     row[L_WORK_I] = layer_working_bytes(model, plan, weight_grads=False)
     row[L_WORK_W] = weight_grad_working_bytes(model, plan, False, False)
+    # ... and I's TP collectives, with no weight-gradient GEMM beside them, hide nothing
+    # (``costs.stack.tp_covered`` is 0 for "bwd_input"): what the backward's cover hid
+    row[L_TP_COVER] = _tp_seconds(cluster, model, plan, "bwd", host_ranks, cover=False) - row[L_TP_BWD]
     return row
 
 
@@ -232,16 +245,33 @@ def head_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ranks: int
     row[H_LOGITS_GRAD] = logits_grad_bytes(model, plan)
     row[H_HEAD_BWD_W] = _ops_time(cluster, head, "bwd_weight", dt)
     row[H_HEAD_KEPT] = head_output_grad_bytes(model, plan)
+    row[H_HEAD_TP_COVER] = (_tp_seconds(cluster, model, plan, "bwd", host_ranks, "head", cover=False)
+                            - _tp_seconds(cluster, model, plan, "bwd", host_ranks, "head"))
     return row
 
 
-def dtype_table() -> np.ndarray:
-    """Bytes per parameter of each model state (``costs.state_bytes``), one row per dtype code."""
+def dtype_table(stack: str = "torch") -> np.ndarray:
+    """Per dtype code: bytes per parameter of each model state (``costs.state_bytes``), and
+    ``stack``'s memory terms (``specs.stack.Stack``; the same on every row but the gradient copy)."""
+    st = get_stack(stack)
     out = np.zeros((len(WORDS["dtype"]), D_WIDTH))
     for i, name in enumerate(WORDS["dtype"]):
         sb = state_bytes(name)
         out[i, D_PARAM], out[i, D_GRAD], out[i, D_OPT] = sb.param, sb.grad, sb.optimizer
+        out[i, D_FP32_SHARDS], out[i, D_GRAD_COPY] = float(st.fp32_shards), st.grad_copy_bytes(name)
+        out[i, D_GATHERED_LAYERS], out[i, D_MAX_LIVE] = st.zero3_gathered_layers, st.zero3_max_live_params
     return out
+
+
+def with_stack(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable) -> tuple[ModelSpec, ClusterSpec, PlanTable]:
+    """The table's software stack applied (``costs.stack.apply_stack``; applying it again is a
+    no-op): the model and cluster as the stack runs them, the table with its stack named and
+    the DP overlap the stack can do."""
+    probe = Plan(stack=plans.stack, dp_overlap=plans.dp_overlap)
+    model, cluster, probe = apply_stack(model, cluster, probe)
+    if (probe.stack, probe.dp_overlap) != (plans.stack, plans.dp_overlap):
+        plans = PlanTable(plans.cols, plans.dp_bucket_bytes, probe.dp_overlap, probe.stack)
+    return model, cluster, plans
 
 
 def uneven_chunks(model: ModelSpec, pp: int, vpp: int, v_placed: int = 0) -> list[bool]:
@@ -257,8 +287,10 @@ def uneven_chunks(model: ModelSpec, pp: int, vpp: int, v_placed: int = 0) -> lis
 
 
 def build_tables(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable) -> CostTables:
+    model, cluster, plans = with_stack(model, cluster, plans)
+    st = plans.stack
     c = plans.cols
-    layer, layer_id, head, head_id = _shape_tables(model, cluster, c)
+    layer, layer_id, head, head_id = _shape_tables(model, cluster, c, st)
     max_vpp = int(c["vpp"].max(initial=1))
     v_placed = np.isin(c["schedule"], [WORDS["schedule"].index(s) for s in V_PLACED]).astype(np.int64)
     rkeys, rank_id = key_ids(c["dp"], c["tp"], c["pp"], c["vpp"], c["dtype"], v_placed)
@@ -267,8 +299,8 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable) -> Co
     rank_rows = RankRows(model, cluster, plans.dp_bucket_bytes, with_ps, max_vpp, steps)
     rank, rank_offset = _stacked([rank_rows(*map(int, k)) for k in rkeys], (0, R_CHUNK + max_vpp))
     skeys, send_id = key_ids(c["dp"], c["tp"], c["pp"], c["mbs"], c["dtype"])
-    send, send_offset = _stacked([send_rows(model, cluster, *map(int, k)) for k in skeys], (0,))
-    return CostTables(layer=layer, head=head, dtype=dtype_table(), rank=rank, rank_offset=rank_offset, send=send,
+    send, send_offset = _stacked([send_rows(model, cluster, *map(int, k), stack=st) for k in skeys], (0,))
+    return CostTables(layer=layer, head=head, dtype=dtype_table(st), rank=rank, rank_offset=rank_offset, send=send,
                       send_offset=send_offset, layer_id=layer_id, head_id=head_id, dtype_id=c["dtype"],
                       rank_id=rank_id, send_id=send_id, **_schedule_tables(model, plans, max_vpp))
 
@@ -311,8 +343,8 @@ def _graph_tables(c: dict, graph_m: np.ndarray, walked: np.ndarray) -> dict[str,
                 graph_id=graph_id)
 
 
-def _shape_tables(model: ModelSpec, cluster: ClusterSpec, c: dict[str, np.ndarray]):
-    """(layer rows, each plan's layer row, head rows, each plan's head row)."""
+def _shape_tables(model: ModelSpec, cluster: ClusterSpec, c: dict[str, np.ndarray], st: str):
+    """(layer rows, each plan's layer row, head rows, each plan's head row) under stack ``st``."""
     host = np.zeros_like(c["tp"])
     if _prices_by_host_ranks(cluster):
         # ranks on a host: a key of the layer rows only where in-situ TP prices depend on it
@@ -324,11 +356,11 @@ def _shape_tables(model: ModelSpec, cluster: ClusterSpec, c: dict[str, np.ndarra
     for k in lkeys.tolist():
         shape_key = (*k[:4], k[5])
         if shape_key not in shapes:
-            shapes[shape_key] = layer_shape_row(model, cluster, _plan(*k[:4]), k[5] or None)
-        rows.append(with_recompute(model, _plan(*k[:5]), shapes[shape_key]))
+            shapes[shape_key] = layer_shape_row(model, cluster, _plan(*k[:4], stack=st), k[5] or None)
+        rows.append(with_recompute(model, _plan(*k[:5], stack=st), shapes[shape_key]))
     layer = np.array(rows).reshape(-1, L_WIDTH)
     hkeys, head_id = key_ids(c["tp"], c["sp"], c["mbs"], c["dtype"], host)
-    head = np.array([head_row(model, cluster, _plan(*map(int, k[:4])), int(k[4]) or None)
+    head = np.array([head_row(model, cluster, _plan(*map(int, k[:4]), stack=st), int(k[4]) or None)
                      for k in hkeys]).reshape(-1, H_WIDTH)
     return layer, layer_id, head, head_id
 

@@ -39,8 +39,8 @@ import numpy as np
 
 from .codes import (GPIPE, INTERLEAVED, NAIVE, O_BUBBLE, O_DP, O_PIPE, O_PP, O_STEP, O_TP, OFF_NONE, ONE_F_ONE_B,
                     PS)
-from .comm import (C_AG_ALL, C_AR_ALL, C_AR_LAST, C_PS_ALL, C_PS_BCAST, C_PS_LAST, C_RS_ALL, C_RS_LAST,
-                   C_SHARED_LINK, C_Z2_EMB, C_Z2_HEAD, C_Z3_GATHER, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER,
+from .comm import (C_AG_ALL, C_AR_ALL, C_AR_LAST, C_COMM_SLOWDOWN, C_PS_ALL, C_PS_BCAST, C_PS_LAST, C_RS_ALL,
+                   C_RS_LAST, C_SHARED_LINK, C_Z2_EMB, C_Z2_HEAD, C_Z3_GATHER, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER,
                    C_Z3_SCATTER)
 from .ranks import (R_CHUNK, R_COMM, R_LAYERS, R_PARAMS, R_STEP, S_BUCKET_DOWN, S_BUCKETS_DOWN, S_GRADS_DOWN,
                     S_LAYER_UP, S_OPT_STEP, S_PARAMS_UP, step_block)
@@ -97,7 +97,7 @@ PlanKnobs = namedtuple("PlanKnobs", "dp tp pp vpp m schedule zero offload dp_imp
 DPSync = namedtuple("DPSync", "bucket_bytes overlap")
 # the plan's terms shared by the pipeline and the end of the step (seconds, parameters, bytes;
 # flags), read once from its rows so the per-rank steps take scalars
-PlanTerms = namedtuple("PlanTerms", "f_layer b_layer tp_layer tp_f tp_b gather scatter f_wait b_wait h2d "
+PlanTerms = namedtuple("PlanTerms", "f_layer b_layer tp_layer tp_f tp_b gather scatter f_wait b_wait h2d zf zb "
                                     "zero3 zero2 shared tp_last_layer layer_params emb_bwd head_bwd "
                                     "emb_params head_params opt_block")
 
@@ -141,7 +141,7 @@ def _plan_terms(plan, lrow, hrow, ranks):
     # a shared port the layer takes at least (DP transfers + the layer after its first compute)
     tp_f = f_layer - lrow[L_PRE_FWD] if shared else 0.0
     tp_b = b_layer - lrow[L_PRE_BWD] if shared else 0.0
-    gather, scatter = 0.0, 0.0
+    gather, scatter, zf, zb = 0.0, 0.0, 0.0, 0.0
     f_wait, b_wait, h2d = 0.0, 0.0, 0.0
     if zero3:
         gather = ranks[0, R_COMM + C_Z3_GATHER]
@@ -153,9 +153,16 @@ def _plan_terms(plan, lrow, hrow, ranks):
         schedule = plan.schedule
         f_wait = gather + (scatter if schedule == ONE_F_ONE_B or schedule == INTERLEAVED else 0.0)
         b_wait = gather + (scatter if schedule == GPIPE else 0.0)
+        # NCCL kernels share the SMs: the time a layer's compute and its collectives overlap,
+        # min(compute, communication), costs slowdown x that much more compute
+        # (``costs.stack.comm_compute_slowdown``; the SimPy engine's ``Device.ledger``: compute
+        # owed for the overlap, paid after)
+        slowdown = ranks[0, R_COMM + C_COMM_SLOWDOWN]
+        zf = slowdown * min(f_layer, gather)
+        zb = slowdown * min(b_layer, gather + scatter)
     head_params = hrow[H_HEAD_PARAMS_PP1] if plan.pp == 1 else hrow[H_HEAD_PARAMS_PPN]
-    return PlanTerms(f_layer, b_layer, tp_layer, tp_f, tp_b, gather, scatter, f_wait, b_wait, h2d, zero3, zero2,
-                     shared, lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE], lrow[L_PARAMS], hrow[H_EMB_BWD],
+    return PlanTerms(f_layer, b_layer, tp_layer, tp_f, tp_b, gather, scatter, f_wait, b_wait, h2d, zf, zb, zero3,
+                     zero2, shared, lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE], lrow[L_PARAMS], hrow[H_EMB_BWD],
                      hrow[H_HEAD_BWD], hrow[H_EMB_PARAMS], head_params, opt_block)
 
 
@@ -163,7 +170,8 @@ def _plan_terms(plan, lrow, hrow, ranks):
 def _backward(t, L, vpp):
     """The backward of a rank's ``L`` layers in ``vpp`` actions (ZeRO-3: their DP waits in)."""
     if t.zero3:
-        return _chained(L, vpp, t.b_wait, t.b_layer, max(t.gather + t.scatter, t.gather - t.h2d + t.scatter + t.tp_b))
+        return _chained(L, vpp, t.b_wait, t.b_layer + t.zb,
+                        max(t.gather + t.scatter, t.gather - t.h2d + t.scatter + t.tp_b) + t.zb)
     return L * t.b_layer
 
 
@@ -181,11 +189,11 @@ def _pipeline(plan, hrow, ranks, send, t):
     for r in range(pp):
         L = ranks[r, R_LAYERS]
         if t.zero3:
-            x = (_chained(L, vpp, t.f_wait, t.f_layer, max(t.gather, t.gather - t.h2d + t.tp_f))
+            x = (_chained(L, vpp, t.f_wait, t.f_layer + t.zf, max(t.gather, t.gather - t.h2d + t.tp_f) + t.zf)
                  + _backward(t, L, vpp))
             if t.shared:
-                queued_tp += x - (_chained(L, vpp, t.f_wait, t.f_layer, t.gather)
-                                  + _chained(L, vpp, t.b_wait, t.b_layer, t.gather + t.scatter))
+                queued_tp += x - (_chained(L, vpp, t.f_wait, t.f_layer + t.zf, t.gather + t.zf)
+                                  + _chained(L, vpp, t.b_wait, t.b_layer + t.zb, t.gather + t.scatter + t.zb))
         else:
             x = L * (t.f_layer + t.b_layer)
         root_b = _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False)

@@ -8,7 +8,10 @@ each stage's memory limit. Importable without torch (torch is imported only to t
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from parsim.costs import device_capacity
+from parsim.costs.stack import apply_stack_to_run, stack_model
 from parsim.specs import ClusterSpec, ModelSpec, Plan, SpecError, load_cluster, parse_plan, validate
 
 from .graph import CostGraph, CostNode, Segment, build_segments, candidate_cuts
@@ -31,11 +34,15 @@ def partition(model: ModelSpec | str, plan: Plan | str, cluster: ClusterSpec | s
     cluster = load_cluster(cluster)
     if source.spec is not None:
         validate(source.spec, cluster, plan.replace(partition=None, recompute_layers=None))
+    asked = plan
+    stack, cluster, plan = apply_stack_to_run(cluster, plan)       # the software stack (``costs.stack``)
+    if source.spec is not None:
+        source = replace(source, spec=stack_model(source.spec, stack))
     limit = device_capacity(cluster) if memory_limit is None else float(memory_limit)
     if not limit > 0:
         raise SpecError("memory_limit", memory_limit, "a positive number of bytes per device")
     cost_graph = build_graph(source, plan, cluster, graph, reference_model)
-    return partition_graph(cost_graph, plan, cluster, limit)
+    return replace(partition_graph(cost_graph, plan, cluster, limit), plan=asked.to_string())
 
 
 __all__ = [

@@ -61,6 +61,9 @@ class CostGraph:
     # the weight-gradient pass's share of a backward (split-backward schedules); traced graphs:
     # one half, dX and dW of every GEMM having equal FLOPs (Narayanan et al. 2021, Sec. 5.1)
     weight_grad_share: float = 0.5
+    # analytic graphs: ZeRO-3's gathered layers held during every action (costs.memory.gathered_bytes);
+    # traced graphs: not modelled (0)
+    gathered_bytes: float = 0.0
 
     def last_use(self) -> list[int]:
         """Per node: the index of its last consumer (len(nodes) if the output returns it)."""

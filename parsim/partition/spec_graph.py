@@ -17,6 +17,8 @@ from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_p
                           head_activation_bytes, head_ops, head_params, layer_activation_bytes, layer_ops,
                           layer_params, microbatch_activation_bytes, recomputed_ops, tp_collectives_per_layer)
 from parsim.costs.activations import backward_working_bytes, stage_output_bytes
+from parsim.costs.memory import gathered_bytes
+from parsim.costs.stack import tp_covered
 from parsim.costs.timing import collective_time, op_time
 from parsim.specs import ClusterSpec, DeviceProfile, ModelSpec, Plan, RankLayout
 
@@ -47,12 +49,15 @@ def pass_times(device: DeviceProfile, ops, dtype: str, recompute_core: bool = Fa
 
 
 def _tp_times(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> tuple[float, float, float]:
-    """Seconds of TP collectives: (layer forward, layer backward, one b*s*h all-reduce)."""
+    """Seconds of TP collectives: (layer forward, layer backward, one b*s*h all-reduce); a
+    backward one less what the stack hides behind the weight-gradient GEMM (``costs.stack.tp_covered``)."""
     if plan.tp == 1:
         return 0.0, 0.0, 0.0
     group = RankLayout(plan.dp, plan.tp, plan.pp).tp_groups()[0]
+    ops = layer_ops(model, plan)
     # synchronous TP collectives: priced in situ (timing.collective_time)
-    fwd, bwd = (sum(collective_time(cluster, c.op, c.nbytes, group, in_situ=True)
+    fwd, bwd = (sum(max(collective_time(cluster, c.op, c.nbytes, group, in_situ=True)
+                        - tp_covered(cluster.device, ops, c.after, p, plan.dtype), 0.0)
                     for c in tp_collectives_per_layer(model, plan, p)) for p in ("fwd", "bwd"))
     edge = collective_time(cluster, "all_reduce", microbatch_activation_bytes(model, plan), group, in_situ=True)
     return fwd, bwd, edge
@@ -91,7 +96,8 @@ def analytic_graph(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> CostGr
         unit_checkpoint_bytes={i: layer_activation_bytes(model, plan, "full") for i in range(L)},
         layers=L, source="analytic",
         backward_working=lambda first, last, stash: backward_working_bytes(model, plan, first, last, stash),
-        output_bytes=stage_output_bytes(model, plan), weight_grad_share=weight_grad_share(model, plan, cluster))
+        output_bytes=stage_output_bytes(model, plan), weight_grad_share=weight_grad_share(model, plan, cluster),
+        gathered_bytes=gathered_bytes(model, plan))
 
 
 def weight_grad_share(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> float:

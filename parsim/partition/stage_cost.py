@@ -6,6 +6,7 @@ Memory of a stage under its schedule (per device):
     activations   = in-flight microbatches x bytes saved per microbatch, with in-flight from
                     ``costs.inflight.rank_inflight`` of the rank holding the stage (1F1B:
                     min(p - i, m), Narayanan et al. 2021 Sec. 2.2.1; walked for the zero-bubble family)
+    gathered      = ZeRO-3's gathered layers (analytic graphs: ``costs.memory.gathered_bytes``)
 A stage that recomputes r of its layers keeps only their inputs (Chen et al. 2016), pays their
 forward again in backward, and briefly holds one layer's full activations while recomputing
 it (as ``parsim.costs.memory_by_stage``). Which layers recompute follows the stage's
@@ -146,7 +147,7 @@ class StageCoster:
             held = inflight * held_bytes(stash, last, output)
             # the segment being recomputed holds its full activations again for a moment
             transient = max((self.segments[i].recompute_saving_bytes for i in range(a, a + r)), default=0.0)
-            return states + held + transient + working(stash), held
+            return states + held + transient + working(stash) + self.graph.gathered_bytes, held
 
         n_seg = b - a
         if policy == "full":

@@ -191,7 +191,8 @@ def _enter_layer(env: simpy.Environment, run: ActionRun, layer: int):
 def zero3_collective(env: simpy.Environment, sim: "Simulation", dev: "Device", op: str, nbytes: float, kind: str,
                      stage: int, mb: int, layer: int, h2d: float = 0.0):
     """One ZeRO-3 collective of one layer on the device's DP stream (with parameter offload,
-    the layer's parameter shard first comes over PCIe: ZeRO-Infinity, Rajbhandari et al. 2021)."""
+    the layer's parameter shard first comes over PCIe: ZeRO-Infinity, Rajbhandari et al. 2021),
+    at the share of NCCL bandwidth the stack's ZeRO collectives reach (``costs.stack.zero_comm_factor``)."""
     rec = sim.recorder
     with dev.dp_stream.request() as req:
         yield req
@@ -201,7 +202,7 @@ def zero3_collective(env: simpy.Environment, sim: "Simulation", dev: "Device", o
         if sim.zero_copies and op == "reduce_scatter":
             yield from fsdp_copy(env, sim, dev, nbytes, "fsdp_copy_in", stage, mb, layer)
         # blocking (no side stream): called right after compute, priced in situ like TP's
-        seconds = sim.comm_time(dev.dp, op, nbytes, in_situ=sim.zero_blocking)
+        seconds = sim.comm_time(dev.dp, op, nbytes, in_situ=sim.zero_blocking) * sim.zero_comm_factor
         start = yield from collective(env, dev.dp, dev.rank, seconds)
         rec.event(dev.rank, stage, "dp", kind, mb, layer, start, env.now, nbytes=nbytes)
         dev.ledger.collective(start, env.now)

@@ -37,6 +37,7 @@ from parsim.costs import (embedding_ops, head_ops, layer_ops, recomputed_ops, re
                           tp_collectives_edge, tp_collectives_per_layer)
 from parsim.costs.host import ComputeScale
 from parsim.costs.split_backward import overlapped_time, w_recomputes
+from parsim.costs.stack import tp_covered
 from parsim.costs.timing import op_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 
@@ -111,14 +112,18 @@ def _chain(ops, pass_: str, kind: str, layer: int, collectives, device, dtype: s
         names.append(op.name)
         if op.name in after:
             flush()
-            out.extend(_tp_segment(c, layer) for c in after[op.name])
+            # hidden behind the weight-gradient GEMM at its nominal speed: one number for the
+            # whole TP group, so every member calls the collective (a straggler crediting its
+            # slower GEMM could drop a call the others wait for: a deadlock)
+            hidden = tp_covered(device, ops, op.name, pass_, dtype)
+            out.extend(_tp_segment(c, layer, hidden) for c in after[op.name])
     flush()
     return out
 
 
-def _tp_segment(c, layer: int) -> Segment:
+def _tp_segment(c, layer: int, covered: float = 0.0) -> Segment:
     # duration is filled in by the caller, which knows the TP group (collective_time needs ranks)
-    return Segment("tp", TP_KINDS[c.op], layer, 0.0, nbytes=c.nbytes, op=c.op, name=c.name)
+    return Segment("tp", TP_KINDS[c.op], layer, 0.0, nbytes=c.nbytes, op=c.op, name=c.name, covered=covered)
 
 
 def layer_chain(model: ModelSpec, cluster: ClusterSpec, plan: Plan, kind: str, policy: str, layer: int,
@@ -159,11 +164,13 @@ def _edge_chain(model: ModelSpec, ops, kind: str, action: str, cluster: ClusterS
 
 
 def with_tp_times(chain: list[Segment], tp_time) -> list[Segment]:
-    """Price the TP segments with ``tp_time(op, nbytes)`` and drop zero-length segments."""
+    """Price the TP segments with ``tp_time(op, nbytes)`` (less what the stack hides behind
+    compute: ``Segment.covered``) and drop zero-length segments."""
     out = []
     for s in chain:
         if s.stream == "tp":
-            s = Segment(s.stream, s.kind, s.layer, tp_time(s.op, s.nbytes), s.flops, s.nbytes, s.op, s.name)
+            s = Segment(s.stream, s.kind, s.layer, max(tp_time(s.op, s.nbytes) - s.covered, 0.0), s.flops, s.nbytes,
+                        s.op, s.name, s.covered)
         if s.duration > 0:
             out.append(s)
     return _merge_compute(out)
@@ -232,8 +239,8 @@ def action_cost(model: ModelSpec, cluster: ClusterSpec, plan: Plan, shape: Stage
             key = (policy, h)
             if key not in per_layer:      # identical layers: price once, relabel per layer
                 per_layer[key] = layer_chain(model, cluster, hp, kind, policy, 0, scale)
-            chain += [Segment(s.stream, s.kind, shape.first_layer + i, s.duration, s.flops, s.nbytes, s.op, s.name)
-                      for s in per_layer[key]]
+            chain += [Segment(s.stream, s.kind, shape.first_layer + i, s.duration, s.flops, s.nbytes, s.op, s.name,
+                              s.covered) for s in per_layer[key]]
         chains.append(with_tp_times(chain, tp_time))
     first, last = [], []
     if shape.is_first:

@@ -1,39 +1,35 @@
 """The SimPy engine: one process per simulated device, walking its Schedule-IR actions.
 
-``simulate(model, cluster, plan)`` plays one training step. Each device process
-(``device.device``) runs its pipeline rank's actions in order; an action waits for its input (activations of the previous
-stage for F, gradients of the next stage for B/I), sent (``Simulation.send``) over the
-sender's NVLink port (same node) or NIC; after the rank's last backward of each stage its
-gradients are synchronised over DP (``dp``; ZeRO-2 and ZeRO-3 reduce-scatter them in every
-backward instead, ``actions``), then the optimizer steps.
+``simulate(model, cluster, plan)`` plays one training step. Each device process (``device.device``) runs its
+pipeline rank's actions in order; an action waits for its input (activations of the previous stage for F, gradients
+of the next stage for B/I), sent (``Simulation.send``) over the sender's NVLink port (same node) or NIC; after the
+rank's last backward of each stage its gradients are synchronised over DP (``dp``; ZeRO-2 and ZeRO-3 reduce-scatter
+them in every backward instead, ``actions``), then the optimizer steps.
 
-Speed: an action whose inside touches nothing shared takes a single ``env.timeout`` of its
-duration (and of the wait for its input, when that input's arrival is already known), priced
-once per distinct (stage, kind, slowdown) by ``compute.action_cost`` and reused for every
-microbatch; the weight-gradient readiness times of the last backward are timeouts at
-precomputed offsets; links are FIFO reservations (``network``). Only actions with something to interleave inside (TP
-collectives that wait for peers or share a link, ZeRO-3 gathers) are stepped segment by
+Speed: an action whose inside touches nothing shared takes a single ``env.timeout`` of its duration (and of the wait
+for its input, when that input's arrival is already known), priced once per distinct (stage, kind, slowdown) by
+``compute.action_cost`` and reused for every microbatch; the weight-gradient readiness times of the last backward
+are timeouts at precomputed offsets; links are FIFO reservations (``network``). Only actions with something to
+interleave inside (TP collectives that wait for peers or share a link, ZeRO-3 gathers) are stepped segment by
 segment (``actions``).
 
-CPU hosts (calibrated profiles with a contention table): ranks share the host's cores
-(``costs.host.HostModel``). When no action is stepped, actions and optimizer steps are jobs of
-a ``ProcessorSharing`` host whose speed follows how many ranks compute at that instant;
-otherwise every rank computes at a mean-field slowdown (``HostModel.settle``, iterated by
-``simulate``). Collectives that run while a rank computes take ``comm_interference`` x the
-overlap from its compute, paid before its next action (``Device.ledger``). GPUs: identity.
+CPU hosts (calibrated profiles with a contention table): ranks share the host's cores (``costs.host.HostModel``).
+When no action is stepped, actions and optimizer steps are jobs of a ``ProcessorSharing`` host whose speed follows
+how many ranks compute at that instant; otherwise every rank computes at a mean-field slowdown
+(``HostModel.settle``, iterated by ``simulate``). Collectives that run while a rank computes take
+``comm_interference`` x the overlap from its compute, paid before its next action (``Device.ledger``). GPUs: no
+sharing; the interference is the stack's NCCL-on-SM slowdown (``costs.stack``; 0 for most stacks).
 
-Modes: ``representative`` simulates one device per pipeline rank (DP rank 0, TP rank 0: DP
-replicas and TP peers do identical work; DESIGN.md), collectives costed for the full groups,
-slowdowns of its simulated ranks applied to the peers each stands for. ``full`` plays every
-device, collectives waiting for all members, per-rank compute ``slowdown`` factors (straggler
-what-ifs), one device simulated per class of identical ranks (``symmetry``: indices no slowdown
-or link tells apart) and copied to its class with the rank-by-rank numbers (a class with one
-TP member takes representative mode's one-timeout actions: ~1e-13 relative from the stepped
-sums); ``simulate(symmetric=False)`` plays every rank by itself.
-Degraded links (``link_slowdown``, {global rank: factor}): every transfer over the NIC of such
-a rank takes ``factor`` x longer: its pipeline sends and receives over the NIC, and every
-inter-node collective of a group it belongs to (a ring runs at its slowest link's pace:
-Patarasuk & Yuan 2009, bandwidth-optimal all-reduce). Intra-node links are not affected.
+Modes: ``representative`` simulates one device per pipeline rank (DP rank 0, TP rank 0: DP replicas and TP peers do
+identical work; DESIGN.md), collectives costed for the full groups, slowdowns of its simulated ranks applied to the
+peers each stands for. ``full`` plays every device, collectives waiting for all members, per-rank compute
+``slowdown`` factors (straggler what-ifs), one device simulated per class of identical ranks (``symmetry``: indices
+no slowdown or link tells apart) and copied to its class with the rank-by-rank numbers (a class with one TP member
+takes representative mode's one-timeout actions: ~1e-13 relative from the stepped sums);
+``simulate(symmetric=False)`` plays every rank by itself. Degraded links (``link_slowdown``, {global rank: factor}):
+every transfer over the NIC of such a rank takes ``factor`` x longer: its pipeline sends and receives over the NIC,
+and every inter-node collective of a group it belongs to (a ring runs at its slowest link's pace: Patarasuk & Yuan
+2009, bandwidth-optimal all-reduce). Intra-node links are not affected.
 """
 from __future__ import annotations
 
@@ -46,6 +42,7 @@ from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes
 from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing
 from parsim.costs.optimizer import layer_from_host_s, layer_shard_bytes, rank_tensors
 from parsim.costs.placement import loop_placed, rank_of_stage, stages_of_rank
+from parsim.costs.stack import zero_comm_factor
 from parsim.costs.timing import collective_time, p2p_time
 from parsim.costs.zero import gathers_layers, scatters_every_backward
 from parsim.schedules import OVERLAP_F_B, Action, Schedule
@@ -119,6 +116,7 @@ class Simulation:
         self.zero3_gathers = gathers_layers(plan.zero, plan.dp)
         # ZeRO-2: every backward reduce-scatters its gradients part by part (``actions.zero2_scatters``)
         self.zero2_scatters = scatters_every_backward(plan.zero, plan.dp, plan.dp_impl == "ps")
+        self.zero_comm_factor = zero_comm_factor(cluster)     # the stack's ZeRO collectives (``costs.stack``)
         self.zero3_gather_bytes = zero3_gather_bytes_per_layer(model, plan)
         self.zero3_scatter_bytes = zero3_reduce_scatter_bytes_per_layer(model, plan)
         # ZeRO-2/3 as the reference executor runs them (FSDP2, profile keys; ``actions``):

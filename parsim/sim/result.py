@@ -27,6 +27,8 @@ from parsim.trace.events import Trace
 from .record import EXPOSED
 
 if TYPE_CHECKING:
+    from parsim.specs import Plan
+
     from .engine import Simulation
     from .memory import MemoryTimeline
     from .record import Recorder
@@ -53,6 +55,7 @@ class SimResult:
     cluster: str
     mode: str
     simulated_ranks: list[int]
+    stack: str = "torch"              # the software stack that ran the plan (``specs.stack``)
     warnings: list[str] = field(default_factory=list)
     timelines: dict[int, "MemoryTimeline"] = field(default_factory=dict, repr=False)
     recorder: "Recorder | None" = field(default=None, repr=False)
@@ -91,14 +94,18 @@ class SimResult:
             "mode": self.mode,
             "simulated_ranks": self.simulated_ranks,
             "plan": self.plan,
+            "stack": self.stack,
             "model": self.model,
             "cluster": self.cluster,
             "warnings": self.warnings,
         }
 
 
-def assemble(sim: "Simulation", warnings: list[str], wall_start: float) -> SimResult:
+def assemble(sim: "Simulation", warnings: list[str], wall_start: float, asked: "Plan | None" = None) -> SimResult:
+    """The result of a finished run; ``asked``: the plan as the user gave it (its stack still
+    ``auto``), which the result names (the run's plan names its stack: ``stack``)."""
     model, cluster, plan, rec = sim.model, sim.cluster, sim.plan, sim.recorder
+    shown = (asked or plan).to_string()
     ranks = list(sim.classes.ranks)      # every rank: simulated, or standing in its class's representative
     step = max(rec.finish.values())
     n = plan.world_size
@@ -117,7 +124,7 @@ def assemble(sim: "Simulation", warnings: list[str], wall_start: float) -> SimRe
         stages.append(row)
     peak = max(s["total"] for s in stages)
     cap = device_capacity(cluster)
-    meta = {"engine": "parsim.sim", "mode": sim.mode, "plan": plan.to_string(), "model": model.name,
+    meta = {"engine": "parsim.sim", "mode": sim.mode, "plan": shown, "stack": plan.stack, "model": model.name,
             "cluster": f"{cluster.name}:{cluster.num_devices}", "world_size": n, "simulated_ranks": ranks,
             "schedule": sim.schedule.name, "detail": rec.detail}
     return SimResult(
@@ -135,11 +142,12 @@ def assemble(sim: "Simulation", warnings: list[str], wall_start: float) -> SimRe
         hardware_flops_per_step=hflops,
         num_events=sim.num_events,
         sim_wall_s=time.perf_counter() - wall_start,
-        plan=plan.to_string(),
+        plan=shown,
         model=model.name,
         cluster=f"{cluster.name}:{cluster.num_devices}",
         mode=sim.mode,
         simulated_ranks=ranks,
+        stack=plan.stack,
         warnings=list(warnings),
         timelines={r: sim.devices[sim.classes.representative[r]].memory for r in ranks},
         recorder=rec,

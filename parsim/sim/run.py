@@ -7,6 +7,7 @@ import gc
 import time
 
 from parsim.costs.host import ComputeScale
+from parsim.costs.stack import apply_stack
 from parsim.schedules import Schedule, build_schedule_for_plan
 from parsim.specs import (ClusterSpec, ModelSpec, Plan, RankLayout, SpecError, load_cluster, load_model, parse_plan,
                           validate)
@@ -59,6 +60,8 @@ def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | st
     wall = time.perf_counter()
     model, cluster, plan = load_model(model), load_cluster(cluster), parse_plan(plan)
     warnings = validate(model, cluster, plan)
+    asked = plan
+    model, cluster, plan = apply_stack(model, cluster, plan)      # the software stack's physics (``costs.stack``)
     if mode not in MODES:
         raise SpecError("mode", mode, f"one of {', '.join(MODES)}")
     slowdown = _factors("slowdown", slowdown, plan.world_size)
@@ -84,7 +87,7 @@ def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | st
                 break
             sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, scale, links,
                        symmetric)
-    return assemble(sim, warnings, wall)
+    return assemble(sim, warnings, wall, asked)
 
 
 def _factors(name: str, given: dict[int, float] | None, world: int) -> dict[int, float]:

@@ -25,6 +25,7 @@ class Segment:
     nbytes: float = 0.0     # full collective buffer, bytes (tp segments)
     op: str = ""            # collective op (tp segments)
     name: str = ""          # op names it covers / the collective's name
+    covered: float = 0.0    # tp segments: seconds of it the stack hides behind compute (``costs.stack.tp_covered``)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from .model import MODEL_PRESETS, ModelSpec
 from .parse import (cluster_from_dict, device_from_dict, known_profiles, load_cluster, load_model, load_profile_dict,
                     model_from_dict, model_from_hf_config, parse_plan, plan_from_dict, profile_tables, profiles_dir,
                     with_profile_tables)
+from .stack import STACKS, Stack, get_stack, plan_stack, plan_stacks
 from .plan import ALL_SCHEDULES, DEFAULT_DP_BUCKET_BYTES, OFFLOADS, RECOMPUTES, SCHEDULES, UNTIMED_SCHEDULES, Plan
 from .tables import (AttentionTable, CalibratedTables, GemmTable, GemmWaves, LayerComposition, LayerProbe,
                      RankCurve)
@@ -22,4 +23,5 @@ __all__ = [
     "load_cluster", "load_model", "load_profile_dict",
     "model_from_dict", "model_from_hf_config", "parse_plan", "plan_from_dict", "profiles_dir",
     "plan_mask", "stage_layers", "validate",
+    "STACKS", "Stack", "get_stack", "plan_stack", "plan_stacks",
 ]

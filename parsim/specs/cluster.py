@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from .collectives import CollectiveTables
 from .errors import SpecError
+from .stack import PROFILE_DEFAULT_STACK, Stack
 from .tables import CalibratedTables
 
 DTYPES = ("fp32", "bf16", "fp16")
@@ -49,6 +50,9 @@ class DeviceProfile:
     power_w: float = 0.0                  # device power under load, watts (0: unknown); datasheet TDP = upper bound
     power_source: str = ""                # where power_w comes from
     tables: CalibratedTables = field(default_factory=CalibratedTables)   # what a calibration measured
+    default_stack: str = PROFILE_DEFAULT_STACK  # the stack a plan with stack=auto runs (``specs.stack``)
+    stacks: dict[str, Stack] = field(default_factory=dict)  # this GPU's numbers per stack (over the presets)
+    stack: Stack | None = None            # the stack applied (``costs.stack.apply_stack``); None: not yet
 
     def flops(self, dtype: str) -> float:
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from .errors import SpecError
+from .stack import AUTO, plan_stacks
 
 # Plan values of ``schedule`` (their order is their code, ``codes.py``: new ones go last). The
 # zero-bubble family splits the backward into input-gradient (I) and weight-gradient (W) passes;
@@ -53,6 +54,7 @@ class Plan:
     tp_overlap: str = "none"
     dp_impl: str = "allreduce"
     recompute_layers: tuple[int, ...] | None = None  # stage-aware: recomputed layers per stage
+    stack: str = AUTO                 # the software stack that runs it (``specs.stack``); auto: the profile's
 
     def __post_init__(self) -> None:
         if self.vpp is None:
@@ -78,6 +80,7 @@ class Plan:
         _one_of("dtype", self.dtype, DTYPES)
         _one_of("tp_overlap", self.tp_overlap, TP_OVERLAPS)
         _one_of("dp_impl", self.dp_impl, DP_IMPLS)
+        _one_of("stack", self.stack, plan_stacks())
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise SpecError("zero", self.zero, "one of 0, 1, 2, 3")
         for name in ("sp", "dp_overlap", "shifted_critical_path"):

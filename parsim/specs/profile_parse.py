@@ -16,6 +16,7 @@ from .cluster import ClusterSpec, DeviceProfile, GemmEfficiency, LinkProfile, Ne
 from .collectives import CollectiveTables
 from .errors import SpecError
 from .plan import MAX_INT
+from .stack import get_stack, stacks_from_dict
 from .tables import CalibratedTables
 
 # Magnitudes a device or network number may have: far beyond any machine (an H100 is ~1e15
@@ -122,7 +123,24 @@ def device_from_dict(dev: dict[str, Any], default_name: str = "device",
         gemm=GemmEfficiency(**{k: _gemm_value(where, k, v) for k, v in gemm.items()}),
         **optional,
         tables=CalibratedTables.from_dict(dev.get("extra", {})),
+        **_stack_fields(where, dev),
     )
+
+
+def _stack_fields(where: str, dev: dict[str, Any]) -> dict[str, Any]:
+    """The profile's ``default_stack`` and per-GPU stack numbers (``specs.stack``): known
+    stack names and keys, finite non-negative numbers."""
+    raw = dev.get("stacks")
+    if raw is not None:
+        for name, values in section(f"{where}.stacks", raw).items():
+            for key, v in (values.items() if isinstance(values, dict) else ()):
+                if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                    continue                    # stacks_from_dict names the field and what is allowed
+                non_negative(f"{where}.stacks.{name}.{key}", v)
+    out: dict[str, Any] = {"stacks": stacks_from_dict(raw, f"{where}.stacks")}
+    if "default_stack" in dev:
+        out["default_stack"] = get_stack(dev["default_stack"], f"{where}.default_stack").name
+    return out
 
 
 def _gemm_value(where: str, key: str, raw: Any) -> float:

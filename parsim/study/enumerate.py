@@ -85,7 +85,7 @@ def candidate_plans(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace) -
             "schedule": sv[:, 0], "zero": zo[:, 0], "offload": zo[:, 1], "recompute": grids[5], "sp": grids[6],
             "dtype": grids[7], "dp_impl": grids[8]}
     return PlanTable({k: np.ascontiguousarray(cols[k], dtype=np.int64) for k in COLUMNS},
-                     dp_bucket_bytes=space.dp_bucket_bytes, dp_overlap=space.dp_overlap)
+                     dp_bucket_bytes=space.dp_bucket_bytes, dp_overlap=space.dp_overlap, stack=space.stack)
 
 
 def count_candidates(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace) -> int:

@@ -14,7 +14,10 @@ the ``top`` slowest replicas, plus every replica holding a degraded NIC, are sim
 SimPy engine's representative mode with those stage factors (DP collectives costed for the
 whole group, so they wait for that replica, as the slowest one's gradients are the last). The
 step time is the slowest of them. ``mode="full"`` simulates every device each step (exact;
-as slow as the full mode is).
+as slow as the full mode is). Under a stack that hides backward TP collectives behind the
+weight-gradient GEMM (``costs.stack.tp_covered``: megatron-core, megatron-lm) a TP group is not
+gated by its slowest member at every collective, and the representative step errs high (~2 %
+with 8 % lognormal variability, tests/test_montecarlo.py).
 
 The critical rank of a step is the slowest TP member of the bottleneck stage of the slowest
 replica; the critical links are the communication the compute stream waited for in that

@@ -16,6 +16,7 @@ from typing import Any
 from parsim.specs import OFFLOADS, RECOMPUTES, SCHEDULES, SpecError
 from parsim.specs.files import path_exists, read_mapping
 from parsim.specs.plan import DP_IMPLS, DTYPES, MAX_INT
+from parsim.specs.stack import AUTO, plan_stacks
 
 DEFAULT_VPP = (1, 2, 3, 4, 6, 8)
 DEFAULT_MBS = (1, 2, 4, 8, 16)
@@ -25,11 +26,11 @@ DEFAULT_RECOMPUTE = ("none", "selective", "full")
 LIST_KEYS = ("dp", "tp", "pp", "vpp", "mbs", "gbs", "schedule", "zero", "offload", "recompute", "sp",
              "dtype", "dp_impl")
 # keys a sweep holds at one value for all plans
-SCALAR_KEYS = ("dp_bucket_bytes", "dp_overlap")
+SCALAR_KEYS = ("dp_bucket_bytes", "dp_overlap", "stack")
 _INT_KEYS = ("dp", "tp", "pp", "vpp", "mbs", "gbs", "zero", "dp_bucket_bytes")
 _BOOL_KEYS = ("sp", "dp_overlap")
 _WORD_KEYS = {"schedule": SCHEDULES, "offload": OFFLOADS, "recompute": RECOMPUTES, "dtype": DTYPES,
-              "dp_impl": DP_IMPLS}
+              "dp_impl": DP_IMPLS, "stack": plan_stacks()}
 _BOOL_WORDS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False,
                "on": True, "off": False}
 
@@ -54,6 +55,7 @@ class SweepSpace:
     dp_impl: tuple[str, ...] = ("allreduce",)
     dp_bucket_bytes: int = 25 * 2**20          # PyTorch DDP bucket_cap_mb=25
     dp_overlap: bool = True
+    stack: str = AUTO                          # the software stack (``specs.stack``): the profile's default
 
     def narrowed(self, values: dict[str, Any]) -> "SweepSpace":
         """This space with the given keys replaced (values already coerced)."""

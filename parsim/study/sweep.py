@@ -21,7 +21,7 @@ from tqdm import tqdm
 from parsim.fast import FastResult, PlanTable, evaluate
 from parsim.costs import device_capacity
 from parsim.fast.honesty import PESSIMISM, approximate_mask
-from parsim.fast.tables import build_tables
+from parsim.fast.tables import build_tables, with_stack
 from parsim.specs import ClusterSpec, ModelSpec
 
 from .enumerate import enumerate_plans
@@ -85,7 +85,9 @@ def _plain(v):
 
 def fast_frame(model: ModelSpec, cluster: ClusterSpec, table: PlanTable, headroom: float,
                progress: bool = False) -> pd.DataFrame:
-    """Every plan of ``table`` with its fast-path metrics (unranked)."""
+    """Every plan of ``table`` with its fast-path metrics (unranked), under the table's stack."""
+    strings = table.plan_strings()                                 # as the user's space names them
+    model, cluster, table = with_stack(model, cluster, table)
     tables = build_tables(model, cluster, table)
     parts: list[FastResult] = []
     bar = tqdm(total=len(table), desc="fast path", unit="plan", file=sys.stderr, disable=not progress, leave=False)
@@ -94,7 +96,7 @@ def fast_frame(model: ModelSpec, cluster: ClusterSpec, table: PlanTable, headroo
         parts.append(evaluate(model, cluster, table.take(idx), tables.take(idx)))
         bar.update(len(idx))
     bar.close()
-    cols: dict[str, object] = {"plan": table.plan_strings(), **table.decoded(), "microbatches": table.microbatches}
+    cols: dict[str, object] = {"plan": strings, **table.decoded(), "microbatches": table.microbatches}
     for name in FastResult.__dataclass_fields__:
         if name == "capacity_bytes":
             continue
@@ -139,28 +141,31 @@ def run_sweep(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace, headroo
     t1 = time.perf_counter()
     df = fast_frame(model, cluster, table, headroom, progress)
     t2 = time.perf_counter()
-    df, n_sim = rank_with_resimulation(model, cluster, df, headroom, resimulate_top, workers, progress, address)
+    cap = device_capacity(with_stack(model, cluster, table)[1])      # as the table's stack leaves it
+    df, n_sim = rank_with_resimulation(model, cluster, df, headroom, resimulate_top, workers, progress, address,
+                                       capacity=cap)
     t3 = time.perf_counter()
     return SweepResult(model=model.name, cluster=cluster.name, num_devices=cluster.num_devices, headroom=headroom,
-                       capacity_bytes=device_capacity(cluster), frame=df, num_resimulated=n_sim,
+                       capacity_bytes=cap, frame=df, num_resimulated=n_sim,
                        timings_s={"enumerate": t1 - t0, "fast": t2 - t1, "resimulate": t3 - t2})
 
 
 def rank_with_resimulation(model: ModelSpec, cluster: ClusterSpec, df: pd.DataFrame, headroom: float,
                            top: int, workers: int | None = 1, progress: bool = False,
-                           address: str | None = None) -> tuple[pd.DataFrame, int]:
+                           address: str | None = None, capacity: float | None = None) -> tuple[pd.DataFrame, int]:
     """Rank ``df`` (``fast_frame``'s rows) and re-run through the SimPy engine the ``top`` best
     fitting plans and every approximate row (``fast.honesty``) that could reach the top: an
     approximate row whose fast throughput, allowed ``PESSIMISM`` of error, reaches the
     ``top``-th fitting row's. Repeated until the top holds no approximate row the engine has not
     run, at most ``MAX_RESIM_FACTOR x top`` plans in all. ``approximate`` stays a property of
     the plan (the fast path's numbers for it are approximate); ``source`` says whose numbers a
-    row carries; ``address``: a Dask scheduler to run them on. Returns the ranked frame and the
-    count re-simulated."""
+    row carries; ``address``: a Dask scheduler to run them on; ``capacity``: a device's usable
+    bytes as the plans' stack leaves them [``device_capacity(cluster)``]. Returns the ranked
+    frame and the count re-simulated."""
     df = rank_frame(df)
     if top <= 0 or not len(df):
         return df, 0
-    cap = device_capacity(cluster)
+    cap = device_capacity(cluster) if capacity is None else capacity
     done: set[str] = set()
     budget = MAX_RESIM_FACTOR * top
     while len(done) < budget:

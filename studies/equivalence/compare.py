@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import fnmatch
 import json
 import os
 import resource
@@ -89,6 +90,25 @@ def load_records(path: Path) -> dict[str, dict]:
     return records
 
 
+def profile_of(argv: list[str]) -> str:
+    """The profile a command's numbers come from: its ``--profile`` (a file's stem), else its
+    ``--cluster`` preset (``PRESET:N``; a cluster YAML's stem); "" when it names neither."""
+    def value(flag: str) -> str | None:
+        return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
+    named = value("--profile") or value("--cluster")
+    if named is None:
+        return ""
+    return Path(named).stem if named.endswith((".yaml", ".yml")) else named.rpartition(":")[0] or named
+
+
+def select_profiles(items: list[dict], include: str | None, exclude: str | None) -> list[dict]:
+    """Items whose profile (``profile_of``) matches one of the comma-separated ``include`` globs
+    (all when None) and none of the ``exclude`` globs."""
+    def matches(item: dict, globs: str) -> bool:
+        return any(fnmatch.fnmatchcase(profile_of(item["argv"]), g) for g in globs.split(","))
+    return [it for it in items if (include is None or matches(it, include)) and not (exclude and matches(it, exclude))]
+
+
 def command_line(item: dict, places: dict[str, str]) -> str:
     return "parsim " + " ".join(a if " " not in a else repr(a) for a in item["argv"])
 
@@ -119,6 +139,7 @@ def report(items: list[dict], before: dict, after: dict, rel_tol: float, show: i
     print(f"{'all':10s}" + "".join(f"{total[v]:>18d}" for v in VERDICTS) + f"{sum(total.values()):>8d}")
     print(f"sweep tables: {rows:,} fast-path rows compared; largest relative difference within tolerance: "
           f"{max_rel:.3g} (tolerance {rel_tol:g})")
+    _by_profile(items, bad)
     for it, diffs in bad[:show]:
         print(f"\n{it['id']}: {command_line(it, places)}")
         if isinstance(diffs, str):
@@ -133,6 +154,13 @@ def report(items: list[dict], before: dict, after: dict, rel_tol: float, show: i
     return len(bad)
 
 
+def _by_profile(items: list[dict], bad: list) -> None:
+    """Commands and differing commands per profile (``profile_of``)."""
+    total = collections.Counter(profile_of(it["argv"]) for it in items)
+    differ = collections.Counter(profile_of(it["argv"]) for it, _ in bad)
+    print("\nper profile: " + ", ".join(f"{p or '(none)'} {differ[p]}/{n} differ" for p, n in sorted(total.items())))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--before", default=DEFAULT_BEFORE, help=f"git ref of the reference tree [{DEFAULT_BEFORE}]")
@@ -141,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rel-tol", type=float, default=REL_TOL, help=f"relative tolerance [{REL_TOL:g}]")
     ap.add_argument("--random", type=int, default=corpus.RANDOM_PLANS, help="seeded random plans [%(default)s]")
     ap.add_argument("--only", default=None, help="comma-separated corpus tags or commands (e.g. random,sweep)")
+    ap.add_argument("--profiles", default=None, metavar="GLOBS",
+                    help="only commands whose profile (--profile's stem, else --cluster's preset) matches one of "
+                         "these comma-separated globs (e.g. 'cpu*')")
+    ap.add_argument("--exclude-profiles", default=None, metavar="GLOBS",
+                    help="leave out commands whose profile matches one of these globs (e.g. a profile changed on "
+                         "purpose: 'a100-80g,a100-40g,h100-sxm,h200')")
     ap.add_argument("--new-keys", action="store_true",
                     help="keys only the 'after' output has (fields added on purpose) are no difference")
     ap.add_argument("--show", type=int, default=10, help="differing items to print in detail [10]")
@@ -159,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.only:
             keep = set(args.only.split(","))
             items = [it for it in items if it["tag"] in keep or it["argv"][0] in keep]
+        items = select_profiles(items, args.profiles, args.exclude_profiles)
         kinds = collections.Counter(it["argv"][0] for it in items)
         print(f"corpus: {len(items)} commands (" + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")",
               flush=True)

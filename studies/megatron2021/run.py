@@ -77,7 +77,7 @@ def candidate_plans(model: ModelSpec, row: dict) -> list[Plan]:
                 continue
             plans.append(Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, mbs=mbs, gbs=gbs,
                               schedule="interleaved" if vpp > 1 else "1f1b", recompute="full",
-                              dtype="fp16", sp=False, dp_overlap=False))
+                              dtype="fp16", sp=False, dp_overlap=False, stack="megatron-lm-2021"))
     return plans
 
 

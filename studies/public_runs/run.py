@@ -71,7 +71,7 @@ BLOOM = ModelSpec(name="bloom-176b", layers=70, hidden=14336, heads=112, vocab=2
 MT530 = MODEL_PRESETS["megatron-529.6b"]
 GPT175 = MODEL_PRESETS["gpt3-175b"]
 LLAMA405 = MODEL_PRESETS["llama3-405b"]
-MEGATRON = dict(recompute="full", dtype="fp16", dp_overlap=False)
+MEGATRON = dict(recompute="full", dtype="fp16", dp_overlap=False, stack="megatron-lm-2021")
 INTERLEAVE = {"vpp": "divisors"}
 
 RUNS = [
@@ -83,18 +83,19 @@ RUNS = [
       for g, t in ((560, 171), (1120, 167), (2240, 159))],
     *[Run(f"MT-NLG 530B, {g} A100", "Smith et al. 2022 Sec. 3", MT530, "a100-80g", g,
           dict(tp=8, pp=35, dp=g // 280, mbs=1, gbs=1920, schedule="1f1b", recompute="full", dtype="bf16",
-               dp_overlap=False), t)
+               dp_overlap=False, stack="megatron-deepspeed"), t)
       for g, t in ((2240, 126), (2800, 121), (3360, 113))],
     Run("BLOOM 176B, 384 A100", "Le Scao et al. 2022 Sec. 3.4", BLOOM, "a100-80g", 384,
         dict(tp=4, pp=12, dp=8, mbs=2, gbs=2048, schedule="1f1b", recompute="full", dtype="bf16", zero=1,
-             dp_overlap=False), 156),
+             dp_overlap=False, stack="megatron-deepspeed"), 156),
     # Dubey et al. 2024 Sec. 3.3.2: FSDP sharding optimizer and gradients, parameters kept
     # after forward (ZeRO-2), interleaved pipeline, first/last stage one layer short (what
     # parsim's balanced partition does with 126 layers), and 8K sequences trained *without
     # activation checkpointing*, thanks to freeing pipeline-stage inputs/outputs early; parsim's
     # memory model does not credit that trick, so the run is not held to parsim's fit.
     *[Run(f"Llama 3 405B, {g} H100", "Dubey et al. 2024 Table 4", LLAMA405, "h100-sxm", g,
-          dict(tp=8, pp=16, dp=g // 128, mbs=1, gbs=2048, sp=True, zero=2, dtype="bf16", recompute="none"), t,
+          dict(tp=8, pp=16, dp=g // 128, mbs=1, gbs=2048, sp=True, zero=2, dtype="bf16", recompute="none",
+               stack="megatron-core"), t,
           metric="model", search={"vpp": (1, 2, 4, 8)}, require_fit=False)
       for g, t in ((8192, 430), (16384, 400))],
 ]

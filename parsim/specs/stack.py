@@ -1,0 +1,193 @@
+"""The software stack that runs a plan: a small set of documented physical parameters.
+
+The same plan on the same GPUs runs at different speeds under Megatron-LM 2021, Megatron-Core,
+Megatron-DeepSpeed, DeepSpeed ZeRO, FSDP1 or FSDP2, and for nameable reasons: which attention
+kernel runs, how close its GEMMs come to the GPU's ceiling (library generation, fusions), what
+communication overlaps what, how its pipeline sends activations, how much host time each op
+costs, how its loss holds the logits, and how much memory its allocator and libraries keep.
+A ``Stack`` states exactly those, one preset per stack (``STACK_PRESETS``); the plan key
+``stack`` picks one (``auto``: the profile's ``default_stack``, ``torch`` for a profile without
+one). Every preset value below cites where it comes from.
+
+Two kinds of numbers: the software's facts (what it keeps, sends and overlaps: the same on
+every GPU, read from the preset by the rules that see only the plan, ``plan_stack``), and the
+numbers a stack reaches on one GPU (``PER_GPU``), which a profile may refine
+(``device.stacks: {name: {field: value}}``, read and written by ``stacks_from_dict`` /
+``stacks_to_dict``; any other key is an error), fitted to run logs by ``parsim calibrate
+--runs``. How the numbers act on the costs is ``parsim.costs.stack``. SI units.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from .errors import SpecError
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Software-stack physics. Efficiencies are factors on the GPU profile's numbers."""
+
+    name: str
+    summary: str
+    # --- kernels
+    flash_attention: bool | None = None      # fused (flash) attention; None: as the model says
+    gemm_efficiency: float = 1.0             # x the profile's GEMM ceiling (gemm.max_efficiency)
+    attention_efficiency: float = 1.0        # x the profile's flash-attention efficiency
+    attention_half_seq: float = 0.0          # flash kernel: sequence length of half its efficiency
+    op_overhead_s: float = 0.0               # framework time per op beyond the profile's launch gap, s
+    # --- communication
+    grad_reduce_overlap: bool = True         # DP gradient reduction overlaps the last backward
+    p2p_scatter_gather: bool = True          # pipeline sends 1/t of the activation per TP rank
+    tp_bwd_overlap: bool = False             # backward TP collectives overlap the weight-gradient GEMM
+    zero_comm_efficiency: float = 1.0        # fraction of NCCL bandwidth its ZeRO collectives reach
+    comm_compute_slowdown: float = 0.0       # compute s lost per s of collective it overlaps (NCCL on SMs)
+    # --- memory
+    zero3_gathered_layers: float = 2.0       # ZeRO-3: layers' full parameters alive at once (current + prefetched)
+    zero3_max_live_params: float = 1e30      # ZeRO-3: cap on gathered parameters alive at once
+    fp32_shards: bool = False                # ZeRO-3 shard kept in fp32 as the master weight (FSDP mixed precision)
+    loss_logits_bytes: float = 4.0           # per logit kept for the loss backward (torch: fp32 log-softmax)
+    loss_grad_bytes: float = 8.0             # per logit alive beyond those in the loss backward (torch: 2 fp32 grads)
+    bf16_grad_copy_bytes: float = 0.0        # bf16 .grad kept beside the fp32 gradient buffer (ZeRO 0-1), per parameter
+    memory_reserve_bytes: float | None = None  # outside the caching allocator (context, NCCL, cuBLAS), bytes
+    fragmentation: float | None = None       # allocator reserved / allocated - 1 at the peak
+    # (None, None: the profile's usable_memory_fraction stands)
+
+    def with_values(self, values: dict[str, Any], where: str = "stack") -> "Stack":
+        """This stack with some of its per-GPU numbers (``PER_GPU``) replaced: non-negative
+        numbers; any other key is a SpecError naming it."""
+        out = {}
+        for key, v in values.items():
+            if key not in PER_GPU:
+                raise SpecError(f"{where}.{key}", v, f"unknown key; a stack's per-GPU numbers are {', '.join(PER_GPU)}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise SpecError(f"{where}.{key}", v, "a non-negative number")
+            out[key] = float(v)
+        return replace(self, **out)
+
+    def grad_copy_bytes(self, dtype: str) -> float:
+        """Bytes per parameter of 16-bit gradients kept beside the gradients parsim's ``dtype``
+        convention counts (``costs.footprint.stack_state_bytes``)."""
+        return self.bf16_grad_copy_bytes if dtype == "bf16" else 0.0
+
+    def per_gpu(self) -> dict[str, float]:
+        """The per-GPU numbers that differ from this stack's preset, by name (a profile's
+        ``device.stacks.<name>`` mapping)."""
+        preset = get_stack(self.name)
+        return {k: getattr(self, k) for k in sorted(PER_GPU) if getattr(self, k) != getattr(preset, k)}
+
+
+# Numbers a stack reaches on one GPU: a profile may refine them, a run log fits them.
+PER_GPU = ("gemm_efficiency", "attention_efficiency", "attention_half_seq", "op_overhead_s", "zero_comm_efficiency",
+           "comm_compute_slowdown", "memory_reserve_bytes", "fragmentation")
+assert set(PER_GPU) <= {f.name for f in fields(Stack)}
+
+# Megatron's vocab-parallel cross entropy runs on ``output.float()``: it keeps the fp32
+# softmax (4 bytes per logit) and writes the gradient into it in place; the half-precision
+# copy of that gradient for the output GEMM is the only extra (2 bytes)
+# (megatron/core/tensor_parallel/cross_entropy.py).
+MEGATRON_LOSS = dict(loss_logits_bytes=4.0, loss_grad_bytes=2.0)
+# FlashAttention-2 fwd+bwd (causal, head dim 128, A100) reaches about half its 16k rate near
+# s = 1k: 512 -> 16k rises ~100 -> ~190 TFLOP/s (Dao 2023, arXiv:2307.08691, Fig. 4); flash
+# kernels after it (FA3, cuDNN) keep the shape.
+FLASH = dict(flash_attention=True, attention_half_seq=1024.0)
+# Host time per op a training framework adds where the GPU waits for it: ~20 us per eager
+# PyTorch op (dispatcher + Python module call + launch; PyTorch "Performance Tuning Guide",
+# CPU overhead): the prior of every GPU stack, refined per GPU by the run logs.
+HOST = dict(op_overhead_s=2e-5)
+
+STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
+    # parsim's reference executor (eager PyTorch, DDP-style bucketed all-reduce, FSDP2 for
+    # ZeRO): the profile's numbers as they are: the stack of every calibrated CPU profile.
+    Stack("torch", "plain PyTorch as parsim's executor runs it: the profile's numbers unchanged"),
+    # Megatron-Core (Megatron-LM >= 0.5 with Transformer Engine): cuDNN / flash attention, the
+    # distributed optimizer overlapping gradient reduce-scatter and parameter all-gather with
+    # compute (--overlap-grad-reduce, --overlap-param-gather), Megatron's loss.
+    Stack("megatron-core", "Megatron-Core + Transformer Engine: flash attention, overlapped DP communication",
+          tp_bwd_overlap=True, **FLASH, **MEGATRON_LOSS, **HOST),
+    # Megatron-LM 2021-22 (Narayanan et al. 2021; Korthikanti et al. 2022): unfused attention
+    # (batched GEMMs around a fused scale-mask-softmax kernel), the DP all-reduce after the
+    # pipeline flush (--DDP-impl local), scatter/gather pipeline sends (Sec. 4.1).
+    Stack("megatron-lm", "Megatron-LM 2022 (v3): unfused attention, DP all-reduce after the flush, async TP backward",
+          flash_attention=False, grad_reduce_overlap=False, tp_bwd_overlap=True, **MEGATRON_LOSS, **HOST),
+    # Megatron-LM as the SC'21 paper ran it (v2, spring 2021): the same kernels, but every TP
+    # collective synchronous (the asynchronous input-gradient all-reduce came with v2.6 / v3).
+    Stack("megatron-lm-2021", "Megatron-LM 2021 (v2, Narayanan et al.): as megatron-lm with synchronous TP collectives",
+          flash_attention=False, grad_reduce_overlap=False, **MEGATRON_LOSS, **HOST),
+    # Megatron-DeepSpeed (BigScience fork, 2022): Megatron's layers under DeepSpeed's pipeline
+    # engine, which sends the whole activation from every TP rank (no scatter/gather,
+    # deepspeed/runtime/pipe/engine.py) and reduces gradients after the flush. In bf16 (ZeRO
+    # 0-1) DeepSpeed's BF16 optimizer accumulates gradients in a flat fp32 buffer and keeps the
+    # model's bf16 .grad beside it (deepspeed/runtime/bf16_optimizer.py; the BLOOM chronicles,
+    # 02-28: "BF16 optimizer with fp32 grad accumulation (more memory, slower)"): 2 bytes more.
+    Stack("megatron-deepspeed", "Megatron-DeepSpeed (BigScience): Megatron layers, DeepSpeed pipeline engine",
+          flash_attention=False, grad_reduce_overlap=False, p2p_scatter_gather=False, bf16_grad_copy_bytes=2.0,
+          **MEGATRON_LOSS, **HOST),
+    # DeepSpeed ZeRO on Megatron's GPT layers (the ZeRO-3 comparison of Narayanan et al. 2021
+    # Table 2): unfused attention; the parameter coordinator prefetches the next layer.
+    # Its ZeRO-3 gathers tensor by tensor, prefetching up to stage3_prefetch_bucket_size (5e7)
+    # parameters and keeping at most stage3_max_live_parameters (1e9) alive (DeepSpeed config
+    # docs): about one layer of a 100B+ model at a time.
+    Stack("deepspeed", "DeepSpeed ZeRO (stage 1-3) on Megatron GPT layers: unfused attention",
+          flash_attention=False, zero3_gathered_layers=1.0, zero3_max_live_params=1e9, **MEGATRON_LOSS, **HOST),
+    # FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel) as MosaicML llm-foundry /
+    # Composer run it: flash attention, FULL_SHARD with backward prefetch, bf16 compute with
+    # fp32 reduce-scatter, flash-attn's fused cross entropy (bf16 logits kept, gradient in place).
+    # llm-foundry's MPT configs run the Triton flash-attention kernel (attn_impl: triton), which
+    # FlashAttention-2 outruns 1.3-2.5x on A100 (Dao 2023, Sec. 4.1, Fig. 4): ~0.55 of its rate.
+    Stack("fsdp1", "PyTorch FSDP1 (llm-foundry / Composer): flash attention, prefetched all-gathers",
+          attention_efficiency=0.55, loss_logits_bytes=2.0, loss_grad_bytes=0.0, fp32_shards=True, **FLASH, **HOST),
+    # FSDP2 (torchtitan): per-parameter sharding (DTensor), SDPA flash attention, torch's
+    # cross entropy on fp32 logits. FSDP1 and FSDP2 with a bf16 MixedPrecisionPolicy keep the
+    # shard in fp32 (it is the optimizer's master weight) and gather bf16 copies (PyTorch FSDP
+    # docs, "Mixed precision"): 4 + 4 + 8 bytes per parameter / dp, not 2 + 4 + 12.
+    Stack("fsdp2", "PyTorch FSDP2 (torchtitan): flash attention (SDPA), prefetched all-gathers",
+          fp32_shards=True, **FLASH, **HOST),
+)}
+STACKS = tuple(STACK_PRESETS)
+# The plan's default: the profile's ``default_stack`` (the shipped GPU profiles: megatron-core;
+# a profile without one: torch, so calibrated CPU profiles keep their meaning).
+AUTO = "auto"
+PROFILE_DEFAULT_STACK = "torch"
+
+
+def plan_stacks() -> tuple[str, ...]:
+    """Values the plan key ``stack`` accepts."""
+    return (AUTO, *STACKS)
+
+
+def get_stack(name: str, where: str = "stack") -> Stack:
+    """The preset of a stack (SpecError naming ``where`` for an unknown name)."""
+    try:
+        return STACK_PRESETS[name]
+    except (KeyError, TypeError):
+        raise SpecError(where, name, f"one of {', '.join(STACKS)}") from None
+
+
+def plan_stack(plan) -> Stack:
+    """The software facts of the stack that runs ``plan`` (its preset): what the rules that see
+    only the plan read (loss bytes, pipeline sends, ZeRO-3 shards and gathered layers). A plan
+    whose stack is still ``auto`` has not met an engine, which names it (``costs.stack``):
+    read as ``torch``, the reference executor's."""
+    return get_stack(PROFILE_DEFAULT_STACK if plan.stack == AUTO else plan.stack)
+
+
+def stacks_from_dict(raw: Any, where: str = "profile.device.stacks") -> dict[str, Stack]:
+    """A profile's per-GPU stack numbers, ``{stack name: {field: value}}``, over the presets."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise SpecError(where, raw, "a mapping of stack name -> {per-GPU number: value}")
+    out = {}
+    for name, values in raw.items():
+        preset = get_stack(name, f"{where}.{name}")
+        if not isinstance(values, dict):
+            raise SpecError(f"{where}.{name}", values, "a mapping of per-GPU number -> value")
+        out[preset.name] = preset.with_values(values, f"{where}.{name}")
+    return out
+
+
+def stacks_to_dict(stacks: dict[str, Stack]) -> dict[str, dict[str, float]]:
+    """The ``device.stacks`` mapping a profile YAML holds (``stacks_from_dict``'s inverse for
+    numbers that differ from the presets)."""
+    return {name: stack.per_gpu() for name, stack in stacks.items()}

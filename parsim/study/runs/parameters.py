@@ -1,0 +1,110 @@
+"""Which numbers a run log fits, where each starts, and what stacks without runs take.
+
+GPU numbers from a datasheet or an isolated benchmark stay as the profile states them (peak
+FLOP/s, HBM and link bandwidths, the isolated GEMM ceiling ``gemm.max_efficiency``, the
+published flash-attention rate ``attention_efficiency``). A run log fits what only a whole
+training step shows:
+
+* per GPU: ``membound_efficiency`` (elementwise kernels of real layers, bounded by STREAM);
+* per (GPU, stack) with runs: the fraction of the GEMM ceiling its training reaches
+  (``gemm_efficiency``: library generation, clocks under the node's power cap), its flash
+  kernel against the published one (``attention_efficiency``), the host time each op adds
+  (``op_overhead_s``), and for stacks that run ZeRO-3 in the log its collectives' share of
+  NCCL bandwidth and the compute they slow (``zero_comm_efficiency``, ``comm_compute_slowdown``).
+
+A stack with no runs in the log takes the numbers of the stack its code descends from
+(``ANALOGY``), else its preset. Starts and bounds below carry their sources.
+"""
+from __future__ import annotations
+
+from .observations import Observation, time_like
+from .fit import FitParam
+
+# Stacks that run the same kernels (the same layer code) share one set of kernel numbers,
+# owned by the first of them the log has runs of.
+FAMILIES = (("megatron-lm", "megatron-lm-2021", "deepspeed"),)   # Megatron's GPT layers (v2 / v3 / under ZeRO)
+# A stack without runs takes the kernel numbers of the one its code descends from.
+FALLBACK = {"megatron-core": "megatron-lm", "megatron-deepspeed": "megatron-lm",   # Megatron layers
+            "fsdp2": "fsdp1", "fsdp1": "fsdp2"}                                    # one FSDP runtime family
+KERNEL_FIELDS = ("gemm_efficiency", "op_overhead_s")
+# for the profile comments: which stacks may take which numbers from which
+ANALOGY = {**{s: (b, KERNEL_FIELDS) for s, b in FALLBACK.items()},
+           **{s: (f[0], KERNEL_FIELDS) for f in FAMILIES for s in f[1:]}}
+
+
+def _family(stack: str) -> tuple[str, ...]:
+    return next((f for f in FAMILIES if stack in f), (stack,))
+
+
+def kernel_owner(stack: str, present: set[str]) -> str | None:
+    """The stack whose fitted kernel numbers ``stack`` takes: the first present member of its
+    family, else (no runs in the family) that of its fallback's family."""
+    owner = next((s for s in _family(stack) if s in present), None)
+    if owner is None and stack in FALLBACK:
+        owner = next((s for s in _family(FALLBACK[stack]) if s in present), None)
+    return owner
+
+
+# (field, start, lower, upper, source of the start and bounds)
+STACK_FIELDS = (
+    ("gemm_efficiency", 0.9, 0.4, 1.1,
+     "start: 0.9 of the isolated ceiling (the node's power cap; A100 datasheet 400 W); bounds 0.4-1.1"),
+    ("op_overhead_s", 2e-5, 1e-7, 1e-3,
+     "start: ~20 us per eager PyTorch op on the host (PyTorch dispatcher + launch); bounds 0.1 us-1 ms"),
+)
+FLASH_FIELDS = (
+    ("attention_efficiency", 1.0, 0.2, 1.5,
+     "start: the published FlashAttention-2 rate (Dao 2023); bounds 0.2-1.5"),
+)
+ZERO3_FIELDS = (
+    ("zero_comm_efficiency", 0.5, 0.02, 1.0, "start: half of NCCL's bus bandwidth; bounds 0.02-1"),
+    ("comm_compute_slowdown", 0.1, 0.001, 0.8,
+     "start: ~10 % of the SMs run NCCL channels (8-16 of 108-132); bounds 0.001-0.8"),
+)
+GPU_FIELDS = (
+    (("device", "membound_efficiency"), 0.8, 0.4, 0.92,
+     "start: 0.8 of HBM bandwidth; upper bound 0.92: STREAM copy on A100 / H100 (~0.9 of datasheet)"),
+)
+
+
+def fit_parameters(observations: list[Observation], profiles: dict[str, dict]) -> list[FitParam]:
+    """The parameters the timing rows can inform: GPU numbers for every profile with rows,
+    stack numbers for every (profile, stack) with rows (flash and ZeRO-3 terms only where the
+    stack's runs use them)."""
+    rows = [o for o in observations if time_like(o)]
+    out: list[FitParam] = []
+    for profile in sorted({o.profile for o in rows}):
+        mine = [o for o in rows if o.profile == profile]
+        for path, start, lo, hi, src in GPU_FIELDS:
+            out.append(FitParam(profile, path, start, lo, hi, None, src))
+        present = {o.stack for o in mine}
+        from parsim.specs.stack import STACKS
+        for stack in sorted(present):
+            runs = [o for o in mine if o.stack == stack]
+            owns = kernel_owner(stack, present) == stack
+            tied = tuple(s for s in STACKS if s != stack and kernel_owner(s, present) == stack)
+            fields = list(STACK_FIELDS) if owns else []
+            if any(o.model.flash_attention or _flash(stack) for o in runs) and _flash(stack):
+                fields += FLASH_FIELDS
+            if any(p.zero == 3 and p.dp > 1 for o in runs for p in o.plans):
+                fields += ZERO3_FIELDS
+            for name, start, lo, hi, src in fields:
+                t = tied if name in KERNEL_FIELDS else ()
+                start, src = _prior(stack, name, start, src)
+                out.append(FitParam(profile, ("device", "stacks", stack, name), start, lo, hi, stack, src, t))
+    return out
+
+
+def _prior(stack: str, name: str, start: float, src: str) -> tuple[float, str]:
+    """A stack preset's own documented value of a number, where it states one, is the start."""
+    from parsim.specs.stack import STACK_PRESETS, Stack
+    value = getattr(STACK_PRESETS[stack], name)
+    default = getattr(Stack("x", ""), name)
+    if value != default and value:
+        return float(value), f"start: the {stack} preset's value (parsim.specs.stack)"
+    return start, src
+
+
+def _flash(stack: str) -> bool:
+    from parsim.specs.stack import get_stack
+    return bool(get_stack(stack).flash_attention)

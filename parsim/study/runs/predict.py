@@ -1,0 +1,115 @@
+"""Observations -> the simulator's predictions, through the fast path (``parsim.fast``).
+
+Each distinct run (model, cluster, stack, candidate plans) is evaluated once: its candidates
+in one PlanTable, the fastest that fits taken (the fastest of all when none fits: the run is
+then reported as predicted not to fit). A whole data set (~200 runs) takes about a second,
+so a fit can afford hundreds of evaluations. Layer-time metrics read the fast path's
+per-layer table (``fast.tables.layer_row``: the same op and TP-collective times the engines
+use).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+
+from parsim.fast import PlanTable, evaluate
+from parsim.fast.tables import (L_BWD, L_FWD, L_RECOMPUTE, L_TP_BWD, L_TP_FWD, L_TP_RECOMPUTE, layer_row,
+                                with_stack)
+from parsim.specs import ClusterSpec, cluster_from_dict, load_profile_dict
+
+from .observations import Observation, published_from_step, time_like
+
+
+@dataclass(frozen=True)
+class Prediction:
+    value: float            # in the observation's SI unit; for "oom": 1.0 = predicted not to fit
+    fits: bool              # the chosen plan fits
+    step_time_s: float
+    peak_memory_bytes: float
+    capacity_bytes: float
+    plan: str
+
+
+def base_profiles(names) -> dict[str, dict]:
+    return {n: load_profile_dict(n) for n in sorted(set(names))}
+
+
+def clusters_for(profiles: dict[str, dict], observations: list[Observation]) -> dict[tuple[str, int], ClusterSpec]:
+    out = {}
+    for o in observations:
+        key = (o.profile, o.gpus)
+        if key not in out:
+            out[key] = cluster_from_dict(profiles[o.profile], num_devices=o.gpus)
+    return out
+
+
+def predict(observations: list[Observation], profiles: dict[str, dict] | None = None) -> list[Prediction]:
+    """Every observation's prediction under ``profiles`` (name -> profile dict; default: the
+    shipped ones)."""
+    profiles = profiles or base_profiles(o.profile for o in observations)
+    clusters = clusters_for(profiles, observations)
+    runs: dict[tuple, dict] = {}
+    out = []
+    for o in observations:
+        r = runs.get(o.run_key)
+        if r is None:
+            r = runs[o.run_key] = _run(o, clusters[(o.profile, o.gpus)])
+        out.append(_prediction(o, r))
+    return out
+
+
+def _run(o: Observation, cluster: ClusterSpec) -> dict:
+    table = PlanTable.from_plans([p.replace(stack=o.stack) for p in o.plans])
+    res = evaluate(o.model, cluster, table)
+    fits = res.fits()
+    idx = np.flatnonzero(fits) if fits.any() else np.arange(len(table))
+    i = int(idx[np.argmin(res.step_time_s[idx])])
+    plan = table.plan(i)
+    out = {"step": float(res.step_time_s[i]), "fits": bool(fits[i]), "any_fit": bool(fits.any()),
+           "peak": float(res.peak_memory_bytes[i]), "capacity": float(res.capacity_bytes), "plan": plan.to_string(),
+           "reported": reported_memory(with_stack(o.model, cluster, table)[1], float(res.peak_memory_bytes[i]))}
+    if o.kind.startswith("layer_"):
+        model, eff, _ = with_stack(o.model, cluster, table)
+        row = layer_row(model, eff, plan)
+        out["layer_fwd"] = row[L_FWD] + row[L_TP_FWD]
+        out["layer_bwd"] = row[L_BWD] + row[L_TP_BWD] + row[L_RECOMPUTE] + row[L_TP_RECOMPUTE]
+    return out
+
+
+def reported_memory(cluster: ClusterSpec, allocated: float) -> float:
+    """What a run log reports as a device's memory (the allocator's reserved bytes, or
+    nvidia-smi): the tensors' peak grown by the stack's fragmentation, plus what lives outside
+    the allocator (``Stack.fragmentation``, ``Stack.memory_reserve_bytes``; 0 when not stated)."""
+    stack = cluster.device.stack
+    frag = (stack.fragmentation or 0.0) if stack is not None else 0.0
+    reserve = (stack.memory_reserve_bytes or 0.0) if stack is not None else 0.0
+    return allocated * (1.0 + frag) + reserve
+
+
+def _prediction(o: Observation, r: dict) -> Prediction:
+    if o.kind == "layer_fwd":
+        value = r["layer_fwd"]
+    elif o.kind == "layer_bwd":
+        value = r["layer_bwd"]
+    elif o.kind == "layer_fwd_bwd":
+        value = r["layer_fwd"] + r["layer_bwd"]
+    elif time_like(o):
+        value = published_from_step(o, r["step"])
+    elif o.kind == "memory":
+        value = r["reported"]
+    else:                                     # oom: 1 = predicted not to fit (no candidate fits)
+        value = 0.0 if r["any_fit"] else 1.0
+    return Prediction(value, r["fits"], r["step"], r["peak"], r["capacity"], r["plan"])
+
+
+def with_values(profiles: dict[str, dict], values: dict[tuple, float]) -> dict[str, dict]:
+    """Copies of the profile dicts with ``values`` set: key (profile, path...) -> number."""
+    out = copy.deepcopy(profiles)
+    for (profile, *path), v in values.items():
+        node = out[profile]
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = v
+    return out

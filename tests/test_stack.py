@@ -1,0 +1,167 @@
+"""The software stack as a plan key (issue 19): presets, profile numbers, what each changes."""
+import json
+
+import pytest
+
+from parsim.costs import fits, memory_by_stage, p2p_bytes, stage_params
+from parsim.costs.stack import apply_stack, resolve_stack
+from parsim.fast import PlanTable, evaluate
+from parsim.sim import simulate
+from parsim.specs import ModelSpec, Plan, SpecError, load_cluster, load_model, parse_plan
+from parsim.specs.stack import STACKS, get_stack, stacks_from_dict, stacks_to_dict
+
+
+def test_plan_key_stack_accepts_the_presets_and_auto_and_names_what_is_allowed():
+    assert parse_plan("dp=2 stack=fsdp1").stack == "fsdp1"
+    assert parse_plan("dp=2").stack == "auto"
+    assert "stack=" not in Plan().to_string()
+    with pytest.raises(SpecError, match="stack='fsdp9'.*one of auto, torch, megatron-core"):
+        parse_plan("stack=fsdp9")
+
+
+def test_auto_is_the_profiles_default_stack_and_torch_without_one():
+    gpu, cpu = load_cluster("a100-80g:8"), load_cluster("cpu:2")
+    assert resolve_stack(gpu, "auto").name == gpu.device.default_stack == "megatron-core"
+    assert resolve_stack(cpu, "auto").name == "torch"
+
+
+def test_the_torch_stack_leaves_the_profile_as_it_is():
+    c = load_cluster("cpu:2")
+    m, eff, plan = apply_stack(load_model("cpu-small"), c, Plan(dp=2))
+    assert (eff.device.gemm, eff.device.attention_efficiency, eff.device.kernel_overhead_s,
+            eff.device.usable_memory_fraction) == (c.device.gemm, c.device.attention_efficiency,
+                                                   c.device.kernel_overhead_s, c.device.usable_memory_fraction)
+    assert plan.stack == "torch" and plan.dp_overlap
+
+
+def test_megatron_lm_2021_runs_unfused_attention_and_reduces_gradients_after_the_flush():
+    m, c, plan = apply_stack(load_model("llama3-8b"), load_cluster("a100-80g:8"), Plan(dp=8, stack="megatron-lm"))
+    assert m.flash_attention is False and plan.dp_overlap is False
+    assert c.device.gemm.max_efficiency == pytest.approx(0.86 * c.device.stack.gemm_efficiency)
+
+
+def test_deepspeed_pipeline_sends_the_whole_activation_from_every_tp_rank():
+    m = load_model("gpt3-13b")
+    megatron, deepspeed = Plan(tp=4, pp=2, stack="megatron-lm"), Plan(tp=4, pp=2, stack="megatron-deepspeed")
+    assert p2p_bytes(m, deepspeed) == pytest.approx(4 * p2p_bytes(m, megatron))
+
+
+def test_a_fused_bf16_loss_keeps_half_the_logit_bytes_of_torchs_fp32_loss():
+    m, c = load_model("llama3-8b"), load_cluster("h100-sxm:8")
+    torch_last = memory_by_stage(m, Plan(pp=8, gbs=8, stack="fsdp2"), c)[-1].activations
+    fused_last = memory_by_stage(m, Plan(pp=8, gbs=8, stack="fsdp1"), c)[-1].activations
+    logits = 8192 * 128256                             # one microbatch's logits on the last stage
+    assert torch_last - fused_last == pytest.approx(2 * logits, rel=0.02)
+
+
+def test_fsdp_keeps_fp32_shards_as_master_weights_16_bytes_per_parameter():
+    m, c = load_model("llama3-8b"), load_cluster("h100-sxm:8")
+    fsdp = memory_by_stage(m, Plan(dp=8, zero=3, gbs=8, stack="fsdp2"), c)[0]
+    core = memory_by_stage(m, Plan(dp=8, zero=3, gbs=8, stack="megatron-core"), c)[0]
+    assert (fsdp.params + fsdp.grads + fsdp.optimizer) / (core.params + core.grads + core.optimizer) == \
+        pytest.approx(16 / 18, rel=1e-6)
+
+
+def test_deepspeeds_bf16_optimizer_keeps_bf16_gradients_beside_its_fp32_buffer():
+    m, c = load_model("gpt3-13b"), load_cluster("a100-80g:8")
+    for dtype, zero, extra in (("bf16", 1, 2.0), ("bf16", 0, 2.0), ("fp16", 1, 0.0), ("bf16", 2, 0.0)):
+        plan = Plan(dp=2, tp=4, zero=zero, dtype=dtype, gbs=4)
+        ds = memory_by_stage(m, plan.replace(stack="megatron-deepspeed"), c)[0].grads
+        mlm = memory_by_stage(m, plan.replace(stack="megatron-lm"), c)[0].grads
+        n = stage_params(m, plan)[0]                   # parameters on the device, not sharded
+        assert ds - mlm == pytest.approx(extra * n, rel=1e-12), (dtype, zero)
+
+
+def test_profile_stack_numbers_are_checked_with_a_message_naming_the_field():
+    with pytest.raises(SpecError, match="gemm_eficiency"):
+        stacks_from_dict({"fsdp1": {"gemm_eficiency": 0.9}})
+    with pytest.raises(SpecError, match="one of"):
+        stacks_from_dict({"fsdp9": {}})
+    assert stacks_from_dict({"fsdp1": {"gemm_efficiency": 0.9}})["fsdp1"].gemm_efficiency == 0.9
+    assert set(STACKS) >= {"torch", "megatron-core", "megatron-lm", "megatron-deepspeed", "deepspeed", "fsdp1", "fsdp2"}
+
+
+@pytest.mark.parametrize("plan", ["dp=8 gbs=32 zero=3 stack=fsdp1", "dp=8 gbs=32 zero=3 stack=deepspeed",
+                                  "tp=4 pp=2 gbs=16 stack=megatron-lm recompute=full",
+                                  "tp=2 pp=4 gbs=16 stack=megatron-deepspeed", "dp=2 tp=4 gbs=16 stack=megatron-core"])
+def test_fast_path_and_simpy_agree_under_each_stack(plan):
+    """Every stack term reaches both engines through costs: step within 3 % (5 % where NCCL
+    slows ZeRO-3 compute: the fast path charges slowdown x min(compute, collective) per layer,
+    the SimPy engine the compute each collective actually overlapped), memory 0.1 %."""
+    model, cluster = load_model("gpt3-2.7b"), load_cluster("a100-80g:8")
+    p = parse_plan(plan)
+    fast = evaluate(model, cluster, PlanTable.from_plans([p]))
+    sim = simulate(model, cluster, p, record_events=False)
+    assert fast.step_time_s[0] == pytest.approx(sim.step_time_s, rel=0.05 if "deepspeed" in plan else 0.03)
+    assert fast.peak_memory_bytes[0] == pytest.approx(sim.peak_memory_bytes, rel=1e-3)
+    assert bool(fast.fits()[0]) == sim.fits == fits(model, p, cluster)
+
+
+def test_nccl_on_the_sms_slows_the_compute_a_zero3_gather_overlaps():
+    model, cluster = load_model("gpt3-2.7b"), load_cluster("a100-80g:8")
+    p = Plan(dp=8, gbs=32, zero=3, stack="deepspeed")
+    slow = evaluate(model, cluster, PlanTable.from_plans([p])).step_time_s[0]
+    stack = get_stack("deepspeed").with_values({"comm_compute_slowdown": 0.0})
+    from dataclasses import replace
+    quiet = replace(cluster, device=replace(cluster.device, stacks={**cluster.device.stacks, "deepspeed": stack}))
+    assert evaluate(model, quiet, PlanTable.from_plans([p])).step_time_s[0] < slow
+
+
+def test_simulate_json_names_the_stack_it_ran_and_the_plan_as_given(capsys):
+    from parsim.cli import main
+    for cluster, plan, stack in (("a100-80g:8", "dp=8 stack=fsdp1", "fsdp1"), ("a100-80g:8", "dp=8", "megatron-core"),
+                                 ("cpu:2", "dp=2 dtype=fp32", "torch")):
+        assert main(["simulate", "--model", "gpt3-125m", "--cluster", cluster, "--plan", plan, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["stack"] == stack
+        assert out["plan"] == parse_plan(plan).to_string()      # auto stays auto: the user's plan
+
+
+def test_a_profile_may_refine_only_a_stacks_per_gpu_numbers():
+    # the software's facts (what it keeps, sends, overlaps) are the preset's: the rules that
+    # see only the plan read them there (specs.plan_stack)
+    with pytest.raises(SpecError, match="fp32_shards.*per-GPU numbers are gemm_efficiency"):
+        stacks_from_dict({"fsdp2": {"fp32_shards": False}})
+    with pytest.raises(SpecError, match="non-negative number"):
+        stacks_from_dict({"fsdp1": {"op_overhead_s": -1e-6}})
+    refined = stacks_from_dict({"fsdp1": {"op_overhead_s": 1e-4, "gemm_efficiency": 0.9}})
+    assert stacks_to_dict(refined) == {"fsdp1": {"gemm_efficiency": 0.9, "op_overhead_s": 1e-4}}
+
+
+def test_a_shipped_profile_reads_its_default_stack_and_numbers():
+    dev = load_cluster("a100-80g:8").device
+    assert dev.default_stack == "megatron-core" and dev.stack is None
+    assert dev.stacks["megatron-deepspeed"].memory_reserve_bytes > 0
+    assert load_cluster("cpu-calibrated:2").device.default_stack == "torch"
+
+
+def test_the_partitioner_prices_stage_memory_under_the_stack_as_memory_by_stage_does():
+    from parsim.partition import partition
+    model = ModelSpec(name="m", layers=12, hidden=1024, heads=16, vocab=51200, seq_len=1024)
+    cluster = load_cluster("a100-80g:4")
+    for stack in ("fsdp2", "deepspeed", "megatron-core"):
+        plan = Plan(dp=2, pp=2, mbs=2, gbs=16, zero=3, stack=stack)
+        result = partition(model, plan, cluster, graph="analytic")
+        expected = memory_by_stage(model, plan.replace(partition=result.partition), cluster)
+        assert [s.memory_bytes for s in result.stages] == pytest.approx([m.total for m in expected], rel=1e-12)
+        assert result.plan == plan.to_string()
+
+
+def test_memory_on_a_model_without_stack_facts_is_unchanged_for_the_executor_stack():
+    m = ModelSpec(name="x", layers=4, hidden=256, heads=4, vocab=1000, seq_len=64)
+    a = memory_by_stage(m, Plan(pp=2, gbs=4), load_cluster("cpu:2"))
+    b = memory_by_stage(m, Plan(pp=2, gbs=4, stack="torch"), load_cluster("cpu:2"))
+    assert [s.total for s in a] == [s.total for s in b]
+
+
+def test_a_straggler_under_async_tp_backward_slows_its_group_and_does_not_deadlock():
+    """megatron-core hides backward TP collectives behind the weight-gradient GEMM; the hidden
+    part is one number for the TP group, so a straggler still joins every collective."""
+    model, cluster = load_model("gpt3-350m"), load_cluster("h100-sxm:8")
+    plan = parse_plan("tp=4 pp=2 mbs=1 gbs=8 schedule=1f1b stack=megatron-core")
+    base = simulate(model, cluster, plan, mode="full", record_events=False)
+    slow = simulate(model, cluster, plan, mode="full", slowdown={7: 1.5}, record_events=False)
+    assert base.exposed_comm_s["tp"] < simulate(model, cluster, plan.replace(stack="megatron-lm-2021"), mode="full",
+                                                record_events=False).exposed_comm_s["tp"]
+    # rank 7 (last stage) computes 1.5x slower: the step grows, by less than 1.5x
+    assert base.step_time_s * 1.05 < slow.step_time_s < base.step_time_s * 1.5
