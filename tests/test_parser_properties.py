@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from parsim.specs import ModelSpec, Plan, SpecError, load_cluster, model_from_dict, model_from_hf_config, parse_plan
 from parsim.specs.files import read_mapping
 from parsim.specs.plan import MAX_INT
+from parsim.specs.stack import STACKS
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -171,7 +172,10 @@ PROFILE_PATHS = [("device", "peak_flops", "bf16"), ("device", "memory_bytes"), (
                  ("device", "gemm", "max_efficiency"), ("device", "gemm", "half_dim"), ("device", "kernel_overhead_s"),
                  ("device", "usable_memory_fraction"), ("device", "host_flops"), ("devices_per_node",), ("name",),
                  ("network", "intra_node", "bandwidth"), ("network", "inter_node", "latency"),
-                 ("network", "host_link"), ("network", "nics_per_node"), ("device",), ("device", "peak_flops")]
+                 ("network", "host_link"), ("network", "nics_per_node"), ("device",), ("device", "peak_flops"),
+                 ("device", "default_stack"), ("device", "stacks"), ("device", "stacks", "megatron-core"),
+                 ("device", "stacks", "megatron-core", "gemm_efficiency"),
+                 ("device", "stacks", "fsdp2", "op_overhead_s")]
 
 
 @FAST
@@ -195,6 +199,8 @@ def test_profile_mappings_give_a_cluster_of_finite_positive_numbers_or_a_spec_er
         assert all(math.isfinite(x) and x >= 0 for x in (dev.kernel_overhead_s, net.intra_node.latency,
                                                          net.inter_node.latency, dev.gemm.half_dim))
         assert 0 < dev.usable_memory_fraction <= 1 and 1 <= cluster.devices_per_node <= 2 ** 53
+        per_gpu = [x for stack in dev.stacks.values() for x in stack.per_gpu().values()]
+        assert dev.default_stack in STACKS and all(math.isfinite(x) and x >= 0 for x in per_gpu)
 
 
 @FAST

@@ -129,14 +129,14 @@ def device_from_dict(dev: dict[str, Any], default_name: str = "device",
 
 def _stack_fields(where: str, dev: dict[str, Any]) -> dict[str, Any]:
     """The profile's ``default_stack`` and per-GPU stack numbers (``specs.stack``): known
-    stack names and keys, finite non-negative numbers."""
+    stack names and keys, finite non-negative numbers (efficiencies, which divide, > 0)."""
     raw = dev.get("stacks")
     if raw is not None:
         for name, values in section(f"{where}.stacks", raw).items():
             for key, v in (values.items() if isinstance(values, dict) else ()):
                 if isinstance(v, bool) or not isinstance(v, numbers.Real):
                     continue                    # stacks_from_dict names the field and what is allowed
-                non_negative(f"{where}.stacks.{name}.{key}", v)
+                (positive if str(key).endswith("_efficiency") else non_negative)(f"{where}.stacks.{name}.{key}", v)
     out: dict[str, Any] = {"stacks": stacks_from_dict(raw, f"{where}.stacks")}
     if "default_stack" in dev:
         out["default_stack"] = get_stack(dev["default_stack"], f"{where}.default_stack").name
