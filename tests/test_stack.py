@@ -83,11 +83,16 @@ def test_profile_stack_numbers_are_checked_with_a_message_naming_the_field():
 
 @pytest.mark.parametrize("plan", ["dp=8 gbs=32 zero=3 stack=fsdp1", "dp=8 gbs=32 zero=3 stack=deepspeed",
                                   "tp=4 pp=2 gbs=16 stack=megatron-lm recompute=full",
-                                  "tp=2 pp=4 gbs=16 stack=megatron-deepspeed", "dp=2 tp=4 gbs=16 stack=megatron-core"])
+                                  "tp=2 pp=4 gbs=16 stack=megatron-deepspeed", "dp=2 tp=4 gbs=16 stack=megatron-core",
+                                  "tp=2 pp=4 gbs=16 schedule=zb-h1 stack=megatron-core",
+                                  "tp=2 pp=4 gbs=64 schedule=zbv stack=megatron-core",
+                                  "tp=2 pp=4 gbs=64 schedule=dualpipev stack=megatron-core"])
 def test_fast_path_and_simpy_agree_under_each_stack(plan):
     """Every stack term reaches both engines through costs: step within 3 % (5 % where NCCL
     slows ZeRO-3 compute: the fast path charges slowdown x min(compute, collective) per layer,
-    the SimPy engine the compute each collective actually overlapped), memory 0.1 %."""
+    the SimPy engine the compute each collective actually overlapped), memory 0.1 %. The
+    zero-bubble schedules too: a split backward's I hides no TP collective behind a
+    weight-gradient GEMM in either engine (``fast.tables`` L_TP_COVER)."""
     model, cluster = load_model("gpt3-2.7b"), load_cluster("a100-80g:8")
     p = parse_plan(plan)
     fast = evaluate(model, cluster, PlanTable.from_plans([p]))
