@@ -87,18 +87,24 @@ def layer_samples(spec, mbs: int, dtype: str, clock: Clock, repeats: int,
                   warmup: int = 2) -> tuple[list[float], list[float]]:
     """``bench_layer``'s raw forward and backward samples (seconds), in the order taken."""
     forward, backward, _ = layer_step(spec, mbs, dtype, clock.device)
+    return pass_samples(forward, backward, clock, repeats, warmup)
+
+
+def pass_samples(forward, backward, clock: Clock, repeats: int, warmup: int = 2,
+                 before_pass=None) -> tuple[list[float], list[float]]:
+    """Forward and backward seconds of ``repeats`` steps after ``warmup`` untimed ones, each
+    pass timed between device syncs; ``before_pass`` (untimed) runs before each pass."""
     fwd, bwd = [], []
     for i in range(warmup + repeats):
-        clock.sync()
-        t0 = time.perf_counter()
-        forward()
-        clock.sync()
-        t1 = time.perf_counter()
-        backward()
-        clock.sync()
-        if i >= warmup:
-            fwd.append(t1 - t0)
-            bwd.append(time.perf_counter() - t1)
+        for which, run in ((fwd, forward), (bwd, backward)):
+            if before_pass is not None:
+                before_pass()
+            clock.sync()
+            t0 = time.perf_counter()
+            run()
+            clock.sync()
+            if i >= warmup:
+                which.append(time.perf_counter() - t0)
     return fwd, bwd
 
 

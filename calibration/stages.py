@@ -13,7 +13,6 @@ shapes that differ from any validation model).
 """
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import torch
@@ -23,6 +22,7 @@ from parsim.executor.optimizer import autocast_factory
 from parsim.specs import ModelSpec
 
 from .cache import Evictor
+from .compute import pass_samples
 from .fit import Summary, summarize
 from .timer import Clock
 
@@ -59,21 +59,5 @@ def bench_stage(spec: ModelSpec, mbs: int, dtype: str, clock: Clock, repeats: in
     microbatches' passes and the optimizer have evicted a stage's weights before it runs, which
     a small stage stepped alone would otherwise keep in cache."""
     forward, backward, _ = stage_step(spec, mbs, dtype, clock.device)
-    evict = Evictor(clock.device)
-    fwd, bwd = [], []
-    for i in range(warmup + repeats):
-        evict()
-        clock.sync()
-        t0 = time.perf_counter()
-        forward()
-        clock.sync()
-        t1 = time.perf_counter()
-        evict()
-        clock.sync()
-        t2 = time.perf_counter()
-        backward()
-        clock.sync()
-        if i >= warmup:
-            fwd.append(t1 - t0)
-            bwd.append(time.perf_counter() - t2)
+    fwd, bwd = pass_samples(forward, backward, clock, repeats, warmup, before_pass=Evictor(clock.device))
     return summarize(fwd), summarize(bwd)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -47,3 +48,12 @@ def model_relative_error(got: dict[str, torch.Tensor], expected: dict[str, torch
     diff = torch.cat([(got[k] - v).flatten() for k, v in expected.items()])
     ref = torch.cat([v.flatten() for v in expected.values()])
     return (diff.norm() / ref.norm()).item()
+
+
+def gone(pid: int) -> bool:
+    """No process ``pid`` exists any more."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False

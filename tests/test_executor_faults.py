@@ -3,7 +3,6 @@ with one message naming the failed rank and the cause; no process is left behind
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -12,17 +11,9 @@ import pytest
 
 from parsim.specs import SpecError
 
-from test_executor_cases import TINY_GPT
+from test_executor_cases import TINY_GPT, gone
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 @pytest.mark.timeout(300)
@@ -35,7 +26,7 @@ def test_a_rank_killed_mid_step_stops_all_others_within_a_minute_naming_it(capfd
     err = failure.value
     assert str(err) == "rank 1: process died (SIGKILL) during step 1"
     assert err.shutdown_s < 60
-    assert all(_gone(pid) for pid in err.pids)
+    assert all(gone(pid) for pid in err.pids)
     stderr = capfd.readouterr().err
     for survivor in (0, 2):
         assert f"rank {survivor} stopping because rank 1: process died (SIGKILL)" in stderr
@@ -52,7 +43,7 @@ def test_a_peer_that_never_arrives_fails_the_run_after_the_timeout_naming_it():
     assert "peer rank(s) 1 never arrived within 5 s" in str(failure.value)
     assert str(failure.value).startswith("rank 0: TimeoutError")
     assert failure.value.shutdown_s < 60
-    assert all(_gone(pid) for pid in failure.value.pids)
+    assert all(gone(pid) for pid in failure.value.pids)
     assert time.monotonic() - start < 240
 
 

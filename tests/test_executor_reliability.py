@@ -17,15 +17,9 @@ import pytest
 from parsim.cli import main
 from parsim.specs import SpecError
 
+from test_executor_cases import gone
+
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +78,7 @@ def test_a_frozen_rank_is_named_not_the_healthy_peer_that_waits_for_it(capfd):
                  inject_fault="1:1:freeze")
     err = failure.value
     assert str(err).startswith("rank 1: stopped making progress during step 1: no heartbeat for")
-    assert all(_gone(pid) for pid in err.pids)
+    assert all(gone(pid) for pid in err.pids)
     assert time.monotonic() - start < 240
     stderr = capfd.readouterr().err
     assert "rank 0 stopping because rank 1: stopped making progress" in stderr
@@ -123,7 +117,7 @@ def test_sigterm_to_the_launcher_ends_quietly_like_ctrl_c():
     assert err.strip().splitlines()[-1] == "parsim: terminated (SIGTERM)"
     assert "Traceback" not in err and "frame #" not in err
     time.sleep(0.5)
-    assert all(_gone(pid) for pid in ranks)
+    assert all(gone(pid) for pid in ranks)
 
 
 def _freeze_rank_one(rank: int) -> int:
@@ -142,5 +136,5 @@ def test_the_launcher_names_a_rank_whose_heartbeat_stops():
         run_ranks(_freeze_rank_one, (), 2, stall_s=2.0, grace_s=1.0,
                   env={"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])})
     assert str(failure.value).startswith("rank 1: stopped making progress: no heartbeat for")
-    assert all(_gone(pid) for pid in failure.value.pids)
+    assert all(gone(pid) for pid in failure.value.pids)
     assert time.monotonic() - start < 60
