@@ -26,8 +26,12 @@ demo: $(STAMP)
 profiles: $(STAMP)
 	$(BIN)/python -m parsim.study.runs.profiles $(RUNS)
 
+# Two pytest workers, a test file each at a time (module fixtures start their gloo processes
+# once); then the tests marked `alone`, which time this machine, with nothing running beside them.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadfile -m "not alone"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -m alone
 
 # >= 10,000 generated command lines through the CLI, 30 s cap each, counts printed (issue 23)
 fuzz: $(STAMP)

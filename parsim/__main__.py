@@ -1,3 +1,4 @@
 from parsim.cli import entry
 
-entry()
+if __name__ == "__main__":      # not when multiprocessing re-imports the main module
+    entry()

@@ -13,6 +13,9 @@ from parsim.calibration.fit import log_spaced_sizes
 from parsim.cli import main
 from parsim.specs import GemmEfficiency, Plan, SpecError, load_cluster, load_model, profile_tables
 
+# the real --quick calibration below times this machine: `make test` runs this file on its own
+pytestmark = pytest.mark.alone
+
 GLOO_ALL_REDUCE_BYTES_PER_S = 0.9e9     # what gloo all-reduce reaches on this machine (2 ranks)
 
 

@@ -85,16 +85,21 @@ def test_a_frozen_rank_is_named_not_the_healthy_peer_that_waits_for_it(capfd):
     assert "Traceback" not in stderr
 
 
-def _children(pid: int) -> list[int]:
-    out = []
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``: the ranks, and the fork server that forked them if any."""
+    parent = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 stat = (entry / "stat").read_text()
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
+            parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out, frontier = [], [pid]
+    while frontier:
+        below = [p for p, pp in parent.items() if pp in frontier]
+        out += below
+        frontier = below
     return out
 
 
@@ -105,19 +110,20 @@ def test_sigterm_to_the_launcher_ends_quietly_like_ctrl_c():
                              "dp=2 gbs=2 dtype=fp32", "--steps", "100000", "--no-memory", "--timeout", "60"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    ranks: list[int] = []
-    while time.monotonic() < deadline and len(ranks) < 2:
-        ranks = _children(proc.pid)
+    while time.monotonic() < deadline and len(_descendants(proc.pid)) < 2:
         time.sleep(0.2)
-    assert len(ranks) == 2, "the ranks never started"
     time.sleep(8)                 # let them get into their training steps
+    below = _descendants(proc.pid)
+    assert len(below) >= 2, "the ranks never started"
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 143
     assert err.strip().splitlines()[-1] == "parsim: terminated (SIGTERM)"
     assert "Traceback" not in err and "frame #" not in err
-    time.sleep(0.5)
-    assert all(gone(pid) for pid in ranks)
+    deadline = time.monotonic() + 10     # nothing outlives the launcher: ranks, fork server
+    while time.monotonic() < deadline and not all(gone(pid) for pid in below):
+        time.sleep(0.1)
+    assert all(gone(pid) for pid in below)
 
 
 def _freeze_rank_one(rank: int) -> int:

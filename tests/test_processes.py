@@ -1,5 +1,6 @@
 """The one launcher (``parsim.executor.processes``): fresh interpreters, results in rank order,
-the first failure named, progress lines, and targets defined in the script being run."""
+the first failure named, progress lines, and targets defined in the script being run; ranks
+forked from the fork server (default) or started as fresh interpreters."""
 import json
 import operator
 import os
@@ -33,11 +34,12 @@ def test_ranks_return_their_values_in_rank_order():
     assert run_ranks(operator.mul, (7,), 3) == [0, 7, 14]
 
 
-def test_a_target_of_the_script_being_run_starts_in_fresh_interpreters_with_one_thread(tmp_path):
+@pytest.mark.parametrize("start", ["forkserver", "exec"])
+def test_a_target_of_the_script_being_run_starts_in_its_own_process_with_one_thread(tmp_path, start):
     script = tmp_path / "launch_me.py"
     script.write_text(SCRIPT)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "OMP_NUM_THREADS": "4"})
+                          env={**os.environ, "OMP_NUM_THREADS": "4", "PARSIM_RANK_START": start})
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     assert [r["value"] for r in got["out"]] == [0, 10, 20]
@@ -66,3 +68,25 @@ def test_free_port_is_free_to_bind():
     assert 0 < port < 65536
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_ranks_forked_from_the_fork_server_take_the_environment_of_each_launch(monkeypatch):
+    monkeypatch.setenv("PARSIM_RANK_START", "forkserver")
+    monkeypatch.setenv("PARSIM_TEST_LAUNCH", "first")
+    assert run_ranks(_environment, ("PARSIM_TEST_LAUNCH",), 1) == [["first", None]]
+    monkeypatch.setenv("PARSIM_TEST_LAUNCH", "second")      # the same server forks the next launch
+    got = run_ranks(_environment, ("PARSIM_TEST_LAUNCH", "OMP_NUM_THREADS"), 2, env={"PARSIM_TEST_EXTRA": "x"})
+    assert got == [["second", "1", "x"]] * 2
+
+
+def _environment(rank: int, *names: str) -> list:
+    return [os.environ.get(n) for n in (*names, "PARSIM_TEST_EXTRA")]
+
+
+def test_a_bad_start_method_is_one_line_naming_the_variable_exit_2():
+    proc = subprocess.run([sys.executable, "-m", "parsim", "execute", "--model", "tiny", "--plan", "dp=2 gbs=2",
+                           "--steps", "1"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PARSIM_RANK_START": "vfork"})
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert "PARSIM_RANK_START" in line and "vfork" in line and "forkserver" in line and "exec" in line

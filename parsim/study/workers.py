@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import socket
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Iterable, TypeVar
 
@@ -60,6 +61,9 @@ def _on_dask(fn: Callable[[T], R], items: list[T], address: str) -> list[R]:
     except ImportError:
         raise SpecError("cluster_address", address, "a Dask scheduler needs the 'dask[distributed]' package "
                         "(pip install 'parsim[cluster]')") from None
+    refused = _refused(address)
+    if refused:         # Dask would retry for its whole timeout
+        raise SpecError("cluster_address", address, f"a reachable Dask scheduler, e.g. tcp://host:8786 ({refused})")
     try:
         client = Client(address, timeout="10s", set_as_default=False)
     except (OSError, TimeoutError, ValueError) as err:
@@ -68,3 +72,19 @@ def _on_dask(fn: Callable[[T], R], items: list[T], address: str) -> list[R]:
     with client:
         futures = client.map(fn, items, pure=False)
         return client.gather(futures)
+
+
+def _refused(address: str) -> str | None:
+    """Why a TCP scheduler address refuses connections right now (None: it accepts one, or the
+    address is not plain TCP, or the answer is slower: Dask's own timeout decides)."""
+    scheme, _, rest = address.rpartition("://")
+    host, _, port = rest.rpartition(":")
+    if scheme not in ("", "tcp") or not port.isdigit():
+        return None
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=5).close()
+    except ConnectionRefusedError as err:
+        return f"connection refused: {err}"
+    except OSError:
+        return None
+    return None

@@ -102,7 +102,7 @@ def append_row(out_dir: Path, row: dict[str, Any]) -> None:
 def _append_csv(path: Path, columns: list[str], row: dict[str, Any]) -> None:
     """Append ``row``; a file written before a column was added keeps its own header (the
     new columns are left out of its rows, and read back as missing)."""
-    old = path.open(newline="").read() if path.exists() else ""
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
     header = next(csv.reader(io.StringIO(old)), None)
     if header:
         columns = header
