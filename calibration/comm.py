@@ -90,8 +90,9 @@ def run_comm_job(job: CommJob, on_progress: Callable[[str], None] = lambda label
 
     with tempfile.TemporaryDirectory(prefix="parsim-calib-") as run_dir:
         try:
+            # fresh interpreters: the ranks are our children, so their CPU is ours in other_work
             return run_ranks(_run_rank, (free_port(), job, Progress(run_dir)), job.world, run_dir=run_dir,
-                             on_progress=on_progress, grace_s=0.0)
+                             on_progress=on_progress, grace_s=0.0, start="exec")
         except LaunchError as err:
             raise RuntimeError(f"{job.backend} benchmark with {job.world} ranks failed: {err}") from None
 

@@ -81,6 +81,24 @@ def other_work(before: tuple | None, after: tuple | None, wall_s: float) -> dict
             "steal_fraction": round(steal / (wall_s * (os.cpu_count() or 1)), 3)}
 
 
+class BusyMachineWarning(UserWarning):
+    """Other processes used the CPU while a calibration timed it."""
+
+
+BUSY_CORES = 0.5    # other processes' average busy cores above which a calibration warns
+
+
+def warn_if_busy(work: dict[str, float] | None) -> None:
+    """Warn when ``other_work`` says other processes kept >= ``BUSY_CORES`` cores busy: the
+    profile's times are then slower than the machine (seen: a layer-composition fit that put
+    everything into a per-op term while another test run shared the 2 cores)."""
+    if work and work["other_cores_busy"] >= BUSY_CORES:
+        import warnings
+        warnings.warn(f"other processes kept {work['other_cores_busy']:.2f} of {os.cpu_count()} cores busy while "
+                      "this calibration timed the machine: its numbers are slower and noisier than the machine "
+                      "is; re-run it when the machine is idle", BusyMachineWarning, stacklevel=2)
+
+
 def load_average() -> float | None:
     try:
         return round(os.getloadavg()[0], 2)

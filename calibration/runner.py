@@ -149,7 +149,7 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
 
     from .comm import COLLECTIVES, LIST_VARIANTS
     from .machine_bench import steps_of
-    from .machine import cpu_model, cpu_seconds, default_profile_name, load_average, other_work
+    from .machine import cpu_model, cpu_seconds, default_profile_name, load_average, other_work, warn_if_busy
     from .profile import Measurements, build_profile
 
     t_start, load_before, cpu_before = time.perf_counter(), load_average(), cpu_seconds()
@@ -204,6 +204,7 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     wall = time.perf_counter() - t_start
     m.provenance = _provenance(opts, device, worlds, started, wall, load_before)
     m.provenance["other_work"] = other_work(cpu_before, cpu_seconds(), wall)
+    warn_if_busy(m.provenance["other_work"])
     if host_memory is not None:
         m.provenance["host_memory"] = host_memory       # PARSIM_HOST_MEMORY (executor.host_alloc)
     return build_profile(m, name or default_profile_name(device.type))

@@ -132,21 +132,23 @@ class Progress:
 def run_ranks(target: Callable, args: tuple, world: int, *, run_dir: str | None = None,
               on_failure: Callable[[int, int], str] | None = None,
               on_progress: Callable[[str], None] | None = None, grace_s: float = GRACE_S,
-              env: dict[str, str] | None = None, stall_s: float | None = None) -> list[Any]:
+              env: dict[str, str] | None = None, stall_s: float | None = None,
+              start: str | None = None) -> list[Any]:
     """Run ``target(rank, *args)`` in ``world`` processes; their return values in rank order.
     ``target`` is a module-level function (of an importable module or of the script being run);
     ``args`` and the results are pickled. ``run_dir`` (default: a temporary folder) holds the
     payload, each rank's result or error, and the progress lines. ``on_failure(rank, exitcode)``
     makes the LaunchError's message for the first rank that fails (``exitcode`` None: its
-    heartbeat stopped for ``stall_s`` seconds)."""
+    heartbeat stopped for ``stall_s`` seconds). ``start`` overrides ``PARSIM_RANK_START``: the
+    calibration takes ``exec``, so its ranks are its children and their CPU counts as its own."""
     if run_dir is None:
         with tempfile.TemporaryDirectory(prefix="parsim-ranks-") as tmp:
             return run_ranks(target, args, world, run_dir=tmp, on_failure=on_failure, on_progress=on_progress,
-                             grace_s=grace_s, env=env, stall_s=stall_s)
+                             grace_s=grace_s, env=env, stall_s=stall_s, start=start)
     payload = Path(run_dir, PAYLOAD)
     payload.write_bytes(pickle.dumps({"target": _reference(target), "args": args}))
     child_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))   # one thread per rank
-    procs = _start(run_dir, world, child_env)
+    procs = _start(run_dir, world, child_env, start or start_method())
     describe = on_failure or (lambda rank, code: f"rank {rank}: {exit_cause(run_dir, rank, code)}")
     try:
         failure, shutdown_s = _supervise(procs, describe, Path(run_dir, PROGRESS), on_progress, grace_s,
@@ -191,9 +193,9 @@ def start_method() -> str:
     return method
 
 
-def _start(run_dir: str, world: int, env: dict[str, str]) -> list:
+def _start(run_dir: str, world: int, env: dict[str, str], method: str) -> list:
     """The ``world`` rank processes, each with Popen's ``pid``/``poll``/``returncode``/``kill``/``wait``."""
-    if start_method() == "exec":
+    if method == "exec":
         return [subprocess.Popen([sys.executable, "-m", "parsim.executor.child", run_dir, str(rank)],
                                  env=env, stdout=_child_stdout(), stdin=subprocess.DEVNULL)
                 for rank in range(world)]

@@ -216,3 +216,15 @@ def test_host_id_tells_apart_two_boots_of_one_cloned_vm(monkeypatch):
     assert a == machine.host_id()
     files["/proc/sys/kernel/random/boot_id"] = "boot-b"
     assert machine.host_id() != a
+
+
+def test_a_calibration_that_shared_the_cpu_warns_and_an_idle_one_does_not():
+    import warnings
+
+    from parsim.calibration.machine import BusyMachineWarning, warn_if_busy
+    with pytest.warns(BusyMachineWarning, match="1.20 of .* cores busy"):
+        warn_if_busy({"other_cores_busy": 1.2, "steal_fraction": 0.0})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_busy({"other_cores_busy": 0.1, "steal_fraction": 0.0})
+        warn_if_busy(None)

@@ -90,3 +90,15 @@ def test_a_bad_start_method_is_one_line_naming_the_variable_exit_2():
     assert proc.returncode == 2
     [line] = proc.stderr.strip().splitlines()
     assert "PARSIM_RANK_START" in line and "vfork" in line and "forkserver" in line and "exec" in line
+
+
+def _parent(rank: int) -> int:
+    return os.getppid()
+
+
+def test_exec_ranks_are_children_of_the_launcher_and_forked_ones_are_not(monkeypatch):
+    # the calibration starts its ranks with start="exec" so their CPU is its own (machine.other_work)
+    monkeypatch.setenv("PARSIM_RANK_START", "forkserver")
+    here = {"PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    assert run_ranks(_parent, (), 2, start="exec", env=here) == [os.getpid()] * 2
+    assert os.getpid() not in run_ranks(_parent, (), 2)
