@@ -24,8 +24,8 @@ class FaultInjection:
     ``crash``: raises mid-step (after its first forward action); ``kill``: SIGKILLs itself
     mid-step; ``hang``: its main thread stops making progress mid-step; ``freeze``: SIGSTOPs
     itself mid-step (the whole process stops: its heartbeat too); ``absent``: never joins the
-    group; ``slow=F``: from ``step`` on, every forward and backward action's compute takes ``F`` x
-    as long (a straggler; ``trainer.compute_slowdown``)."""
+    group; ``slow=F``: from ``step`` on, every forward and backward action's compute and the
+    optimizer step take ``F`` x as long (a straggler; ``trainer.compute_slowdown``)."""
 
     rank: int
     step: int

@@ -106,7 +106,8 @@ def run_step(training: Training, spec: ModelSpec, plan: Plan, dims: ParallelDims
         losses = training.runtime.run(microbatches, loss_multiplier=multiplier)
         finish_gradients(training, spec, plan, dims, recorder)
         finite = training.scaler.unscale_and_check(params, dims.world_group)
-        with recorder.compute("optimizer", "optimizer", category="other"):
+        # a straggler's optimizer step is slow too, as the simulator's slowdown has it (sim/dp.py)
+        with recorder.compute("optimizer", "optimizer", category="other"), training.runtime.compute_slowdown():
             if finite:
                 training.optimizer.step()
         training.scaler.update(finite)

@@ -101,3 +101,7 @@ def test_a_slow_rank_computes_slower_and_only_from_its_step():
     # 4x its compute CPU time: the wall time of rank 1's actions is well above rank 0's, even on a
     # loaded machine where both also wait for a core
     assert compute(1) > 2.0 * compute(0)
+    # the optimizer step is stretched too (the simulator's slowdown scales it): 4x its CPU time
+    optimizer = {r: sum(e.end - e.start for e in res.trace.events if e.rank == r and e.kind == "optimizer")
+                 for r in (0, 1)}
+    assert optimizer[1] > 1.5 * optimizer[0] > 0

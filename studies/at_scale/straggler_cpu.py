@@ -37,13 +37,13 @@ def measure(model: str, plan: str, factor: float | None, steps: int, warmup: int
                     inject_fault=fault).step_time_s
 
 
-def simulated(model: str, plan: str, factor: float | None) -> float:
+def simulated(model: str, plan: str, factor: float | None, profile: str = PROFILE) -> float:
     from parsim.api import simulate
-    return simulate(model, "cpu:2", plan, profile=PROFILE, mode="full",
+    return simulate(model, "cpu:2", plan, profile=profile, mode="full",
                     slowdown={1: factor} if factor else None).step_time_s
 
 
-def run(model: str, factor: float, rounds: int, steps: int, warmup: int) -> list[dict]:
+def run(model: str, factor: float, rounds: int, steps: int, warmup: int, profile: str = PROFILE) -> list[dict]:
     measured: dict[tuple[str, bool], list[float]] = {}
     for r in range(rounds):                  # interleaved: a slow minute moves one round of each
         for name, plan in POSITIONS.items():
@@ -55,7 +55,7 @@ def run(model: str, factor: float, rounds: int, steps: int, warmup: int) -> list
     rows = []
     for name, plan in POSITIONS.items():
         m_clean, m_slow = (statistics.median(measured[(name, s)]) for s in (False, True))
-        s_clean, s_slow = simulated(model, plan, None), simulated(model, plan, factor)
+        s_clean, s_slow = simulated(model, plan, None, profile), simulated(model, plan, factor, profile)
         rows.append({"position": name, "plan": plan, "factor": factor,
                      "measured_clean_s": m_clean, "measured_slow_s": m_slow,
                      "simulated_clean_s": s_clean, "simulated_slow_s": s_slow,
@@ -70,15 +70,19 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; median per run [3]")
     ap.add_argument("--quick", action="store_true", help="tiny model, 1 round, 3 steps: checks the script only")
     ap.add_argument("--out", default=str(HERE), help="folder of straggler_cpu.csv [this folder]")
+    ap.add_argument("--profile", default=PROFILE,
+                    help="profile the simulator prices with, e.g. one `parsim calibrate` wrote on this machine "
+                         "[calibration/profiles/cpu-calibrated.yaml]")
     args = ap.parse_args()
     model, rounds, steps, warmup = ("tiny", 1, 3, 1) if args.quick else ("cpu-small", args.rounds, 6, 2)
-    rows = run(model, args.factor, rounds, steps, warmup)
+    rows = run(model, args.factor, rounds, steps, warmup, args.profile)
     out = Path(args.out) / ("straggler_cpu_quick.csv" if args.quick else "straggler_cpu.csv")
     with open(out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    print(f"{model}, rank 1 computing {args.factor:g}x slower; step times in ms (median of {rounds} rounds)")
+    print(f"{model}, rank 1 computing {args.factor:g}x slower; step times in ms (median of {rounds} rounds); "
+          f"profile {args.profile}")
     print(f"{'position':8} {'meas clean':>10} {'meas slow':>10} {'sim clean':>10} {'sim slow':>10} {'error':>7} "
           f"{'meas +':>7} {'sim +':>7}")
     for r in rows:
