@@ -195,12 +195,17 @@ def start_method() -> str:
 
 def _start(run_dir: str, world: int, env: dict[str, str], method: str) -> list:
     """The ``world`` rank processes, each with Popen's ``pid``/``poll``/``returncode``/``kill``/``wait``."""
-    if method == "exec":
+    if method == "exec" or _daemonic():        # a daemonic process may not fork a multiprocessing child
         return [subprocess.Popen([sys.executable, "-m", "parsim.executor.child", run_dir, str(rank)],
                                  env=env, stdout=_child_stdout(), stdin=subprocess.DEVNULL)
                 for rank in range(world)]
     from .forked import start_forked
     return [start_forked(run_dir, rank, env, _child_stdout()) for rank in range(world)]
+
+
+def _daemonic() -> bool:
+    import multiprocessing
+    return multiprocessing.current_process().daemon
 
 
 def _child_stdout():

@@ -102,3 +102,44 @@ def test_exec_ranks_are_children_of_the_launcher_and_forked_ones_are_not(monkeyp
     here = {"PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
     assert run_ranks(_parent, (), 2, start="exec", env=here) == [os.getpid()] * 2
     assert os.getpid() not in run_ranks(_parent, (), 2)
+
+
+def _launch_from_a_daemon(conn) -> None:
+    try:
+        conn.send(run_ranks(operator.mul, (7,), 2))
+    except BaseException as err:  # noqa: BLE001 -- sent back to the test
+        conn.send(f"{type(err).__name__}: {err}")
+
+
+def _sweep_from_a_daemon(conn) -> None:
+    import contextlib
+    import io
+
+    from parsim.cli import main
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        try:
+            code = main(["sweep", "--model", "gpt3-125m", "--cluster", "h100-sxm:8", "--json", "--no-progress",
+                         "--resimulate", "3"])
+        except BaseException as err:  # noqa: BLE001 -- sent back to the test
+            code = f"{type(err).__name__}: {err}"
+    conn.send((code, len(json.loads(out.getvalue())["rows"]) if code == 0 else None))
+
+
+@pytest.mark.parametrize("target, expected", [(_launch_from_a_daemon, [0, 7]), (_sweep_from_a_daemon, (0, None))])
+def test_parsim_works_inside_a_daemonic_worker_process(target, expected, monkeypatch):
+    """A daemonic multiprocessing worker (a Pool's, the fuzzer's) may not start multiprocessing
+    children: ranks then start as fresh interpreters and re-simulation runs in the process (the
+    fuzzer found 28 tracebacks "daemonic processes are not allowed to have children")."""
+    import multiprocessing
+    monkeypatch.setenv("PARSIM_RANK_START", "forkserver")
+    ctx = multiprocessing.get_context("fork")
+    here, there = ctx.Pipe()
+    worker = ctx.Process(target=target, args=(there,), daemon=True)
+    worker.start()
+    assert here.poll(240), "the daemonic worker did not answer"
+    got = here.recv()
+    worker.join(30)
+    if expected == (0, None):
+        assert got[0] == 0 and got[1] > 0, got
+    else:
+        assert got == expected

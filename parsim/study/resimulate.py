@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from parsim.specs import ClusterSpec, ModelSpec, parse_plan
 
-from .workers import cluster_address, default_workers, run_tasks
+from .workers import cluster_address, default_workers, may_start_processes, run_tasks
 
 
 def simulate_plan(task: tuple[ModelSpec, ClusterSpec, str]) -> dict:
@@ -49,7 +49,7 @@ def resimulate(model: ModelSpec, cluster: ClusterSpec, plans: list[str], workers
     bar = tqdm(total=len(tasks), desc="SimPy re-simulation", unit="plan", file=sys.stderr, disable=not progress,
                leave=False)
     results: list[dict] = []
-    if workers <= 1 or len(tasks) <= 1:
+    if workers <= 1 or len(tasks) <= 1 or not may_start_processes():
         for t in tasks:
             results.append(simulate_plan(t))
             bar.update(1)

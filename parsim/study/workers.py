@@ -37,6 +37,12 @@ def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def may_start_processes() -> bool:
+    """Whether this process may start worker processes: a daemonic multiprocessing worker (a
+    Pool's, or another tool's that calls parsim) may not, so the work runs in it instead."""
+    return not multiprocessing.current_process().daemon
+
+
 def run_tasks(fn: Callable[[T], R], items: Iterable[T], workers: int | None = None,
               address: str | None = None) -> list[R]:
     """``[fn(x) for x in items]``, in order, run where the module docstring says. ``fn`` must
@@ -48,7 +54,7 @@ def run_tasks(fn: Callable[[T], R], items: Iterable[T], workers: int | None = No
     if workers is not None and workers < 1:
         raise SpecError("workers", workers, "a positive integer")
     workers = min(workers or default_workers(), len(items))
-    if workers <= 1:
+    if workers <= 1 or not may_start_processes():
         return [fn(x) for x in items]
     # fork: the workers inherit the imported engine (and numba's compiled kernels)
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
