@@ -195,7 +195,7 @@ def start_method() -> str:
 
 def _start(run_dir: str, world: int, env: dict[str, str], method: str) -> list:
     """The ``world`` rank processes, each with Popen's ``pid``/``poll``/``returncode``/``kill``/``wait``."""
-    if method == "exec" or _daemonic():        # a daemonic process may not fork a multiprocessing child
+    if method == "exec" or not may_start_processes():     # subprocess is allowed where multiprocessing is not
         return [subprocess.Popen([sys.executable, "-m", "parsim.executor.child", run_dir, str(rank)],
                                  env=env, stdout=_child_stdout(), stdin=subprocess.DEVNULL)
                 for rank in range(world)]
@@ -203,9 +203,11 @@ def _start(run_dir: str, world: int, env: dict[str, str], method: str) -> list:
     return [start_forked(run_dir, rank, env, _child_stdout()) for rank in range(world)]
 
 
-def _daemonic() -> bool:
+def may_start_processes() -> bool:
+    """Whether this process may start multiprocessing children: a daemonic multiprocessing
+    worker (a Pool's, or another tool's that calls parsim) may not."""
     import multiprocessing
-    return multiprocessing.current_process().daemon
+    return not multiprocessing.current_process().daemon
 
 
 def _child_stdout():

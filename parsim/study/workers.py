@@ -20,6 +20,7 @@ import socket
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Iterable, TypeVar
 
+from parsim.executor.processes import may_start_processes   # no torch: the launcher module only
 from parsim.specs import SpecError
 
 ADDRESS_ENV = "PARSIM_DASK_SCHEDULER"
@@ -35,12 +36,6 @@ def cluster_address(address: str | None) -> str | None:
 
 def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def may_start_processes() -> bool:
-    """Whether this process may start worker processes: a daemonic multiprocessing worker (a
-    Pool's, or another tool's that calls parsim) may not, so the work runs in it instead."""
-    return not multiprocessing.current_process().daemon
 
 
 def run_tasks(fn: Callable[[T], R], items: Iterable[T], workers: int | None = None,
