@@ -31,7 +31,7 @@ from plots import parity_plot, residual_plot  # noqa: E402
 
 from parsim.specs import profiles_dir  # noqa: E402
 from parsim.study.runs import calibrate_runs  # noqa: E402
-from parsim.study.runs.observations import time_like  # noqa: E402
+from parsim.study.runs.observations import published_from_step, time_like  # noqa: E402
 from parsim.study.runs.profiles import SHIPPED, render, template_profiles  # noqa: E402
 from parsim.study.validate import spearman_rho  # noqa: E402
 
@@ -45,16 +45,10 @@ VARIABLES = (("seq_len", "sequence length"), ("params", "model size (parameters)
 
 
 def implied_seconds(o, value: float) -> float:
-    """A published or predicted number as the step (or layer) time it stands for, seconds."""
-    if o.kind in TIME_KINDS:
-        return value
-    if o.kind == "tokens_per_gpu":
-        return o.plans[0].gbs * o.model.seq_len / (value * o.gpus)
-    if o.kind == "flops_per_gpu":
-        return o.flops_per_step / (value * o.gpus)
-    if o.kind == "flops_total":
-        return o.flops_per_step / value
-    return o.flops_per_step / (value * o.gpus * o.peak_flops)          # mfu
+    """A published or predicted number as the step (or layer) time it stands for, seconds. Every
+    rate the sources print is C / step, so the step a rate stands for is C / rate:
+    ``published_from_step`` read backwards is itself."""
+    return value if o.kind in TIME_KINDS else published_from_step(o, value)
 
 
 def rows_of(cal) -> list[dict]:

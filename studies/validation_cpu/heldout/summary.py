@@ -14,27 +14,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from parsim.study.validate import spearman_rho
+
 MODELS = ("gpt", "llama", "deep")
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties)."""
-    def ranks(x):
-        order = sorted(range(len(x)), key=lambda i: x[i])
-        r = [0.0] * len(x)
-        i = 0
-        while i < len(x):
-            j = i
-            while j + 1 < len(x) and x[order[j + 1]] == x[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2
-            i = j + 1
-        return r
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    return cov / ((sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5 or 1.0)
 
 
 def summarise(folder: Path) -> str:
@@ -59,7 +41,7 @@ def summarise(folder: Path) -> str:
         if len(errs) != len(rows):
             continue
         pred_col = "predicted_step_s" if key == "step_error" else "anchored_step_s"
-        rho = spearman([float(r["measured_step_s"]) for r in rows], [float(r[pred_col]) for r in rows])
+        rho = spearman_rho([float(r["measured_step_s"]) for r in rows], [float(r[pred_col]) for r in rows])
         under = sum(e < 0 for e in errs)
         lines += ["", f"{label}: {len(rows)} plans over {len({r['model'] for r in rows})} models, "
                       f"{'/'.join(sorted({r['world_size'] for r in rows}))} ranks"]
