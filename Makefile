@@ -27,11 +27,13 @@ profiles: $(STAMP)
 	$(BIN)/python -m parsim.study.runs.profiles $(RUNS)
 
 # Two pytest workers, a test file each at a time (module fixtures start their gloo processes
-# once); then the tests marked `alone`, which time this machine, with nothing running beside them.
+# once); then the tests marked `alone`, which time this machine, with nothing running beside them
+# (only their files are collected again: collecting all of tests/ imports torch and every module).
 TEST_WORKERS ?= 2
+ALONE_FILES := $(shell grep -l 'pytest.mark.alone' tests/test_*.py)
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadfile -m "not alone"
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -m alone
+	$(if $(ALONE_FILES),OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(ALONE_FILES) -m alone)
 
 # >= 10,000 generated command lines through the CLI, 30 s cap each, counts printed (issue 23)
 fuzz: $(STAMP)

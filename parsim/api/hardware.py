@@ -178,7 +178,6 @@ def host_profile(shipped: str | Path = "cpu-calibrated", recalibrate: bool = Fal
     os.environ.setdefault("PARSIM_HOST_MEMORY", "keep")
     calibrate(quick=True, ranks=QUICK_RANKS, name=f"cpu-{here}", out=cached, progress=progress)
     return HostProfile(cached, f"quick profile of this host, calibrated just now ({cached})", True)
-    return Calibration(profile, write_profile(profile, out or profiles_dir() / f"{name}.yaml"))
 
 
 @dataclass(frozen=True)
