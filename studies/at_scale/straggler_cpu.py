@@ -6,7 +6,7 @@ The slow rank is made slow by the executor's ``--inject-fault 1:0:slow=F``: each
 backward action of rank 1 sleeps (F - 1) x the CPU time it computed (``executor.trainer.
 compute_slowdown``), so its compute, not its communication, takes F x as long.
 
-    .venv/bin/python studies/at_scale/straggler_cpu.py [--factor 2] [--rounds 3] [--quick]
+    .venv/bin/python studies/at_scale/straggler_cpu.py [--factor 2] [--rounds 5] [--profile P] [--quick]
 
 Writes straggler_cpu.csv and prints the table (tee it to straggler_cpu.txt). ``--quick``: the
 tiny model, one round, 3 steps: checks the script works in about a minute, measures nothing.
@@ -67,7 +67,7 @@ def run(model: str, factor: float, rounds: int, steps: int, warmup: int, profile
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--factor", type=float, default=2.0, help="compute-time factor of the slow rank [2]")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; median per run [3]")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds; median per run [5]")
     ap.add_argument("--quick", action="store_true", help="tiny model, 1 round, 3 steps: checks the script only")
     ap.add_argument("--out", default=str(HERE), help="folder of straggler_cpu.csv [this folder]")
     ap.add_argument("--profile", default=PROFILE,
