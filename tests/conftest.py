@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
@@ -9,3 +11,26 @@ def pytest_collection_modifyitems(config, items):
     ``make test``'s two workers, the long files start early and the quick ones fill the end."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, the controller compiles the fast path's kernel into numba's disk cache
+    (``parsim.fast.evaluate.compile_kernels``, ~12 s of one core) while the workers run the
+    multi-process files that come first: on a fresh checkout each worker would otherwise
+    compile it itself when it reaches its first fast-path test."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    from parsim.fast.jit_cache import cache_dir
+    folder = cache_dir()
+    if any(folder.rglob("kernel.evaluate_all-*.nbi")):
+        return
+    config._parsim_compile = subprocess.Popen(
+        [sys.executable, "-c", "from parsim.fast.evaluate import compile_kernels; compile_kernels()"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def pytest_unconfigure(config):
+    process = getattr(config, "_parsim_compile", None)
+    if process is not None and process.wait(timeout=600) != 0:
+        print(f"conftest: compiling the fast path's kernel beside the tests exited {process.returncode}; "
+              "the tests compiled it themselves", file=sys.stderr)

@@ -37,7 +37,7 @@ def test_vectorised_rules_accept_exactly_the_plans_validate_accepts(model_name, 
                            rng.choice(on_count, size=min(len(on_count), 3000), replace=False)])
     sample = table.take(rows)
     mask = valid_mask(model, cluster, sample)
-    expected = np.array([_accepted_by_validate(model, cluster, sample.plan(i)) for i in range(len(sample))])
+    expected = np.array([_accepted_by_validate(model, cluster, plan) for plan in sample.plans()])
     assert expected.sum() > 100
     assert (mask == expected).all()
 
@@ -57,7 +57,7 @@ def test_validate_and_the_vectorised_mask_agree_on_every_plan_of_a_full_sweep_sp
     model, cluster = load_model(model_name), load_cluster(cluster_name)
     table = candidate_plans(model, cluster, SweepSpace())
     assert len(table) > 50_000
-    broken = [_first_broken_rule(model, cluster, table.plan(i)) for i in range(len(table))]
+    broken = [_first_broken_rule(model, cluster, plan) for plan in table.plans()]
     expected = np.array([b is None for b in broken])
     assert (valid_mask(model, cluster, table) == expected).all()
     assert 0.05 < expected.mean() < 0.95
@@ -72,7 +72,7 @@ def test_enumeration_returns_every_valid_plan_of_the_space_and_nothing_else():
     got = set(enumerate_plans(model, cluster, space, canonical=False).plan_strings())
     raw = product_table(space_values(cluster, space))
     raw = raw.take(np.flatnonzero(raw["dp"] * raw["tp"] * raw["pp"] == cluster.num_devices))  # rule 1 tested above
-    want = {raw.plan(i).to_string() for i in range(len(raw)) if _accepted_by_validate(model, cluster, raw.plan(i))}
+    want = {plan.to_string() for plan in raw.plans() if _accepted_by_validate(model, cluster, plan)}
     assert got == want
     assert len(got) > 1000
 
@@ -85,6 +85,7 @@ def test_plan_strings_equal_plan_to_string_and_parse_back():
     for i in range(0, len(t), 97):
         assert strings[i] == t.plan(i).to_string()
         assert parse_plan(strings[i]) == t.plan(i)
+    assert list(t.plans())[::97] == [t.plan(i) for i in range(0, len(t), 97)]     # the bulk form, row for row
 
 
 def test_degrees_multiply_to_the_device_count():

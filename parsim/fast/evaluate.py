@@ -87,3 +87,17 @@ def _flops(model: ModelSpec, plans: PlanTable) -> tuple[np.ndarray, np.ndarray]:
     mf = np.array([model_flops_per_step(model, int(g)) for g, _ in keys.tolist()])
     hf = np.array([hardware_flops_per_step(model, Plan(gbs=int(g), recompute=RECOMPUTES[r])) for g, r in keys.tolist()])
     return mf[inv], hf[inv]
+
+
+def compile_kernels() -> None:
+    """Compile the fast path's kernel (``evaluate_all`` and every rule it calls) and keep it in
+    numba's on-disk cache (``jit_cache``), by evaluating one valid plan of the tiny model.
+    A fresh checkout otherwise pays the compilation, about 25 s of one core, in its first
+    sweep; ``tests/conftest.py`` runs this beside the test workers so that they find it cached."""
+    from parsim.specs import load_cluster, load_model
+    from .plans import product_table
+    model, cluster = load_model("tiny"), load_cluster("cpu:8")
+    table = product_table(dict(dp=(2,), tp=(2,), pp=(2,), vpp=(1,), mbs=(1,), gbs=(8,), schedule=("1f1b",), zero=(0,),
+                               offload=("none",), recompute=("none",), sp=(False,), dtype=("fp32",),
+                               dp_impl=("allreduce",)))
+    evaluate(model, cluster, table)

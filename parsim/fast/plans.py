@@ -8,6 +8,7 @@ are stored as their codes (``parsim.specs.codes``: their index in the tuple that
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +59,16 @@ class PlanTable:
     def plan(self, i: int) -> Plan:
         return Plan(**{k: self.value(k, i) for k in COLUMNS}, dp_bucket_bytes=self.dp_bucket_bytes,
                     dp_overlap=self.dp_overlap, stack=self.stack)
+
+    def plans(self) -> Iterator[Plan]:
+        """``plan(i)`` of every row in order, each column converted to plan values once."""
+        values = []
+        for k in COLUMNS:
+            col = self.cols[k].tolist()
+            values.append([WORDS[k][v] for v in col] if k in WORDS else [bool(v) for v in col] if k == "sp" else col)
+        for row in zip(*values):
+            yield Plan(**dict(zip(COLUMNS, row)), dp_bucket_bytes=self.dp_bucket_bytes, dp_overlap=self.dp_overlap,
+                       stack=self.stack)
 
     def plan_strings(self) -> list[str]:
         """``Plan.to_string()`` of every row, built without constructing Plan objects."""

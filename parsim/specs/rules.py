@@ -61,7 +61,9 @@ class PlanView:
 
     def __getattr__(self, key: str):
         value = getattr(self._plan, key)
-        return code(key, value) if key in WORDS else value
+        value = code(key, value) if key in WORDS else value
+        self.__dict__[key] = value       # the rules read a field many times: later reads skip this
+        return value
 
 
 def _joined(values) -> str:
