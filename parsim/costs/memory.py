@@ -168,8 +168,8 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[
     kept_all, kept_input = layer_activation_bytes(model, plan, "none"), layer_activation_bytes(model, plan, "full")
     # W's re-runs of recomputed layers (split_backward): one value per rank, the largest of its
     # stages but the first (whose W is a whole backward), as the working sets
-    residue = [max((w_recompute_residue(model, sum(n for n, policy in groups[s] if policy == "full"), kept_all,
-                                        kept_input) for s in stages_of_rank(plan, r) if s > 0), default=0.0)
+    residue = [max((w_recompute_residue(model, plan, sum(n for n, policy in groups[s] if policy == "full"))
+                    for s in stages_of_rank(plan, r) if s > 0), default=0.0)
                for r in range(plan.pp)]
     output = stage_output_bytes(model, plan)
     last = len(groups) - 1

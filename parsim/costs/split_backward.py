@@ -31,8 +31,9 @@ the checkpoint recomputes once per autograd graph task. I is one task: it re-run
 forward (as B does) and frees what it recomputed when it ends. W is one task per parameter
 group, each re-running the whole layer forward, so W of a recomputed layer re-runs it
 ``w_recomputes`` times (8 on a GPT layer: issue 21's report of zero-bubble schedules with
-activation checkpointing running 8x slower than interleaved 1F1B), and holds part of what those
-re-runs recompute until it ends (``w_recompute_residue``, a fit to the executor's measurement). Selective recomputation
+activation checkpointing running 8x slower than interleaved 1F1B), and each re-run keeps what
+the layer's weightless ops saved until W ends (``w_recompute_residue``, derived from torch's
+checkpoint and checked against the executor's tracker). Selective recomputation
 re-runs the attention core in I only: it holds no weight. Megatron-LM's zero-bubble
 implementation instead stores each linear layer's input and dY for W (``WeightGradStore``) and
 never recomputes in W; that variant is not modelled.
@@ -51,6 +52,7 @@ from __future__ import annotations
 
 from parsim.specs import ModelSpec, Plan
 
+from .activations import layer_activation_bytes
 from .ops import DTYPE_BYTES, padded_vocab
 
 
@@ -99,17 +101,67 @@ def w_recomputes(model: ModelSpec) -> int:
     return 4 + (3 if model.activation == "swiglu" else 2) + 2
 
 
-def w_recompute_residue(model: ModelSpec, recomputed_layers: int, layer_kept_all: float,
-                        layer_kept_input: float) -> float:
-    """Bytes a W of a stage with ``recomputed_layers`` fully recomputed layers holds beyond the
-    stored activations while it runs: each of a layer's ``w_recomputes`` graph tasks leaves part of
-    what it recomputed (the tensors its weight group never reads) with the checkpoint until the
-    stage's graph is freed at W's end -- measured with the executor's memory tracker on cpu-small
-    GPT layers (fp32; 1, 2 and 4 layers): 21, 17.6 and 16.0 MiB more per layer at W's peak than
-    without recomputation, against (w_recomputes / 2) x (the layer's activations without
-    recomputation - its stored input) = 4 x 3.75 = 15 MiB here. Half the re-runs' worth is this
-    fit, not a derivation."""
-    return recomputed_layers * w_recomputes(model) / 2 * (layer_kept_all - layer_kept_input)
+def w_recompute_residue(model: ModelSpec, plan: Plan, recomputed_layers: int) -> float:
+    """Bytes a W of a stage whose first ``recomputed_layers`` layers are fully recomputed holds at
+    its peak beyond its stored activations, kept output gradients and ``weight_grad_working_bytes``.
+
+    How torch 2.13 runs it: each weight group is its own graph task, and non-reentrant
+    ``torch.utils.checkpoint`` re-runs the layer's forward once per task, keeping every tensor it
+    recomputes whose saving node is still alive and not yet unpacked by that task in the
+    checkpoint's per-task dict (``_CheckpointFrame.recomputed[gid]``) until that node's saved
+    tensors are released. A W task releases the saved tensors of the nodes it runs: the weight
+    ops' inputs. The weightless ops' (``w_task_kept_bytes``: the attention core's q, k, v and
+    output, the activation function's input, dropout masks) are never run in W, so each of the
+    layer's R = ``w_recomputes`` tasks keeps them until the stage's graph is freed at W's end.
+    Groups run in parameter order, bottom layer first, so the peak is at the last recomputed
+    layer's MLP-down task, where the R tasks of that layer also still hold the down projection's
+    input (e s b f / t each). There, ``stage_backward_weight``'s ``dweights`` still references the
+    previous group's weight gradient (MLP-up's, or SwiGLU's gate: e f h / t) beside the current
+    one, and the output gradients of every group run before it are freed (all recomputed layers'
+    ``output_grad_bytes`` but the down projection's dY, e s b h). In bytes, for k recomputed
+    layers (k >= 1): R (k P + e s b f/t) + e f h/t - (k dY_layer - e s b h).
+
+    Measured (executor tracker, cpu-small fp32 b=1, one middle stage, u = e s b h = 256 KiB):
+    W's peak over its start 118.2u, 171.3u, 277.5u for k = 1, 2, 4 layers; this formula plus
+    the weight gradient (16u) gives 118u, 171u, 277u (P = 8u, R = 8)."""
+    if recomputed_layers <= 0:
+        return 0.0
+    return recomputed_layers * w_residue_per_layer(model, plan) + w_residue_top(model, plan)
+
+
+def w_residue_per_layer(model: ModelSpec, plan: Plan) -> float:
+    """The part of ``w_recompute_residue`` each recomputed layer adds: R P less its consumed
+    output gradients (``output_grad_bytes``)."""
+    return w_recomputes(model) * w_task_kept_bytes(model, plan) - output_grad_bytes(model, plan)
+
+
+def w_residue_top(model: ModelSpec, plan: Plan) -> float:
+    """The part of ``w_recompute_residue`` the last recomputed layer adds once: its R tasks' copies
+    of the MLP-down input (e s b f / t each), the previous group's weight gradient (e f h / t) and
+    the down projection's output gradient, not consumed yet (e s b h, counted back)."""
+    e = DTYPE_BYTES[plan.dtype]
+    sb = model.seq_len * plan.mbs
+    h, f, t = model.hidden, model.ffn_hidden, plan.tp
+    return w_recomputes(model) * e * sb * f / t + e * f * h / t + e * sb * h
+
+
+def w_task_kept_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Bytes of one fully recomputed layer's forward that each of its W tasks keeps until W ends
+    (``w_recompute_residue``): the layer's stored activations without recomputation
+    (``activations.layer_activation_bytes``, Korthikanti et al. 2022 Table 2) less the layer
+    input (already stored) and less what only a weight op saves, which its W task releases --
+    the second norm's, QKV's and MLP-up's inputs (e s b h / sp each), MLP-down's input
+    (e s b f / t), and the attention-out projection's input where the attention core does not
+    save it too (FlashAttention / SDPA keeps its output, whose view that input is). GeLU,
+    FlashAttention, no dropout: the q, k, v and attention outputs and the GeLU input,
+    e s b (h + 2 kv + h + f) / t (8 e s b h on cpu-small)."""
+    e = DTYPE_BYTES[plan.dtype]
+    sb = model.seq_len * plan.mbs
+    h, f, t = model.hidden, model.ffn_hidden, plan.tp
+    sp = t if plan.sp else 1
+    weight_inputs = 3 * e * sb * h / sp + e * sb * f / t + (0.0 if model.flash_attention else e * sb * h / t)
+    return (layer_activation_bytes(model, plan, "none") - layer_activation_bytes(model, plan, "full")
+            - weight_inputs)
 
 
 def overlapped_time(f_compute: float, f_comm: float, b_compute: float, b_comm: float) -> float:

@@ -24,7 +24,7 @@ from .rules import (backward_bytes, backward_working, gathered_layers, held_byte
                     stack_state_bytes, stash_bytes)
 from .tables import (D_FP32_SHARDS, D_GATHERED_LAYERS, D_GRAD, D_GRAD_COPY, D_MAX_LIVE, D_OPT, D_PARAM, H_EMB_ACT,
                      H_HEAD_ACT, H_HEAD_KEPT, H_LOGITS_GRAD, H_SBH, H_TIED, H_VOCAB_GRAD, L_ACT, L_KEPT, L_PARAMS,
-                     L_TRANSIENT, L_W_RESIDUE, L_WORK, L_WORK_I, L_WORK_W)
+                     L_TRANSIENT, L_W_RESIDUE, L_W_RESIDUE_TOP, L_WORK, L_WORK_I, L_WORK_W)
 
 
 @numba.njit(cache=True)
@@ -120,7 +120,8 @@ def _rank_w_residue(r, vpp, lrow, ranks):
     best = 0.0
     for c in range(vpp):
         if not (r == 0 and c == 0):
-            best = max(best, ranks[r, R_CHUNK + c] * lrow[L_W_RESIDUE])
+            # every fast-path chunk holds a layer: k L_W_RESIDUE + L_W_RESIDUE_TOP (both 0 unless full)
+            best = max(best, ranks[r, R_CHUNK + c] * lrow[L_W_RESIDUE] + lrow[L_W_RESIDUE_TOP])
     return best
 
 

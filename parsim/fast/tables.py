@@ -36,7 +36,7 @@ from parsim.costs.activations import layer_working_bytes, logits_grad_bytes, sta
 from parsim.costs.footprint import recompute_transient
 from parsim.costs.host import HostModel
 from parsim.costs.placement import loop_placed, stages_of_rank
-from parsim.costs.split_backward import (head_output_grad_bytes, output_grad_bytes, w_recompute_residue,
+from parsim.costs.split_backward import (head_output_grad_bytes, output_grad_bytes, w_residue_per_layer, w_residue_top,
                                          w_recomputes, weight_grad_working_bytes)
 from parsim.costs.stack import apply_stack, tp_covered
 from parsim.specs import ClusterSpec, ModelSpec, Plan, get_stack, stage_layers
@@ -59,7 +59,8 @@ V_PLACED = tuple(name for name in WORDS["schedule"] if not loop_placed(Plan(sche
 # gradients kept from I to W, the backward working sets of I and of W
 (L_FWD, L_BWD, L_RECOMPUTE, L_TP_FWD, L_TP_BWD, L_TP_RECOMPUTE, L_ACT, L_ACT_NONE, L_ACT_FULL,
  L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WORK, L_TRANSIENT, L_RERUN_FULL, L_RERUN_SELECTIVE, L_BWD_I, L_BWD_W,
- L_W_RECOMPUTE, L_TP_W_RECOMPUTE, L_KEPT, L_WORK_I, L_WORK_W, L_W_RESIDUE, L_TP_COVER, L_WIDTH) = range(26)
+ L_W_RECOMPUTE, L_TP_W_RECOMPUTE, L_KEPT, L_WORK_I, L_WORK_W, L_W_RESIDUE, L_TP_COVER, L_W_RESIDUE_TOP,
+ L_WIDTH) = range(27)
 # the forward a backward re-runs under each layer policy that re-runs one (``costs.recomputed_ops``)
 RERUN = {"full": L_RERUN_FULL, "selective": L_RERUN_SELECTIVE}
 # head table columns; the head's weight-gradient time and kept output gradients (the first stage
@@ -208,7 +209,9 @@ def with_recompute(model: ModelSpec, plan: Plan, shape: np.ndarray) -> np.ndarra
         # ... and a split backward's W re-runs it once per weight group (``costs.split_backward``)
         row[L_W_RECOMPUTE] = w_recomputes(model) * row[L_FWD]
         row[L_TP_W_RECOMPUTE] = w_recomputes(model) * row[L_TP_FWD]
-        row[L_W_RESIDUE] = w_recompute_residue(model, 1, row[L_ACT_NONE], row[L_ACT_FULL])
+        # what W's re-runs keep until it ends: per recomputed layer, and once per stage
+        row[L_W_RESIDUE] = w_residue_per_layer(model, plan)
+        row[L_W_RESIDUE_TOP] = w_residue_top(model, plan)
     else:
         row[L_PRE_BWD] += row[L_RECOMPUTE]       # re-run ops with no collective among them come first
     row[L_ACT] = layer_activation_bytes(model, plan, policy)
