@@ -8,7 +8,7 @@ are stored as their codes (``parsim.specs.codes``: their index in the tuple that
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +23,16 @@ COLUMNS = ("dp", "tp", "pp", "vpp", "mbs", "gbs", "schedule", "zero", "offload",
 # Plan fields the fast path does not model; a plan using them cannot enter a PlanTable
 _UNSUPPORTED_DEFAULTS = {"partition": None, "recompute_layers": None, "shifted_critical_path": False,
                          "tp_overlap": "none"}
+
+
+def _decoded(key: str, codes: list[int]) -> list:
+    """Plan-level values of column ``key`` from its integer codes: words for word columns,
+    booleans for ``sp``, the integers themselves otherwise."""
+    if key in WORDS:
+        return [WORDS[key][c] for c in codes]
+    if key == "sp":
+        return [bool(c) for c in codes]
+    return codes
 
 
 @dataclass
@@ -49,26 +59,20 @@ class PlanTable:
 
     def value(self, key: str, i: int):
         """The plan-level value (word, bool or int) of column ``key`` at row ``i``."""
-        v = int(self.cols[key][i])
-        if key in WORDS:
-            return WORDS[key][v]
-        if key == "sp":
-            return bool(v)
-        return v
+        return _decoded(key, [int(self.cols[key][i])])[0]
 
     def plan(self, i: int) -> Plan:
-        return Plan(**{k: self.value(k, i) for k in COLUMNS}, dp_bucket_bytes=self.dp_bucket_bytes,
-                    dp_overlap=self.dp_overlap, stack=self.stack)
+        return self._plan_of(self.value(k, i) for k in COLUMNS)
 
     def plans(self) -> Iterator[Plan]:
         """``plan(i)`` of every row in order, each column converted to plan values once."""
-        values = []
-        for k in COLUMNS:
-            col = self.cols[k].tolist()
-            values.append([WORDS[k][v] for v in col] if k in WORDS else [bool(v) for v in col] if k == "sp" else col)
-        for row in zip(*values):
-            yield Plan(**dict(zip(COLUMNS, row)), dp_bucket_bytes=self.dp_bucket_bytes, dp_overlap=self.dp_overlap,
-                       stack=self.stack)
+        for row in zip(*(_decoded(k, self.cols[k].tolist()) for k in COLUMNS)):
+            yield self._plan_of(row)
+
+    def _plan_of(self, values: Iterable) -> Plan:
+        """The Plan of one row's plan-level values, in ``COLUMNS`` order."""
+        return Plan(**dict(zip(COLUMNS, values)), dp_bucket_bytes=self.dp_bucket_bytes, dp_overlap=self.dp_overlap,
+                    stack=self.stack)
 
     def plan_strings(self) -> list[str]:
         """``Plan.to_string()`` of every row, built without constructing Plan objects."""
