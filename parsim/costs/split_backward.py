@@ -50,24 +50,23 @@ schedule (bubble, memory) differs.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from parsim.specs import ModelSpec, Plan
 
-from .activations import layer_activation_bytes
+from .activations import LSE_BYTES, MASK_BYTES
 from .ops import DTYPE_BYTES, padded_vocab
+
+FP32_BYTES = 4     # norms' statistics and rope's cos / sin tables are fp32 in every dtype
 
 
 def output_grad_bytes(model: ModelSpec, plan: Plan) -> float:
     """Bytes of the output gradients dY one layer keeps from its I to its W, per microbatch, on one
     device: torch's ``stage_backward_input`` captures the gradient arriving at each weight-bearing
-    op for ``stage_backward_weight``. QKV: e s b (h + 2 kv)/t; attention-out and MLP-down (the
-    row-parallel outputs, all-gathered under SP): e s b h each; MLP-up: e s b f_up / t (f_up = 2f
-    for SwiGLU's gate and up); the two norms: e s b h / sp each."""
-    e = DTYPE_BYTES[plan.dtype]
-    sb = model.seq_len * plan.mbs
-    h, t = model.hidden, plan.tp
-    sp = t if plan.sp else 1
-    up = (2 if model.activation == "swiglu" else 1) * model.ffn_hidden
-    return e * sb * ((h + 2 * model.kv_hidden) / t + 2 * h + up / t + 2 * h / sp)
+    op for ``stage_backward_weight`` (``weight_groups``). QKV: e s b (h + 2 kv)/t; attention-out and
+    MLP-down (the row-parallel outputs, all-gathered under SP): e s b h each; MLP-up: e s b f_up / t
+    (f_up = 2f for SwiGLU's gate and up); the two norms: e s b h / sp each."""
+    return sum(g.output_grad for g in weight_groups(model, plan))
 
 
 def head_output_grad_bytes(model: ModelSpec, plan: Plan) -> float:
@@ -92,76 +91,263 @@ def weight_grad_working_bytes(model: ModelSpec, plan: Plan, first: bool, last: b
 
 def w_recomputes(model: ModelSpec) -> int:
     """How many times W re-runs a fully recomputed layer's forward: once per parameter group that
-    torch's ``stage_backward_weight`` differentiates in its own graph task, i.e. per weight of the
-    layer as torch models hold them -- q, k, v and o, the MLP's up and down (and SwiGLU's gate) as
-    separate ``nn.Linear`` (torchtitan's Llama, the executor), and the two norms: 8 for a GeLU
-    layer, 9 for SwiGLU. Measured on the executor's layers (torch 2.13, non-reentrant checkpoint;
-    forward hooks counting the re-runs): 8 whole-forward re-runs in W on its GPT layer, 9 on its
-    Llama layer, and 1 in I on both."""
-    return 4 + (3 if model.activation == "swiglu" else 2) + 2
+    torch's ``stage_backward_weight`` differentiates in its own graph task and whose node unpacks a
+    saved tensor, i.e. per weight of the layer as torch models hold them -- q, k, v and o, the MLP's
+    up and down (and SwiGLU's gate) as separate ``nn.Linear`` (torchtitan's Llama, the executor), and
+    the two norms (``weight_groups``): 8 for a GeLU layer, 9 for SwiGLU. A bias added outside its
+    GEMM (attention-out's and MLP-down's) is a group of its own whose ``AddBackward`` saves nothing:
+    no re-run. Measured on the executor's layers (torch 2.13, non-reentrant checkpoint; forward
+    hooks counting the re-runs): 8 whole-forward re-runs in W on its GPT layer, 9 on its Llama
+    layer, and 1 in I on both."""
+    return len(_group_names(model))
+
+
+def _group_names(model: ModelSpec) -> tuple[str, ...]:
+    """The layer's weight groups in the order W runs them: the order the layer registers its
+    parameters (``get_param_groups`` keys its groups by first appearance in ``module.parameters()``;
+    the executor's ``MLP`` registers up before gate)."""
+    mlp = ("up", "gate", "down") if model.activation == "swiglu" else ("up", "down")
+    return ("attn_norm", "q", "k", "v", "o", "mlp_norm") + mlp
+
+
+@dataclass(frozen=True)
+class WeightGroup:
+    """One parameter group of a layer: its own graph task in W. Bytes, per microbatch, on one
+    device."""
+    name: str
+    output_grad: float    # the dY captured for it in I, freed when its task ends
+    weight_grad: float    # its weight gradient, still referenced (``dweights``) through the next task
+    working: float        # what its backward allocates: the weight gradient, or RMSNorm's dY * y
+    releases: float       # re-run tensors saved by its node and by no later one, freed when it ends
+    reruns: bool = True   # its node unpacks saved tensors: its task re-runs the layer
+
+
+def weight_groups(model: ModelSpec, plan: Plan) -> list[WeightGroup]:
+    """The layer's weight groups in the order W runs them, with the output gradient captured at
+    each group's node (q: e s b h/t, k and v: e s b kv/t; attention-out and MLP-down, the
+    row-parallel outputs before their reduce(-scatter): e s b h; MLP-up and gate: e s b f/t each;
+    the norms: e s b h/sp), its weight gradient (h x h/t, h x kv/t, f x h/t elements; a norm's h)
+    and what it releases of a re-run (``layer_saved_tensors``). A bias inside its op's node
+    (QKV's and MLP-up's ``addmm``, LayerNorm's) joins its weight's group; attention-out's and
+    MLP-down's are added after their exit collective, by an ``AddBackward`` that saves nothing:
+    groups of their own that re-run nothing and hold their GEMM's dY (freed when the later of the
+    two ends)."""
+    e = DTYPE_BYTES[plan.dtype]
+    sb = model.seq_len * plan.mbs
+    h, kv, f, t = model.hidden, model.kv_hidden, model.ffn_hidden, plan.tp
+    rows = sb / (t if plan.sp else 1)                 # tokens a norm sees
+    b = 1 if model.bias else 0                        # a bias row joining its weight's gradient
+    norm = (e * rows * h, e * h * (1 + b if model.norm == "layernorm" else 1))
+    sizes = {"attn_norm": norm, "q": (e * sb * h / t, e * (h + b) * h / t),     # (dY, weight gradient)
+             "k": (e * sb * kv / t, e * (h + b) * kv / t), "v": (e * sb * kv / t, e * (h + b) * kv / t),
+             "o": (e * sb * h, e * h * h / t), "mlp_norm": norm, "up": (e * sb * f / t, e * f * (h + b) / t),
+             "gate": (e * sb * f / t, e * f * (h + b) / t), "down": (e * sb * h, e * f * h / t)}
+    released = dict.fromkeys(_group_names(model), 0.0)
+    for _, nbytes, last in layer_saved_tensors(model, plan):
+        if last is not None:
+            released[last] += nbytes
+    groups = []
+    for name in _group_names(model):
+        dy, dw = sizes[name]
+        # RMSNorm's weight ``mul`` forms dY * (x * rstd) before summing it into the weight gradient
+        working = dw + dy if name.endswith("norm") and model.norm == "rmsnorm" else dw
+        bias_apart = model.bias and name in ("o", "down")
+        groups.append(WeightGroup(name, 0.0 if bias_apart else dy, dw, working, released[name]))
+        if bias_apart:
+            groups.append(WeightGroup(f"{name}.bias", dy, e * h, e * h, 0.0, reruns=False))
+    return groups
+
+
+def layer_saved_tensors(model: ModelSpec, plan: Plan) -> list[tuple[str, float, str | None]]:
+    """What one re-run of the executor's layer forward saves for backward beyond its input (which
+    the checkpoint stores) and its weights: (tensor, bytes per microbatch on one device, the last
+    weight group whose node saves it, or None where a weightless op's node saves it too -- no W
+    task runs that node, so nothing releases it before W ends).
+
+    From what each op's autograd node saves (``tools/autograd/derivatives.yaml``), torch 2.13: a
+    GEMM (``mm``/``addmm``) its input; SDPA (``_scaled_dot_product_flash_attention_for_cpu``,
+    FlashAttention on CUDA) q, k, v, its output and the fp32 log-sum-exp; in the explicit core
+    ``matmul`` both operands (GQA's K and V after ``repeat_interleave``, e s b h/t each),
+    ``softmax`` its result, ``masked_fill`` its s x s bool mask, dropout its mask (1 byte) and the
+    dropped probabilities (the next ``matmul``'s operand); ``gelu`` and ``silu`` their input;
+    ``mul`` of two tensors that need a gradient both operands (SwiGLU's silu(gate) * up), a tensor
+    times a constant only the constant (rope's cos and sin, fp32 s x d/2 each); ``native_layer_
+    norm`` its input and fp32 mean and rstd; the executor's RMSNorm (``x * rsqrt(mean(x^2) + eps)``,
+    then ``* weight``) ``pow``'s and the first ``mul``'s input x, ``rsqrt``'s result (fp32, one per
+    token) and the weight ``mul``'s x * rstd. So SwiGLU's MLP keeps its gate output, SiLU output
+    and up output (3 e s b f/t) where Korthikanti et al.'s Table 2 counts two, and RMSNorm's
+    weightless ``pow`` and ``mul`` keep the second norm's input (the residual), which LayerNorm's
+    node -- a weight op -- releases. Under SP the QKV and MLP inputs a GEMM saves are the
+    all-gathered ones (e s b h). Layout matters once: SDPA returns its output in q's layout, so
+    without rope (q a transposed view of the QKV GEMM's output) the attention-out GEMM's input is
+    a view of it, and with rope (q rotated into a new contiguous tensor) or the explicit core a
+    copy of e s b h/t.
+
+    Sizes follow the activation model (``activations``): activations in the plan's dtype (e
+    bytes), statistics fp32. That is the executor exactly in fp32 (the RMSNorm's ``x.float()`` is
+    x), what the checks measure; a 16-bit run of the executor (autocast over fp32 weights) keeps
+    an fp32 residual stream and saves a bf16 copy of each weight per re-run, which no engine
+    models."""
+    return _saved_in_order(model, plan)[0]
+
+
+def _saved_in_order(model: ModelSpec, plan: Plan) -> tuple[list[tuple[str, float, str | None]], int, float]:
+    """``layer_saved_tensors`` in forward order, how many of them the attention core has saved by
+    its end, and what the core holds at its peak beyond what it saves (``_rerun_peak``)."""
+    e = DTYPE_BYTES[plan.dtype]
+    s, sb = model.seq_len, model.seq_len * plan.mbs
+    h, kv, f, t, a = model.hidden, model.kv_hidden, model.ffn_hidden, plan.tp, model.heads
+    rows = sb / (t if plan.sp else 1)                 # tokens a norm, residual or dropout sees
+    saved: list[tuple[str, float, str | None]] = []
+
+    def norm(name: str, last_reader: str) -> None:
+        residual = name == "mlp_norm"                  # the first norm's input is the stored layer input
+        if model.norm == "rmsnorm":
+            if residual:
+                saved.append(("residual (RMSNorm input)", e * rows * h, None))
+            saved.extend([(f"{name} rstd", FP32_BYTES * rows, None), (f"{name} x * rstd", e * rows * h, name)])
+        else:
+            if residual:
+                saved.append(("residual (LayerNorm input)", e * rows * h, name))
+            saved.append((f"{name} mean, rstd", 2 * FP32_BYTES * rows, name))
+        saved.append((f"{name} output", e * sb * h, last_reader))
+
+    norm("attn_norm", "v")
+    explicit_gqa = not model.flash_attention and model.kv_heads != model.heads
+    kv_saved = e * sb * (h if explicit_gqa else kv) / t     # the explicit core repeats GQA's K and V
+    saved += [("q", e * sb * h / t, None), ("k", kv_saved, None), ("v", kv_saved, None)]
+    if model.position == "rope":
+        saved.append(("rope cos, sin", 2 * FP32_BYTES * s * model.head_dim / 2, None))
+    scores = e * a * s * sb / t                       # one (b, a/t, s, s) tensor of the explicit core
+    if model.flash_attention:
+        saved += [("attention output", e * sb * h / t, None), ("log-sum-exp", LSE_BYTES * a * sb / t, None)]
+        core_transient = 0.0
+    else:
+        saved += [("causal mask", s * s, None), ("softmax output", scores, None)]
+        if model.dropout:
+            saved += [("attention dropout mask", MASK_BYTES * a * s * sb / t, None),
+                      ("attention dropout output", scores, None)]
+        # the scaled scores stay referenced (``Attention.core``'s ``scores``) to the core's end; the
+        # masked ones live until ``softmax`` returns, which is the peak unless dropout follows it;
+        # GQA's K and V before their repeat stay referenced by ``Attention.body``
+        core_transient = (scores if model.dropout else 2 * scores) + (2 * e * sb * kv / t if explicit_gqa else 0.0)
+    core_end = len(saved)
+    if model.position == "rope" or not model.flash_attention:
+        saved.append(("attention-out input", e * sb * h / t, "o"))
+    if model.dropout:
+        saved.append(("attention residual dropout mask", MASK_BYTES * rows * h, None))
+    norm("mlp_norm", "gate" if model.activation == "swiglu" else "up")
+    if model.activation == "swiglu":
+        saved += [("gate output (SiLU input)", e * sb * f / t, None), ("SiLU output", e * sb * f / t, None),
+                  ("up output", e * sb * f / t, None)]
+    else:
+        saved.append(("up output (GeLU input)", e * sb * f / t, None))
+    saved.append(("down input", e * sb * f / t, "down"))
+    if model.dropout:
+        saved.append(("MLP residual dropout mask", MASK_BYTES * rows * h, None))
+    return saved, core_end, core_transient
+
+
+def _rerun_peak(model: ModelSpec, plan: Plan) -> float:
+    """The most one re-run of the layer holds: all it saves, at its early stop, or, where the
+    explicit core's s x s temporaries outweigh what is saved after the core, the core's peak."""
+    saved, core_end, core_transient = _saved_in_order(model, plan)
+    return max(sum(n for _, n, _ in saved), sum(n for _, n, _ in saved[:core_end]) + core_transient)
+
+
+def w_task_kept_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Bytes of one fully recomputed layer's forward that each of its W tasks keeps until W ends:
+    what weightless ops save (``layer_saved_tensors`` with no releasing group). GeLU, LayerNorm,
+    FlashAttention, no rope, no dropout: q, k, v, the attention output, the log-sum-exp and the
+    GeLU input, e s b (2h + 2kv + f)/t + 4 a s b/t (5.06 e s b h on tiny). SwiGLU, RMSNorm, rope
+    instead of GeLU, LayerNorm, learned positions: the gate output, SiLU output and up output
+    (3 e s b f/t for GeLU's f), the residual (e s b h/sp), both norms' rstd (4 s b/sp each) and
+    rope's cos and sin (4 s d bytes): 10.34 e s b h on tiny, against 5.06 + 2 (a second f)
+    before the SiLU output, the residual, rstd and rope were counted."""
+    return sum(nbytes for _, nbytes, last in layer_saved_tensors(model, plan) if last is None)
 
 
 def w_recompute_residue(model: ModelSpec, plan: Plan, recomputed_layers: int) -> float:
     """Bytes a W of a stage whose first ``recomputed_layers`` layers are fully recomputed holds at
-    its peak beyond its stored activations, kept output gradients and ``weight_grad_working_bytes``.
+    its peak over its start beyond ``weight_grad_working_bytes``: (k - 1) ``w_residue_per_layer``
+    + the top layer's peak (``_top_layer_peak``) for k recomputed layers.
 
-    How torch 2.13 runs it: each weight group is its own graph task, and non-reentrant
-    ``torch.utils.checkpoint`` re-runs the layer's forward once per task, keeping every tensor it
-    recomputes whose saving node is still alive and not yet unpacked by that task in the
-    checkpoint's per-task dict (``_CheckpointFrame.recomputed[gid]``) until that node's saved
-    tensors are released. A W task releases the saved tensors of the nodes it runs: the weight
-    ops' inputs. The weightless ops' (``w_task_kept_bytes``: the attention core's q, k, v and
-    output, the activation function's input, dropout masks) are never run in W, so each of the
-    layer's R = ``w_recomputes`` tasks keeps them until the stage's graph is freed at W's end.
-    Groups run in parameter order, bottom layer first, so the peak is at the last recomputed
-    layer's MLP-down task, where the R tasks of that layer also still hold the down projection's
-    input (e s b f / t each). There, ``stage_backward_weight``'s ``dweights`` still references the
-    previous group's weight gradient (MLP-up's, or SwiGLU's gate: e f h / t) beside the current
-    one, and the output gradients of every group run before it are freed (all recomputed layers'
-    ``output_grad_bytes`` but the down projection's dY, e s b h). In bytes, for k recomputed
-    layers (k >= 1): R (k P + e s b f/t) + e f h/t - (k dY_layer - e s b h).
+    How torch 2.13 runs it. ``stage_backward_weight`` (``distributed/pipelining/_backward.py``)
+    calls ``autograd.grad`` once per parameter group (``weight_groups``), from the nodes whose
+    input gradients I captured to the group's weights, ``retain_graph=False``: each call is a
+    new graph task (``torch._C._current_graph_task_id``) that runs only the group's own node(s)
+    and, freeing their saved tensors as it goes, releases them for good. Non-reentrant
+    ``torch.utils.checkpoint`` (``utils/checkpoint.py``) saves ``_Holder`` placeholders in the
+    forward; its ``unpack_hook`` re-runs the layer forward the first time a task unpacks one
+    (``frame.is_recomputed[gid]``), and ``_recomputation_hook.pack_hook`` files every re-run
+    tensor whose holder is still alive in ``frame.recomputed[gid]``, a ``WeakKeyDictionary``
+    keyed by the ``_Handle`` that ``holder.handles[gid]`` owns. The task unpacks (and drops the
+    handles of) only its own node's holders; the others' entries live as long as their holders,
+    i.e. until the saving node is released -- by the W task that runs it, or never before the
+    stage's graph dies at W's end for the weightless ops' nodes (``layer_saved_tensors``). So
+    while group j (of R) runs, each of the j earlier tasks holds K_j = ``w_task_kept_bytes`` plus
+    what groups j..R release (a tensor many nodes save counts once per task), and two moments
+    bound the top layer (``_top_layer_peak``):
 
-    Measured (executor tracker, cpu-small fp32 b=1, one middle stage, u = e s b h = 256 KiB):
-    W's peak over its start 118.2u, 171.3u, 277.5u for k = 1, 2, 4 layers; this formula plus
-    the weight gradient (16u) gives 118u, 171u, 277u (P = 8u, R = 8)."""
+    * (A) group j's re-run at its peak: at its early stop (``_StopRecomputationError`` at the last
+      saved tensor) the re-run graph (``pack_hook`` returns the tensor, so the nodes it records
+      save it) still holds everything the layer saves, released groups' inputs too; the explicit
+      core's s x s temporaries can peak higher (``_rerun_peak``): j K_j + the re-run's peak;
+    * (B) group j's node computing its weight gradient: (j + 1) K_j + its working set;
+
+    each beside the previous group's weight gradient (``dweights`` is re-bound only when the
+    call returns) and less the output gradients of the groups run before (their ``grads`` are
+    deleted, their ``valid_grad_outputs`` re-bound). The layers below keep R
+    ``w_task_kept_bytes`` each (``w_residue_per_layer``).
+
+    Measured (executor tracker, one middle stage, fp32; u = e s b h, tiny: u = 8 KiB): the
+    GeLU/LayerNorm/SDPA layer of tiny peaks at (B) of MLP-down, 57.56u for one layer, the
+    SwiGLU/RMSNorm/rope/SDPA one at (A) of MLP-down, 111.09u, with MHA explicit attention at
+    128.66u; cpu-small (GeLU, SDPA, u = 256 KiB) 118.16u, 171.28u, 277.53u for k = 1, 2, 4. This
+    derivation gives each to the byte, and so for k = 1, 2, 4 on tiny with GeLU or SwiGLU,
+    LayerNorm or RMSNorm, learned or rope positions, SDPA or the explicit core (MHA or GQA), b = 1
+    or 2, s = 32 or 128, f = 32 or 128 (f = 32 peaks at (A) of the second norm's task; s = 128
+    with the explicit core in its softmax). Not checked: dropout (the executor's CPU runs keep
+    dropout masks in the activation dtype and fall back from SDPA to the explicit path) and TP
+    (one process)."""
     if recomputed_layers <= 0:
         return 0.0
     return recomputed_layers * w_residue_per_layer(model, plan) + w_residue_top(model, plan)
 
 
 def w_residue_per_layer(model: ModelSpec, plan: Plan) -> float:
-    """The part of ``w_recompute_residue`` each recomputed layer adds: R P less its consumed
-    output gradients (``output_grad_bytes``)."""
+    """What each recomputed layer below the top one leaves while the top one's W runs: its R tasks'
+    ``w_task_kept_bytes`` less its freed output gradients (``output_grad_bytes``)."""
     return w_recomputes(model) * w_task_kept_bytes(model, plan) - output_grad_bytes(model, plan)
 
 
 def w_residue_top(model: ModelSpec, plan: Plan) -> float:
-    """The part of ``w_recompute_residue`` the last recomputed layer adds once: its R tasks' copies
-    of the MLP-down input (e s b f / t each), the previous group's weight gradient (e f h / t) and
-    the down projection's output gradient, not consumed yet (e s b h, counted back)."""
-    e = DTYPE_BYTES[plan.dtype]
-    sb = model.seq_len * plan.mbs
-    h, f, t = model.hidden, model.ffn_hidden, plan.tp
-    return w_recomputes(model) * e * sb * f / t + e * f * h / t + e * sb * h
+    """The part of ``w_recompute_residue`` the top recomputed layer adds once, over a layer below:
+    its peak (``_top_layer_peak``) less ``w_residue_per_layer`` and the weight gradient that
+    ``weight_grad_working_bytes`` counts."""
+    return (_top_layer_peak(model, plan) - w_residue_per_layer(model, plan)
+            - weight_grad_working_bytes(model, plan, False, False))
 
 
-def w_task_kept_bytes(model: ModelSpec, plan: Plan) -> float:
-    """Bytes of one fully recomputed layer's forward that each of its W tasks keeps until W ends
-    (``w_recompute_residue``): the layer's stored activations without recomputation
-    (``activations.layer_activation_bytes``, Korthikanti et al. 2022 Table 2) less the layer
-    input (already stored) and less what only a weight op saves, which its W task releases --
-    the second norm's, QKV's and MLP-up's inputs (e s b h / sp each), MLP-down's input
-    (e s b f / t), and the attention-out projection's input where the attention core does not
-    save it too (FlashAttention / SDPA keeps its output, whose view that input is). GeLU,
-    FlashAttention, no dropout: the q, k, v and attention outputs and the GeLU input,
-    e s b (h + 2 kv + h + f) / t (8 e s b h on cpu-small)."""
-    e = DTYPE_BYTES[plan.dtype]
-    sb = model.seq_len * plan.mbs
-    h, f, t = model.hidden, model.ffn_hidden, plan.tp
-    sp = t if plan.sp else 1
-    weight_inputs = 3 * e * sb * h / sp + e * sb * f / t + (0.0 if model.flash_attention else e * sb * h / t)
-    return (layer_activation_bytes(model, plan, "none") - layer_activation_bytes(model, plan, "full")
-            - weight_inputs)
+def _top_layer_peak(model: ModelSpec, plan: Plan) -> float:
+    """The largest of the top recomputed layer's moments (A) and (B) (``w_recompute_residue``)
+    over its W tasks, in bytes over W's start. Its first task also sees the weight gradient of the
+    layer below's last group (none for a stage's first layer: at most e f h/t too much there, on a
+    moment that a single task's copies never make the largest)."""
+    groups = weight_groups(model, plan)
+    rerun = _rerun_peak(model, plan)
+    alive = w_task_kept_bytes(model, plan) + sum(g.releases for g in groups)       # all a re-run saves
+    prev_grad, freed, peak = groups[-1].weight_grad, 0.0, 0.0
+    tasks = 0                           # re-runs so far; alive: K_j, what each of them still holds
+    for g in groups:
+        if g.reruns:
+            peak = max(peak, tasks * alive + rerun + prev_grad - freed)           # (A) re-run's peak
+            tasks += 1
+        peak = max(peak, tasks * alive + g.working + prev_grad - freed)           # (B) weight gradient
+        alive -= g.releases
+        freed += g.output_grad
+        prev_grad = g.weight_grad
+    return peak
 
 
 def overlapped_time(f_compute: float, f_comm: float, b_compute: float, b_comm: float) -> float:
