@@ -15,8 +15,11 @@ import sys
 from multiprocessing import reduction
 
 # imported once by the server; "__main__" is the launching script, if any (so a child does not
-# re-import it); a module that is absent is skipped
-PRELOAD = ["__main__", "parsim.executor.child", "torch", "torch.distributed"]
+# re-import it); a module that is absent is skipped. The rank entry's worker imports the trainer
+# and, through the split backward, torch.distributed.pipelining (torch._dynamo, DTensor): 1.1 s
+# of CPU that every rank paid again before it was preloaded here
+PRELOAD = ["__main__", "parsim.executor.child", "torch", "torch.distributed", "parsim.executor.worker",
+           "parsim.executor.trainer"]
 _context = None
 
 

@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parsim.calibration import fit_alpha_beta
+from parsim.calibration import fit_alpha_beta, fit_gemm_efficiency, summarize
 from parsim.calibration.fit import FitWarning, _relative_lstsq, log_spaced_sizes
+from parsim.specs import GemmEfficiency
 
 ALPHA, BETA = 5e-5, 1e-9        # 50 us, 1 GB/s
 
@@ -68,3 +69,46 @@ def test_any_positive_points_give_a_physical_fit(points):
 def test_points_that_cannot_be_fitted_are_refused(sizes, times):
     with pytest.raises(ValueError):
         fit_alpha_beta(sizes, times)
+
+
+# ----------------------------------------------------------------------------- known curves
+
+def test_alpha_beta_fit_recovers_known_alpha_and_beta_within_1_percent():
+    sizes = log_spaced_sizes(4096, 64 * 2**20, 2)
+    alpha, beta = 6e-4, 1 / 0.9e9
+    rng = np.random.default_rng(0)
+    noisy = [(alpha + beta * x) * (1 + rng.uniform(-0.003, 0.003)) for x in sizes]
+    for times in ([alpha + beta * x for x in sizes], noisy):
+        fit = fit_alpha_beta(sizes, times)
+        assert fit.alpha == pytest.approx(alpha, rel=0.01)
+        assert fit.beta == pytest.approx(beta, rel=0.01)
+
+
+def test_alpha_beta_fit_weighs_small_messages_so_alpha_is_not_lost_in_large_message_noise():
+    sizes = log_spaced_sizes(4096, 64 * 2**20, 4)
+    alpha, beta = 5e-4, 1e-9
+    times = [alpha + beta * x for x in sizes]
+    times[-1] *= 1.10     # 10% noise on the 64 MiB point would swamp alpha in plain least squares
+    fit = fit_alpha_beta(sizes, times)
+    assert fit.alpha == pytest.approx(alpha, rel=0.05)
+
+
+def test_alpha_beta_fit_never_returns_a_negative_latency():
+    sizes = log_spaced_sizes(4096, 2**24, 2)
+    fit = fit_alpha_beta(sizes, [2e-9 * x * (0.9 if x < 2**16 else 1.0) for x in sizes])
+    assert fit.alpha >= 0 and fit.beta > 0
+
+
+def test_gemm_efficiency_fit_recovers_the_saturating_curve():
+    curve = GemmEfficiency(max_efficiency=0.8, half_dim=64)
+    shapes = [(m, n, k) for m in (32, 128, 512) for n in (64, 256, 2048) for k in (16, 512)]
+    peak = 1e11
+    rates = [peak * curve.efficiency(*s) for s in shapes]
+    fit = fit_gemm_efficiency(shapes, rates, peak)
+    assert fit.max_efficiency == pytest.approx(0.8, rel=0.01)
+    assert fit.half_dim == pytest.approx(64, rel=0.01)
+
+
+def test_summary_is_the_median_with_p10_p90_spread():
+    s = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert s.median == 3.0 and s.p10 < s.median < s.p90 and s.n == 5

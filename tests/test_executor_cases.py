@@ -15,7 +15,7 @@ TINY_LLAMA = ModelSpec(name="tiny-llama", layers=4, hidden=64, heads=4, kv_heads
                        seq_len=32, activation="swiglu", norm="rmsnorm", position="rope", tied_embeddings=False,
                        dropout=False, bias=False)
 MODELS = {"gpt": TINY_GPT, "llama": TINY_LLAMA}
-STEPS = 5
+STEPS = 3
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,7 +1,8 @@
 """parsim demo predicts this machine with a profile of this machine (issue 20): the shipped CPU
 profile only where its provenance names this host, else a quick profile kept for this host,
-else a quick calibration first, said so. Fixture profiles are frozen copies; the one real
-calibration here is checked for what it records, never for a time."""
+else a quick calibration first, said so. Fixture profiles are frozen copies; the real quick
+calibration (the branch that calibrates) is the one ``tests/test_calibration.py`` takes, and is
+checked there for what it records, never for a time."""
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from parsim.calibration.machine import host_id
 FIXTURE = Path(__file__).parent / "fixtures" / "cpu-calibrated.yaml"
 
 
-def _profile_of(host: str, path: Path) -> Path:
+def profile_of(host: str, path: Path) -> Path:
     """The frozen fixture profile with its provenance saying it was measured on ``host``."""
     data = yaml.safe_load(FIXTURE.read_text())
     data["provenance"]["host_id"] = host
@@ -38,7 +39,7 @@ def test_cache_dir_is_outside_the_repository_and_follows_the_environment(cache, 
 
 def test_a_profile_measured_on_this_host_is_used_as_it_is(cache, tmp_path):
     said = []
-    shipped = _profile_of(host_id(), tmp_path / "shipped.yaml")
+    shipped = profile_of(host_id(), tmp_path / "shipped.yaml")
     chosen = host_profile(shipped, say=said.append)
     assert chosen.path == shipped and not chosen.calibrated and said == []
     assert "measured on this host" in chosen.note
@@ -46,8 +47,8 @@ def test_a_profile_measured_on_this_host_is_used_as_it_is(cache, tmp_path):
 
 def test_a_kept_quick_profile_of_this_host_wins_over_a_shipped_one_from_another_host(cache, tmp_path):
     said = []
-    shipped = _profile_of("another-host-0000", tmp_path / "shipped.yaml")
-    kept = _profile_of(host_id(), cache / "profiles" / f"cpu-{host_id()}.yaml")
+    shipped = profile_of("another-host-0000", tmp_path / "shipped.yaml")
+    kept = profile_of(host_id(), cache / "profiles" / f"cpu-{host_id()}.yaml")
     chosen = host_profile(shipped, say=said.append)
     assert chosen.path == kept and not chosen.calibrated and said == []
     assert "quick profile of this host" in chosen.note
@@ -58,19 +59,3 @@ def test_the_shipped_cpu_profile_has_no_host_id_so_it_is_never_taken_for_this_ho
     shipped = yaml.safe_load((Path(__file__).parents[1] / "calibration" / "profiles" / "cpu-calibrated.yaml")
                              .read_text())
     assert shipped["provenance"].get("host_id") != host_id()
-
-
-@pytest.mark.slow
-def test_without_a_profile_of_this_host_a_quick_one_is_calibrated_said_so_kept_and_reused(cache, tmp_path):
-    pytest.importorskip("torch")
-    said = []
-    shipped = _profile_of("another-host-0000", tmp_path / "shipped.yaml")
-    first = host_profile(shipped, progress=False, say=said.append)
-    assert first.calibrated and first.path == cache / "profiles" / f"cpu-{host_id()}.yaml"
-    assert len(said) == 1 and "measured on another host" in said[0] and "calibrating a quick profile" in said[0]
-    written = yaml.safe_load(first.path.read_text())
-    assert written["provenance"]["host_id"] == host_id()
-    assert written["provenance"]["shapes"] == "machine grid"          # no --model: the machine, not a model
-    assert written["device"]["extra"]["fit_report"]                   # the surfaces' leave-out report
-    again = host_profile(shipped, say=said.append)
-    assert again.path == first.path and not again.calibrated and len(said) == 1

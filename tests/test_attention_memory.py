@@ -1,0 +1,69 @@
+"""Unfused (explicit) attention's memory against the executor's own stages: the (s, s) terms.
+
+With explicit attention a layer keeps the softmax output, K and V repeated to every query head
+(GQA) and, in eager PyTorch, the bool causal mask; its backward holds two (b, a, s, s) gradients
+at once. Before these were modelled a long-sequence plan of the executor was predicted 32 % low
+(issue 20). Measured with the allocator-level tracker in one process (``test_memory_model``'s
+probe), for GQA (``tiny``: 4 heads, 2 KV heads) and MHA, at sequences where the s^2 terms are
+small, even and dominant."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+pytest.importorskip("torch")
+
+from parsim.costs.activations import (attention_working_bytes, backward_working_bytes,  # noqa: E402
+                                      embedding_activation_bytes, head_activation_bytes,
+                                      layer_activation_bytes, stage_output_bytes)
+from parsim.specs import load_model, parse_plan  # noqa: E402
+
+from test_memory_model import POSITIONS, _measure  # noqa: E402
+
+TINY = replace(load_model("tiny"), flash_attention=False)       # GQA: 4 heads, 2 KV heads
+MHA = replace(TINY, kv_heads=TINY.heads)
+
+
+def _predicted(spec, plan, first: bool, last: bool) -> tuple[float, float]:
+    stash = (2 * layer_activation_bytes(spec, plan) + (embedding_activation_bytes(spec, plan) if first else 0.0)
+             + (head_activation_bytes(spec, plan) if last else 0.0))
+    return stash + (0.0 if last else stage_output_bytes(spec, plan)), backward_working_bytes(spec, plan, first, last,
+                                                                                            stash)
+
+
+@pytest.mark.parametrize("seq", [32, 128, 512])
+@pytest.mark.parametrize("spec", [TINY, MHA], ids=["gqa", "mha"])
+def test_explicit_attention_stores_what_the_model_counts(spec, seq):
+    spec = replace(spec, seq_len=seq)
+    plan = parse_plan("mbs=1 gbs=1 dtype=fp32")
+    stored, working = _measure(spec, 1, False, False)
+    predicted_stored, predicted_working = _predicted(spec, plan, False, False)
+    assert predicted_stored == pytest.approx(stored, rel=0.01)
+    if seq >= 128:      # where the attention phase is the backward's peak
+        assert attention_working_bytes(spec, plan) > 0
+        assert predicted_working == pytest.approx(working, rel=0.01)
+
+
+@pytest.mark.parametrize("position", ["last", "single"])
+def test_a_long_sequences_backward_peak_is_the_attention_phase(position):
+    """s = 512: the two score gradients (2 x 4 MiB) dwarf the MLP's; the last stage's is one
+    e*s*b*h (the received gradient a middle stage holds) below the model's, 2 % of it."""
+    first, last = POSITIONS[position]
+    spec = replace(MHA, seq_len=512)
+    plan = parse_plan("mbs=1 gbs=1 dtype=fp32")
+    stored, working = _measure(spec, 1, first, last)
+    predicted_stored, predicted_working = _predicted(spec, plan, first, last)
+    assert predicted_stored == pytest.approx(stored, rel=0.01)
+    assert predicted_working == pytest.approx(working, rel=0.03)
+
+
+def test_megatrons_fused_softmax_keeps_no_mask_and_one_score_gradient():
+    spec = replace(MHA, seq_len=512)
+    eager, fused = parse_plan("mbs=2 gbs=2 dtype=fp16"), parse_plan("mbs=2 gbs=2 dtype=fp16 stack=megatron-lm")
+    score = 2 * 2 * spec.heads * 512 * 512          # e b a s^2
+    assert attention_working_bytes(spec, eager) - attention_working_bytes(spec, fused) == score
+    assert layer_activation_bytes(spec, eager) - layer_activation_bytes(spec, fused) == 512 * 512   # the bool mask
+    dropout = replace(spec, dropout=True)            # the dropout backward allocates: two again
+    assert attention_working_bytes(dropout, eager) == attention_working_bytes(dropout, fused)
+    assert attention_working_bytes(replace(spec, flash_attention=True), eager) == 0.0
