@@ -66,7 +66,8 @@ def test_activation_bytes_match_korthikanti_table2(t, case):
     s, b, h, a = m.seq_len, 2, m.hidden, m.heads
     sp = "sp" in case and t > 1
     rc = "selective" if "selective" in case else ("full" if "full" in case else "none")
-    plan = Plan(tp=t, mbs=b, sp=sp, recompute=rc, dtype="bf16")
+    # Korthikanti et al. measured Megatron-LM: its fused softmax keeps no causal mask
+    plan = Plan(tp=t, mbs=b, sp=sp, recompute=rc, dtype="bf16", stack="megatron-lm")
     sbh = s * b * h
     expected = {
         ("none", False): sbh * (10 + 24 / t + 5 * a * s / (h * t)),
@@ -82,7 +83,10 @@ def test_activation_bytes_match_korthikanti_table2(t, case):
 def test_activation_bytes_without_parallelism_are_34_plus_5as_over_h():
     m = _gpt()
     sbh = m.seq_len * m.hidden
-    assert layer_activation_bytes(m, Plan()) == pytest.approx(sbh * (34 + 5 * m.heads * m.seq_len / m.hidden))
+    assert layer_activation_bytes(m, Plan(stack="megatron-lm")) == pytest.approx(
+        sbh * (34 + 5 * m.heads * m.seq_len / m.hidden))
+    # eager PyTorch (the executor) also keeps each layer's s x s bool causal mask
+    assert layer_activation_bytes(m, Plan()) - layer_activation_bytes(m, Plan(stack="megatron-lm")) == m.seq_len ** 2
 
 
 def test_flash_attention_removes_the_s_squared_term():

@@ -10,7 +10,9 @@ Sec. 4, Table 2, with 2-byte activations, 1-byte dropout masks, GELU MLP (f = 4h
     full recomputation             2 s b h  (2 s b h / t with sequence parallel)
 Here each term is rebuilt from its parts so dtype (e bytes), GQA (K, V of kv_hidden), SwiGLU
 (f != 4h, two up projections), no dropout and FlashAttention change exactly the parts they
-touch. Result in bytes per layer per microbatch on one device.
+touch, and so do the stack's kernels (``Stack``: eager PyTorch's unfused softmax, RMSNorm,
+SwiGLU and RoPE keep more than Megatron's fused ones). Result in bytes per layer per microbatch
+on one device.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from .ops import DTYPE_BYTES, padded_vocab
 
 MASK_BYTES = 1     # dropout masks stored as bytes (Korthikanti 2022 Sec. 4.1)
 LSE_BYTES = 4      # FlashAttention keeps the fp32 log-sum-exp per row (Dao et al. 2022)
+FP32_BYTES = 4
 
 
 def layer_activation_bytes(model: ModelSpec, plan: Plan, recompute: str | None = None) -> float:
@@ -41,12 +44,23 @@ def layer_activation_bytes(model: ModelSpec, plan: Plan, recompute: str | None =
     # Parts split t ways: Q, K, V, attention-out input, MLP activations.
     qkv = e * sb * (h + 2 * kv)
     attn_out_in = e * sb * h
+    stack = plan_stack(plan)
     if model.activation == "swiglu":
         mlp = e * sb * (2 * f) + e * sb * f    # gate & up outputs (SwiGLU input) + down input
+        mlp += e * sb * f if stack.eager_swiglu else 0.0   # + silu(gate), kept by the eager product
     else:
         mlp = e * sb * f + e * sb * f          # GeLU input + down input
+    if model.norm == "rmsnorm" and stack.eager_rmsnorm:
+        # each of the 2 norms keeps its input and normalized output in fp32, not its e-byte input
+        replicated += 2 * (2 * FP32_BYTES - e) * sb * h
+    rope = 0.0
+    if model.position == "rope" and stack.rope_relayout:
+        if model.flash_attention:              # SDPA keeps its output; the projection reads a copy
+            attn_out_in += e * sb * h          # (the explicit core keeps no output: one copy either way)
+        rope = FP32_BYTES * model.seq_len * model.head_dim  # the fp32 cos and sin tables, s x d/2 each
     sharded = qkv + attn_out_in + mlp
     # Attention core (the part selective recomputation drops).
+    causal = 0.0
     if model.flash_attention:
         core = LSE_BYTES * a * sb              # only the log-sum-exp; no s^2 terms
     else:
@@ -54,9 +68,15 @@ def layer_activation_bytes(model: ModelSpec, plan: Plan, recompute: str | None =
         core = e * a * s * sb                  # softmax output
         if model.dropout:
             core += mask * a * s * sb + e * a * s * sb   # dropout mask + dropout output
+        # GQA: the unfused products multiply K and V repeated to every query head (Megatron's
+        # DotProductAttention and the executor ``repeat_interleave`` them), so those, not the
+        # kv_hidden-wide K and V, are kept: e*s*b*2(h - kv) more than ``qkv`` counts
+        core += e * sb * 2 * (h - kv)
+        # the causal mask the stack keeps per layer and microbatch (one per TP rank): s^2 elements
+        causal = stack.attention_mask_bytes * s * s
     if recompute == "selective" and not model.flash_attention:
-        core = 0.0
-    return replicated / sp + (sharded + core) / t
+        core, causal = 0.0, 0.0
+    return replicated / sp + (sharded + core) / t + causal + rope
 
 
 def embedding_activation_bytes(model: ModelSpec, plan: Plan) -> float:
@@ -106,16 +126,45 @@ def vocab_grad_bytes(model: ModelSpec, plan: Plan) -> float:
 
 def layer_working_bytes(model: ModelSpec, plan: Plan, weight_grads: bool = True) -> float:
     """What a transformer layer's backward holds beyond its stored activations, on one device: the
-    gradient of its largest weight, max(f, h) x h / t elements (autograd builds each weight's
-    gradient as a new tensor, then adds it into the existing ``.grad`` or gradient buffer), plus
-    the activation gradients alive in the MLP backward, e*s*b*(f/t + h/sp) (GeLU: the gradients of
-    the down projection's input and of the layer output). ``weight_grads=False``: weight
-    gradients are counted elsewhere (FSDP2's unsharded layer gradients, ``memory.fsdp2_bytes``)."""
+    larger of its MLP phase and, for unfused attention, its attention phase.
+
+    MLP phase: the gradient of its largest weight, max(f, h) x h / t elements (autograd builds
+    each weight's gradient as a new tensor, then adds it into the existing ``.grad`` or gradient
+    buffer), plus the activation gradients alive in the MLP backward, e*s*b*(f/t + h/sp) (GeLU:
+    the gradients of the down projection's input and of the layer output).
+    ``weight_grads=False``: weight gradients are counted elsewhere (FSDP2's unsharded layer
+    gradients, ``memory.fsdp2_bytes``). Attention phase: ``attention_working_bytes``."""
     e = DTYPE_BYTES[plan.dtype]
     t = plan.tp
     wg = 1.0 if weight_grads else 0.0
-    return (e * model.seq_len * plan.mbs * model.ffn_hidden / t + stage_output_bytes(model, plan)
-            + wg * e * max(model.ffn_hidden, model.hidden) * model.hidden / t)
+    sbf = e * model.seq_len * plan.mbs * model.ffn_hidden / t
+    mlp_phase = sbf + stage_output_bytes(model, plan) + wg * e * max(model.ffn_hidden, model.hidden) * model.hidden / t
+    if model.activation == "swiglu" and plan_stack(plan).eager_swiglu:
+        # the product's backward: the incoming gradient and the two it makes (silu(gate)'s and
+        # up's, e*s*b*f/t each) with the down projection's input freed, beside the residual's
+        mlp_phase = max(mlp_phase, 2 * sbf + stage_output_bytes(model, plan))
+    return max(mlp_phase, attention_working_bytes(model, plan))
+
+
+def attention_working_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Unfused attention's backward peak beyond the stored activations, on one device (0 for
+    flash attention, whose backward works in tiles): the gradients of the (b, a/t, s, s) scores,
+    u = e*b*a*s^2/t each. Eager PyTorch (the executor) holds two at once -- the probabilities'
+    gradient while softmax's backward writes a new one, then that one while masked_fill's does;
+    a fused softmax that works in place (``Stack.softmax_grad_in_place``, Megatron) holds one,
+    two with attention dropout (its backward allocates). Beside them the residual stream's
+    gradient (e*s*b*h/sp) and V's (e*s*b*h/t) are alive, while the layer's MLP stash, second-norm
+    and MLP-up inputs (e*s*b*h/sp each) and the attention-out input (e*s*b*h/t) are freed by
+    then: copies*u - e*s*b*h/sp - (MLP stash)/t. Measured on the executor's layer (fp32, tp = 1,
+    tiny with s = 128 and 512): 2u - 5 e*s*b*h (f = 2h), as this gives."""
+    if model.flash_attention:
+        return 0.0
+    e = DTYPE_BYTES[plan.dtype]
+    t, s, b, h, f = plan.tp, model.seq_len, plan.mbs, model.hidden, model.ffn_hidden
+    sp = t if plan.sp else 1
+    copies = 2 if not plan_stack(plan).softmax_grad_in_place or model.dropout else 1
+    mlp_stash = e * s * b * (3 * f if model.activation == "swiglu" else 2 * f)
+    return copies * e * b * model.heads * s * s / t - e * s * b * h / sp - mlp_stash / t
 
 
 def backward_working_bytes(model: ModelSpec, plan: Plan, first: bool, last: bool, stash: float,

@@ -54,10 +54,10 @@ from dataclasses import dataclass
 
 from parsim.specs import ModelSpec, Plan
 
-from .activations import LSE_BYTES, MASK_BYTES
+from .activations import FP32_BYTES, LSE_BYTES, MASK_BYTES
 from .ops import DTYPE_BYTES, padded_vocab
 
-FP32_BYTES = 4     # norms' statistics and rope's cos / sin tables are fp32 in every dtype
+
 
 
 def output_grad_bytes(model: ModelSpec, plan: Plan) -> float:

@@ -46,6 +46,11 @@ class Stack:
     zero3_gathered_layers: float = 2.0       # ZeRO-3: layers' full parameters alive at once (current + prefetched)
     zero3_max_live_params: float = 1e30      # ZeRO-3: cap on gathered parameters alive at once
     fp32_shards: bool = False                # ZeRO-3 shard kept in fp32 as the master weight (FSDP mixed precision)
+    attention_mask_bytes: float = 1.0        # unfused attention: per (s x s) element of the causal mask a layer keeps
+    softmax_grad_in_place: bool = False      # unfused attention: softmax backward overwrites its incoming gradient
+    eager_rmsnorm: bool = True               # RMSNorm in eager fp32 ops: keeps x and x*rstd in fp32 (fused: x)
+    eager_swiglu: bool = True                # SwiGLU in eager ops: keeps silu(gate) too (fused: gate and up)
+    rope_relayout: bool = True               # eager RoPE leaves q as (b, a, s, d): the attention output is copied
     loss_logits_bytes: float = 4.0           # per logit kept for the loss backward (torch: fp32 log-softmax)
     loss_grad_bytes: float = 8.0             # per logit alive beyond those in the loss backward (torch: 2 fp32 grads)
     bf16_grad_copy_bytes: float = 0.0        # bf16 .grad kept beside the fp32 gradient buffer (ZeRO 0-1), per parameter
@@ -87,6 +92,23 @@ assert set(PER_GPU) <= {f.name for f in fields(Stack)}
 # copy of that gradient for the output GEMM is the only extra (2 bytes)
 # (megatron/core/tensor_parallel/cross_entropy.py).
 MEGATRON_LOSS = dict(loss_logits_bytes=4.0, loss_grad_bytes=2.0)
+# Unfused attention as eager PyTorch runs it (the executor, ``executor/model.py``:
+# ``masked_fill`` with a bool (s, s) causal mask, then ``torch.softmax``) keeps the mask per layer
+# (1 byte per element) and allocates a new gradient at each of softmax's and masked_fill's
+# backwards. Megatron's fused scale-mask-softmax kernel (``scaled_upper_triang_masked_softmax``,
+# megatron/core/fusions/fused_softmax.py) builds the causal mask inside the kernel (nothing kept)
+# and its backward writes the input gradient over the incoming one (the CUDA extension returns
+# ``output_grads`` modified in place).
+FUSED_SOFTMAX = dict(attention_mask_bytes=0.0, softmax_grad_in_place=True)
+# Llama-style layers in eager PyTorch (the executor, ``executor/model.py``; torchtitan's
+# ``FeedForward``: ``w2(F.silu(w1(x)) * w3(x))``) keep more than fused kernels do: the product's
+# backward needs silu(gate) beside gate (for silu's backward) and up; an RMSNorm written as
+# ``xf = x.float(); y = xf * rsqrt(mean(xf^2) + eps); (y * w).to(x.dtype)`` keeps xf and y in
+# fp32; RoPE by ``torch.stack`` of the rotated halves returns q contiguous as (b, a, s, d), so
+# the (b, s, a*d) input of the output projection is a copy, and each layer keeps its fp32 cos
+# and sin tables. Megatron-Core / Transformer Engine fuse all three (``bias_swiglu_impl``
+# recomputes silu in backward; TE's RMSNorm keeps x and rstd; fused RoPE in (s, b, a, d)).
+FUSED_LLAMA = dict(eager_rmsnorm=False, eager_swiglu=False, rope_relayout=False)
 # FlashAttention-2 fwd+bwd (causal, head dim 128, A100) reaches about half its 16k rate near
 # s = 1k: 512 -> 16k rises ~100 -> ~190 TFLOP/s (Dao 2023, arXiv:2307.08691, Fig. 4); flash
 # kernels after it (FA3, cuDNN) keep the shape.
@@ -104,16 +126,17 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # distributed optimizer overlapping gradient reduce-scatter and parameter all-gather with
     # compute (--overlap-grad-reduce, --overlap-param-gather), Megatron's loss.
     Stack("megatron-core", "Megatron-Core + Transformer Engine: flash attention, overlapped DP communication",
-          tp_bwd_overlap=True, **FLASH, **MEGATRON_LOSS, **HOST),
+          tp_bwd_overlap=True, **FLASH, **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA),
     # Megatron-LM 2021-22 (Narayanan et al. 2021; Korthikanti et al. 2022): unfused attention
     # (batched GEMMs around a fused scale-mask-softmax kernel), the DP all-reduce after the
     # pipeline flush (--DDP-impl local), scatter/gather pipeline sends (Sec. 4.1).
     Stack("megatron-lm", "Megatron-LM 2022 (v3): unfused attention, DP all-reduce after the flush, async TP backward",
-          flash_attention=False, grad_reduce_overlap=False, tp_bwd_overlap=True, **MEGATRON_LOSS, **HOST),
+          flash_attention=False, grad_reduce_overlap=False, tp_bwd_overlap=True, **MEGATRON_LOSS, **HOST,
+          **FUSED_SOFTMAX, **FUSED_LLAMA),
     # Megatron-LM as the SC'21 paper ran it (v2, spring 2021): the same kernels, but every TP
     # collective synchronous (the asynchronous input-gradient all-reduce came with v2.6 / v3).
     Stack("megatron-lm-2021", "Megatron-LM 2021 (v2, Narayanan et al.): as megatron-lm with synchronous TP collectives",
-          flash_attention=False, grad_reduce_overlap=False, **MEGATRON_LOSS, **HOST),
+          flash_attention=False, grad_reduce_overlap=False, **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA),
     # Megatron-DeepSpeed (BigScience fork, 2022): Megatron's layers under DeepSpeed's pipeline
     # engine, which sends the whole activation from every TP rank (no scatter/gather,
     # deepspeed/runtime/pipe/engine.py) and reduces gradients after the flush. In bf16 (ZeRO
@@ -122,27 +145,33 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # 02-28: "BF16 optimizer with fp32 grad accumulation (more memory, slower)"): 2 bytes more.
     Stack("megatron-deepspeed", "Megatron-DeepSpeed (BigScience): Megatron layers, DeepSpeed pipeline engine",
           flash_attention=False, grad_reduce_overlap=False, p2p_scatter_gather=False, bf16_grad_copy_bytes=2.0,
-          **MEGATRON_LOSS, **HOST),
+          **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA),
     # DeepSpeed ZeRO on Megatron's GPT layers (the ZeRO-3 comparison of Narayanan et al. 2021
     # Table 2): unfused attention; the parameter coordinator prefetches the next layer.
     # Its ZeRO-3 gathers tensor by tensor, prefetching up to stage3_prefetch_bucket_size (5e7)
     # parameters and keeping at most stage3_max_live_parameters (1e9) alive (DeepSpeed config
     # docs): about one layer of a 100B+ model at a time.
     Stack("deepspeed", "DeepSpeed ZeRO (stage 1-3) on Megatron GPT layers: unfused attention",
-          flash_attention=False, zero3_gathered_layers=1.0, zero3_max_live_params=1e9, **MEGATRON_LOSS, **HOST),
+          flash_attention=False, zero3_gathered_layers=1.0, zero3_max_live_params=1e9, **MEGATRON_LOSS, **HOST,
+          **FUSED_SOFTMAX, **FUSED_LLAMA),
     # FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel) as MosaicML llm-foundry /
     # Composer run it: flash attention, FULL_SHARD with backward prefetch, bf16 compute with
     # fp32 reduce-scatter, flash-attn's fused cross entropy (bf16 logits kept, gradient in place).
     # llm-foundry's MPT configs run the Triton flash-attention kernel (attn_impl: triton), which
     # FlashAttention-2 outruns 1.3-2.5x on A100 (Dao 2023, Sec. 4.1, Fig. 4): ~0.55 of its rate.
     Stack("fsdp1", "PyTorch FSDP1 (llm-foundry / Composer): flash attention, prefetched all-gathers",
-          attention_efficiency=0.55, loss_logits_bytes=2.0, loss_grad_bytes=0.0, fp32_shards=True, **FLASH, **HOST),
+          attention_efficiency=0.55, loss_logits_bytes=2.0, loss_grad_bytes=0.0, fp32_shards=True, rope_relayout=False,
+          **FLASH, **HOST),
+    # Both run Llama-style layers as eager modules (HF's LlamaMLP / LlamaRMSNorm under
+    # llm-foundry; torchtitan's FeedForward, whose RMSNorm is torch's nn.RMSNorm): silu(gate) is
+    # kept; their RoPE rotates in the (b, s, a, d) layout, so no copy (read from their code, not
+    # measured here).
     # FSDP2 (torchtitan): per-parameter sharding (DTensor), SDPA flash attention, torch's
     # cross entropy on fp32 logits. FSDP1 and FSDP2 with a bf16 MixedPrecisionPolicy keep the
     # shard in fp32 (it is the optimizer's master weight) and gather bf16 copies (PyTorch FSDP
     # docs, "Mixed precision"): 4 + 4 + 8 bytes per parameter / dp, not 2 + 4 + 12.
     Stack("fsdp2", "PyTorch FSDP2 (torchtitan): flash attention (SDPA), prefetched all-gathers",
-          fp32_shards=True, **FLASH, **HOST),
+          fp32_shards=True, eager_rmsnorm=False, rope_relayout=False, **FLASH, **HOST),
 )}
 STACKS = tuple(STACK_PRESETS)
 # The plan's default: the profile's ``default_stack`` (the shipped GPU profiles: megatron-core;
