@@ -75,13 +75,13 @@ def test_gpipe_holds_every_microbatch_and_1f1b_at_most_p_minus_rank():
 
 def test_fsdp2_memory_keeps_the_sharded_copy_under_zero2_and_the_layer_gradients_in_backward():
     """Profiles with zero_copies=fsdp2 (the executor's ZeRO-2/3): ZeRO-2 holds the gathered
-    parameters plus the 1/dp sharded storage; every backward adds 2 x one layer's gradient
-    bytes (unsharded gradients + reduce-scatter input). The SimPy timeline and the analytic
-    model agree on it."""
+    parameters plus the 1/dp sharded storage; a layer's backward adds 2 x its gradient bytes
+    (unsharded gradients + reduce-scatter input), the loss's does not; ZeRO-3 keeps the root
+    unit gathered. The SimPy timeline and the analytic model agree on it."""
     from dataclasses import replace
 
     from parsim.costs import layer_params, memory_by_stage, stage_params, state_bytes
-    from parsim.costs.memory import rank_backward_working
+    from parsim.costs.memory import fsdp2_root_bytes, rank_backward_working
     from parsim.sim import simulate
     from parsim.specs import load_cluster, load_model, parse_plan
 
@@ -94,9 +94,13 @@ def test_fsdp2_memory_keeps_the_sharded_copy_under_zero2_and_the_layer_gradients
         plain, with_fsdp = memory_by_stage(model, plan, base)[0], memory_by_stage(model, plan, fsdp)[0]
         sharded = stage_params(model, plan)[0] * sb.param / 2 if plan.zero == 2 else 0.0
         assert with_fsdp.params - plain.params == pytest.approx(sharded)
-        # FSDP2's term holds the layer's weight gradients, so the backward working set drops its own
-        own_dw = rank_backward_working(model, plan, 0) - rank_backward_working(model, plan, 0, weight_grads=False)
-        assert own_dw > 0
-        assert with_fsdp.other - plain.other == pytest.approx(2 * layer_params(model, 1) * sb.grad - own_dw)
+        # FSDP2's term holds the layer's weight gradients, so the layer phase drops its own
+        fsdp_working = rank_backward_working(model, plan, 0, weight_grads=False,
+                                             layer_extra=2 * layer_params(model, 1) * sb.grad)
+        assert fsdp_working != rank_backward_working(model, plan, 0)
+        root = fsdp2_root_bytes(model, plan, 0)
+        assert (root > 0) == (plan.zero == 3)
+        assert with_fsdp.other - plain.other == pytest.approx(fsdp_working - rank_backward_working(model, plan, 0)
+                                                              + root)
         sim = simulate(model, fsdp, plan)
         assert sim.peak_memory_bytes == pytest.approx(with_fsdp.total, rel=1e-6)

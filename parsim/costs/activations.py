@@ -168,10 +168,11 @@ def attention_working_bytes(model: ModelSpec, plan: Plan) -> float:
 
 
 def backward_working_bytes(model: ModelSpec, plan: Plan, first: bool, last: bool, stash: float,
-                           weight_grads: bool = True) -> float:
+                           weight_grads: bool = True, layer_extra: float = 0.0) -> float:
     """``footprint.backward_working`` of a virtual stage of ``model`` under ``plan`` (``first`` /
-    ``last`` virtual stage; ``stash``: the bytes one microbatch stores there)."""
+    ``last`` virtual stage; ``stash``: the bytes one microbatch stores there; ``layer_extra``: the
+    bytes only a layer's backward adds, its recompute transient and FSDP2's layer gradients)."""
     wg = 1.0 if weight_grads else 0.0
     return backward_working(layer_working_bytes(model, plan, weight_grads), stage_output_bytes(model, plan),
                             head_activation_bytes(model, plan), wg * vocab_grad_bytes(model, plan),
-                            logits_grad_bytes(model, plan), model.tied_embeddings, first, last, stash)
+                            logits_grad_bytes(model, plan), model.tied_embeddings, first, last, stash, layer_extra)

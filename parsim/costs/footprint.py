@@ -94,21 +94,22 @@ def recompute_transient(recomputes_fully: bool, layer_kept_all: float, layer_kep
     return layer_kept_all - layer_kept_input if recomputes_fully else 0.0
 
 
-def backward_bytes(transient: float, fsdp2_gradients: float, working: float) -> float:
-    """What a virtual stage's backward holds beside the stored activations while it runs: the
-    recompute transient, FSDP2's unsharded layer gradients (``memory.fsdp2_bytes``) and the
-    working set (``backward_working``)."""
-    return transient + fsdp2_gradients + working
-
-
 def backward_working(layer: float, output: float, head: float, vocab_grad: float, logits_grad: float, tied: bool,
-                     first: bool, last: bool, stash: float) -> float:
+                     first: bool, last: bool, stash: float, layer_extra: float) -> float:
     """Bytes a virtual stage's backward holds beyond its stored activations at the backward's peak
     (``other``), on one device; ``stash`` = the bytes one microbatch stores in the stage (freed as
     the backward goes). The largest of:
 
     * a layer (``layer``, ``activations.layer_working_bytes``): the gradient of its largest weight
-      plus the activation gradients alive in the MLP backward;
+      plus the activation gradients alive in the MLP backward, and ``layer_extra``, what only a
+      layer's backward holds: the recompute transient (``recompute_transient``: non-reentrant
+      ``torch.utils.checkpoint`` re-runs a layer's forward when its backward first unpacks a saved
+      tensor, ``_checkpoint_hook.unpack_hook``; the head and the embedding are not checkpointed, so
+      their backwards run before or after it) and FSDP2's unsharded gradients of the layer with the
+      flat reduce-scatter input (``memory.fsdp2_bytes``: the layer unit's post-backward; the
+      loss's and head's backward come before any layer's). Measured on the executor (CPU fp32):
+      the last stage's peak is the loss gradients beside the stash alone, the first stage's the
+      recomputed layer (tests/test_memory_model.py);
     * the last stage starts with the head: the output weight's gradient (``vocab_grad``) plus the
       gradient of the final norm's output (``output``, e*s*b*h/sp), or the cross-entropy's two
       fp32 logits gradients (``logits_grad``), while a layer's backward comes after the head's
@@ -126,6 +127,7 @@ def backward_working(layer: float, output: float, head: float, vocab_grad: float
     executor's stages (CPU fp32, tp = 1): within 0.01 MiB for cpu-small's middle, first, last and
     single stages at b = 1, 2; tests/test_memory_model.py holds them to 1%."""
     tied_here = first and last and tied
+    layer = layer + layer_extra
     working = layer
     if last:
         working = max(layer - head + vocab_grad * tied_here, output + vocab_grad, logits_grad)

@@ -29,12 +29,13 @@ from . import footprint
 from .activations import (backward_working_bytes, embedding_activation_bytes, head_activation_bytes,
                           layer_activation_bytes, stage_output_bytes)
 from .inflight import rank_moments
-from .params import layer_params, stage_params
+from .params import embedding_params, head_params, layer_params, stage_params
 from .placement import rank_of_stage, stages_of_rank
 from .recompute import layer_recompute, recomputes_fully, stage_recompute
 from .split_backward import (head_output_grad_bytes, output_grad_bytes, w_recompute_residue,
                              weight_grad_working_bytes)
 from .stack import apply_stack, default_stack_cluster
+from .zero import gathers_layers
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
 
@@ -79,8 +80,8 @@ class StageFootprint:
     """Bytes one virtual stage adds on one device (``costs.footprint``; split backward:
     ``costs.split_backward``)."""
     activations: float       # per microbatch in flight, from its forward's start to its backward's (W's) end
-    backward: float          # during each of its backwards (``footprint.backward_bytes``)
-    gathered_params: float   # ZeRO-3: full parameters of two layers during every action
+    backward: float          # during each of its backwards (``footprint.backward_working``)
+    gathered_params: float   # ZeRO-3: full parameters of two layers (FSDP2: and the root unit) during every action
     kept: float = 0.0             # per microbatch from its I's end to its W's end: the output gradients
     backward_input: float = 0.0   # during each of its input-gradient passes (I)
     backward_weight: float = 0.0  # during each of its weight-gradient passes (W)
@@ -128,7 +129,7 @@ def _static_bytes(model: ModelSpec, plan: Plan, n_params: float, fsdp2: bool) ->
 
 def fsdp2_bytes(model: ModelSpec, plan: Plan, n_params: float) -> tuple[float, float]:
     """ZeRO-2/3 run as FSDP2 (profiles with ``zero_copies: fsdp2``, the reference executor):
-    (bytes held for the whole step, bytes held during a backward) beyond the ZeRO model.
+    (bytes held for the whole step, bytes held during a layer's backward) beyond the ZeRO model.
 
     * ZeRO-2: FSDP2 keeps the sharded parameters (``n_params`` / dp) as the parameters' storage
       while the gathered ones stay resident across the step (reshard after the last backward).
@@ -140,6 +141,21 @@ def fsdp2_bytes(model: ModelSpec, plan: Plan, n_params: float) -> tuple[float, f
     sb = state_bytes(plan.dtype)
     step = n_params * sb.param / plan.dp if plan.zero == 2 else 0.0
     return step, 2 * layer_params(model, plan.tp) * sb.grad
+
+
+def fsdp2_root_bytes(model: ModelSpec, plan: Plan, vstage: int) -> float:
+    """ZeRO-3 run as FSDP2 (the reference executor): the full parameters of a virtual stage's root
+    unit (its embedding and / or final norm + head; 0 on a middle stage), held during each of its
+    actions beside the gathered layers (``gathered_bytes``). ``fully_shard`` of the stage module
+    makes the parameters outside its layers one unit; its pre-forward and pre-backward hooks
+    all-gather it and its post-forward / post-backward reshard it, so the embedding and head stay
+    gathered from the first op of a forward or backward to the last (torch 2.13
+    ``_fsdp_state._pre_forward`` / ``_root_post_backward_final_callback``). Bytes per device."""
+    if not gathers_layers(plan.zero, plan.dp):
+        return 0.0
+    root = (embedding_params(model, plan) if vstage == 0 else 0.0) + \
+        (head_params(model, plan) if vstage == plan.pp * plan.vpp - 1 else 0.0)
+    return root * state_bytes(plan.dtype).param
 
 
 def uses_fsdp2(cluster: ClusterSpec | None) -> bool:
@@ -162,8 +178,6 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[
     counts = stage_layers(model, plan)
     groups = [layer_recompute(plan, s, n) for s, n in enumerate(counts)]
     stash = [_stash_bytes(model, plan, s, g) for s, g in enumerate(groups)]
-    working = [_rank_working(model, plan, r, stash, in_backward == 0.0) for r in range(plan.pp)]
-    input_working = [_rank_working(model, plan, r, stash, False) for r in range(plan.pp)]
     weight_working = [in_backward if in_backward else _rank_weight_working(model, plan, r) for r in range(plan.pp)]
     kept_all, kept_input = layer_activation_bytes(model, plan, "none"), layer_activation_bytes(model, plan, "full")
     # W's re-runs of recomputed layers (split_backward): one value per rank, the largest of its
@@ -178,14 +192,16 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[
     for s, g in enumerate(groups):
         transient = footprint.recompute_transient(recomputes_fully(g), kept_all, kept_input)
         r = rank_of_stage(plan, s)
-        backward = footprint.backward_bytes(transient, in_backward, working[r])
+        backward = _rank_working(model, plan, r, stash, in_backward == 0.0, transient + in_backward)
         if s == 0:       # no input gradient: its I runs nothing, its W the whole backward (split_backward)
             split = dict(kept=0.0, backward_input=0.0, backward_weight=backward)
         else:
             split = dict(kept=counts[s] * layer_dy + (head_dy if s == last else 0.0),
-                         backward_input=footprint.backward_bytes(transient, 0.0, input_working[r]),
+                         backward_input=_rank_working(model, plan, r, stash, False, transient),
                          backward_weight=residue[r] + weight_working[r])
-        out.append(StageFootprint(footprint.held_bytes(stash[s], s == last, output), backward, gathered, **split))
+        root = fsdp2_root_bytes(model, plan, s) if fsdp2 else 0.0
+        out.append(StageFootprint(footprint.held_bytes(stash[s], s == last, output), backward, gathered + root,
+                                  **split))
     return out
 
 
@@ -197,9 +213,13 @@ def _stash_bytes(model: ModelSpec, plan: Plan, vstage: int, groups: list[tuple[i
                                  embedding_activation_bytes(model, plan), head_activation_bytes(model, plan))
 
 
-def _rank_working(model: ModelSpec, plan: Plan, pp_rank: int, stash: list[float], weight_grads: bool) -> float:
+def _rank_working(model: ModelSpec, plan: Plan, pp_rank: int, stash: list[float], weight_grads: bool,
+                  layer_extra: float = 0.0) -> float:
+    """The largest ``backward_working_bytes`` of a rank's virtual stages, ``layer_extra`` on the
+    layer phase (a backward's recompute transient and FSDP2 gradients: ``footprint.backward_working``)."""
     last = plan.pp * plan.vpp - 1
-    return max(backward_working_bytes(model, plan, vstage == 0, vstage == last, stash[vstage], weight_grads)
+    return max(backward_working_bytes(model, plan, vstage == 0, vstage == last, stash[vstage], weight_grads,
+                                      layer_extra)
                for vstage in stages_of_rank(plan, pp_rank))
 
 
@@ -209,20 +229,21 @@ def _rank_weight_working(model: ModelSpec, plan: Plan, pp_rank: int) -> float:
     return max(weight_grad_working_bytes(model, plan, s == 0, s == last) for s in stages_of_rank(plan, pp_rank))
 
 
-def rank_backward_working(model: ModelSpec, plan: Plan, pp_rank: int, weight_grads: bool = True) -> float:
+def rank_backward_working(model: ModelSpec, plan: Plan, pp_rank: int, weight_grads: bool = True,
+                          layer_extra: float = 0.0) -> float:
     """The backward working set of a pipeline rank (``other``): the largest of its virtual
     stages' (``activations.backward_working_bytes``; a chunk's stash is freed as its backward
-    goes). One value per rank, so the SimPy timeline, this analytic model and the fast path
+    goes; ``layer_extra`` on its layer phase). One value per rank, so the SimPy timeline, this analytic model and the fast path
     count it alike under interleaving, where it overstates the first and last ranks' other
     chunks by at most the head's or embedding's extra."""
     stash = [_stash_bytes(model, plan, s, stage_recompute(model, plan, s)) for s in range(plan.pp * plan.vpp)]
-    return _rank_working(model, plan, pp_rank, stash, weight_grads)
+    return _rank_working(model, plan, pp_rank, stash, weight_grads, layer_extra)
 
 
 def rank_peak(chunks: list[StageFootprint], moments: list) -> tuple[float, float]:
     """(activations, backward bytes) at a rank's heaviest moment: each of its chunks' held bytes
-    times the microbatches it holds then, and the running backward's bytes on top (the first
-    such moment when several weigh the same)."""
+    times the microbatches it holds then, and the running backward's bytes and gathered
+    parameters on top (the first such moment when several weigh the same)."""
     best = (-1.0, 0.0, 0.0)
     for moment in moments:
         chunk, held = moment[0], moment[1]
@@ -230,7 +251,8 @@ def rank_peak(chunks: list[StageFootprint], moments: list) -> tuple[float, float
         act = sum(chunks[c].activations * n for c, n in enumerate(held))
         if kept:
             act += sum(chunks[c].kept * n for c, n in enumerate(kept))
-        extra = chunks[chunk].backward if kind == "B" else chunks[chunk].during(kind)
+        running = chunks[chunk]
+        extra = (running.backward if kind == "B" else running.during(kind)) + running.gathered_params
         if act + extra > best[0]:
             best = (act + extra, act, extra)
     return best[1], best[2]
@@ -249,7 +271,7 @@ def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = 
         chunks = [stages[s] for s in stages_of_rank(plan, r)]
         act, extra = rank_peak(chunks, rank_moments(plan, r))
         out.append(StageMemory(stage=r, params=params, grads=grads, optimizer=optimizer, activations=act,
-                               other=other + chunks[0].gathered_params + extra))
+                               other=other + extra))
     return out
 
 

@@ -20,7 +20,7 @@ import numba
 from .codes import O_ACT, O_GRADS, O_OPT, O_OTHER, O_PARAMS, O_PEAK, O_PEAK_STAGE, OFF_NONE, OFF_OPT_PARAMS
 from .inflight import KIND_FIRST_I, KIND_I, KIND_W
 from .ranks import R_CHUNK, R_LAST, R_PARAMS
-from .rules import (backward_bytes, backward_working, gathered_layers, held_bytes, model_states, offload_staging,
+from .rules import (backward_working, gathered_layers, held_bytes, model_states, offload_staging,
                     stack_state_bytes, stash_bytes)
 from .tables import (D_FP32_SHARDS, D_GATHERED_LAYERS, D_GRAD, D_GRAD_COPY, D_MAX_LIVE, D_OPT, D_PARAM, H_EMB_ACT,
                      H_HEAD_ACT, H_HEAD_KEPT, H_LOGITS_GRAD, H_SBH, H_TIED, H_VOCAB_GRAD, L_ACT, L_KEPT, L_PARAMS,
@@ -44,7 +44,7 @@ def plan_memory(out, dp, pp, vpp, zero, offload, lrow, hrow, drow, ranks, moment
         params, grads, opt = model_states(ranks[r, R_PARAMS], pb, gb, ob, dp, zero,
                                           offload_optimizer, offload_params)
         other = offload_staging(bucket_bytes, offload_optimizer) + gathered
-        extra_b = backward_bytes(lrow[L_TRANSIENT], 0.0, _rank_working(r, pp, vpp, lrow, hrow, ranks, False))
+        extra_b = _rank_working(r, pp, vpp, lrow, hrow, ranks, False)
         act, best, extra = 0.0, -1.0, 0.0
         for i in range(mstart[r], mstart[r] + mcount[r]):
             held = 0.0
@@ -57,7 +57,7 @@ def plan_memory(out, dp, pp, vpp, zero, offload, lrow, hrow, drow, ranks, moment
             kind = moments[i, 2 * width]
             x = extra_b                  # a B, or the first stage's W (its whole backward)
             if kind == KIND_I:
-                x = backward_bytes(lrow[L_TRANSIENT], 0.0, _rank_working(r, pp, vpp, lrow, hrow, ranks, True))
+                x = _rank_working(r, pp, vpp, lrow, hrow, ranks, True)
             elif kind == KIND_W:
                 x = _rank_w_residue(r, vpp, lrow, ranks) + _rank_weight_working(r, vpp, lrow, hrow, ranks)
             elif kind == KIND_FIRST_I:
@@ -101,14 +101,16 @@ def _chunk_kept(r, c, lrow, hrow, ranks):
 
 @numba.njit(cache=True)
 def _rank_working(r, pp, vpp, lrow, hrow, ranks, input_only):
-    """``costs.memory.rank_backward_working``: the largest ``footprint.backward_working`` of the
-    rank's chunks (``input_only``: an I's, without the weight gradients)."""
+    """``costs.memory._rank_working``: the largest ``footprint.backward_working`` of the rank's
+    chunks, the recompute transient on the layer phase (``input_only``: an I's, without the
+    weight gradients)."""
     best = 0.0
     wg = 0.0 if input_only else 1.0
     for c in range(vpp):
         w = backward_working(lrow[L_WORK_I] if input_only else lrow[L_WORK], hrow[H_SBH], hrow[H_HEAD_ACT],
                              wg * hrow[H_VOCAB_GRAD], hrow[H_LOGITS_GRAD], hrow[H_TIED] > 0, r == 0 and c == 0,
-                             ranks[r, R_LAST] == c, _chunk_stash(r, c, pp, vpp, lrow, hrow, ranks))
+                             ranks[r, R_LAST] == c, _chunk_stash(r, c, pp, vpp, lrow, hrow, ranks),
+                             lrow[L_TRANSIENT])
         best = max(best, w)
     return best
 

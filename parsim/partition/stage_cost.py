@@ -115,17 +115,18 @@ class StageCoster:
             self._cache[key] = self._cost(*key)
         return self._cache[key]
 
-    def _working(self, first: bool, last: bool, a: int, b: int) -> Callable[[float], float]:
+    def _working(self, first: bool, last: bool, a: int, b: int) -> Callable[[float, float], float]:
         """What the stage's backward holds beyond its stored activations, as a function of the
-        bytes one microbatch stores: the graph's own model (analytic graphs:
+        bytes one microbatch stores and of a layer's recompute transient (held by a layer's
+        backward only, ``footprint.backward_working``): the graph's own model (analytic graphs:
         ``costs.activations.backward_working_bytes``), else the gradient of its largest weight,
         built before it is added into ``.grad`` (the term that dominates the executor's layers,
-        tests/test_memory_model.py)."""
+        tests/test_memory_model.py), beside the transient."""
         if self.graph.backward_working is not None:
-            return lambda stash: self.graph.backward_working(first, last, stash)
+            return lambda stash, transient: self.graph.backward_working(first, last, stash, transient)
         names = {p for s in self.segments[a:b] for p in s.params}
         largest = self.grad_bytes * max((self.graph.param_numel.get(p, 0.0) for p in names), default=0.0)
-        return lambda stash: largest
+        return lambda stash, transient: largest + transient
 
     def _cost(self, inflight: float, policy: str, first: bool, last: bool, a: int, b: int) -> StageCost:
         states = self.param_numel(a, b) * self.per_param
@@ -147,7 +148,7 @@ class StageCoster:
             held = inflight * held_bytes(stash, last, output)
             # the segment being recomputed holds its full activations again for a moment
             transient = max((self.segments[i].recompute_saving_bytes for i in range(a, a + r)), default=0.0)
-            return states + held + transient + working(stash) + self.graph.gathered_bytes, held
+            return states + held + working(stash, transient) + self.graph.gathered_bytes, held
 
         n_seg = b - a
         if policy == "full":
