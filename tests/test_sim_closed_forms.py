@@ -7,8 +7,8 @@ from fractions import Fraction
 
 import pytest
 
-from parsim.costs import (dp_buckets, embedding_params, head_params, layer_ops, layer_params, stage_params,
-                          state_bytes, tp_collectives_edge, tp_collectives_per_layer)
+from parsim.costs import (dp_buckets, embedding_params, head_params, layer_ops, layer_params, recomputed_ops,
+                          stage_params, state_bytes, stops_early, tp_collectives_edge, tp_collectives_per_layer)
 from parsim.costs.ops import head_ops
 from parsim.costs.timing import collective_time, op_time, p2p_time
 from parsim.schedules import build_schedule, dry_run, textbook_bubble_fraction
@@ -89,11 +89,25 @@ def test_bubble_fraction_is_the_textbook_one(schedule, p, m, v):
     assert r.bubble_fraction == pytest.approx(textbook_bubble_fraction(schedule, p, m, v), rel=1e-9)
 
 
-def test_full_recompute_adds_one_forward_per_layer():
+def test_a_reentrant_full_recompute_re_runs_the_whole_forward():
+    # Megatron-LM's and DeepSpeed's checkpoints are reentrant: one forward more (Chen et al. 2016)
+    plan = Plan(pp=4, gbs=8, recompute="full", stack="megatron-lm")
+    assert not stops_early(MODEL, plan)
+    assert recomputed_ops(layer_ops(MODEL, plan), "full", stops_early(MODEL, plan)) == layer_ops(MODEL, plan)
+    assert stops_early(MODEL, Plan(pp=4, gbs=8, recompute="full"))                    # torch's: not
+
+
+def test_non_reentrant_full_recompute_stops_before_the_mlp_down_gemm():
+    # torch's non-reentrant checkpoint (the executor's) stops once MLP-down's input is back
     plan = Plan(pp=4, gbs=8, recompute="full")
     t_f, t_b = stage_times(plan)
+    dev, per_rank = ideal_cluster(1).device, MODEL.layers // 4
+    ops = layer_ops(MODEL, plan)
+    down = next(i for i, op in enumerate(ops) if op.name == "mlp_down")
+    rerun = per_rank * sum(op_time(dev, op, "fwd", plan.dtype) for op in ops[:down])
+    assert 0.5 * t_f < rerun < t_f
     r = simulate(MODEL, ideal_cluster(4), plan)
-    assert r.step_time_s == pytest.approx((8 + 4 - 1) * (2 * t_f + t_b), rel=1e-12)
+    assert r.step_time_s == pytest.approx((8 + 4 - 1) * (t_f + rerun + t_b), rel=1e-12)
 
 
 def test_selective_recompute_adds_the_attention_core_forward():

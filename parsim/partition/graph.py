@@ -41,6 +41,7 @@ class CostNode:
     bwd_membound_s: float = 0.0
     fwd_comm_s: float = 0.0
     bwd_comm_s: float = 0.0
+    rerun_s: float | None = None   # what a full recomputation re-runs of fwd_s (``costs.stops_early``); None: all
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,7 @@ def build_segments(graph: CostGraph, cuts: list[int]) -> list[Segment]:
             first=a, end=b, name=nodes[0].name, scope=nodes[0].scope,
             fwd_s=sum(x.fwd_s for x in nodes), bwd_s=sum(x.bwd_s for x in nodes),
             activation_bytes=act, input_bytes=live_bytes[a], layers=layers,
-            recompute_s=sum(x.fwd_s for x in recomputed), recompute_saving_bytes=max(saving, 0.0) if layers else 0.0,
+            recompute_s=sum(x.fwd_s if x.rerun_s is None else x.rerun_s for x in recomputed), recompute_saving_bytes=max(saving, 0.0) if layers else 0.0,
             params=frozenset(p for x in nodes for p in x.params),
             common=frozenset(c for x in nodes for c in x.common_inputs),
             fwd_membound_s=sum(x.fwd_membound_s for x in nodes), bwd_membound_s=sum(x.bwd_membound_s for x in nodes),

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_params,
                           head_activation_bytes, head_ops, head_params, layer_activation_bytes, layer_ops,
-                          layer_params, microbatch_activation_bytes, recomputed_ops, tp_collectives_per_layer)
+                          layer_params, microbatch_activation_bytes, recomputed_ops, stops_early,
+                          tp_collectives_per_layer)
 from parsim.costs.activations import backward_working_bytes, stage_output_bytes
 from parsim.costs.memory import gathered_bytes
 from parsim.costs.stack import tp_covered
@@ -48,9 +49,11 @@ def pass_times(device: DeviceProfile, ops, dtype: str, recompute_core: bool = Fa
     return PassTimes(total(fwd), total(bwd), total(fwd, True), total(bwd, True))
 
 
-def _tp_times(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> tuple[float, float, float]:
+def _tp_times(model: ModelSpec, plan: Plan, cluster: ClusterSpec,
+              after: set[str] | None = None) -> tuple[float, float, float]:
     """Seconds of TP collectives: (layer forward, layer backward, one b*s*h all-reduce); a
-    backward one less what the stack hides behind the weight-gradient GEMM (``costs.stack.tp_covered``)."""
+    backward one less what the stack hides behind the weight-gradient GEMM (``costs.stack.tp_covered``);
+    ``after``: only the layer's collectives that follow one of these ops."""
     if plan.tp == 1:
         return 0.0, 0.0, 0.0
     group = RankLayout(plan.dp, plan.tp, plan.pp).tp_groups()[0]
@@ -58,7 +61,8 @@ def _tp_times(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> tuple[float
     # synchronous TP collectives: priced in situ (timing.collective_time)
     fwd, bwd = (sum(max(collective_time(cluster, c.op, c.nbytes, group, in_situ=True)
                         - tp_covered(cluster.device, ops, c.after, p, plan.dtype), 0.0)
-                    for c in tp_collectives_per_layer(model, plan, p)) for p in ("fwd", "bwd"))
+                    for c in tp_collectives_per_layer(model, plan, p) if after is None or c.after in after)
+                for p in ("fwd", "bwd"))
     edge = collective_time(cluster, "all_reduce", microbatch_activation_bytes(model, plan), group, in_situ=True)
     return fwd, bwd, edge
 
@@ -76,6 +80,8 @@ def analytic_graph(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> CostGr
     layer = pass_times(dev, layer_ops(model, plan), plan.dtype, recompute_core=selective)
     head = pass_times(dev, head_ops(model, plan), plan.dtype)
     tp_f, tp_b, tp_edge = _tp_times(model, plan, cluster)
+    rerun = recomputed_ops(layer_ops(model, plan), "full", stops_early(model, plan))
+    rerun_s = pass_times(dev, rerun, plan.dtype).fwd + _tp_times(model, plan, cluster, {op.name for op in rerun})[0]
     L = model.layers
     nodes = [CostNode("embedding", emb.fwd + tp_edge, emb.bwd, boundary, embedding_activation_bytes(model, plan),
                       params=("embedding",), unit=-1, scope="embedding", fwd_membound_s=emb.fwd_membound,
@@ -84,7 +90,7 @@ def analytic_graph(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> CostGr
     for i in range(L):
         nodes.append(CostNode(f"layers.{i}", layer.fwd + tp_f, layer.bwd + tp_b, boundary, act, params=(f"layers.{i}",),
                               inputs=(i,), unit=i, scope=f"layers.{i}", fwd_membound_s=layer.fwd_membound,
-                              bwd_membound_s=layer.bwd_membound, fwd_comm_s=tp_f, bwd_comm_s=tp_b))
+                              bwd_membound_s=layer.bwd_membound, fwd_comm_s=tp_f, bwd_comm_s=tp_b, rerun_s=rerun_s))
     nodes.append(CostNode("head", head.fwd, head.bwd + tp_edge, 0.0, head_activation_bytes(model, plan),
                           params=("head",), inputs=(L,), unit=-1, scope="head", fwd_membound_s=head.fwd_membound,
                           bwd_membound_s=head.bwd_membound, bwd_comm_s=tp_edge))

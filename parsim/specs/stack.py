@@ -51,6 +51,7 @@ class Stack:
     eager_rmsnorm: bool = True               # RMSNorm in eager fp32 ops: keeps x and x*rstd in fp32 (fused: x)
     eager_swiglu: bool = True                # SwiGLU in eager ops: keeps silu(gate) too (fused: gate and up)
     rope_relayout: bool = True               # eager RoPE leaves q as (b, a, s, d): the attention output is copied
+    checkpoint_early_stop: bool = True       # full recompute stops at the layer's last saved tensor (non-reentrant)
     loss_logits_bytes: float = 4.0           # per logit kept for the loss backward (torch: fp32 log-softmax)
     loss_grad_bytes: float = 8.0             # per logit alive beyond those in the loss backward (torch: 2 fp32 grads)
     bf16_grad_copy_bytes: float = 0.0        # bf16 .grad kept beside the fp32 gradient buffer (ZeRO 0-1), per parameter
@@ -109,6 +110,13 @@ FUSED_SOFTMAX = dict(attention_mask_bytes=0.0, softmax_grad_in_place=True)
 # and sin tables. Megatron-Core / Transformer Engine fuse all three (``bias_swiglu_impl``
 # recomputes silu in backward; TE's RMSNorm keeps x and rstd; fused RoPE in (s, b, a, d)).
 FUSED_LLAMA = dict(eager_rmsnorm=False, eager_swiglu=False, rope_relayout=False)
+# Full recomputation: torch's non-reentrant ``torch.utils.checkpoint`` (the executor; torch's
+# ``checkpoint_wrapper``, which FSDP1 / llm-foundry and torchtitan wrap blocks in) stops
+# re-running the forward once the last tensor the region saved is back
+# (``set_checkpoint_early_stop``, on by default since torch 2.1): the MLP-down GEMM and what
+# follows it are not re-run. Megatron's ``tensor_parallel.checkpoint`` and DeepSpeed's
+# activation checkpointing are reentrant (``torch.autograd.Function``): the whole forward again.
+REENTRANT_CHECKPOINT = dict(checkpoint_early_stop=False)
 # FlashAttention-2 fwd+bwd (causal, head dim 128, A100) reaches about half its 16k rate near
 # s = 1k: 512 -> 16k rises ~100 -> ~190 TFLOP/s (Dao 2023, arXiv:2307.08691, Fig. 4); flash
 # kernels after it (FA3, cuDNN) keep the shape.
@@ -126,17 +134,17 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # distributed optimizer overlapping gradient reduce-scatter and parameter all-gather with
     # compute (--overlap-grad-reduce, --overlap-param-gather), Megatron's loss.
     Stack("megatron-core", "Megatron-Core + Transformer Engine: flash attention, overlapped DP communication",
-          tp_bwd_overlap=True, **FLASH, **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA),
+          tp_bwd_overlap=True, **FLASH, **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT),
     # Megatron-LM 2021-22 (Narayanan et al. 2021; Korthikanti et al. 2022): unfused attention
     # (batched GEMMs around a fused scale-mask-softmax kernel), the DP all-reduce after the
     # pipeline flush (--DDP-impl local), scatter/gather pipeline sends (Sec. 4.1).
     Stack("megatron-lm", "Megatron-LM 2022 (v3): unfused attention, DP all-reduce after the flush, async TP backward",
           flash_attention=False, grad_reduce_overlap=False, tp_bwd_overlap=True, **MEGATRON_LOSS, **HOST,
-          **FUSED_SOFTMAX, **FUSED_LLAMA),
+          **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT),
     # Megatron-LM as the SC'21 paper ran it (v2, spring 2021): the same kernels, but every TP
     # collective synchronous (the asynchronous input-gradient all-reduce came with v2.6 / v3).
     Stack("megatron-lm-2021", "Megatron-LM 2021 (v2, Narayanan et al.): as megatron-lm with synchronous TP collectives",
-          flash_attention=False, grad_reduce_overlap=False, **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA),
+          flash_attention=False, grad_reduce_overlap=False, **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT),
     # Megatron-DeepSpeed (BigScience fork, 2022): Megatron's layers under DeepSpeed's pipeline
     # engine, which sends the whole activation from every TP rank (no scatter/gather,
     # deepspeed/runtime/pipe/engine.py) and reduces gradients after the flush. In bf16 (ZeRO
@@ -145,7 +153,7 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # 02-28: "BF16 optimizer with fp32 grad accumulation (more memory, slower)"): 2 bytes more.
     Stack("megatron-deepspeed", "Megatron-DeepSpeed (BigScience): Megatron layers, DeepSpeed pipeline engine",
           flash_attention=False, grad_reduce_overlap=False, p2p_scatter_gather=False, bf16_grad_copy_bytes=2.0,
-          **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA),
+          **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT),
     # DeepSpeed ZeRO on Megatron's GPT layers (the ZeRO-3 comparison of Narayanan et al. 2021
     # Table 2): unfused attention; the parameter coordinator prefetches the next layer.
     # Its ZeRO-3 gathers tensor by tensor, prefetching up to stage3_prefetch_bucket_size (5e7)
@@ -153,7 +161,7 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # docs): about one layer of a 100B+ model at a time.
     Stack("deepspeed", "DeepSpeed ZeRO (stage 1-3) on Megatron GPT layers: unfused attention",
           flash_attention=False, zero3_gathered_layers=1.0, zero3_max_live_params=1e9, **MEGATRON_LOSS, **HOST,
-          **FUSED_SOFTMAX, **FUSED_LLAMA),
+          **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT),
     # FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel) as MosaicML llm-foundry /
     # Composer run it: flash attention, FULL_SHARD with backward prefetch, bf16 compute with
     # fp32 reduce-scatter, flash-attn's fused cross entropy (bf16 logits kept, gradient in place).
