@@ -40,3 +40,24 @@ def test_fits_applies_headroom_to_the_device_capacity():
     assert (fast.fits(0.0) == (fast.peak_memory_bytes <= cap)).all()
     assert (fast.fits(0.1) == (fast.peak_memory_bytes <= 0.9 * cap)).all()
     assert fast.fits(0.1).sum() < fast.fits(0.0).sum()
+
+
+def test_fast_path_finds_the_optimizer_step_peak_where_memory_by_stage_does():
+    """A wide vocabulary under the torch stack (eager AdamW: two fp32 copies of the largest
+    tensor, ``footprint.optimizer_temporaries``): many plans peak at the optimizer step, with
+    nothing in ``activations``, under ZeRO-1 too (the executor gives the embedding whole to one
+    replica); the fast path agrees to the byte."""
+    from dataclasses import replace
+    model, cluster = replace(load_model("tiny"), vocab=32768), load_cluster("cpu:4")
+    table = enumerate_plans(model, cluster, SweepSpace(gbs=(8,), vpp=(1, 2), mbs=(1,), recompute=("full",),
+                                                       dtype=("fp32",)))
+    fast = evaluate(model, cluster, table)
+    at_step = set()
+    for i in range(len(table)):
+        plan = table.plan(i)
+        peak = max(memory_by_stage(model, plan, cluster), key=lambda s: s.total)
+        assert fast.peak_memory_bytes[i] == pytest.approx(peak.total, rel=1e-12)
+        assert fast.peak_activations_bytes[i] == pytest.approx(peak.activations, rel=1e-12, abs=1e-6)
+        if peak.activations == 0.0:
+            at_step.add(plan.zero)
+    assert {0, 1} <= at_step

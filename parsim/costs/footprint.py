@@ -59,6 +59,30 @@ def stack_state_bytes(param_bytes: float, grad_bytes: float, optimizer_bytes: fl
     return param_bytes, grad_bytes, optimizer_bytes
 
 
+def optimizer_temporaries(largest_tensor: float, copies: float, dp: int, zero: int, whole_tensors: bool,
+                          offload_optimizer: bool) -> float:
+    """Bytes the optimizer step allocates beside the model states while it runs (``other``), on
+    one device: ``copies`` fp32 tensors (the master weights' type) the size of the largest
+    parameter tensor it steps (``Stack.optimizer_temporaries``: a per-tensor loop frees one
+    tensor's before the next's; a fused kernel none). Under ZeRO the step sees each tensor's
+    1/dp shard (``zero_shard`` of stage 1), unless ZeRO-1 gives whole tensors to one replica
+    (``whole_tensors``): then the replica owning the largest steps all of it, and ZeRO-2/3
+    (FSDP2) shard every tensor. ZeRO-Offload steps on the host: none on the device."""
+    if offload_optimizer:
+        return 0.0
+    return copies * 4.0 * zero_shard(largest_tensor, dp, zero, 2 if whole_tensors else 1)
+
+
+def optimizer_step_peaks(backward_extra: float, temporaries: float, released: float) -> bool:
+    """Is the optimizer step a rank's heaviest moment? It runs after the step's last backward,
+    with every activation freed and the model states held: it beats the heaviest backward
+    (``backward_extra``: its activations and working set beyond the model states) when its
+    ``temporaries`` less what the step no longer holds (``released``: FSDP2's ZeRO-2 gathered
+    parameters, resharded by the last backward) weigh more; the backward, which comes first,
+    wins a tie."""
+    return temporaries - released > backward_extra
+
+
 def gathered_layers(layer_params: float, param_bytes: float, zero: int, offload_params: bool, layers: float,
                     max_live: float) -> float:
     """ZeRO-3 (and parameter offload) materialise the full parameters of the layers being

@@ -16,8 +16,9 @@ The rules themselves are the functions of ``costs.footprint``; this module feeds
 of a model and plan: ``static_bytes`` (what a rank holds all step), ``stage_footprints`` (what
 each virtual stage holds per microbatch in flight, during its backwards, and during every
 action), and ``memory_by_stage`` adds them up at the moments ``costs.inflight.peak_moments``
-lists. The SimPy engine allocates the same ``static_bytes`` and ``stage_footprints`` on its
-timeline as the actions run (``parsim.sim.memory``).
+lists, or at the optimizer step after the last backward (``optimizer_step_bytes``) where that
+weighs more. The SimPy engine allocates the same ``static_bytes``, ``stage_footprints`` and
+``optimizer_step_bytes`` on its timeline as the actions and the step run (``parsim.sim.memory``).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from . import footprint
 from .activations import (backward_working_bytes, embedding_activation_bytes, head_activation_bytes,
                           layer_activation_bytes, stage_output_bytes)
 from .inflight import rank_moments
-from .params import embedding_params, head_params, layer_params, stage_params
+from .params import embedding_params, head_params, layer_params, stage_largest_tensors, stage_params
 from .placement import rank_of_stage, stages_of_rank
 from .recompute import layer_recompute, recomputes_fully, stage_recompute
 from .split_backward import (head_output_grad_bytes, output_grad_bytes, w_recompute_residue,
@@ -141,6 +142,30 @@ def fsdp2_bytes(model: ModelSpec, plan: Plan, n_params: float) -> tuple[float, f
     sb = state_bytes(plan.dtype)
     step = n_params * sb.param / plan.dp if plan.zero == 2 else 0.0
     return step, 2 * layer_params(model, plan.tp) * sb.grad
+
+
+def fsdp2_released_at_step(model: ModelSpec, plan: Plan, n_params: float) -> float:
+    """ZeRO-2 run as FSDP2: the gathered parameters of ``n_params`` (the model states' replicated
+    ``params``) are gone at the optimizer step, resharded by the stage's last backward
+    (``executor/zero.py``: ``set_reshard_after_backward``), which steps the shards
+    (``fsdp2_bytes``'s first term). Bytes per device; 0 otherwise."""
+    if plan.zero != 2 or plan.dp <= 1:
+        return 0.0
+    return model_state_bytes(n_params, plan)[0]
+
+
+def optimizer_step_bytes(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[tuple[float, float]]:
+    """Per pipeline rank: (parameter bytes it no longer holds, temporaries it allocates) while
+    its optimizer steps, after its last backward (``footprint.optimizer_temporaries`` of the
+    largest parameter tensor it holds, ``params.stage_largest_tensors``, under the plan's stack;
+    ``fsdp2``: ZeRO-2 run as FSDP2, ``fsdp2_released_at_step``)."""
+    stack = plan_stack(plan)
+    out = []
+    for n_params, largest in zip(stage_params(model, plan), stage_largest_tensors(model, plan)):
+        temporaries = footprint.optimizer_temporaries(largest, stack.optimizer_temporaries, plan.dp, plan.zero,
+                                                      stack.zero1_whole_tensors, plan.offload != "none")
+        out.append((fsdp2_released_at_step(model, plan, n_params) if fsdp2 else 0.0, temporaries))
+    return out
 
 
 def fsdp2_root_bytes(model: ModelSpec, plan: Plan, vstage: int) -> float:
@@ -259,17 +284,22 @@ def rank_peak(chunks: list[StageFootprint], moments: list) -> tuple[float, float
 
 
 def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = None) -> list[StageMemory]:
-    """Peak memory of every pipeline rank (per device; TP and DP peers are identical), under
+    """Peak memory of every pipeline rank (per device; TP and DP peers are identical): its
+    heaviest backward (``rank_peak``) or its optimizer step (``optimizer_step_bytes``), under
     the plan's software stack where a cluster is given (``costs.stack.apply_stack``)."""
     if cluster is not None:
         model, cluster, plan = apply_stack(model, cluster, plan)
     fsdp2 = uses_fsdp2(cluster)
     stages = stage_footprints(model, plan, fsdp2)
+    step = optimizer_step_bytes(model, plan, fsdp2)
     out = []
     for r, n_params in enumerate(stage_params(model, plan)):
         params, grads, optimizer, _, other = _static_bytes(model, plan, n_params, fsdp2)
         chunks = [stages[s] for s in stages_of_rank(plan, r)]
         act, extra = rank_peak(chunks, rank_moments(plan, r))
+        released, temporaries = step[r]
+        if footprint.optimizer_step_peaks(act + extra, temporaries, released):
+            params, act, extra = params - released, 0.0, temporaries
         out.append(StageMemory(stage=r, params=params, grads=grads, optimizer=optimizer, activations=act,
                                other=other + extra))
     return out

@@ -113,6 +113,37 @@ def stage_tensors(model: ModelSpec, plan: Plan) -> list[list[float]]:
     return out
 
 
+def embedding_largest_tensor(model: ModelSpec, plan: Plan) -> float:
+    """Elements of the embedding's largest parameter tensor per TP rank: its word embedding
+    (padded and split as ``embedding_params``) or its learned positions."""
+    words = padded_vocab(model, plan) * model.hidden / plan.tp
+    return max(words, model.seq_len * model.hidden if model.position == "learned" else 0.0)
+
+
+def head_largest_tensor(model: ModelSpec, plan: Plan) -> float:
+    """Elements of the head's largest parameter tensor per TP rank: its output weight, or the
+    final norm's where tied embeddings leave it none of its own (``head_params``)."""
+    if model.tied_embeddings and plan.pp == 1:
+        return float(model.hidden)
+    return padded_vocab(model, plan) * model.hidden / plan.tp
+
+
+def stage_largest_tensors(model: ModelSpec, plan: Plan) -> list[float]:
+    """Elements of the largest parameter tensor each pipeline rank holds, per TP rank (its model
+    chunks placed as ``stage_params`` places them): a layer's largest weight
+    (``layer_tensors``), the embedding's on the first chunk, the head's on the last; the
+    optimizer step's temporaries scale with it (``footprint.optimizer_temporaries``)."""
+    layer = max(layer_tensors(model, plan.tp))
+    out = [0.0] * plan.pp
+    for vstage, n in enumerate(stage_layers(model, plan)):
+        if n:
+            out[rank_of_stage(plan, vstage)] = layer
+    first, last = rank_of_stage(plan, 0), rank_of_stage(plan, plan.pp * plan.vpp - 1)
+    out[first] = max(out[first], embedding_largest_tensor(model, plan))
+    out[last] = max(out[last], head_largest_tensor(model, plan))
+    return out
+
+
 def optimizer_tensors(model: ModelSpec, plan: Plan) -> list[float]:
     """Parameter tensors one rank's optimizer steps over, per pipeline rank: all it holds
     (ZeRO-2/3 shard every tensor, FSDP2), or under ZeRO-1 the most any DP replica owns when

@@ -21,9 +21,10 @@ collective hidden behind the weight-gradient GEMM (``tp_covered``), the NCCL-on-
 slowdown (``comm_compute_slowdown``, read by ``costs.host``'s interference) and the ZeRO
 collectives' share of NCCL bandwidth (``zero_comm_factor``); flash attention's rise with
 sequence length in ``costs.timing``; the pipeline send size (``costs.comm.p2p_bytes``), the
-loss's logits bytes (``costs.activations``, ``costs.ops``) and the ZeRO-3 shards and gathered
-layers (``costs.memory``, ``costs.footprint``) from the plan's stack (``specs.plan_stack``). The
-torch stack changes nothing: every factor is 1 and every term 0.
+loss's logits bytes (``costs.activations``, ``costs.ops``), the ZeRO-3 shards and gathered
+layers and the optimizer step's temporaries (``costs.memory``, ``costs.footprint``) from the
+plan's stack (``specs.plan_stack``). The torch stack changes nothing: every factor is 1 and every
+term 0.
 """
 from __future__ import annotations
 

@@ -9,8 +9,9 @@ layout (about 10^4 pairs in a sweep, each with pp x vpp chunks): the cost tables
 input once per key, priced by ``costs`` (``fast.tables``), and combining them here costs
 nanoseconds where tabulating every pair in Python would cost more than the whole sweep. The
 kernel itself only adds up: each chunk's held bytes times the microbatches the schedule holds
-at each candidate moment (``fast.inflight``, from ``costs.peak_moments``), the heaviest one
-wins. tests/test_fast_memory.py holds the fast path equal to ``memory_by_stage`` and
+at each candidate moment (``fast.inflight``, from ``costs.peak_moments``), and the optimizer
+step's temporaries (``footprint.optimizer_temporaries``), the heaviest one wins.
+tests/test_fast_memory.py holds the fast path equal to ``memory_by_stage`` and
 tests/test_fast_vs_sim.py to the SimPy engine.
 """
 from __future__ import annotations
@@ -19,12 +20,12 @@ import numba
 
 from .codes import O_ACT, O_GRADS, O_OPT, O_OTHER, O_PARAMS, O_PEAK, O_PEAK_STAGE, OFF_NONE, OFF_OPT_PARAMS
 from .inflight import KIND_FIRST_I, KIND_I, KIND_W
-from .ranks import R_CHUNK, R_LAST, R_PARAMS
-from .rules import (backward_working, gathered_layers, held_bytes, model_states, offload_staging,
-                    stack_state_bytes, stash_bytes)
-from .tables import (D_FP32_SHARDS, D_GATHERED_LAYERS, D_GRAD, D_GRAD_COPY, D_MAX_LIVE, D_OPT, D_PARAM, H_EMB_ACT,
-                     H_HEAD_ACT, H_HEAD_KEPT, H_LOGITS_GRAD, H_SBH, H_TIED, H_VOCAB_GRAD, L_ACT, L_KEPT, L_PARAMS,
-                     L_TRANSIENT, L_W_RESIDUE, L_W_RESIDUE_TOP, L_WORK, L_WORK_I, L_WORK_W)
+from .ranks import R_CHUNK, R_LARGEST, R_LAST, R_PARAMS
+from .rules import (backward_working, gathered_layers, held_bytes, model_states, offload_staging, optimizer_step_peaks,
+                    optimizer_temporaries, stack_state_bytes, stash_bytes)
+from .tables import (D_FP32_SHARDS, D_GATHERED_LAYERS, D_GRAD, D_GRAD_COPY, D_MAX_LIVE, D_OPT, D_OPT_TEMPS, D_PARAM,
+                     D_ZERO1_WHOLE, H_EMB_ACT, H_HEAD_ACT, H_HEAD_KEPT, H_LOGITS_GRAD, H_SBH, H_TIED, H_VOCAB_GRAD,
+                     L_ACT, L_KEPT, L_PARAMS, L_TRANSIENT, L_W_RESIDUE, L_W_RESIDUE_TOP, L_WORK, L_WORK_I, L_WORK_W)
 
 
 @numba.njit(cache=True)
@@ -43,7 +44,7 @@ def plan_memory(out, dp, pp, vpp, zero, offload, lrow, hrow, drow, ranks, moment
     for r in range(pp):
         params, grads, opt = model_states(ranks[r, R_PARAMS], pb, gb, ob, dp, zero,
                                           offload_optimizer, offload_params)
-        other = offload_staging(bucket_bytes, offload_optimizer) + gathered
+        staging = offload_staging(bucket_bytes, offload_optimizer)
         extra_b = _rank_working(r, pp, vpp, lrow, hrow, ranks, False)
         act, best, extra = 0.0, -1.0, 0.0
         for i in range(mstart[r], mstart[r] + mcount[r]):
@@ -64,7 +65,12 @@ def plan_memory(out, dp, pp, vpp, zero, offload, lrow, hrow, drow, ranks, moment
                 x = 0.0                  # the first stage's I runs nothing
             if held + x > best:
                 best, act, extra = held + x, held, x
-        other += extra
+        extra += gathered                # held during every action, not by the optimizer step
+        temporaries = optimizer_temporaries(ranks[r, R_LARGEST], drow[D_OPT_TEMPS], dp, zero, drow[D_ZERO1_WHOLE] > 0,
+                                            offload_optimizer)
+        if optimizer_step_peaks(act + extra, temporaries, 0.0):    # (FSDP2 is not in the fast path)
+            act, extra = 0.0, temporaries
+        other = staging + extra
         total = params + grads + opt + act + other
         if total > peak:
             peak = total

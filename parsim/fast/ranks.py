@@ -3,7 +3,8 @@
 * rank key (dp, tp, pp, vpp, dtype, placement): per pipeline rank its layers
   (``specs.stage_layers``, placed as the schedule places its stages: loop or V,
   ``costs.placement``) in all and per model chunk, which of its chunks holds the output head, its
-  parameters (``costs.stage_params``), its DP communication (``fast.comm.rank_comm_rows``), and
+  parameters (``costs.stage_params``) and its largest parameter tensor
+  (``costs.stage_largest_tensors``), its DP communication (``fast.comm.rank_comm_rows``), and
   for each (ZeRO stage, offload) its optimizer step (its bytes and, where the profile prices it,
   its parameter tensors: ``costs.optimizer.rank_tensors``) and ZeRO-Offload's host transfers
   (``costs.optimizer``: the same ``OptimizerStep`` the SimPy engine plays at the end of the step);
@@ -19,7 +20,7 @@ from dataclasses import replace
 import numpy as np
 from numba.extending import register_jitable
 
-from parsim.costs import dp_buckets, optimizer_step, p2p_bytes, stage_params, state_bytes
+from parsim.costs import dp_buckets, optimizer_step, p2p_bytes, stage_largest_tensors, stage_params, state_bytes
 from parsim.costs.optimizer import bucket_to_host, layer_from_host_s, rank_tensors
 from parsim.costs.placement import stages_of_rank
 from parsim.costs.timing import p2p_time
@@ -30,9 +31,9 @@ from .comm import C_WIDTH, CollectivePricer, rank_comm_rows
 from .plans import WORDS
 
 # rank table columns: layers, parameters, the chunk holding the output head (-1: none), the
-# fast.comm columns, the optimizer blocks (one per (zero, offload), ``step_block``), then layers
-# per model chunk
-R_LAYERS, R_PARAMS, R_LAST, R_COMM = 0, 1, 2, 3
+# elements of its largest parameter tensor, the fast.comm columns, the optimizer blocks (one per
+# (zero, offload), ``step_block``), then layers per model chunk
+R_LAYERS, R_PARAMS, R_LAST, R_LARGEST, R_COMM = 0, 1, 2, 3, 4
 R_STEP = R_COMM + C_WIDTH
 # an optimizer block (seconds): ``costs.OptimizerStep``'s step, gradient shard down, parameter
 # shard up; a reduced bucket's shard down and all the buckets'; ZeRO-Infinity's layer shard up
@@ -90,6 +91,7 @@ class RankRows:
         rows[:, R_PARAMS] = params
         last = pp * vpp - 1
         rows[:, R_LAST] = [stages.index(last) if last in stages else -1 for stages in held]
+        rows[:, R_LARGEST] = stage_largest_tensors(self.model, plan)
         head_rank = next(r for r, stages in enumerate(held) if last in stages)
         rows[:, R_COMM:R_STEP] = rank_comm_rows(self.model, self.pricer, dp, tp, pp, vpp, dtype, params,
                                                 self.bucket_bytes, self.with_ps, head_rank)

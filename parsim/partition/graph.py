@@ -50,6 +50,10 @@ class CostGraph:
     nodes: tuple[CostNode, ...]                 # topological (program) order
     common: tuple[CostNode, ...] = ()
     param_numel: dict[str, float] = field(default_factory=dict)   # elements per parameter, per device
+    # analytic graphs: elements of the largest tensor behind a name that stands for several (a
+    # layer, the embedding, the head), what the optimizer step's temporaries scale with
+    # (``costs.footprint.optimizer_temporaries``); traced graphs name tensors (``param_numel``)
+    param_largest: dict[str, float] = field(default_factory=dict)
     output_inputs: tuple[int, ...] = ()         # sequence nodes the graph output returns
     unit_checkpoint_bytes: dict[int, float] = field(default_factory=dict)  # kept by a recomputed unit
     layers: int | None = None                   # transformer layers (ModelSpec graphs): cuts at layer starts

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_params,
                           head_activation_bytes, head_ops, head_params, layer_activation_bytes, layer_ops,
-                          layer_params, microbatch_activation_bytes, recomputed_ops, stops_early,
+                          layer_params, layer_tensors, microbatch_activation_bytes, recomputed_ops, stops_early,
                           tp_collectives_per_layer)
 from parsim.costs.activations import backward_working_bytes, stage_output_bytes
 from parsim.costs.memory import gathered_bytes
+from parsim.costs.params import embedding_largest_tensor, head_largest_tensor
 from parsim.costs.stack import tp_covered
 from parsim.costs.timing import collective_time, op_time
 from parsim.specs import ClusterSpec, DeviceProfile, ModelSpec, Plan, RankLayout
@@ -96,8 +97,10 @@ def analytic_graph(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> CostGr
                           bwd_membound_s=head.bwd_membound, bwd_comm_s=tp_edge))
     numel = {"embedding": embedding_params(model, plan), "head": head_params(model, plan)}
     numel.update({f"layers.{i}": layer_params(model, plan.tp) for i in range(L)})
+    largest = {"embedding": embedding_largest_tensor(model, plan), "head": head_largest_tensor(model, plan)}
+    largest.update({f"layers.{i}": max(layer_tensors(model, plan.tp)) for i in range(L)})
     return CostGraph(
-        name=model.name, nodes=tuple(nodes), param_numel=numel, output_inputs=(L + 1,),
+        name=model.name, nodes=tuple(nodes), param_numel=numel, param_largest=largest, output_inputs=(L + 1,),
         # a fully recomputed layer keeps only its input (Korthikanti 2022 Table 2: 2sbh)
         unit_checkpoint_bytes={i: layer_activation_bytes(model, plan, "full") for i in range(L)},
         layers=L, source="analytic",

@@ -7,6 +7,9 @@ Memory of a stage under its schedule (per device):
                     ``costs.inflight.rank_inflight`` of the rank holding the stage (1F1B:
                     min(p - i, m), Narayanan et al. 2021 Sec. 2.2.1; walked for the zero-bubble family)
     gathered      = ZeRO-3's gathered layers (analytic graphs: ``costs.memory.gathered_bytes``)
+or, where that weighs more, at its optimizer step (after its last backward, every activation
+freed): model states + the step's temporaries (``costs.footprint.optimizer_temporaries`` of the
+stage's largest parameter tensor, under the plan's stack).
 A stage that recomputes r of its layers keeps only their inputs (Chen et al. 2016), pays their
 forward again in backward, and briefly holds one layer's full activations while recomputing
 it (as ``parsim.costs.memory_by_stage``). Which layers recompute follows the stage's
@@ -23,8 +26,8 @@ from typing import Callable
 from parsim.costs import fewest_recomputed, model_state_bytes, stage_policy, state_bytes
 from parsim.costs.inflight import rank_inflight
 from parsim.costs.placement import rank_of_stage
-from parsim.costs.footprint import held_bytes
-from parsim.specs import Plan
+from parsim.costs.footprint import held_bytes, optimizer_step_peaks, optimizer_temporaries
+from parsim.specs import Plan, plan_stack
 
 from .graph import CostGraph, Segment, UnionSum
 
@@ -128,6 +131,14 @@ class StageCoster:
         largest = self.grad_bytes * max((self.graph.param_numel.get(p, 0.0) for p in names), default=0.0)
         return lambda stash, transient: largest + transient
 
+    def _step_temporaries(self, a: int, b: int) -> float:
+        """``footprint.optimizer_temporaries`` of the stage's largest parameter tensor."""
+        names = {p for s in self.segments[a:b] for p in s.params}
+        graph, stack = self.graph, plan_stack(self.plan)
+        largest = max((graph.param_largest.get(p, graph.param_numel.get(p, 0.0)) for p in names), default=0.0)
+        return optimizer_temporaries(largest, stack.optimizer_temporaries, self.plan.dp, self.plan.zero,
+                                     stack.zero1_whole_tensors, self.plan.offload != "none")
+
     def _cost(self, inflight: float, policy: str, first: bool, last: bool, a: int, b: int) -> StageCost:
         states = self.param_numel(a, b) * self.per_param
         fwd = self.fwd[b] - self.fwd[a] + self.common_fwd(a, b)
@@ -142,13 +153,17 @@ class StageCoster:
             output = self.segments[b].input_bytes if b < len(self.segments) else 0.0
 
         working = self._working(first, last, a, b)
+        temporaries = self._step_temporaries(a, b)
 
         def memory(r: int) -> tuple[float, float]:
             stash = act - (self.saving[a + r] - self.saving[a])
             held = inflight * held_bytes(stash, last, output)
             # the segment being recomputed holds its full activations again for a moment
             transient = max((self.segments[i].recompute_saving_bytes for i in range(a, a + r)), default=0.0)
-            return states + held + working(stash, transient) + self.graph.gathered_bytes, held
+            backward = held + working(stash, transient) + self.graph.gathered_bytes
+            if optimizer_step_peaks(backward, temporaries, 0.0):
+                return states + temporaries, 0.0
+            return states + backward, held
 
         n_seg = b - a
         if policy == "full":

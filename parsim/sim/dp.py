@@ -16,6 +16,8 @@
 * ZeRO-Offload (``offload``): each reduced gradient shard goes to the host over PCIe as its
   bucket finishes (ZeRO-1; ZeRO-2/3: the accumulated shard, before the step), the optimizer
   steps on the CPU, the parameter shard comes back over PCIe (Ren et al. 2021, Sec. 4).
+* Memory: the step holds its temporaries for its length, after FSDP2's ZeRO-2 frees the
+  gathered parameters (``costs.memory.optimizer_step_bytes``).
 * ``dp_impl=ps`` (parameter server / single-process ``torch.nn.DataParallel``): the buckets'
   gradients are gathered to one device, which steps and broadcasts the parameters back; the
   server's link carries (n - 1) copies each way (``network.ps_time``).
@@ -30,6 +32,7 @@ from parsim.costs import dp_buckets
 from parsim.costs.optimizer import bucket_to_host, optimizer_step
 from parsim.costs.zero import gathers_after_step, reduce_scatters_buckets
 
+from .memory import OTHER, PARAMS
 from .network import collective, issue, transfer, until
 
 if TYPE_CHECKING:
@@ -104,6 +107,11 @@ def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     rec.expose(rank, "dp", env.now - waited)
     n = sim.rank_params[dev.pp_rank]
     opt = optimizer_step(sim.cluster, plan, n, sim.rank_optimizer_tensors[dev.pp_rank])
+    released, temporaries = sim.step_bytes[dev.pp_rank]
+    if released:
+        dev.memory.change(env.now, PARAMS, -released)
+    if temporaries:
+        dev.memory.change(env.now, OTHER, temporaries)
     if opt.on_host:
         if opt.grads_to_host:
             start = yield from transfer(env, dev.ports.pcie, opt.grads_to_host_s)
@@ -122,6 +130,8 @@ def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
         else:
             yield env.timeout(dev.ledger.pay() + opt.step_s * dev.scale.membound)
         rec.compute(rank, -1, "optimizer", -1, start, env.now, name="optimizer")
+    if temporaries:
+        dev.memory.change(env.now, OTHER, -temporaries)
     waited = env.now
 
     def log(kind: str, nbytes: float):

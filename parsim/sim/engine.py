@@ -51,7 +51,7 @@ from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
 from .compute import ActionCost, action_cost, overlap_cost, stage_shapes
 from .device import device
 from .dp import gradient_sync
-from .memory import MemoryTimeline, stage_footprints, static_bytes
+from .memory import MemoryTimeline, optimizer_step_bytes, stage_footprints, static_bytes
 from .network import Arrival, Communicator, Ports, device_ports, group_link, group_shape, link_between, ps_time
 from .record import SEND_B, SEND_F, Recorder
 from .symmetry import RankClasses, every_rank, full_mode_classes
@@ -106,6 +106,8 @@ class Simulation:
         self.num_stages = plan.pp * plan.vpp
         self.shapes = stage_shapes(model, plan)
         self.footprints = stage_footprints(model, plan, cluster.device.tables.fsdp2_copies)
+        # per pipeline rank: (parameter bytes released, temporaries held) while its optimizer steps
+        self.step_bytes = optimizer_step_bytes(model, plan, cluster.device.tables.fsdp2_copies)
         self.state = state_bytes(plan.dtype)
         self.rank_params, self.rank_optimizer_tensors = stage_params(model, plan), rank_tensors(cluster, model, plan)
         self.layer_params = layer_params(model, plan.tp)

@@ -23,13 +23,17 @@ What is allocated when (categories of ``parsim.costs.CATEGORIES``; the bytes are
   again on top of its stored input (``other``), for the length of the action.
 * ZeRO-3 (and parameter offload): the gathered full parameters of the current and the
   prefetched layer (``other``) for the length of every action.
+* the optimizer step (after the rank's last backward): its temporaries (``other``; an eager
+  AdamW's two fp32 copies of the largest parameter tensor it steps) for its length; FSDP2's
+  ZeRO-2 parameters, resharded by the last backward, are freed before it
+  (``costs.memory.optimizer_step_bytes``).
 """
 from __future__ import annotations
 
-from parsim.costs import CATEGORIES, StageFootprint, stage_footprints, static_bytes
+from parsim.costs import CATEGORIES, StageFootprint, optimizer_step_bytes, stage_footprints, static_bytes
 
 __all__ = ["PARAMS", "GRADS", "OPTIMIZER", "ACTIVATIONS", "OTHER", "MemoryTimeline", "StageFootprint",
-           "stage_footprints", "static_bytes"]
+           "optimizer_step_bytes", "stage_footprints", "static_bytes"]
 
 PARAMS, GRADS, OPTIMIZER, ACTIVATIONS, OTHER = range(len(CATEGORIES))
 

@@ -55,6 +55,8 @@ class Stack:
     loss_logits_bytes: float = 4.0           # per logit kept for the loss backward (torch: fp32 log-softmax)
     loss_grad_bytes: float = 8.0             # per logit alive beyond those in the loss backward (torch: 2 fp32 grads)
     bf16_grad_copy_bytes: float = 0.0        # bf16 .grad kept beside the fp32 gradient buffer (ZeRO 0-1), per parameter
+    optimizer_temporaries: float = 2.0       # optimizer step: fp32 copies of the largest parameter tensor (shard)
+    zero1_whole_tensors: bool = True         # ZeRO-1 gives each tensor whole to one replica (not 1/dp of each)
     memory_reserve_bytes: float | None = None  # outside the caching allocator (context, NCCL, cuBLAS), bytes
     fragmentation: float | None = None       # allocator reserved / allocated - 1 at the peak
     # (None, None: the profile's usable_memory_fraction stands)
@@ -126,6 +128,23 @@ FLASH = dict(flash_attention=True, attention_half_seq=1024.0)
 # CPU overhead): the prior of every GPU stack, refined per GPU by the run logs.
 HOST = dict(op_overhead_s=2e-5)
 
+# The optimizer step's temporaries, per parameter tensor it steps (fp32: the master copy).
+# torch 2.13 AdamW, torch/optim/adam.py: the single-tensor loop (``_single_tensor_adam``, the
+# default off CUDA) computes ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)``
+# per parameter: sqrt's result and the quotient exist together, 2 tensors of that parameter's
+# size, freed before the next parameter's, so the largest tensor sets the peak; the foreach path
+# (``_multi_tensor_adam``, the default on CUDA) allocates ``exp_avg_sq_sqrt = _foreach_sqrt(...)``
+# for a whole param group at once (the group's sum, not its largest: no preset here runs it); the
+# fused kernel (``_fused_adamw_``) none. The executor (``executor/optimizer.py``) writes the
+# single-tensor update out (the defaults) and, under ZeRO-1, gives whole tensors to their owner
+# replica (``executor/zero.py``, as torch's ZeroRedundancyOptimizer): the replica owning the
+# largest steps all of it. Apex / Transformer Engine FusedAdam (Megatron-LM and Megatron-Core,
+# megatron/core/optimizer/__init__.py) and DeepSpeed's FusedAdam (deepspeed/ops/adam/fused_adam.py)
+# update in one multi-tensor kernel, and their ZeRO-1 (Megatron's distributed optimizer,
+# DeepSpeed stage 1) partitions a flat buffer 1/dp per rank; torchtitan builds AdamW(fused=True)
+# (its default ``optimizer.implementation``).
+FUSED_ADAM = dict(optimizer_temporaries=0.0, zero1_whole_tensors=False)
+
 STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # parsim's reference executor (eager PyTorch, DDP-style bucketed all-reduce, FSDP2 for
     # ZeRO): the profile's numbers as they are: the stack of every calibrated CPU profile.
@@ -134,17 +153,19 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # distributed optimizer overlapping gradient reduce-scatter and parameter all-gather with
     # compute (--overlap-grad-reduce, --overlap-param-gather), Megatron's loss.
     Stack("megatron-core", "Megatron-Core + Transformer Engine: flash attention, overlapped DP communication",
-          tp_bwd_overlap=True, **FLASH, **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT),
+          tp_bwd_overlap=True, **FLASH, **MEGATRON_LOSS, **HOST,
+          **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
     # Megatron-LM 2021-22 (Narayanan et al. 2021; Korthikanti et al. 2022): unfused attention
     # (batched GEMMs around a fused scale-mask-softmax kernel), the DP all-reduce after the
     # pipeline flush (--DDP-impl local), scatter/gather pipeline sends (Sec. 4.1).
     Stack("megatron-lm", "Megatron-LM 2022 (v3): unfused attention, DP all-reduce after the flush, async TP backward",
           flash_attention=False, grad_reduce_overlap=False, tp_bwd_overlap=True, **MEGATRON_LOSS, **HOST,
-          **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT),
+          **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
     # Megatron-LM as the SC'21 paper ran it (v2, spring 2021): the same kernels, but every TP
     # collective synchronous (the asynchronous input-gradient all-reduce came with v2.6 / v3).
     Stack("megatron-lm-2021", "Megatron-LM 2021 (v2, Narayanan et al.): as megatron-lm with synchronous TP collectives",
-          flash_attention=False, grad_reduce_overlap=False, **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT),
+          flash_attention=False, grad_reduce_overlap=False, **MEGATRON_LOSS, **HOST,
+          **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
     # Megatron-DeepSpeed (BigScience fork, 2022): Megatron's layers under DeepSpeed's pipeline
     # engine, which sends the whole activation from every TP rank (no scatter/gather,
     # deepspeed/runtime/pipe/engine.py) and reduces gradients after the flush. In bf16 (ZeRO
@@ -153,7 +174,7 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # 02-28: "BF16 optimizer with fp32 grad accumulation (more memory, slower)"): 2 bytes more.
     Stack("megatron-deepspeed", "Megatron-DeepSpeed (BigScience): Megatron layers, DeepSpeed pipeline engine",
           flash_attention=False, grad_reduce_overlap=False, p2p_scatter_gather=False, bf16_grad_copy_bytes=2.0,
-          **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT),
+          **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
     # DeepSpeed ZeRO on Megatron's GPT layers (the ZeRO-3 comparison of Narayanan et al. 2021
     # Table 2): unfused attention; the parameter coordinator prefetches the next layer.
     # Its ZeRO-3 gathers tensor by tensor, prefetching up to stage3_prefetch_bucket_size (5e7)
@@ -161,15 +182,18 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # docs): about one layer of a 100B+ model at a time.
     Stack("deepspeed", "DeepSpeed ZeRO (stage 1-3) on Megatron GPT layers: unfused attention",
           flash_attention=False, zero3_gathered_layers=1.0, zero3_max_live_params=1e9, **MEGATRON_LOSS, **HOST,
-          **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT),
+          **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
     # FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel) as MosaicML llm-foundry /
     # Composer run it: flash attention, FULL_SHARD with backward prefetch, bf16 compute with
     # fp32 reduce-scatter, flash-attn's fused cross entropy (bf16 logits kept, gradient in place).
     # llm-foundry's MPT configs run the Triton flash-attention kernel (attn_impl: triton), which
     # FlashAttention-2 outruns 1.3-2.5x on A100 (Dao 2023, Sec. 4.1, Fig. 4): ~0.55 of its rate.
+    # Its configs step Composer's DecoupledAdamW (``optimizer: decoupled_adamw``), a per-parameter
+    # loop with torch's single-tensor denominator (composer/optim/decoupled_weight_decay.py; read
+    # from its code, not measured here): the default temporaries, on FSDP's 1/dp flat shards.
     Stack("fsdp1", "PyTorch FSDP1 (llm-foundry / Composer): flash attention, prefetched all-gathers",
           attention_efficiency=0.55, loss_logits_bytes=2.0, loss_grad_bytes=0.0, fp32_shards=True, rope_relayout=False,
-          **FLASH, **HOST),
+          zero1_whole_tensors=False, **FLASH, **HOST),
     # Both run Llama-style layers as eager modules (HF's LlamaMLP / LlamaRMSNorm under
     # llm-foundry; torchtitan's FeedForward, whose RMSNorm is torch's nn.RMSNorm): silu(gate) is
     # kept; their RoPE rotates in the (b, s, a, d) layout, so no copy (read from their code, not
@@ -179,7 +203,7 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # shard in fp32 (it is the optimizer's master weight) and gather bf16 copies (PyTorch FSDP
     # docs, "Mixed precision"): 4 + 4 + 8 bytes per parameter / dp, not 2 + 4 + 12.
     Stack("fsdp2", "PyTorch FSDP2 (torchtitan): flash attention (SDPA), prefetched all-gathers",
-          fp32_shards=True, eager_rmsnorm=False, rope_relayout=False, **FLASH, **HOST),
+          fp32_shards=True, eager_rmsnorm=False, rope_relayout=False, **FLASH, **HOST, **FUSED_ADAM),
 )}
 STACKS = tuple(STACK_PRESETS)
 # The plan's default: the profile's ``default_stack`` (the shipped GPU profiles: megatron-core;
