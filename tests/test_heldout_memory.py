@@ -13,26 +13,18 @@ torch = pytest.importorskip("torch")
 from parsim.costs import footprint  # noqa: E402
 from parsim.costs.activations import (backward_working_bytes, embedding_activation_bytes,  # noqa: E402
                                       head_activation_bytes, layer_activation_bytes, stage_output_bytes)
-from parsim.executor.memory import MemoryTracker  # noqa: E402
-from parsim.executor.model import StageModule  # noqa: E402
 from parsim.specs import load_model, parse_plan  # noqa: E402
+
+from test_memory_model import recomputed_stage, tracked  # noqa: E402
 
 
 def _recomputed_backward_peak(spec, first: bool, last: bool, layers: int = 2) -> tuple[float, float]:
     """(bytes stored per microbatch, peak of one backward beyond them) of a stage whose layers
     are fully recomputed (non-reentrant ``torch.utils.checkpoint``), gradients allocated."""
-    torch.manual_seed(0)
-    stage = StageModule(spec, 0, layers, first, last)
-    for block in stage.layers.values():
-        block.recompute_full = True
-    for p in stage.parameters():
-        p.grad = torch.zeros_like(p)
+    stage = recomputed_stage(spec, layers, first, last)
     s, h = spec.seq_len, spec.hidden
     targets = torch.randint(0, spec.vocab, (1, s))
-    tracker = MemoryTracker()
-    with tracker:
-        tracker.classify(list(stage.parameters()), "params")
-        tracker.classify([p.grad for p in stage.parameters()], "grads")
+    with tracked(stage) as tracker:
         before = sum(tracker.live.values())
         with tracker.phase("activations"):
             x = torch.randint(0, spec.vocab, (1, s)) if first else torch.randn(1, s, h, requires_grad=True)

@@ -4,6 +4,7 @@ allocator-level ``MemoryTracker`` in one process (no ranks needed): what a micro
 (``costs.activations.backward_working_bytes``), for a middle, first, last and single stage."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
@@ -103,29 +104,42 @@ def test_pipeline_peak_per_rank_matches_the_model_on_two_gloo_ranks(schedule, re
         assert model == pytest.approx(measured, rel=rel)
 
 
+def recomputed_stage(spec, layers: int, first: bool = False, last: bool = False) -> StageModule:
+    """A stage of ``layers`` fully recomputed layers (non-reentrant ``torch.utils.checkpoint``),
+    its gradients allocated as in every step after the first."""
+    torch.manual_seed(0)
+    stage = StageModule(spec, 0, layers, first, last)
+    for block in stage.layers.values():
+        block.recompute_full = True
+    for p in stage.parameters():
+        p.grad = torch.zeros_like(p)
+    return stage
+
+
+@contextmanager
+def tracked(stage):
+    """The executor's allocator-level tracker, the stage's parameters and gradients classified."""
+    tracker = MemoryTracker()
+    with tracker:
+        tracker.classify(list(stage.parameters()), "params")
+        tracker.classify([p.grad for p in stage.parameters()], "grads")
+        yield tracker
+
+
 def _measure_weight_pass(spec, layers: int) -> float:
     """Peak of a middle stage's W (torch's ``stage_backward_weight``) over its start, every layer
     fully recomputed, after its I (``executor.split_backward``)."""
     from parsim.executor.split_backward import backward_input, backward_weight
 
-    torch.manual_seed(0)
-    stage = StageModule(spec, 0, layers, False, False)
-    for block in stage.layers.values():
-        block.recompute_full = True
-    for p in stage.parameters():
-        p.grad = torch.zeros_like(p)
-    tracker = MemoryTracker()
-    with tracker:
-        tracker.classify(list(stage.parameters()), "params")
-        tracker.classify([p.grad for p in stage.parameters()], "grads")
-        with tracker.phase("activations"):
-            x = torch.randn(1, spec.seq_len, spec.hidden, requires_grad=True)
-            out = stage(x)
-            pending = backward_input(out, torch.randn_like(out), x, stage)
-            del out
-            start = sum(tracker.live.values())
-            tracker.peak_total = 0
-            backward_weight(pending, stage)
+    stage = recomputed_stage(spec, layers)
+    with tracked(stage) as tracker, tracker.phase("activations"):
+        x = torch.randn(1, spec.seq_len, spec.hidden, requires_grad=True)
+        out = stage(x)
+        pending = backward_input(out, torch.randn_like(out), x, stage)
+        del out
+        start = sum(tracker.live.values())
+        tracker.peak_total = 0
+        backward_weight(pending, stage)
     return tracker.peak_total - start
 
 
