@@ -162,8 +162,10 @@ def attention_working_bytes(model: ModelSpec, plan: Plan) -> float:
     e = DTYPE_BYTES[plan.dtype]
     t, s, b, h, f = plan.tp, model.seq_len, plan.mbs, model.hidden, model.ffn_hidden
     sp = t if plan.sp else 1
-    copies = 2 if not plan_stack(plan).softmax_grad_in_place or model.dropout else 1
-    mlp_stash = e * s * b * (3 * f if model.activation == "swiglu" else 2 * f)
+    stack = plan_stack(plan)
+    copies = 2 if not stack.softmax_grad_in_place or model.dropout else 1
+    # what the MLP kept (``layer_activation_bytes``): GeLU 2f; SwiGLU 3f, 4f with the eager silu(gate)
+    mlp_stash = e * s * b * f * ((4 if stack.eager_swiglu else 3) if model.activation == "swiglu" else 2)
     return copies * e * b * model.heads * s * s / t - e * s * b * h / sp - mlp_stash / t
 
 
