@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numba
 import numpy as np
 
 from parsim.schedules import OVERLAP_F_B, Action, cached_schedule
@@ -58,55 +59,102 @@ def canonical_microbatches(schedule: str, pp: int, m: int, vpp: int) -> int:
 def schedule_graph(schedule: str, pp: int, m: int, vpp: int) -> np.ndarray:
     """The node table (``N_*`` columns) of one schedule, nodes in an order where each comes after
     the nodes it waits for and after the rank's previous node (Kahn's topological order over the
-    ranks' orders and the dependencies between ranks)."""
+    ranks' orders and the dependencies between ranks: ``_kahn_order``)."""
     s = cached_schedule(schedule, pp, m, vpp)
     present = present_actions(s)
     chunk = {st: c for r in range(pp) for c, st in enumerate(s.stages_of_rank(r))}
-    # number the nodes rank by rank; every leaf action knows its node
+    # number the nodes rank by rank; every leaf action knows its node; a node's columns but its waits
     node_of: dict[Action, int] = {}
-    items, rank_of = [], []
+    items, cols = [], []
     for r, order in enumerate(s.actions):
         for item in order:
-            for leaf in (item.sub_actions if item.kind == OVERLAP_F_B else (item,)):
-                node_of[leaf] = len(items)
+            if item.kind == OVERLAP_F_B:
+                f, b = item.sub_actions
+                node_of[f] = node_of[b] = len(items)
+                cols.append((K_FB, r, chunk[f.stage], chunk[b.stage], KIND_CODE[b.kind]))
+            else:
+                node_of[item] = len(items)
+                code = KIND_CODE[item.kind]
+                cols.append((code, r, chunk[item.stage], chunk[item.stage], code))
             items.append(item)
-            rank_of.append(r)
     n = len(items)
-    waits = [[node_of[d] for d in dependency_keys(s, item, present)] for item in items]
-    waits = [[d for d in dict.fromkeys(w) if rank_of[d] != rank_of[i]] for i, w in enumerate(waits)]
-    # successors: the next node of the rank, and the nodes of other ranks waiting on it
-    follows: list[list[int]] = [[] for _ in range(n)]
-    pending = [len(w) for w in waits]
+    rank_of = np.array([c[1] for c in cols], dtype=np.int64).reshape(n)
+    # the nodes of other ranks each node waits for, distinct, in ``dependency_keys`` order
+    wait_node, wait_count = [], []
+    ranks = rank_of.tolist()
+    for item, r in zip(items, ranks):
+        w = [d for d in dict.fromkeys([node_of[k] for k in dependency_keys(s, item, present)]) if ranks[d] != r]
+        wait_node += w
+        wait_count.append(len(w))
+    waits = np.array(wait_node, dtype=np.int64)
+    counts = np.array(wait_count, dtype=np.int64).reshape(n)
+    order = _kahn_order(rank_of, waits, counts)
+    if (order < 0).any():
+        raise ValueError(f"{schedule} pp={pp} m={m} vpp={vpp}: the schedule's actions wait on each other in a cycle")
+    return _rows(np.array(cols, dtype=np.int64).reshape(n, 5), order, waits, counts)
+
+
+def _rows(cols: np.ndarray, order: np.ndarray, waits: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The node table in ``order``. Only the nodes of other ranks a node waits for are kept (at
+    most two: an overlapped slot's forward input and backward gradient), as positions in the
+    order; the rank runs its own nodes in order, so what it ran before has ended."""
+    n = len(order)
+    position = np.empty(n, dtype=np.int64)
+    position[order] = np.arange(n, dtype=np.int64)
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64) if n else counts
+    out = np.full((n, N_WIDTH), -1, dtype=np.int64)
+    out[:, :N_DEP0] = cols[order]
+    for k, col in ((0, N_DEP0), (1, N_DEP1)):
+        has = counts[order] > k
+        out[has, col] = position[waits[first[order][has] + k]]
+    return out
+
+
+@numba.njit(cache=True)
+def _kahn_order(rank_of: np.ndarray, waits: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Kahn's topological order (-1 where a cycle leaves nodes out): the ready nodes on a stack,
+    the first ones pushed in node order; a node's successors (the rank's next node, then the
+    nodes of other ranks waiting on it, in node order) pushed as they become ready."""
+    n = len(rank_of)
+    pending = counts.copy()
+    n_follow = np.zeros(n, dtype=np.int64)
     for i in range(n - 1):
         if rank_of[i + 1] == rank_of[i]:
-            follows[i].append(i + 1)
+            n_follow[i] += 1
             pending[i + 1] += 1
-    for i, w in enumerate(waits):
-        for d in w:
-            follows[d].append(i)
-    ready = [i for i in range(n) if pending[i] == 0]
-    order: list[int] = []
-    while ready:
-        i = ready.pop()
-        order.append(i)
-        for j in follows[i]:
+    for d in waits:
+        n_follow[d] += 1
+    start = np.zeros(n + 1, dtype=np.int64)
+    start[1:] = np.cumsum(n_follow)
+    fill = start[:-1].copy()
+    follows = np.empty(start[n], dtype=np.int64)
+    for i in range(n - 1):
+        if rank_of[i + 1] == rank_of[i]:
+            follows[fill[i]] = i + 1
+            fill[i] += 1
+    k = 0
+    for i in range(n):
+        for _ in range(counts[i]):
+            follows[fill[waits[k]]] = i
+            fill[waits[k]] += 1
+            k += 1
+    stack = np.empty(n, dtype=np.int64)
+    top = 0
+    for i in range(n):
+        if pending[i] == 0:
+            stack[top] = i
+            top += 1
+    order = np.full(n, -1, dtype=np.int64)
+    done = 0
+    while top:
+        top -= 1
+        i = stack[top]
+        order[done] = i
+        done += 1
+        for e in range(start[i], start[i + 1]):
+            j = follows[e]
             pending[j] -= 1
-            if not pending[j]:
-                ready.append(j)
-    if len(order) != n:
-        raise ValueError(f"{schedule} pp={pp} m={m} vpp={vpp}: the schedule's actions wait on each other in a cycle")
-    position = {i: k for k, i in enumerate(order)}
-    rows = [_row(items[i], rank_of[i], chunk, [position[d] for d in waits[i]]) for i in order]
-    return np.array(rows, dtype=np.int64).reshape(-1, N_WIDTH)
-
-
-def _row(item, rank: int, chunk: dict[int, int], waits: list[int]) -> list[int]:
-    """A node's row (``N_*`` columns). Only the nodes of other ranks it waits for are kept (at
-    most two: an overlapped slot's forward input and backward gradient); the rank runs its own
-    nodes in order, so what it ran before has ended."""
-    if item.kind == OVERLAP_F_B:
-        f, b = item.sub_actions
-        row = [K_FB, rank, chunk[f.stage], chunk[b.stage], KIND_CODE[b.kind]]
-    else:
-        row = [KIND_CODE[item.kind], rank, chunk[item.stage], chunk[item.stage], KIND_CODE[item.kind]]
-    return row + (waits + [-1, -1])[:2]
+            if pending[j] == 0:
+                stack[top] = j
+                top += 1
+    return order

@@ -71,13 +71,15 @@ def moment_microbatches(schedule: str, pp, m, vpp):
     return graph_microbatches(schedule, pp, m, vpp)
 
 
-def walked_rows(schedule: str, pp: int, m: int, vpp: int, rank: int, width: int) -> list[list[float]]:
+def walked_rows(schedule: str, pp: int, m: int, vpp: int, rank: int, width: int) -> np.ndarray:
     """Rows (held, kept, kind; module docstring) of a rank under a walked schedule."""
-    out = []
-    for chunk, held, kind, kept in generated_moments(schedule, pp, m, vpp, rank):
-        pad = [0.0] * (width - vpp)
-        code = (FIRST_STAGE_KIND if rank == 0 and chunk == 0 else KIND_OF)[kind]    # stage 0: rank 0's chunk 0
-        out.append([*map(float, held), *pad, *map(float, kept or (0,) * vpp), *pad, float(code)])
+    moments = generated_moments(schedule, pp, m, vpp, rank)
+    kinds = FIRST_STAGE_KIND if rank == 0 else KIND_OF             # stage 0: rank 0's chunk 0
+    out = np.zeros((len(moments), 2 * width + 1), dtype=np.float64)
+    if moments:
+        out[:, :vpp] = [mo.held for mo in moments]
+        out[:, width:width + vpp] = [mo.kept or (0,) * vpp for mo in moments]
+        out[:, -1] = [(kinds if mo.chunk == 0 else KIND_OF)[mo.kind] for mo in moments]
     return out
 
 
@@ -87,7 +89,7 @@ def moment_table(keys: list[tuple[str, int, int, int]], width: int, uneven) -> t
     and per key and rank the first row and the row count. Rank r of key i: rows
     ``table[start[off[i] + r] : start[off[i] + r] + count[off[i] + r]]``. ``uneven(schedule, pp,
     vpp)`` lists, per rank, whether its chunks may hold different bytes."""
-    rows, start, count = [], [], []
+    rows, start, count, total = [], [], [], 0
     for schedule, pp, m, vpp in keys:
         walked = schedule not in COUNTED
         needs = uneven(schedule, pp, vpp) if vpp > 1 and not walked else [False] * pp
@@ -95,10 +97,12 @@ def moment_table(keys: list[tuple[str, int, int, int]], width: int, uneven) -> t
             if walked:
                 held = walked_rows(schedule, pp, m, vpp, r, width)
             else:
-                held = [row + [0.0] * (width - vpp) + [0.0] * (width + 1)
-                        for row in rank_rows(schedule, pp, m, vpp, r, needs[r])]
-            start.append(len(rows))
+                counted = rank_rows(schedule, pp, m, vpp, r, needs[r])
+                held = np.zeros((len(counted), 2 * width + 1), dtype=np.float64)
+                held[:, :vpp] = np.array(counted, dtype=np.float64).reshape(len(counted), vpp)
+            start.append(total)
             count.append(len(held))
-            rows += held
-    table = np.array(rows, dtype=np.float64).reshape(-1, 2 * width + 1)
+            total += len(held)
+            rows.append(held)
+    table = np.concatenate(rows) if rows else np.zeros((0, 2 * width + 1), dtype=np.float64)
     return table, np.array(start, dtype=np.int64), np.array(count, dtype=np.int64)
