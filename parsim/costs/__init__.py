@@ -13,7 +13,7 @@ from .ops import DTYPE_BYTES, Op, embedding_ops, head_ops, layer_ops, padded_voc
 from .params import (embedding_params, eq2_params, head_params, layer_params, layer_tensors, optimizer_tensors,
                      stage_largest_tensors, stage_params, stage_tensors, total_params)
 from .recompute import (fewest_recomputed, layer_recompute, recomputed_ops, recomputes_collectives, recomputes_fully,
-                        stage_policy, stage_recompute, stops_early)
+                        rerun, stage_policy, stage_recompute, stops_early)
 from .stage_aware import stage_aware_recompute_layers
 from .zero import zero_shard
 

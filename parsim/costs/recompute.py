@@ -13,12 +13,15 @@ the fast path's tables and the executor's ``apply_ac`` all take the policy from 
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from parsim.specs import ModelSpec, Plan, plan_stack, stage_layers
 
-from .ops import Op
+from .ops import Op, layer_ops
 from .placement import rank_of_stage
+
+if TYPE_CHECKING:
+    from .comm import Collective
 
 
 def stage_policy(plan: Plan, vstage: int) -> str:
@@ -69,6 +72,20 @@ def stops_early(model: ModelSpec, plan: Plan) -> bool:
     re-run issues one ``mm`` fewer; 1F1B pp=2 recompute=full adds 30-33 ms per microbatch to B
     against a 47-51 ms F. The executor turns it off for sub-pipelined TP (``executor/model.py``)."""
     return (plan_stack(plan).checkpoint_early_stop and not model.dropout and plan.tp_overlap != "subpipe")
+
+
+def rerun(model: ModelSpec, plan: Plan, policy: str) -> tuple[list[Op], list["Collective"]]:
+    """What a layer's backward re-runs first under a layer ``policy``: its forward ops
+    (``recomputed_ops``, stopping early where ``stops_early``) and the forward TP collectives
+    among them (``recomputes_collectives``: those after an op it runs; a collective after an op
+    the re-run stops before is not issued). Every engine prices the re-run from this."""
+    from .comm import tp_collectives_per_layer     # comm -> memory -> this module: imported here
+
+    ops = recomputed_ops(layer_ops(model, plan), policy, stops_early(model, plan))
+    if not recomputes_collectives(policy):
+        return ops, []
+    names = {op.name for op in ops}
+    return ops, [c for c in tp_collectives_per_layer(model, plan, "fwd") if c.after in names]
 
 
 def recomputes_collectives(policy: str) -> bool:

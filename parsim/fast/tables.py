@@ -29,8 +29,8 @@ import numpy as np
 
 from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_params, head_activation_bytes,
                           head_ops, head_params, layer_activation_bytes, layer_ops, layer_params, layer_recompute,
-                          recomputed_ops, recomputes_collectives, recomputes_fully, state_bytes, stops_early,
-                          tp_collectives_edge, tp_collectives_per_layer)
+                          recomputes_collectives, recomputes_fully, rerun, state_bytes, tp_collectives_edge,
+                          tp_collectives_per_layer)
 from parsim.costs import timing
 from parsim.costs.activations import layer_working_bytes, logits_grad_bytes, stage_output_bytes, vocab_grad_bytes
 from parsim.costs.footprint import recompute_transient
@@ -61,7 +61,7 @@ V_PLACED = tuple(name for name in WORDS["schedule"] if not loop_placed(Plan(sche
  L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WORK, L_TRANSIENT, L_RERUN_FULL, L_RERUN_SELECTIVE, L_BWD_I, L_BWD_W,
  L_W_RECOMPUTE, L_TP_W_RECOMPUTE, L_KEPT, L_WORK_I, L_WORK_W, L_W_RESIDUE, L_TP_COVER, L_W_RESIDUE_TOP,
  L_TP_RERUN_FULL, L_WIDTH) = range(28)
-# the forward a backward re-runs under each layer policy that re-runs one (``costs.recomputed_ops``)
+# the forward a backward re-runs under each layer policy that re-runs one (``costs.rerun``)
 RERUN = {"full": L_RERUN_FULL, "selective": L_RERUN_SELECTIVE}
 # head table columns; the head's weight-gradient time and kept output gradients (the first stage
 # runs its whole backward as W: ``costs.split_backward``)
@@ -127,14 +127,15 @@ def _ops_time(cluster: ClusterSpec, ops, pass_: str, dtype: str) -> float:
 
 
 def _tp_seconds(cluster: ClusterSpec, model: ModelSpec, plan: Plan, phase: str, host_ranks: int | None = None,
-                part: str | None = None, cover: bool = True, after: set[str] | None = None) -> float:
+                part: str | None = None, cover: bool = True, colls: list | None = None) -> float:
     """Seconds of a layer's TP collectives (or, with ``part``, the embedding's / head's:
-    ``tp_collectives_edge``), priced in situ (timing.collective_time) as the SimPy engine does,
-    less (``cover``) what the stack hides behind the weight-gradient GEMMs (``costs.stack.tp_covered``);
-    ``after``: only those following one of these ops."""
+    ``tp_collectives_edge``; or these ``colls`` of the layer), priced in situ
+    (timing.collective_time) as the SimPy engine does, less (``cover``) what the stack hides behind
+    the weight-gradient GEMMs (``costs.stack.tp_covered``)."""
     group = tp_group_ranks(1, plan.tp, 1)
-    colls = tp_collectives_per_layer(model, plan, phase) if part is None else tp_collectives_edge(model, plan, part, phase)
-    colls = [c for c in colls if after is None or c.after in after]
+    if colls is None:
+        colls = tp_collectives_per_layer(model, plan, phase) if part is None else tp_collectives_edge(model, plan, part,
+                                                                                                      phase)
     ops = layer_ops(model, plan) if part is None else [] if part == "embedding" else head_ops(model, plan)
     return sum(max(timing.collective_time(cluster, c.op, c.nbytes, group, in_situ=True, host_ranks=host_ranks)
                    - (tp_covered(cluster.device, ops, c.after, phase, plan.dtype) if cover else 0.0), 0.0)
@@ -175,12 +176,10 @@ def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ran
     dt = plan.dtype
     row[L_FWD] = _ops_time(cluster, ops, "fwd", dt)
     row[L_BWD] = _ops_time(cluster, ops, "bwd", dt)
-    early = stops_early(model, plan)
     for policy, column in RERUN.items():
-        row[column] = _ops_time(cluster, recomputed_ops(ops, policy, early), "fwd", dt)
-    # the full re-run's TP collectives: those after an op it runs (``costs.stops_early``)
-    rerun = {op.name for op in recomputed_ops(ops, "full", early)}
-    row[L_TP_RERUN_FULL] = _tp_seconds(cluster, model, plan, "fwd", host_ranks, after=rerun)
+        row[column] = _ops_time(cluster, rerun(model, plan, policy)[0], "fwd", dt)
+    # the full re-run's TP collectives (``costs.rerun``)
+    row[L_TP_RERUN_FULL] = _tp_seconds(cluster, model, plan, "fwd", host_ranks, colls=rerun(model, plan, "full")[1])
     row[L_TP_FWD] = _tp_seconds(cluster, model, plan, "fwd", host_ranks)
     row[L_TP_BWD] = _tp_seconds(cluster, model, plan, "bwd", host_ranks)
     row[L_ACT_NONE] = layer_activation_bytes(model, plan, "none")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_params,
                           head_activation_bytes, head_ops, head_params, layer_activation_bytes, layer_ops,
-                          layer_params, layer_tensors, microbatch_activation_bytes, recomputed_ops, stops_early,
+                          layer_params, layer_tensors, microbatch_activation_bytes, recomputed_ops, rerun,
                           tp_collectives_per_layer)
 from parsim.costs.activations import backward_working_bytes, stage_output_bytes
 from parsim.costs.memory import gathered_bytes
@@ -42,30 +42,29 @@ def pass_times(device: DeviceProfile, ops, dtype: str, recompute_core: bool = Fa
     re-runs the attention core in backward (Korthikanti et al. 2022, Sec. 5)."""
     fwd = [(op, op_time(device, op, "fwd", dtype)) for op in ops]
     bwd = [(op, op_time(device, op, "bwd", dtype)) for op in ops]
-    rerun = recomputed_ops(ops, "selective" if recompute_core else "none")
-    bwd += [(op, op_time(device, op, "fwd", dtype)) for op in rerun]
+    rerun_ops = recomputed_ops(ops, "selective" if recompute_core else "none")
+    bwd += [(op, op_time(device, op, "fwd", dtype)) for op in rerun_ops]
 
     def total(pairs, membound_only=False):
         return sum(t for op, t in pairs if not membound_only or op.kind == "membound")
     return PassTimes(total(fwd), total(bwd), total(fwd, True), total(bwd, True))
 
 
-def _tp_times(model: ModelSpec, plan: Plan, cluster: ClusterSpec,
-              after: set[str] | None = None) -> tuple[float, float, float]:
-    """Seconds of TP collectives: (layer forward, layer backward, one b*s*h all-reduce); a
-    backward one less what the stack hides behind the weight-gradient GEMM (``costs.stack.tp_covered``);
-    ``after``: only the layer's collectives that follow one of these ops."""
+def _tp_times(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> tuple[float, float, float, float]:
+    """Seconds of TP collectives: (layer forward, layer backward, one b*s*h all-reduce, the full
+    re-run's: ``costs.rerun``); a backward one less what the stack hides behind the
+    weight-gradient GEMM (``costs.stack.tp_covered``)."""
     if plan.tp == 1:
-        return 0.0, 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0
     group = RankLayout(plan.dp, plan.tp, plan.pp).tp_groups()[0]
     ops = layer_ops(model, plan)
     # synchronous TP collectives: priced in situ (timing.collective_time)
-    fwd, bwd = (sum(max(collective_time(cluster, c.op, c.nbytes, group, in_situ=True)
-                        - tp_covered(cluster.device, ops, c.after, p, plan.dtype), 0.0)
-                    for c in tp_collectives_per_layer(model, plan, p) if after is None or c.after in after)
-                for p in ("fwd", "bwd"))
+    def seconds(colls, p: str) -> float:
+        return sum(max(collective_time(cluster, c.op, c.nbytes, group, in_situ=True)
+                       - tp_covered(cluster.device, ops, c.after, p, plan.dtype), 0.0) for c in colls)
+    fwd, bwd = (seconds(tp_collectives_per_layer(model, plan, p), p) for p in ("fwd", "bwd"))
     edge = collective_time(cluster, "all_reduce", microbatch_activation_bytes(model, plan), group, in_situ=True)
-    return fwd, bwd, edge
+    return fwd, bwd, edge, seconds(rerun(model, plan, "full")[1], "fwd")
 
 
 def analytic_graph(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> CostGraph:
@@ -80,9 +79,8 @@ def analytic_graph(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> CostGr
     emb = pass_times(dev, embedding_ops(model, plan), plan.dtype)
     layer = pass_times(dev, layer_ops(model, plan), plan.dtype, recompute_core=selective)
     head = pass_times(dev, head_ops(model, plan), plan.dtype)
-    tp_f, tp_b, tp_edge = _tp_times(model, plan, cluster)
-    rerun = recomputed_ops(layer_ops(model, plan), "full", stops_early(model, plan))
-    rerun_s = pass_times(dev, rerun, plan.dtype).fwd + _tp_times(model, plan, cluster, {op.name for op in rerun})[0]
+    tp_f, tp_b, tp_edge, tp_rerun = _tp_times(model, plan, cluster)
+    rerun_s = pass_times(dev, rerun(model, plan, "full")[0], plan.dtype).fwd + tp_rerun
     L = model.layers
     nodes = [CostNode("embedding", emb.fwd + tp_edge, emb.bwd, boundary, embedding_activation_bytes(model, plan),
                       params=("embedding",), unit=-1, scope="embedding", fwd_membound_s=emb.fwd_membound,

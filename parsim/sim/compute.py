@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parsim.costs import (embedding_ops, head_ops, layer_ops, recomputed_ops, recomputes_collectives, stage_recompute,
-                          stops_early, tp_collectives_edge, tp_collectives_per_layer)
+from parsim.costs import (embedding_ops, head_ops, layer_ops, rerun, stage_recompute, tp_collectives_edge,
+                          tp_collectives_per_layer)
 from parsim.costs.host import ComputeScale
 from parsim.costs.split_backward import overlapped_time, w_recomputes
 from parsim.costs.stack import tp_covered
@@ -139,16 +139,15 @@ def layer_chain(model: ModelSpec, cluster: ClusterSpec, plan: Plan, kind: str, p
     if kind == "W":
         # a fully recomputed layer's W re-runs its forward once per weight group (torch 2.13's
         # stage_backward_weight with non-reentrant checkpointing: ``costs.split_backward``)
-        # (each re-run stopping early as B's does: ``costs.stops_early``)
+        # (each re-run as B's: ``costs.rerun``)
         out: list[Segment] = []
-        rerun = recomputed_ops(ops, "full", stops_early(model, plan))
+        rerun_ops, rerun_c = rerun(model, plan, "full")
         for _ in range(w_recomputes(model) if policy == "full" else 0):
-            out += _chain(rerun, "fwd", "R", layer, fwd_c, dev, dt, scale)
+            out += _chain(rerun_ops, "fwd", "R", layer, rerun_c, dev, dt, scale)
         return out + _chain(back, "bwd_weight", "W", layer, [], dev, dt, scale)
-    # the recomputed forward first (none without recomputation); a collective after an op the
-    # re-run stops before is not issued (``_chain`` cuts only after the ops it is given)
-    again = fwd_c if recomputes_collectives(policy) else []
-    out = _chain(recomputed_ops(ops, policy, stops_early(model, plan)), "fwd", "R", layer, again, dev, dt, scale)
+    # the recomputed forward first (none without recomputation: ``costs.rerun``)
+    rerun_ops, rerun_c = rerun(model, plan, policy)
+    out = _chain(rerun_ops, "fwd", "R", layer, rerun_c, dev, dt, scale)
     pass_ = "bwd" if kind == "B" else "bwd_input"
     out += _chain(back, pass_, kind, layer, tp_collectives_per_layer(model, plan, "bwd"), dev, dt, scale)
     return out
