@@ -6,7 +6,7 @@ from .comm import (Collective, dp_buckets, dp_grad_bytes, dp_param_bytes, microb
 from .flops import eq3_flops, hardware_flops_per_step, model_flops_per_step
 from .inflight import Moment, inflight_chunks, inflight_microbatches, peak_held, peak_moments
 from .memory import (CATEGORIES, StageFootprint, StageMemory, StateBytes, device_capacity, fits, memory_by_stage,
-                     model_state_bytes, optimizer_step_bytes, stage_footprints, state_bytes, static_bytes,
+                     model_state_bytes, optimizer_step_bytes, plan_state_bytes, stage_footprints, state_bytes, static_bytes,
                      zero_model_state_bytes)
 from .optimizer import OptimizerStep, optimizer_step
 from .ops import DTYPE_BYTES, Op, embedding_ops, head_ops, layer_ops, padded_vocab

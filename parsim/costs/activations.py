@@ -8,11 +8,13 @@ Sec. 4, Table 2, with 2-byte activations, 1-byte dropout masks, GELU MLP (f = 4h
     tensor parallel + selective    s b h (10 + 24/t)
     tensor + sequence + selective  s b h (34/t)
     full recomputation             2 s b h  (2 s b h / t with sequence parallel)
-Here each term is rebuilt from its parts so dtype (e bytes), GQA (K, V of kv_hidden), SwiGLU
-(f != 4h, two up projections), no dropout and FlashAttention change exactly the parts they
-touch, and so do the stack's kernels (``Stack``: eager PyTorch's unfused softmax, RMSNorm,
-SwiGLU and RoPE keep more than Megatron's fused ones). Result in bytes per layer per microbatch
-on one device.
+A layer's bytes are the sum of what it saves, tensor by tensor (``costs.saved.layer_saved``: each
+term of the table, plus the norms' fp32 statistics), so dtype, GQA (K, V of kv_hidden), SwiGLU
+(f != 4h, two up projections), no dropout, FlashAttention, the stack's kernels (``Stack``: eager
+PyTorch's unfused softmax, RMSNorm, SwiGLU and RoPE keep more than Megatron's fused ones),
+sequence parallelism's saved GEMM inputs and autocast's fp32 residual stream and 16-bit copies
+(``saved.precision``) change exactly the tensors they touch. Result in bytes per layer per
+microbatch on one device.
 """
 from __future__ import annotations
 
@@ -20,63 +22,23 @@ from parsim.specs import ModelSpec, Plan, plan_stack
 
 from .footprint import backward_working
 from .ops import DTYPE_BYTES, padded_vocab
+from .saved import (FP32_BYTES, LSE_BYTES, MASK_BYTES, gemm_inputs, layer_saved, layer_weight_copy_bytes, norm_saved,
+                    precision)
 
-MASK_BYTES = 1     # dropout masks stored as bytes (Korthikanti 2022 Sec. 4.1)
-LSE_BYTES = 4      # FlashAttention keeps the fp32 log-sum-exp per row (Dao et al. 2022)
-FP32_BYTES = 4
+__all__ = ["FP32_BYTES", "LSE_BYTES", "MASK_BYTES"]
 
 
 def layer_activation_bytes(model: ModelSpec, plan: Plan, recompute: str | None = None) -> float:
-    """Bytes one layer keeps for backward, per microbatch, on one TP rank."""
+    """Bytes one layer keeps for backward, per microbatch, on one TP rank: the sum of
+    ``saved.layer_saved`` -- under full recomputation only the layer input the checkpoint keeps
+    (residual-stream bytes, s b h / t with SP; Chen et al. 2016), under selective recomputation
+    without what the attention core saves beyond its inputs (Korthikanti et al. 2022 Sec. 5: the
+    s^2 terms of unfused attention; FlashAttention's log-sum-exp)."""
     recompute = plan.recompute if recompute is None else recompute
-    t = plan.tp
-    e = DTYPE_BYTES[plan.dtype]
-    sb = model.seq_len * plan.mbs
-    h, kv, f = model.hidden, model.kv_hidden, model.ffn_hidden
-    a = model.heads
-    sp = t if plan.sp else 1                   # divisor of the "replicated" parts under SP
     if recompute == "full":
-        return e * sb * h / sp                 # only the layer input is kept
-    mask = MASK_BYTES if model.dropout else 0
-    # Parts replicated across TP ranks unless sequence parallel:
-    #   2 norm inputs, QKV input, MLP-up input (e*sbh each) + 2 residual dropout masks.
-    replicated = (4 * e + 2 * mask) * sb * h
-    # Parts split t ways: Q, K, V, attention-out input, MLP activations.
-    qkv = e * sb * (h + 2 * kv)
-    attn_out_in = e * sb * h
-    stack = plan_stack(plan)
-    if model.activation == "swiglu":
-        mlp = e * sb * (2 * f) + e * sb * f    # gate & up outputs (SwiGLU input) + down input
-        mlp += e * sb * f if stack.eager_swiglu else 0.0   # + silu(gate), kept by the eager product
-    else:
-        mlp = e * sb * f + e * sb * f          # GeLU input + down input
-    if model.norm == "rmsnorm" and stack.eager_rmsnorm:
-        # each of the 2 norms keeps its input and normalized output in fp32, not its e-byte input
-        replicated += 2 * (2 * FP32_BYTES - e) * sb * h
-    rope = 0.0
-    if model.position == "rope" and stack.rope_relayout:
-        if model.flash_attention:              # SDPA keeps its output; the projection reads a copy
-            attn_out_in += e * sb * h          # (the explicit core keeps no output: one copy either way)
-        rope = FP32_BYTES * model.seq_len * model.head_dim  # the fp32 cos and sin tables, s x d/2 each
-    sharded = qkv + attn_out_in + mlp
-    # Attention core (the part selective recomputation drops).
-    causal = 0.0
-    if model.flash_attention:
-        core = LSE_BYTES * a * sb              # only the log-sum-exp; no s^2 terms
-    else:
-        s = model.seq_len
-        core = e * a * s * sb                  # softmax output
-        if model.dropout:
-            core += mask * a * s * sb + e * a * s * sb   # dropout mask + dropout output
-        # GQA: the unfused products multiply K and V repeated to every query head (Megatron's
-        # DotProductAttention and the executor ``repeat_interleave`` them), so those, not the
-        # kv_hidden-wide K and V, are kept: e*s*b*2(h - kv) more than ``qkv`` counts
-        core += e * sb * 2 * (h - kv)
-        # the causal mask the stack keeps per layer and microbatch (one per TP rank): s^2 elements
-        causal = stack.attention_mask_bytes * s * s
-    if recompute == "selective" and not model.flash_attention:
-        core, causal = 0.0, 0.0
-    return replicated / sp + (sharded + core) / t + causal + rope
+        return precision(plan).res * model.seq_len * plan.mbs * model.hidden / (plan.tp if plan.sp else 1)
+    drop = "core" if recompute == "selective" else None
+    return sum(x.nbytes for x in layer_saved(model, plan).tensors if x.part != drop)
 
 
 def embedding_activation_bytes(model: ModelSpec, plan: Plan) -> float:
@@ -88,25 +50,30 @@ def embedding_activation_bytes(model: ModelSpec, plan: Plan) -> float:
 
 
 def head_activation_bytes(model: ModelSpec, plan: Plan) -> float:
-    """Last stage: final-norm input and logits input (e*sbh each) and the logits kept by the
-    cross-entropy (Korthikanti 2022 Sec. 4.3: fp32, 4*s*b*V/t; the stack's loss says how many
-    bytes per logit, ``Stack.loss_logits_bytes``), per microbatch."""
-    e = DTYPE_BYTES[plan.dtype]
+    """Last stage, per microbatch: what the final norm keeps (``saved.norm_saved``), the output
+    layer's input (``saved.gemm_inputs``; under autocast also its 16-bit weight copy) and the
+    logits kept by the cross-entropy (Korthikanti 2022 Sec. 4.3: fp32, 4*s*b*V/t; the stack's
+    loss says how many bytes per logit, ``Stack.loss_logits_bytes``)."""
+    p, stack = precision(plan), plan_stack(plan)
     sb = model.seq_len * plan.mbs
-    sp = plan.tp if plan.sp else 1
-    kept = plan_stack(plan).loss_logits_bytes
-    return 2 * e * sb * model.hidden / sp + kept * sb * padded_vocab(model, plan) / plan.tp
+    rows = sb / (plan.tp if plan.sp else 1)
+    gemm_rows = sb if (not plan.sp or stack.sp_saves_gathered) else rows
+    vocab = padded_vocab(model, plan) / plan.tp
+    kept = sum(x.nbytes for x in norm_saved(model, plan, "final norm", rows, "head")
+               + gemm_inputs(plan, "logits input", gemm_rows, model.hidden, ("head",)))
+    return kept + p.weight_copy * vocab * model.hidden + stack.loss_logits_bytes * sb * vocab
 
 
 def stage_output_bytes(model: ModelSpec, plan: Plan) -> float:
     """A non-last pipeline stage keeps the output it sent until that microbatch's backward
     (``autograd.backward(output, grad)`` needs it; torch.distributed.pipelining's
-    ``fwd_cache``, the reference executor): e*s*b*h per microbatch, sequence-sharded with SP.
+    ``fwd_cache``, the reference executor): s*b*h residual-stream elements per microbatch
+(``saved.precision``: e bytes, fp32 under autocast), sequence-sharded with SP.
     Megatron-LM can free it right after the send (``deallocate_pipeline_outputs``); that
     option is not modelled, so this overstates a Megatron run by e*s*b*h per microbatch in flight
     (about 1/(34 L) of a stage of L layers without recomputation)."""
     sp = plan.tp if plan.sp else 1
-    return DTYPE_BYTES[plan.dtype] * model.seq_len * plan.mbs * model.hidden / sp
+    return precision(plan).res * model.seq_len * plan.mbs * model.hidden / sp
 
 
 def logits_grad_bytes(model: ModelSpec, plan: Plan) -> float:
@@ -131,14 +98,21 @@ def layer_working_bytes(model: ModelSpec, plan: Plan, weight_grads: bool = True)
     MLP phase: the gradient of its largest weight, max(f, h) x h / t elements (autograd builds
     each weight's gradient as a new tensor, then adds it into the existing ``.grad`` or gradient
     buffer), plus the activation gradients alive in the MLP backward, e*s*b*(f/t + h/sp) (GeLU:
-    the gradients of the down projection's input and of the layer output).
+    the gradients of the down projection's input and of the layer output; under autocast the
+    latter in fp32 and its 16-bit cast beside it: measured on the executor's layer, bf16, tp = 1,
+    heldout-gpt, to the byte).
     ``weight_grads=False``: weight gradients are counted elsewhere (FSDP2's unsharded layer
     gradients, ``memory.fsdp2_bytes``). Attention phase: ``attention_working_bytes``."""
-    e = DTYPE_BYTES[plan.dtype]
+    p = precision(plan)
     t = plan.tp
     wg = 1.0 if weight_grads else 0.0
-    sbf = e * model.seq_len * plan.mbs * model.ffn_hidden / t
-    mlp_phase = sbf + stage_output_bytes(model, plan) + wg * e * max(model.ffn_hidden, model.hidden) * model.hidden / t
+    sb = model.seq_len * plan.mbs
+    sbf = p.act * sb * model.ffn_hidden / t
+    # autocast: the MLP-down GEMM's node gets the fp32 residual gradient cast to 16 bits (a second
+    # copy, e s b h) and makes a 16-bit weight gradient; its fp32 cast comes after the node has
+    # freed its saved input and weight copy, so it never tops this moment
+    cast = p.act * sb * model.hidden if p.casts else 0.0
+    mlp_phase = sbf + stage_output_bytes(model, plan) + cast + wg * p.act * max(model.ffn_hidden, model.hidden) * model.hidden / t
     if model.activation == "swiglu" and plan_stack(plan).eager_swiglu:
         # the product's backward: the incoming gradient and the two it makes (silu(gate)'s and
         # up's, e*s*b*f/t each) with the down projection's input freed, beside the residual's
@@ -169,12 +143,34 @@ def attention_working_bytes(model: ModelSpec, plan: Plan) -> float:
     return copies * e * b * model.heads * s * s / t - e * s * b * h / sp - mlp_stash / t
 
 
+def forward_working_bytes(model: ModelSpec, plan: Plan, last: bool, recomputed_layers: float) -> float:
+    """What a virtual stage's forward holds at its end beyond what it stores, on one device, where
+    it can outweigh the backward after it: under autocast only (``saved.precision``; the
+    executor's 16-bit runs). ``torch.autocast`` caches its cast of every weight it meets until
+    the forward's autocast region exits (``torch.clear_autocast_cache``): a fully recomputed
+    layer saves none of them (``recomputed_layers``: how many of the stage's layers), so their
+    16-bit copies pile up to the forward's end (``saved.layer_weight_copy_bytes`` each). The
+    last stage's loss then holds its 16-bit logits and their fp32 copy (``Head``:
+    ``logits.float()``) while log-softmax writes the kept logits: (e + 4) s b V/t bytes.
+    Measured on the executor (2 gloo ranks, heldout-gpt, tp = 2, SP, 4 recomputed layers, bf16):
+    the forward's end peaks 25 % above the backward's start. With 16-bit parameters or in fp32
+    the loss's backward (``logits_grad_bytes``) holds more than its forward: 0."""
+    p = precision(plan)
+    if not p.casts:
+        return 0.0
+    loss = (p.act + FP32_BYTES) * model.seq_len * plan.mbs * padded_vocab(model, plan) / plan.tp if last else 0.0
+    return recomputed_layers * layer_weight_copy_bytes(model, plan) + loss
+
+
 def backward_working_bytes(model: ModelSpec, plan: Plan, first: bool, last: bool, stash: float,
-                           weight_grads: bool = True, layer_extra: float = 0.0) -> float:
+                           weight_grads: bool = True, layer_extra: float = 0.0,
+                           recomputed_layers: float = 0.0) -> float:
     """``footprint.backward_working`` of a virtual stage of ``model`` under ``plan`` (``first`` /
     ``last`` virtual stage; ``stash``: the bytes one microbatch stores there; ``layer_extra``: the
-    bytes only a layer's backward adds, its recompute transient and FSDP2's layer gradients)."""
+    bytes only a layer's backward adds, its recompute transient and FSDP2's layer gradients;
+    ``recomputed_layers``: the stage's fully recomputed layers, ``forward_working_bytes``)."""
     wg = 1.0 if weight_grads else 0.0
     return backward_working(layer_working_bytes(model, plan, weight_grads), stage_output_bytes(model, plan),
                             head_activation_bytes(model, plan), wg * vocab_grad_bytes(model, plan),
-                            logits_grad_bytes(model, plan), model.tied_embeddings, first, last, stash, layer_extra)
+                            logits_grad_bytes(model, plan), model.tied_embeddings, first, last, stash, layer_extra,
+                            forward_working_bytes(model, plan, last, recomputed_layers))

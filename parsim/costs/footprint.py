@@ -119,7 +119,7 @@ def recompute_transient(recomputes_fully: bool, layer_kept_all: float, layer_kep
 
 
 def backward_working(layer: float, output: float, head: float, vocab_grad: float, logits_grad: float, tied: bool,
-                     first: bool, last: bool, stash: float, layer_extra: float) -> float:
+                     first: bool, last: bool, stash: float, layer_extra: float, forward: float = 0.0) -> float:
     """Bytes a virtual stage's backward holds beyond its stored activations at the backward's peak
     (``other``), on one device; ``stash`` = the bytes one microbatch stores in the stage (freed as
     the backward goes). The largest of:
@@ -145,6 +145,10 @@ def backward_working(layer: float, output: float, head: float, vocab_grad: float
       gradient until the embedding's arrives to sum them (its input buffer), so the layers run
       their backward beside it, and at the end the two and their sum exist together.
 
+    and, where it weighs more, the end of the forward before it (``forward``,
+    ``activations.forward_working_bytes``): a rank holds as much when a forward ends as when the
+    backward after it starts (``costs.inflight``), plus what only the forward holds then.
+
     Not modelled: Megatron-LM's fused weight-gradient accumulation
     (``gradient_accumulation_fusion`` writes them into the fp32 main grad; this then overstates by
     the weight-gradient term). SwiGLU measured equal to the GeLU terms with its f. Measured on the
@@ -158,4 +162,4 @@ def backward_working(layer: float, output: float, head: float, vocab_grad: float
     if first:
         # + the gradient received from stage 1 and the embedding output's (none from a loss)
         working = max(working, vocab_grad * (3 if tied_here else 1) + (0.0 if last else 2 * output) - stash)
-    return working
+    return max(working, forward)

@@ -8,6 +8,8 @@ Model states per parameter (bytes), Megatron-LM conventions (docs, "distributed 
                           all-reduce to be done in fp32")
     fp16 mixed:           param 2, grad 2, optimizer 12: fp16 gradients reduced in fp16, the
                           ZeRO paper's 16-byte convention (Rajbhandari et al. 2020, Sec. 3.1)
+    16-bit by autocast:   param 4, grad 4, optimizer 8, as fp32: ``torch.autocast`` over fp32
+                          parameters (the executor; ``Stack.autocast``, ``plan_state_bytes``)
 ZeRO (Rajbhandari et al. 2020, Sec. 5): stage 1 shards the optimizer over the dp ranks,
 stage 2 also the gradients, stage 3 also the parameters. ZeRO-Offload (Ren et al. 2021)
 keeps optimizer states (and with "optimizer+params", parameters) in host memory.
@@ -49,8 +51,11 @@ class StateBytes:
     optimizer: float
 
 
-def state_bytes(dtype: str) -> StateBytes:
-    if dtype == "fp32":
+def state_bytes(dtype: str, autocast: bool = False) -> StateBytes:
+    """Bytes per parameter under ``dtype`` (the module docstring); ``autocast``: a 16-bit run by
+    ``torch.autocast`` over fp32 parameters (``Stack.autocast``, the executor), which hold the
+    fp32 states of an fp32 run -- the parameters are the master weights."""
+    if dtype == "fp32" or autocast:
         return StateBytes(4.0, 4.0, 8.0)
     if dtype == "fp16":
         return StateBytes(2.0, 2.0, 12.0)
@@ -102,10 +107,15 @@ def zero_model_state_bytes(num_params: float, dp: int, zero: int, k: float = 12.
     return num_params * (p + g + o)
 
 
+def plan_state_bytes(plan: Plan) -> StateBytes:
+    """``state_bytes`` of the plan's dtype under its stack."""
+    return state_bytes(plan.dtype, plan_stack(plan).autocast)
+
+
 def model_state_bytes(n_params: float, plan: Plan) -> tuple[float, float, float]:
     """(params, grads, optimizer) bytes of ``n_params`` parameters on one device under the plan's
     dtype, ZeRO stage, offload and stack (``footprint.stack_state_bytes``, ``footprint.model_states``)."""
-    sb = state_bytes(plan.dtype)
+    sb = plan_state_bytes(plan)
     stack = plan_stack(plan)
     param, grad, optimizer = footprint.stack_state_bytes(sb.param, sb.grad, sb.optimizer, plan.zero, stack.fp32_shards,
                                                          stack.grad_copy_bytes(plan.dtype))
@@ -139,7 +149,7 @@ def fsdp2_bytes(model: ModelSpec, plan: Plan, n_params: float) -> tuple[float, f
       2 x the layer's gradient bytes."""
     if plan.zero < 2 or plan.dp <= 1:
         return 0.0, 0.0
-    sb = state_bytes(plan.dtype)
+    sb = plan_state_bytes(plan)
     step = n_params * sb.param / plan.dp if plan.zero == 2 else 0.0
     return step, 2 * layer_params(model, plan.tp) * sb.grad
 
@@ -180,7 +190,20 @@ def fsdp2_root_bytes(model: ModelSpec, plan: Plan, vstage: int) -> float:
         return 0.0
     root = (embedding_params(model, plan) if vstage == 0 else 0.0) + \
         (head_params(model, plan) if vstage == plan.pp * plan.vpp - 1 else 0.0)
-    return root * state_bytes(plan.dtype).param
+    return root * plan_state_bytes(plan).param
+
+
+def fsdp2_layer_only_bytes(model: ModelSpec, plan: Plan) -> float:
+    """ZeRO-3 run as FSDP2: of the two layers ``gathered_bytes`` counts, the one a layer's backward
+    holds and the loss's (or the embedding's) does not. FSDP2 prefetches the next unit in backward
+    order, so a layer's backward holds its own parameters and the next layer's, but the loss's
+    backward only the first layer it will reach (torch 2.13 ``FSDPParamGroup.pre_backward`` /
+    ``_backward_prefetch``). Measured on 2 gloo ranks (heldout-gpt, dp = 2, fp32 and bf16 alike):
+    the loss's backward peaks with the root unit, the logits' gradients and exactly one layer's
+    fp32 parameters beside the stash. Bytes per device; 0 unless ZeRO-3 gathers layers."""
+    if not gathers_layers(plan.zero, plan.dp) or plan_stack(plan).zero3_gathered_layers < 2:
+        return 0.0
+    return layer_params(model, plan.tp) * plan_state_bytes(plan).param
 
 
 def uses_fsdp2(cluster: ClusterSpec | None) -> bool:
@@ -191,7 +214,7 @@ def gathered_bytes(model: ModelSpec, plan: Plan) -> float:
     """ZeRO-3's (and parameter offload's) gathered layers, held during every action
     (``footprint.gathered_layers``; how many layers at once: the plan's stack)."""
     stack = plan_stack(plan)
-    return footprint.gathered_layers(layer_params(model, plan.tp), state_bytes(plan.dtype).param, plan.zero,
+    return footprint.gathered_layers(layer_params(model, plan.tp), plan_state_bytes(plan).param, plan.zero,
                                      plan.offload == "optimizer+params", stack.zero3_gathered_layers,
                                      stack.zero3_max_live_params)
 
@@ -200,6 +223,8 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[
     """``StageFootprint`` of every virtual stage (``fsdp2``: ZeRO-2/3 as FSDP2 runs them)."""
     in_backward = fsdp2_bytes(model, plan, 0.0)[1] if fsdp2 else 0.0
     gathered = gathered_bytes(model, plan)
+    ahead = fsdp2_layer_only_bytes(model, plan) if fsdp2 else 0.0
+    gathered -= ahead
     counts = stage_layers(model, plan)
     groups = [layer_recompute(plan, s, n) for s, n in enumerate(counts)]
     stash = [_stash_bytes(model, plan, s, g) for s, g in enumerate(groups)]
@@ -217,7 +242,7 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[
     for s, g in enumerate(groups):
         transient = footprint.recompute_transient(recomputes_fully(g), kept_all, kept_input)
         r = rank_of_stage(plan, s)
-        backward = _rank_working(model, plan, r, stash, in_backward == 0.0, transient + in_backward)
+        backward = _rank_working(model, plan, r, stash, in_backward == 0.0, transient + in_backward + ahead)
         if s == 0:       # no input gradient: its I runs nothing, its W the whole backward (split_backward)
             split = dict(kept=0.0, backward_input=0.0, backward_weight=backward)
         else:
@@ -241,11 +266,17 @@ def _stash_bytes(model: ModelSpec, plan: Plan, vstage: int, groups: list[tuple[i
 def _rank_working(model: ModelSpec, plan: Plan, pp_rank: int, stash: list[float], weight_grads: bool,
                   layer_extra: float = 0.0) -> float:
     """The largest ``backward_working_bytes`` of a rank's virtual stages, ``layer_extra`` on the
-    layer phase (a backward's recompute transient and FSDP2 gradients: ``footprint.backward_working``)."""
+    layer phase (a backward's recompute transient and FSDP2 gradients: ``footprint.backward_working``;
+    the end of the forward before it, with the stage's fully recomputed layers)."""
     last = plan.pp * plan.vpp - 1
     return max(backward_working_bytes(model, plan, vstage == 0, vstage == last, stash[vstage], weight_grads,
-                                      layer_extra)
+                                      layer_extra, _full_layers(model, plan, vstage))
                for vstage in stages_of_rank(plan, pp_rank))
+
+
+def _full_layers(model: ModelSpec, plan: Plan, vstage: int) -> int:
+    """How many of a virtual stage's layers recompute fully."""
+    return sum(n for n, policy in stage_recompute(model, plan, vstage) if policy == "full")
 
 
 def _rank_weight_working(model: ModelSpec, plan: Plan, pp_rank: int) -> float:

@@ -167,6 +167,7 @@ def _head_params(model: ModelSpec, plan: Plan) -> float:
 
 
 def padded_vocab(model: ModelSpec, plan: Plan) -> int:
-    """Vocab padded to a multiple of 128 * tp (Megatron-LM ``--make-vocab-size-divisible-by``)."""
-    unit = 128 * plan.tp
+    """Vocab padded to a multiple of 128 * tp (Megatron-LM ``--make-vocab-size-divisible-by``;
+    the stack's ``vocab_multiple``: the executor pads to a multiple of tp only)."""
+    unit = plan_stack(plan).vocab_multiple * plan.tp
     return -(-model.vocab // unit) * unit

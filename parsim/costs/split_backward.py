@@ -54,8 +54,8 @@ from dataclasses import dataclass
 
 from parsim.specs import ModelSpec, Plan
 
-from .activations import FP32_BYTES, LSE_BYTES, MASK_BYTES
 from .ops import DTYPE_BYTES, padded_vocab
+from .saved import layer_saved
 
 
 
@@ -162,97 +162,20 @@ def layer_saved_tensors(model: ModelSpec, plan: Plan) -> list[tuple[str, float, 
     """What one re-run of the executor's layer forward saves for backward beyond its input (which
     the checkpoint stores) and its weights: (tensor, bytes per microbatch on one device, the last
     weight group whose node saves it, or None where a weightless op's node saves it too -- no W
-    task runs that node, so nothing releases it before W ends).
-
-    From what each op's autograd node saves (``tools/autograd/derivatives.yaml``), torch 2.13: a
-    GEMM (``mm``/``addmm``) its input; SDPA (``_scaled_dot_product_flash_attention_for_cpu``,
-    FlashAttention on CUDA) q, k, v, its output and the fp32 log-sum-exp; in the explicit core
-    ``matmul`` both operands (GQA's K and V after ``repeat_interleave``, e s b h/t each),
-    ``softmax`` its result, ``masked_fill`` its s x s bool mask, dropout its mask (1 byte) and the
-    dropped probabilities (the next ``matmul``'s operand); ``gelu`` and ``silu`` their input;
-    ``mul`` of two tensors that need a gradient both operands (SwiGLU's silu(gate) * up), a tensor
-    times a constant only the constant (rope's cos and sin, fp32 s x d/2 each); ``native_layer_
-    norm`` its input and fp32 mean and rstd; the executor's RMSNorm (``x * rsqrt(mean(x^2) + eps)``,
-    then ``* weight``) ``pow``'s and the first ``mul``'s input x, ``rsqrt``'s result (fp32, one per
-    token) and the weight ``mul``'s x * rstd. So SwiGLU's MLP keeps its gate output, SiLU output
-    and up output (3 e s b f/t) where Korthikanti et al.'s Table 2 counts two, and RMSNorm's
-    weightless ``pow`` and ``mul`` keep the second norm's input (the residual), which LayerNorm's
-    node -- a weight op -- releases. Under SP the QKV and MLP inputs a GEMM saves are the
-    all-gathered ones (e s b h). Layout matters once: SDPA returns its output in q's layout, so
-    without rope (q a transposed view of the QKV GEMM's output) the attention-out GEMM's input is
-    a view of it, and with rope (q rotated into a new contiguous tensor) or the explicit core a
-    copy of e s b h/t.
-
-    Sizes follow the activation model (``activations``): activations in the plan's dtype (e
-    bytes), statistics fp32. That is the executor exactly in fp32 (the RMSNorm's ``x.float()`` is
-    x), what the checks measure; a 16-bit run of the executor (autocast over fp32 weights) keeps
-    an fp32 residual stream and saves a bf16 copy of each weight per re-run, which no engine
-    models."""
-    return _saved_in_order(model, plan)[0]
-
-
-def _saved_in_order(model: ModelSpec, plan: Plan) -> tuple[list[tuple[str, float, str | None]], int, float]:
-    """``layer_saved_tensors`` in forward order, how many of them the attention core has saved by
-    its end, and what the core holds at its peak beyond what it saves (``_rerun_peak``)."""
-    e = DTYPE_BYTES[plan.dtype]
-    s, sb = model.seq_len, model.seq_len * plan.mbs
-    h, kv, f, t, a = model.hidden, model.kv_hidden, model.ffn_hidden, plan.tp, model.heads
-    rows = sb / (t if plan.sp else 1)                 # tokens a norm, residual or dropout sees
-    saved: list[tuple[str, float, str | None]] = []
-
-    def norm(name: str, last_reader: str) -> None:
-        residual = name == "mlp_norm"                  # the first norm's input is the stored layer input
-        if model.norm == "rmsnorm":
-            if residual:
-                saved.append(("residual (RMSNorm input)", e * rows * h, None))
-            saved.extend([(f"{name} rstd", FP32_BYTES * rows, None), (f"{name} x * rstd", e * rows * h, name)])
-        else:
-            if residual:
-                saved.append(("residual (LayerNorm input)", e * rows * h, name))
-            saved.append((f"{name} mean, rstd", 2 * FP32_BYTES * rows, name))
-        saved.append((f"{name} output", e * sb * h, last_reader))
-
-    norm("attn_norm", "v")
-    explicit_gqa = not model.flash_attention and model.kv_heads != model.heads
-    kv_saved = e * sb * (h if explicit_gqa else kv) / t     # the explicit core repeats GQA's K and V
-    saved += [("q", e * sb * h / t, None), ("k", kv_saved, None), ("v", kv_saved, None)]
-    if model.position == "rope":
-        saved.append(("rope cos, sin", 2 * FP32_BYTES * s * model.head_dim / 2, None))
-    scores = e * a * s * sb / t                       # one (b, a/t, s, s) tensor of the explicit core
-    if model.flash_attention:
-        saved += [("attention output", e * sb * h / t, None), ("log-sum-exp", LSE_BYTES * a * sb / t, None)]
-        core_transient = 0.0
-    else:
-        saved += [("causal mask", s * s, None), ("softmax output", scores, None)]
-        if model.dropout:
-            saved += [("attention dropout mask", MASK_BYTES * a * s * sb / t, None),
-                      ("attention dropout output", scores, None)]
-        # the scaled scores stay referenced (``Attention.core``'s ``scores``) to the core's end; the
-        # masked ones live until ``softmax`` returns, which is the peak unless dropout follows it;
-        # GQA's K and V before their repeat stay referenced by ``Attention.body``
-        core_transient = (scores if model.dropout else 2 * scores) + (2 * e * sb * kv / t if explicit_gqa else 0.0)
-    core_end = len(saved)
-    if model.position == "rope" or not model.flash_attention:
-        saved.append(("attention-out input", e * sb * h / t, "o"))
-    if model.dropout:
-        saved.append(("attention residual dropout mask", MASK_BYTES * rows * h, None))
-    norm("mlp_norm", "gate" if model.activation == "swiglu" else "up")
-    if model.activation == "swiglu":
-        saved += [("gate output (SiLU input)", e * sb * f / t, None), ("SiLU output", e * sb * f / t, None),
-                  ("up output", e * sb * f / t, None)]
-    else:
-        saved.append(("up output (GeLU input)", e * sb * f / t, None))
-    saved.append(("down input", e * sb * f / t, "down"))
-    if model.dropout:
-        saved.append(("MLP residual dropout mask", MASK_BYTES * rows * h, None))
-    return saved, core_end, core_transient
+    task runs that node, so nothing releases it before W ends). The layer's own list
+    (``saved.layer_saved``, which ``activations.layer_activation_bytes`` sums) without the input.
+    So SwiGLU's MLP keeps its gate output, SiLU output and up output (3 e s b f/t) where
+    Korthikanti et al.'s Table 2 counts two, and RMSNorm's weightless ``pow`` and ``mul`` keep the
+    second norm's input (the residual), which LayerNorm's node -- a weight op -- releases."""
+    return [(x.name, x.nbytes, x.last) for x in layer_saved(model, plan).tensors if x.part != "input"]
 
 
 def _rerun_peak(model: ModelSpec, plan: Plan) -> float:
     """The most one re-run of the layer holds: all it saves, at its early stop, or, where the
     explicit core's s x s temporaries outweigh what is saved after the core, the core's peak."""
-    saved, core_end, core_transient = _saved_in_order(model, plan)
-    return max(sum(n for _, n, _ in saved), sum(n for _, n, _ in saved[:core_end]) + core_transient)
+    layer = layer_saved(model, plan)
+    saved = [x.nbytes for x in layer.tensors if x.part != "input"]
+    return max(sum(saved), sum(saved[:layer.core_end]) + layer.core_transient)
 
 
 def w_task_kept_bytes(model: ModelSpec, plan: Plan) -> float:

@@ -100,7 +100,7 @@ def bucketed(price, total_bytes: float, bucket_bytes: int) -> tuple[float, float
 
 def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int, pp: int, vpp: int, dtype: int,
                    rank_params: list[float], bucket_bytes: int, with_ps: bool = False,
-                   head_rank: int | None = None) -> np.ndarray:
+                   head_rank: int | None = None, stack: str = "auto") -> np.ndarray:
     """(pp, C_WIDTH): the DP communication of each pipeline rank holding ``rank_params``
     (the parameter-server column only when ``with_ps``: it walks every worker); the output head
     on ``head_rank`` (default the last: loop placement; rank 0 under V placement)."""
@@ -109,7 +109,7 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
     out = np.zeros((pp, C_WIDTH))
     if dp == 1:
         return out
-    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, dtype=WORDS["dtype"][dtype])
+    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, dtype=WORDS["dtype"][dtype], stack=stack)
     z3_gather = zero3_gather_bytes_per_layer(model, plan)
     z3_scatter = zero3_reduce_scatter_bytes_per_layer(model, plan)
     done: dict[tuple[float, tuple[int, ...]], np.ndarray] = {}

@@ -60,11 +60,12 @@ def send_between(send, a, b):
 
 
 def rank_plan(dp: int, tp: int, pp: int, vpp: int, dtype: int, zero: int = 0, offload: int = 0,
-              v_placed: int = 0) -> Plan:
+              v_placed: int = 0, stack: str = AUTO) -> Plan:
     """A plan with this layout whose schedule places its stages in a loop (``v_placed`` 0) or in
-    a V (1: zbv; ``costs.placement``)."""
+    a V (1: zbv; ``costs.placement``), run by ``stack`` (its vocabulary padding sizes the
+    embedding and the head)."""
     return Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, dtype=WORDS["dtype"][dtype], zero=zero, offload=WORDS["offload"][offload],
-                schedule="zbv" if v_placed else "1f1b")
+                schedule="zbv" if v_placed else "1f1b", stack=stack)
 
 
 class RankRows:
@@ -72,8 +73,8 @@ class RankRows:
     are filled in (the sweep's; the others stay 0)."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, bucket_bytes: int, with_ps: bool, max_vpp: int,
-                 steps: list[tuple[int, int]]):
-        self.model, self.cluster, self.bucket_bytes = model, cluster, bucket_bytes
+                 steps: list[tuple[int, int]], stack: str = AUTO):
+        self.model, self.cluster, self.bucket_bytes, self.stack = model, cluster, bucket_bytes, stack
         self.with_ps, self.max_vpp, self.steps = with_ps, max_vpp, steps
         self.step_columns = np.array([step_block(z, o) + i for z, o in steps for i in range(S_WIDTH)], dtype=np.int64)
         self.pricer = CollectivePricer(cluster)
@@ -82,7 +83,7 @@ class RankRows:
 
     def __call__(self, dp: int, tp: int, pp: int, vpp: int, dtype: int, v_placed: int = 0) -> np.ndarray:
         """(pp, R_CHUNK + max_vpp): the rows of one rank key."""
-        plan = rank_plan(dp, tp, pp, vpp, dtype, v_placed=v_placed)
+        plan = rank_plan(dp, tp, pp, vpp, dtype, v_placed=v_placed, stack=self.stack)
         per_stage = stage_layers(self.model, plan)
         params = stage_params(self.model, plan)
         rows = np.zeros((pp, R_CHUNK + self.max_vpp))
@@ -94,7 +95,7 @@ class RankRows:
         rows[:, R_LARGEST] = stage_largest_tensors(self.model, plan)
         head_rank = next(r for r, stages in enumerate(held) if last in stages)
         rows[:, R_COMM:R_STEP] = rank_comm_rows(self.model, self.pricer, dp, tp, pp, vpp, dtype, params,
-                                                self.bucket_bytes, self.with_ps, head_rank)
+                                                self.bucket_bytes, self.with_ps, head_rank, self.stack)
         # the optimizer blocks depend on the layout only through the rank's parameters and the
         # tensors its step loops over (all it holds; ZeRO-1: a replica's most)
         keys = np.column_stack([params, rank_tensors(self.cluster, self.model, plan), self._zero1_tensors(plan)])
@@ -130,7 +131,7 @@ class RankRows:
         """The optimizer block of a rank holding ``params`` parameters, whose step loops over
         ``tensors`` tensors, under (zero, offload)."""
         if (dp, tp, dtype, zero, offload) not in self._plans:
-            plan = rank_plan(dp, tp, 1, 1, dtype, zero, offload)
+            plan = rank_plan(dp, tp, 1, 1, dtype, zero, offload, stack=self.stack)
             self._plans[dp, tp, dtype, zero, offload] = plan, layer_from_host_s(self.cluster, self.model, plan)
         plan, layer_up = self._plans[dp, tp, dtype, zero, offload]
         step = optimizer_step(self.cluster, plan, params, tensors)

@@ -32,7 +32,8 @@ from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_p
                           recomputes_collectives, recomputes_fully, rerun, state_bytes, tp_collectives_edge,
                           tp_collectives_per_layer)
 from parsim.costs import timing
-from parsim.costs.activations import layer_working_bytes, logits_grad_bytes, stage_output_bytes, vocab_grad_bytes
+from parsim.costs.activations import (forward_working_bytes, layer_working_bytes, logits_grad_bytes, stage_output_bytes,
+                                      vocab_grad_bytes)
 from parsim.costs.footprint import recompute_transient
 from parsim.costs.host import HostModel
 from parsim.costs.placement import loop_placed, stages_of_rank
@@ -60,14 +61,14 @@ V_PLACED = tuple(name for name in WORDS["schedule"] if not loop_placed(Plan(sche
 (L_FWD, L_BWD, L_RECOMPUTE, L_TP_FWD, L_TP_BWD, L_TP_RECOMPUTE, L_ACT, L_ACT_NONE, L_ACT_FULL,
  L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WORK, L_TRANSIENT, L_RERUN_FULL, L_RERUN_SELECTIVE, L_BWD_I, L_BWD_W,
  L_W_RECOMPUTE, L_TP_W_RECOMPUTE, L_KEPT, L_WORK_I, L_WORK_W, L_W_RESIDUE, L_TP_COVER, L_W_RESIDUE_TOP,
- L_TP_RERUN_FULL, L_WIDTH) = range(28)
+ L_TP_RERUN_FULL, L_FWD_COPIES, L_WIDTH) = range(29)
 # the forward a backward re-runs under each layer policy that re-runs one (``costs.rerun``)
 RERUN = {"full": L_RERUN_FULL, "selective": L_RERUN_SELECTIVE}
 # head table columns; the head's weight-gradient time and kept output gradients (the first stage
 # runs its whole backward as W: ``costs.split_backward``)
 (H_EMB_FWD, H_EMB_BWD, H_HEAD_FWD, H_HEAD_BWD, H_EMB_ACT, H_HEAD_ACT, H_EMB_PARAMS, H_HEAD_PARAMS_PP1,
  H_HEAD_PARAMS_PPN, H_SBH, H_VOCAB_GRAD, H_TIED, H_LOGITS_GRAD, H_HEAD_BWD_W, H_HEAD_KEPT, H_HEAD_TP_COVER,
- H_WIDTH) = range(17)
+ H_LOSS_FWD, H_WIDTH) = range(18)
 # dtype table columns: bytes per parameter of each model state; and the table's stack's memory
 # terms (``costs.footprint``): fp32 shards (0 / 1), 16-bit gradient copy bytes, layers gathered
 # at once, the most gathered parameters alive, the optimizer step's temporaries (copies of the largest
@@ -225,6 +226,8 @@ def with_recompute(model: ModelSpec, plan: Plan, shape: np.ndarray) -> np.ndarra
     # every stage of a fast-path plan holds a layer (stages <= layers), so it recomputes fully
     # exactly when its layers do
     row[L_TRANSIENT] = recompute_transient(recomputes_fully(groups), row[L_ACT_NONE], row[L_ACT_FULL])
+    # what a forward's end holds per fully recomputed layer (``activations.forward_working_bytes``)
+    row[L_FWD_COPIES] = forward_working_bytes(model, plan, False, 1.0) if recomputes_fully(groups) else 0.0
     return row
 
 
@@ -253,6 +256,7 @@ def head_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ranks: int
     row[H_VOCAB_GRAD] = vocab_grad_bytes(model, plan)
     row[H_TIED] = float(model.tied_embeddings)
     row[H_LOGITS_GRAD] = logits_grad_bytes(model, plan)
+    row[H_LOSS_FWD] = forward_working_bytes(model, plan, True, 0.0)      # the loss's, at the forward's end
     row[H_HEAD_BWD_W] = _ops_time(cluster, head, "bwd_weight", dt)
     row[H_HEAD_KEPT] = head_output_grad_bytes(model, plan)
     row[H_HEAD_TP_COVER] = (_tp_seconds(cluster, model, plan, "bwd", host_ranks, "head", cover=False)
@@ -266,7 +270,7 @@ def dtype_table(stack: str = "torch") -> np.ndarray:
     st = get_stack(stack)
     out = np.zeros((len(WORDS["dtype"]), D_WIDTH))
     for i, name in enumerate(WORDS["dtype"]):
-        sb = state_bytes(name)
+        sb = state_bytes(name, st.autocast)
         out[i, D_PARAM], out[i, D_GRAD], out[i, D_OPT] = sb.param, sb.grad, sb.optimizer
         out[i, D_FP32_SHARDS], out[i, D_GRAD_COPY] = float(st.fp32_shards), st.grad_copy_bytes(name)
         out[i, D_GATHERED_LAYERS], out[i, D_MAX_LIVE] = st.zero3_gathered_layers, st.zero3_max_live_params
@@ -307,7 +311,7 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable) -> Co
     rkeys, rank_id = key_ids(c["dp"], c["tp"], c["pp"], c["vpp"], c["dtype"], v_placed)
     with_ps = bool((c["dp_impl"] == WORDS["dp_impl"].index("ps")).any())
     steps = key_ids(c["zero"], c["offload"])[0].tolist()
-    rank_rows = RankRows(model, cluster, plans.dp_bucket_bytes, with_ps, max_vpp, steps)
+    rank_rows = RankRows(model, cluster, plans.dp_bucket_bytes, with_ps, max_vpp, steps, st)
     rank, rank_offset = _stacked([rank_rows(*map(int, k)) for k in rkeys], (0, R_CHUNK + max_vpp))
     skeys, send_id = key_ids(c["dp"], c["tp"], c["pp"], c["mbs"], c["dtype"])
     send, send_offset = _stacked([send_rows(model, cluster, *map(int, k), stack=st) for k in skeys], (0,))

@@ -59,10 +59,11 @@ class CostGraph:
     layers: int | None = None                   # transformer layers (ModelSpec graphs): cuts at layer starts
     source: str = "traced"                      # "traced" | "analytic"
     # analytic graphs: a stage's backward working set, f(first, last, stored bytes per microbatch,
-    # a layer's recompute transient) (costs.activations.backward_working_bytes), and the output a
+    # a layer's recompute transient, its fully recomputed layers) (costs.activations.backward_working_bytes),
+    # and the output a
     # non-last stage keeps per
     # microbatch; traced graphs use StageCoster's generic estimates
-    backward_working: Callable[[bool, bool, float, float], float] | None = None
+    backward_working: Callable[[bool, bool, float, float, int], float] | None = None
     output_bytes: float | None = None
     # the weight-gradient pass's share of a backward (split-backward schedules); traced graphs:
     # one half, dX and dW of every GEMM having equal FLOPs (Narayanan et al. 2021, Sec. 5.1)

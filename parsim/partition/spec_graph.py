@@ -102,8 +102,8 @@ def analytic_graph(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> CostGr
         # a fully recomputed layer keeps only its input (Korthikanti 2022 Table 2: 2sbh)
         unit_checkpoint_bytes={i: layer_activation_bytes(model, plan, "full") for i in range(L)},
         layers=L, source="analytic",
-        backward_working=lambda first, last, stash, transient: backward_working_bytes(model, plan, first, last, stash,
-                                                                                      layer_extra=transient),
+        backward_working=lambda first, last, stash, transient, recomputed: backward_working_bytes(
+            model, plan, first, last, stash, layer_extra=transient, recomputed_layers=recomputed),
         output_bytes=stage_output_bytes(model, plan), weight_grad_share=weight_grad_share(model, plan, cluster),
         gathered_bytes=gathered_bytes(model, plan))
 

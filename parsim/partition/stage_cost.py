@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from parsim.costs import fewest_recomputed, model_state_bytes, stage_policy, state_bytes
+from parsim.costs import fewest_recomputed, model_state_bytes, plan_state_bytes, stage_policy
 from parsim.costs.inflight import rank_inflight
 from parsim.costs.placement import rank_of_stage
 from parsim.costs.footprint import held_bytes, optimizer_step_peaks, optimizer_temporaries
@@ -106,7 +106,7 @@ class StageCoster:
         self.common_fwd_mb = UnionSum(common_mb_uses, n)
         self._cache: dict[tuple, StageCost] = {}
         self.graph = graph
-        self.grad_bytes = state_bytes(plan.dtype).grad
+        self.grad_bytes = plan_state_bytes(plan).grad
 
     def inflight(self, stage: int) -> float:
         return rank_inflight(self.plan, rank_of_stage(self.plan, stage))
@@ -120,16 +120,17 @@ class StageCoster:
 
     def _working(self, first: bool, last: bool, a: int, b: int) -> Callable[[float, float], float]:
         """What the stage's backward holds beyond its stored activations, as a function of the
-        bytes one microbatch stores and of a layer's recompute transient (held by a layer's
-        backward only, ``footprint.backward_working``): the graph's own model (analytic graphs:
+        bytes one microbatch stores, of a layer's recompute transient (held by a layer's
+        backward only, ``footprint.backward_working``) and of how many layers recompute fully: the graph's own model (analytic graphs:
         ``costs.activations.backward_working_bytes``), else the gradient of its largest weight,
         built before it is added into ``.grad`` (the term that dominates the executor's layers,
         tests/test_memory_model.py), beside the transient."""
         if self.graph.backward_working is not None:
-            return lambda stash, transient: self.graph.backward_working(first, last, stash, transient)
+            return lambda stash, transient, recomputed: self.graph.backward_working(first, last, stash, transient,
+                                                                                   recomputed)
         names = {p for s in self.segments[a:b] for p in s.params}
         largest = self.grad_bytes * max((self.graph.param_numel.get(p, 0.0) for p in names), default=0.0)
-        return lambda stash, transient: largest + transient
+        return lambda stash, transient, recomputed: largest + transient
 
     def _step_temporaries(self, a: int, b: int) -> float:
         """``footprint.optimizer_temporaries`` of the stage's largest parameter tensor."""
@@ -160,7 +161,7 @@ class StageCoster:
             held = inflight * held_bytes(stash, last, output)
             # the segment being recomputed holds its full activations again for a moment
             transient = max((self.segments[i].recompute_saving_bytes for i in range(a, a + r)), default=0.0)
-            backward = held + working(stash, transient) + self.graph.gathered_bytes
+            backward = held + working(stash, transient, r) + self.graph.gathered_bytes
             if optimizer_step_peaks(backward, temporaries, 0.0):
                 return states + temporaries, 0.0
             return states + backward, held

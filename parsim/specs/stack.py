@@ -52,6 +52,9 @@ class Stack:
     eager_swiglu: bool = True                # SwiGLU in eager ops: keeps silu(gate) too (fused: gate and up)
     rope_relayout: bool = True               # eager RoPE leaves q as (b, a, s, d): the attention output is copied
     checkpoint_early_stop: bool = True       # full recompute stops at the layer's last saved tensor (non-reentrant)
+    sp_saves_gathered: bool = False          # SP: a column-parallel GEMM keeps its all-gathered input (not the shard)
+    autocast: bool = False                   # 16-bit runs: torch.autocast over fp32 parameters (not 16-bit ones)
+    vocab_multiple: int = 128                # the vocabulary is padded to a multiple of this x tp
     loss_logits_bytes: float = 4.0           # per logit kept for the loss backward (torch: fp32 log-softmax)
     loss_grad_bytes: float = 8.0             # per logit alive beyond those in the loss backward (torch: 2 fp32 grads)
     bf16_grad_copy_bytes: float = 0.0        # bf16 .grad kept beside the fp32 gradient buffer (ZeRO 0-1), per parameter
@@ -145,10 +148,25 @@ HOST = dict(op_overhead_s=2e-5)
 # (its default ``optimizer.implementation``).
 FUSED_ADAM = dict(optimizer_temporaries=0.0, zero1_whole_tensors=False)
 
+# The executor's eager PyTorch (``executor/model.py``, ``tp_communications.py``, ``optimizer.py``):
+# * sequence parallelism by an autograd function that returns the all-gathered sequence, which
+#   ``nn.Linear``'s ``mm`` then saves whole (s b h); Megatron's column-parallel layer
+#   (``LinearWithGradAccumulationAndAsyncCommunication``, megatron/core/tensor_parallel/layers.py)
+#   saves the local shard and all-gathers it again in backward (Korthikanti et al. 2022 Sec.
+#   4.2.2: the s b h / t of Table 2), as the other presets do;
+# * bf16 / fp16 by ``torch.autocast`` over fp32 parameters (torch "Automatic Mixed Precision"
+#   docs): fp32 parameters, gradients and Adam states (4 + 4 + 8 bytes, no separate master
+#   copy), an fp32 residual stream, and each GEMM's 16-bit casts of its input and weight kept for
+#   backward (``costs.saved.precision``). Megatron, DeepSpeed and FSDP keep 16-bit parameters
+#   (FSDP: 16-bit gathered copies of fp32 shards, ``fp32_shards``) and 16-bit activations;
+# * the vocabulary padded only to a multiple of tp (``tp_parallel.padded_rows``), where Megatron
+#   pads to 128 x tp (``--make-vocab-size-divisible-by 128``), as the other presets are read.
+EAGER_TORCH = dict(sp_saves_gathered=True, autocast=True, vocab_multiple=1)
+
 STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # parsim's reference executor (eager PyTorch, DDP-style bucketed all-reduce, FSDP2 for
     # ZeRO): the profile's numbers as they are: the stack of every calibrated CPU profile.
-    Stack("torch", "plain PyTorch as parsim's executor runs it: the profile's numbers unchanged"),
+    Stack("torch", "plain PyTorch as parsim's executor runs it: the profile's numbers unchanged", **EAGER_TORCH),
     # Megatron-Core (Megatron-LM >= 0.5 with Transformer Engine): cuDNN / flash attention, the
     # distributed optimizer overlapping gradient reduce-scatter and parameter all-gather with
     # compute (--overlap-grad-reduce, --overlap-param-gather), Megatron's loss.

@@ -1,0 +1,46 @@
+"""The executor's bf16 runs against the memory model, on real gloo ranks (issue 16).
+
+The executor runs bf16 as ``torch.autocast`` over fp32 parameters (``executor/optimizer.py``):
+fp32 parameters, gradients and Adam states (16 bytes a parameter, not the 18 of a 16-bit model
+with an fp32 master copy), an fp32 residual stream, a 16-bit cast of its input per GEMM and a
+16-bit copy of every GEMM weight per microbatch in flight (``costs.saved.precision``; the
+``torch`` stack's ``autocast``); under full recomputation those copies pile up in autocast's
+cache to the forward's end, which then outweighs the backward (``activations.forward_working_bytes``).
+Before the model knew it, the held-out models' bf16 plans (dp=2, pp=2 1F1B, tp=2 SP full recompute,
+ZeRO-1/2/3, selective) were predicted up to 18 % low (heldout-gpt ZeRO-2), +0.1 % to +11.6 % high with full
+recomputation; now within 0.6 % but for tp=2 selective (+1.5 %, +2.6 % on heldout-gpt, -deep) and
+cpu-small's ZeRO-2/3 (+2.4 to +4.3 %: an FSDP2 layer-phase error that its fp32 runs show as well)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+pytest.importorskip("torch")
+
+from parsim.costs import memory_by_stage  # noqa: E402
+from parsim.specs import load_cluster, load_model, parse_plan  # noqa: E402
+
+# a vocabulary wide enough that ZeRO-3's peak is the loss's backward (``memory.fsdp2_layer_only_bytes``)
+SPEC = replace(load_model("tiny"), flash_attention=True, layers=4, hidden=128, ffn_hidden=512, vocab=4096,
+               seq_len=64)
+PLANS = ["dp=2 mbs=2 gbs=8", "pp=2 mbs=2 gbs=8 schedule=1f1b", "tp=2 mbs=2 gbs=4 sp=true recompute=full",
+         "pp=2 mbs=2 gbs=8 schedule=1f1b recompute=full", "dp=2 mbs=2 gbs=8 zero=3",
+         "pp=2 mbs=2 gbs=8 schedule=1f1b recompute=selective"]
+
+
+@pytest.fixture(scope="module")
+def measured():
+    from parsim.executor import ExecutorConfig, RunSpec, run_plans
+
+    plans = [parse_plan(f"{p} dtype=bf16") for p in PLANS]
+    results = run_plans([RunSpec(SPEC, plan, ExecutorConfig(steps=3, warmup=2, track_memory=True)) for plan in plans])
+    return dict(zip(PLANS, zip(plans, results)))
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_bf16_peak_per_rank_matches_the_model_on_two_gloo_ranks(measured, plan):
+    plan, result = measured[plan]
+    predicted = memory_by_stage(SPEC, plan, load_cluster("cpu:2", profile="cpu-calibrated"))
+    for rank, peak in enumerate(result.peak_memory_bytes_by_rank):
+        assert predicted[rank // (plan.dp * plan.tp)].total == pytest.approx(peak, rel=0.03)
