@@ -81,7 +81,8 @@ def test_fsdp2_memory_keeps_the_sharded_copy_under_zero2_and_the_layer_gradients
     from dataclasses import replace
 
     from parsim.costs import layer_params, memory_by_stage, stage_params, state_bytes
-    from parsim.costs.memory import fsdp2_root_bytes, rank_backward_working
+    from parsim.costs.memory import (fsdp2_layer_only_bytes, fsdp2_post_backward, fsdp2_root_bytes,
+                                     rank_backward_working)
     from parsim.sim import simulate
     from parsim.specs import load_cluster, load_model, parse_plan
 
@@ -94,14 +95,18 @@ def test_fsdp2_memory_keeps_the_sharded_copy_under_zero2_and_the_layer_gradients
         plain, with_fsdp = memory_by_stage(model, plan, base)[0], memory_by_stage(model, plan, fsdp)[0]
         sharded = stage_params(model, plan)[0] * sb.param / 2 if plan.zero == 2 else 0.0
         assert with_fsdp.params - plain.params == pytest.approx(sharded)
-        # FSDP2's term holds the layer's weight gradients, so the layer phase drops its own
-        fsdp_working = rank_backward_working(model, plan, 0, weight_grads=False,
-                                             layer_extra=2 * layer_params(model, 1) * sb.grad)
+        # FSDP2's term holds the layer's weight gradients, so the layer phase drops its own; they and
+        # the reduce-scatter input meet at the layer's post-backward, its saved tensors freed by then;
+        # ZeRO-3's second gathered layer is held by a layer's backward only
+        post = fsdp2_post_backward(model, plan, [(model.layers, "none")], 2 * layer_params(model, 1) * sb.grad)
+        ahead = fsdp2_layer_only_bytes(model, plan)
+        assert 0 < post < 2 * layer_params(model, 1) * sb.grad and (ahead > 0) == (plan.zero == 3)
+        fsdp_working = rank_backward_working(model, plan, 0, weight_grads=False, layer_extra=post + ahead)
         assert fsdp_working != rank_backward_working(model, plan, 0)
         root = fsdp2_root_bytes(model, plan, 0)
         assert (root > 0) == (plan.zero == 3)
         assert with_fsdp.other - plain.other == pytest.approx(fsdp_working - rank_backward_working(model, plan, 0)
-                                                              + root)
+                                                              + root - ahead)
         sim = simulate(model, fsdp, plan)
         assert sim.peak_memory_bytes == pytest.approx(with_fsdp.total, rel=1e-6)
 

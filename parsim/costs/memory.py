@@ -206,6 +206,19 @@ def fsdp2_layer_only_bytes(model: ModelSpec, plan: Plan) -> float:
     return layer_params(model, plan.tp) * plan_state_bytes(plan).param
 
 
+def fsdp2_post_backward(model: ModelSpec, plan: Plan, groups: list[tuple[int, str]], in_backward: float) -> float:
+    """ZeRO-2/3 as FSDP2: what a layer's post-backward adds to the stage's stash -- its unsharded
+    gradients and the reduce-scatter input they are copied into (``fsdp2_bytes``' second term,
+    ``in_backward``), less what the layer saved, which its nodes have freed by then (the smallest
+    layer of the stage's (layers, policy) ``groups``). Measured on 2 gloo ranks (cpu-small, dp = 2,
+    fp32 and bf16, where a layer's backward is the peak): counting both on top of the whole stash
+    was 3.2-4.3 % high, this is within 1.1 %. Bytes per device."""
+    if not in_backward:
+        return 0.0
+    own = min(layer_activation_bytes(model, plan, policy) for n, policy in groups if n)
+    return max(in_backward - own, 0.0)
+
+
 def uses_fsdp2(cluster: ClusterSpec | None) -> bool:
     return cluster is not None and cluster.device.tables.fsdp2_copies
 
@@ -242,7 +255,8 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[
     for s, g in enumerate(groups):
         transient = footprint.recompute_transient(recomputes_fully(g), kept_all, kept_input)
         r = rank_of_stage(plan, s)
-        backward = _rank_working(model, plan, r, stash, in_backward == 0.0, transient + in_backward + ahead)
+        post = fsdp2_post_backward(model, plan, g, in_backward)
+        backward = _rank_working(model, plan, r, stash, in_backward == 0.0, max(transient, post) + ahead)
         if s == 0:       # no input gradient: its I runs nothing, its W the whole backward (split_backward)
             split = dict(kept=0.0, backward_input=0.0, backward_weight=backward)
         else:
