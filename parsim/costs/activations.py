@@ -22,10 +22,7 @@ from parsim.specs import ModelSpec, Plan, plan_stack
 
 from .footprint import backward_working
 from .ops import DTYPE_BYTES, padded_vocab
-from .saved import (FP32_BYTES, LSE_BYTES, MASK_BYTES, gemm_inputs, layer_saved, layer_weight_copy_bytes, norm_saved,
-                    precision)
-
-__all__ = ["FP32_BYTES", "LSE_BYTES", "MASK_BYTES"]
+from .saved import FP32_BYTES, MASK_BYTES, gemm_inputs, layer_saved, layer_weight_copy_bytes, norm_saved, precision
 
 
 def layer_activation_bytes(model: ModelSpec, plan: Plan, recompute: str | None = None) -> float:
