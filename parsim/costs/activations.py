@@ -78,8 +78,14 @@ def logits_grad_bytes(model: ModelSpec, plan: Plan) -> float:
     log-probabilities and of the logits exist together, fp32, 2 x 4*s*b*V/t bytes (torch's
     ``F.cross_entropy`` = log_softmax + nll_loss, the executor). Megatron-LM's vocab-parallel
     cross entropy writes its gradient into the saved softmax in place: the stack's loss says
-    how many bytes per logit (``Stack.loss_grad_bytes``)."""
-    return plan_stack(plan).loss_grad_bytes * model.seq_len * plan.mbs * padded_vocab(model, plan) / plan.tp
+    how many bytes per logit (``Stack.loss_grad_bytes``; with tp > 1 ``tp_loss_grad_bytes``
+    where it differs, the executor's vocabulary-parallel loss, whose fp32 gradient autocast then
+    casts to the 16-bit logits' type beside it)."""
+    stack, p = plan_stack(plan), precision(plan)
+    per_logit = stack.loss_grad_bytes
+    if plan.tp > 1 and stack.tp_loss_grad_bytes is not None:
+        per_logit = stack.tp_loss_grad_bytes + (p.act if p.casts else 0.0)
+    return per_logit * model.seq_len * plan.mbs * padded_vocab(model, plan) / plan.tp
 
 
 def vocab_grad_bytes(model: ModelSpec, plan: Plan) -> float:
@@ -142,20 +148,19 @@ def attention_working_bytes(model: ModelSpec, plan: Plan) -> float:
 
 def forward_working_bytes(model: ModelSpec, plan: Plan, last: bool, recomputed_layers: float) -> float:
     """What a virtual stage's forward holds at its end beyond what it stores, on one device, where
-    it can outweigh the backward after it: under autocast only (``saved.precision``; the
-    executor's 16-bit runs). ``torch.autocast`` caches its cast of every weight it meets until
-    the forward's autocast region exits (``torch.clear_autocast_cache``): a fully recomputed
-    layer saves none of them (``recomputed_layers``: how many of the stage's layers), so their
-    16-bit copies pile up to the forward's end (``saved.layer_weight_copy_bytes`` each). The
-    last stage's loss then holds its 16-bit logits and their fp32 copy (``Head``:
-    ``logits.float()``) while log-softmax writes the kept logits: (e + 4) s b V/t bytes.
-    Measured on the executor (2 gloo ranks, heldout-gpt, tp = 2, SP, 4 recomputed layers, bf16):
-    the forward's end peaks 25 % above the backward's start. With 16-bit parameters or in fp32
-    the loss's backward (``logits_grad_bytes``) holds more than its forward: 0."""
-    p = precision(plan)
-    if not p.casts:
-        return 0.0
-    loss = (p.act + FP32_BYTES) * model.seq_len * plan.mbs * padded_vocab(model, plan) / plan.tp if last else 0.0
+    it can outweigh the backward after it. Under autocast (``saved.precision``; the executor's
+    16-bit runs) ``torch.autocast`` caches its cast of every weight it meets until the forward's
+    autocast region exits (``torch.clear_autocast_cache``): a fully recomputed layer saves none
+    of them (``recomputed_layers``: how many of the stage's layers), so their 16-bit copies pile
+    up to the forward's end (``saved.layer_weight_copy_bytes`` each). Measured on the executor (2
+    gloo ranks, heldout-gpt, tp = 2, SP, 4 recomputed layers, bf16): the forward's end peaks 25 %
+    above the backward's start. On the last stage an eager loss holds its logits (e bytes) and an
+    fp32 copy (``Stack.loss_forward_bytes``) while it writes the kept ones: (e + 4) s b V/t bytes
+    for the torch stack; 0 for the others (their fused losses: not modelled)."""
+    p, stack = precision(plan), plan_stack(plan)
+    loss = 0.0
+    if last and stack.loss_forward_bytes:
+        loss = (p.act + stack.loss_forward_bytes) * model.seq_len * plan.mbs * padded_vocab(model, plan) / plan.tp
     return recomputed_layers * layer_weight_copy_bytes(model, plan) + loss
 
 

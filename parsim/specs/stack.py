@@ -57,6 +57,8 @@ class Stack:
     vocab_multiple: int = 128                # the vocabulary is padded to a multiple of this x tp
     loss_logits_bytes: float = 4.0           # per logit kept for the loss backward (torch: fp32 log-softmax)
     loss_grad_bytes: float = 8.0             # per logit alive beyond those in the loss backward (torch: 2 fp32 grads)
+    tp_loss_grad_bytes: float | None = None  # ... with tp > 1 (None: loss_grad_bytes)
+    loss_forward_bytes: float = 0.0          # fp32 per logit the loss forward holds beside the logits and those kept
     bf16_grad_copy_bytes: float = 0.0        # bf16 .grad kept beside the fp32 gradient buffer (ZeRO 0-1), per parameter
     optimizer_temporaries: float = 2.0       # optimizer step: fp32 copies of the largest parameter tensor (shard)
     zero1_whole_tensors: bool = True         # ZeRO-1 gives each tensor whole to one replica (not 1/dp of each)
@@ -161,7 +163,15 @@ FUSED_ADAM = dict(optimizer_temporaries=0.0, zero1_whole_tensors=False)
 #   (FSDP: 16-bit gathered copies of fp32 shards, ``fp32_shards``) and 16-bit activations;
 # * the vocabulary padded only to a multiple of tp (``tp_parallel.padded_rows``), where Megatron
 #   pads to 128 x tp (``--make-vocab-size-divisible-by 128``), as the other presets are read.
-EAGER_TORCH = dict(sp_saves_gathered=True, autocast=True, vocab_multiple=1)
+# * the loss: ``F.cross_entropy`` on ``logits.float()`` (tp = 1), or with tp > 1 the executor's
+#   vocabulary-parallel cross-entropy (``tp_communications._VocabParallelCrossEntropy``, Megatron's
+#   algorithm in eager ops), whose backward clones the saved fp32 softmax (4 bytes a logit, where
+#   F.cross_entropy's holds 8); both forwards hold an fp32 copy beside the logits while they
+#   write the kept ones (the 16-bit logits' fp32 cast; the max-shifted logits). Measured on 2
+#   gloo ranks (heldout-deep head, tp = 2): forward 8 / 6, backward 4 / 6 bytes a logit beyond the
+#   kept softmax in fp32 / bf16 (``activations.logits_grad_bytes``, ``forward_working_bytes``).
+EAGER_TORCH = dict(sp_saves_gathered=True, autocast=True, vocab_multiple=1, tp_loss_grad_bytes=4.0,
+                   loss_forward_bytes=4.0)
 
 STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # parsim's reference executor (eager PyTorch, DDP-style bucketed all-reduce, FSDP2 for
