@@ -41,5 +41,6 @@ fi
 # where each plan's error sits, by action kind (F, B, optimizer, other, idle), per model
 for m in gpt llama deep; do
   $PY studies/validation_cpu/decompose.py "$OUT/$m" --profile "$OUT/profile.yaml" > "$OUT/$m/decompose.txt"
+  $PY $HERE/actions.py "$OUT/$m" > "$OUT/$m/actions.txt"     # and action by action, rank by rank
 done
 $PY $HERE/summary.py "$OUT" | tee "$OUT/summary.txt"
