@@ -10,6 +10,7 @@ import pytest
 from parsim.costs import (dp_buckets, embedding_params, head_params, layer_ops, layer_params, recomputed_ops,
                           stage_params, state_bytes, stops_early, tp_collectives_edge, tp_collectives_per_layer)
 from parsim.costs.ops import head_ops
+from parsim.costs.optimizer import tied_embedding_sync
 from parsim.costs.timing import collective_time, op_time, p2p_time
 from parsim.schedules import build_schedule, dry_run, textbook_bubble_fraction
 from parsim.sim import simulate
@@ -126,6 +127,9 @@ def test_pipeline_sends_delay_the_step_as_the_dependency_dry_run_says():
     cluster = ideal_cluster(4, inter=LINK, per_node=1)
     t_p2p = p2p_time(cluster, MODEL.seq_len * MODEL.hidden * 2, 0, 1)
     expected = dry_run(build_schedule("1f1b", 4, 8), t_f=t_f, t_b=t_b, t_comm=t_p2p).makespan
+    # then the first and the last rank all-reduce the tied embedding's gradient over the link
+    tied = tied_embedding_sync(MODEL, plan)
+    expected += collective_time(cluster, "all_reduce", tied.elements * state_bytes(plan.dtype).grad, [0, 3])
     r = simulate(MODEL, cluster, plan)
     assert r.step_time_s == pytest.approx(expected, rel=1e-12)
     assert r.exposed_comm_s["pp"] > 0

@@ -8,6 +8,11 @@
 * ZeRO-Offload (Ren et al. 2021, Sec. 4): every reduced gradient bucket's 1/dp shard goes to the
   host as it is done (ZeRO-0/1 bucketed synchronisation); under ZeRO-2/3 the accumulated
   gradient shard goes down once, before the step; the updated parameter shard comes back after it.
+* Tied embeddings over a pipeline: the first stage's word embedding and the last stage's output
+  layer are two copies of one matrix, so before the step their gradients are all-reduced over
+  the embedding group, the two pipeline ranks holding them (Megatron-LM
+  ``_allreduce_word_embedding_grads`` after the DP gradient sync; the executor's
+  ``pp_parallel.allreduce_tied_embedding_grads``): ``tied_embedding_sync``.
 * ZeRO-Infinity (parameter offload, Rajbhandari et al. 2021): every ZeRO-3 gather of a layer is
   preceded by its parameter shard's copy from the host.
 
@@ -21,7 +26,9 @@ from dataclasses import dataclass
 from parsim.specs import ClusterSpec, ModelSpec, Plan
 
 from .memory import state_bytes
+from .ops import padded_vocab
 from .params import layer_params, optimizer_tensors
+from .placement import rank_of_stage
 from .timing import host_transfer_time, optimizer_time
 from .zero import zero_shard
 
@@ -83,3 +90,26 @@ def layer_from_host_s(cluster: ClusterSpec, model: ModelSpec, plan: Plan) -> flo
     if plan.offload != "optimizer+params":
         return 0.0
     return host_transfer_time(cluster, layer_shard_bytes(model, plan))
+
+
+@dataclass(frozen=True)
+class TiedSync:
+    """The tied word embedding's gradient all-reduce between two pipeline ranks."""
+    first: int            # pipeline rank holding the first stage (the embedding)
+    last: int             # pipeline rank holding the last stage (the output layer)
+    elements: float       # gradient elements each of them all-reduces (its TP shard; 1/dp under ZeRO-2/3)
+
+
+def tied_embedding_sync(model: ModelSpec, plan: Plan) -> TiedSync | None:
+    """The all-reduce that keeps the two copies of a tied embedding equal, or None where there is
+    one copy (untied weights, pp = 1, or the V-shaped placements that put the first and the last
+    stage on one rank, where the two gradients are summed in place). Each TP rank all-reduces its
+    vocabulary shard of the (padded vocabulary x hidden) gradient; under ZeRO-2/3 a rank holds
+    only its 1/dp shard of it (FSDP2's sharded gradients, ``.to_local()``)."""
+    if not model.tied_embeddings or plan.pp == 1:
+        return None
+    first, last = rank_of_stage(plan, 0), rank_of_stage(plan, plan.num_stages - 1)
+    if first == last:
+        return None
+    elements = padded_vocab(model, plan) * model.hidden / plan.tp
+    return TiedSync(first, last, elements / plan.dp if plan.zero >= 2 else elements)

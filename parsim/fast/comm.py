@@ -16,6 +16,8 @@ Per rank, in seconds (buckets back to back on one DP stream, ``costs.dp_buckets`
     reduce-scatter of the embedding's / the head's gradients   ZeRO-2, every backward (with the
                                                                per-layer one: Sec. 5.2)
     parameter server: gradient buckets in (all, last), parameters out    (``dp_impl=ps``)
+    the tied embedding's gradient all-reduce, first and last pipeline rank, whole / 1/dp shard
+    (``costs.optimizer.tied_embedding_sync``; also with dp = 1)
     whether the TP and the DP groups leave the device on the same link (both NVLink inside a
     node, or both the NIC): then their transfers queue for one port, as in the SimPy engine
     compute seconds lost per second of these collectives overlapping compute (NCCL on the
@@ -23,6 +25,7 @@ Per rank, in seconds (buckets back to back on one DP stream, ``costs.dp_buckets`
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
@@ -32,6 +35,7 @@ from parsim.costs import (embedding_params, head_params, state_bytes, zero3_gath
 from parsim.costs import timing
 from parsim.costs.comm import bucket_split
 from parsim.costs.links import group_link
+from parsim.costs.optimizer import tied_embedding_sync
 from parsim.costs.stack import comm_compute_slowdown, zero_comm_factor
 from parsim.costs.timing import parameter_server_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
@@ -39,7 +43,8 @@ from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
 from .plans import WORDS
 
 (C_AR_ALL, C_AR_LAST, C_RS_ALL, C_RS_LAST, C_AG_ALL, C_PS_ALL, C_PS_LAST, C_PS_BCAST, C_Z3_GATHER, C_Z3_SCATTER,
- C_SHARED_LINK, C_Z2_EMB, C_Z2_HEAD, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER, C_COMM_SLOWDOWN, C_WIDTH) = range(17)
+ C_SHARED_LINK, C_Z2_EMB, C_Z2_HEAD, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER, C_COMM_SLOWDOWN, C_TIED, C_TIED_SHARD,
+ C_WIDTH) = range(19)
 
 
 def dp_group_ranks(dp: int, tp: int, pp: int, pp_rank: int = 0) -> list[int]:
@@ -107,9 +112,11 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
     head_rank = pp - 1 if head_rank is None else head_rank
     sb = state_bytes(WORDS["dtype"][dtype])
     out = np.zeros((pp, C_WIDTH))
+    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, dtype=WORDS["dtype"][dtype], stack=stack)
+    if head_rank != 0:                  # loop placement (a V holds both ends on rank 0: no sync)
+        _tied_columns(out, model, pricer, plan, sb.grad)
     if dp == 1:
         return out
-    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, dtype=WORDS["dtype"][dtype], stack=stack)
     z3_gather = zero3_gather_bytes_per_layer(model, plan)
     z3_scatter = zero3_reduce_scatter_bytes_per_layer(model, plan)
     done: dict[tuple[float, tuple[int, ...]], np.ndarray] = {}
@@ -149,3 +156,16 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
         row[C_COMM_SLOWDOWN] = comm_compute_slowdown(cluster)
         done[key] = row.copy()
     return out
+
+
+def _tied_columns(out: np.ndarray, model: ModelSpec, pricer: CollectivePricer, plan: Plan, grad_bytes: float) -> None:
+    """The tied embedding's gradient all-reduce (``costs.optimizer.tied_embedding_sync``) on the
+    first and the last pipeline rank: ``C_TIED`` whole (ZeRO-0/1), ``C_TIED_SHARD`` a 1/dp
+    shard (ZeRO-2/3); 0 on every other rank and where nothing is tied."""
+    for column, zero in ((C_TIED, 0), (C_TIED_SHARD, 2)):
+        sync = tied_embedding_sync(model, replace(plan, zero=zero))
+        if sync is None:
+            return
+        layout = RankLayout(dp=plan.dp, tp=plan.tp, pp=plan.pp)
+        group = (layout.rank(sync.first, 0, 0), layout.rank(sync.last, 0, 0))
+        out[[sync.first, sync.last], column] = pricer("all_reduce", sync.elements * grad_bytes, group)

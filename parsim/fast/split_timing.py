@@ -33,7 +33,7 @@ from .rules import overlapped_time
 from .tables import (H_EMB_BWD, H_EMB_FWD, H_HEAD_BWD, H_HEAD_BWD_W, H_HEAD_FWD, H_HEAD_TP_COVER, L_BWD, L_BWD_I,
                      L_BWD_W, L_FWD, L_RECOMPUTE, L_TP_BWD, L_TP_COVER, L_TP_RECOMPUTE, L_TP_W_RECOMPUTE,
                      L_W_RECOMPUTE)
-from .timing import _chained, _plan_terms, _scatter_end, _sync_rounds
+from .timing import _chained, _plan_terms, _scatter_end, _sync_rounds, tie_embedding
 
 # per (rank, chunk): one microbatch's pass times and the communication inside them (seconds)
 P_F, P_B, P_I, P_W, P_F_COMM, P_B_COMM, P_I_COMM, P_WIDTH = range(8)
@@ -168,20 +168,23 @@ def plan_time_split(out, plan, lrow, hrow, ranks, send, sync, nodes, m_played):
     step, exposed_dp, busy_all = 0.0, 0.0, 0.0
     tp_total, sends = 0.0, 0.0
     on_host = plan.offload != OFF_NONE
+    ready, post = np.empty(plan.pp), np.empty(plan.pp)
     for r in range(plan.pp):
         for c in range(plan.vpp):
             grad[r, c, 0] += extra * slope
-        ready, post = _ready(plan, ranks, t, sync, r, grad[r], passes[r], slope)
+        ready[r], post[r] = _ready(plan, ranks, t, sync, r, grad[r], passes[r], slope)
+    tie_embedding(plan, ranks, ready)
+    for r in range(plan.pp):
         if on_host and (t.zero3 or t.zero2):
-            ready += ranks[r, t.opt_block + S_GRADS_DOWN]          # the accumulated gradient shard
+            ready[r] += ranks[r, t.opt_block + S_GRADS_DOWN]          # the accumulated gradient shard
         end_r = grad[r, :, 0].max()
         opt = ranks[r, t.opt_block + S_OPT_STEP]
         if on_host:
             opt += ranks[r, t.opt_block + S_PARAMS_UP]          # the updated parameter shard comes back
         else:
             busy_all += opt
-        step = max(step, ready + opt + post)
-        exposed_dp += ready - end_r + post
+        step = max(step, ready[r] + opt + post[r])
+        exposed_dp += ready[r] - end_r + post[r]
         busy_all += busy[r] + extra * work[r]
         for c in range(plan.vpp):
             tp_total += passes[r, c, P_F_COMM] + passes[r, c, P_I_COMM]

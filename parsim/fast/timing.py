@@ -40,8 +40,8 @@ import numpy as np
 from .codes import (GPIPE, INTERLEAVED, NAIVE, O_BUBBLE, O_DP, O_PIPE, O_PP, O_STEP, O_TP, OFF_NONE, ONE_F_ONE_B,
                     PS)
 from .comm import (C_AG_ALL, C_AR_ALL, C_AR_LAST, C_COMM_SLOWDOWN, C_PS_ALL, C_PS_BCAST, C_PS_LAST, C_RS_ALL,
-                   C_RS_LAST, C_SHARED_LINK, C_Z2_EMB, C_Z2_HEAD, C_Z3_GATHER, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER,
-                   C_Z3_SCATTER)
+                   C_RS_LAST, C_SHARED_LINK, C_TIED, C_TIED_SHARD, C_Z2_EMB, C_Z2_HEAD, C_Z3_GATHER, C_Z3_ROOT_GATHER,
+                   C_Z3_ROOT_SCATTER, C_Z3_SCATTER)
 from .ranks import (R_CHUNK, R_COMM, R_LAYERS, R_PARAMS, R_STEP, S_BUCKET_DOWN, S_BUCKETS_DOWN, S_GRADS_DOWN,
                     S_LAYER_UP, S_OPT_STEP, S_PARAMS_UP, step_block)
 from .rules import gathers_layers, reduce_scatters_buckets, scatters_every_backward
@@ -223,9 +223,8 @@ def _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x)
     ranks, compute-busy rank-seconds)."""
     pp, vpp, m = plan.pp, plan.vpp, plan.m
     last = pp - 1
-    step, exposed_dp, busy = 0.0, 0.0, 0.0
     end_r = t_pipe
-    on_host = plan.offload != OFF_NONE
+    ends, ready, post = np.empty(pp), np.empty(pp), np.empty(pp)
     for r in range(pp):
         L = ranks[r, R_LAYERS]
         b_rank = _backward(t, L, vpp)
@@ -236,10 +235,15 @@ def _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x)
         b_rank += _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False)
         if r > 0:
             end_r -= b_rank / vpp + send[r - 1]
-        ready, post = _gradients_ready(plan, ranks, t, sync, r, end_r, b_rank, t_pipe, max_b, max_x)
+        ends[r] = end_r
+        ready[r], post[r] = _gradients_ready(plan, ranks, t, sync, r, end_r, b_rank, t_pipe, max_b, max_x)
+    tie_embedding(plan, ranks, ready)
+    step, exposed_dp, busy = 0.0, 0.0, 0.0
+    on_host = plan.offload != OFF_NONE
+    for r in range(pp):
         if on_host and (t.zero3 or t.zero2):
-            ready += ranks[r, t.opt_block + S_GRADS_DOWN]          # the accumulated gradient shard
-        exposed = ready - end_r + post
+            ready[r] += ranks[r, t.opt_block + S_GRADS_DOWN]          # the accumulated gradient shard
+        exposed = ready[r] - ends[r] + post[r]
         opt = ranks[r, t.opt_block + S_OPT_STEP]
         if on_host:
             opt += ranks[r, t.opt_block + S_PARAMS_UP]          # the updated parameter shard comes back
@@ -247,11 +251,27 @@ def _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x)
             busy += opt
         if t.zero3:
             # inside the actions: the waits for gathers that compute did not hide
-            exposed += m * (rank_x[r] - L * (t.f_layer + t.b_layer) - _edges(r, last, hrow))
-        step = max(step, ready + opt + post)
+            exposed += m * (rank_x[r] - ranks[r, R_LAYERS] * (t.f_layer + t.b_layer) - _edges(r, last, hrow))
+        step = max(step, ready[r] + opt + post[r])
         exposed_dp += exposed
         busy += m * rank_x[r]                       # whole actions, waits inside them included
     return step, exposed_dp, busy
+
+
+@numba.njit(cache=True, inline="always")
+def tie_embedding(plan, ranks, ready):
+    """The tied embedding's gradient all-reduce (``fast.comm`` C_TIED / C_TIED_SHARD, non-zero
+    on the first and the last pipeline rank only): both start it when the later of the two has
+    its gradients reduced, and end it together (``sim.dp.finish_step``). ``ready`` in place."""
+    column = R_COMM + (C_TIED_SHARD if plan.zero >= 2 else C_TIED)
+    meet, seconds = -1e300, 0.0
+    for r in range(plan.pp):
+        if ranks[r, column] > 0:
+            meet, seconds = max(meet, ready[r]), ranks[r, column]
+    if seconds > 0:
+        for r in range(plan.pp):
+            if ranks[r, column] > 0:
+                ready[r] = meet + seconds
 
 
 @numba.njit(cache=True, inline="always")

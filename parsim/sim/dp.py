@@ -13,6 +13,8 @@
   buckets once per step, as for ZeRO-1 (parameters stay replicated through the step).
 * ZeRO-3: gradients were reduce-scattered layer by layer in every backward (``actions``);
   only the sharded step remains.
+* Tied embeddings over a pipeline: after the DP sync, the first and the last pipeline rank
+  all-reduce the word embedding's gradient (``costs.optimizer.tied_embedding_sync``).
 * ZeRO-Offload (``offload``): each reduced gradient shard goes to the host over PCIe as its
   bucket finishes (ZeRO-1; ZeRO-2/3: the accumulated shard, before the step), the optimizer
   steps on the CPU, the parameter shard comes back over PCIe (Ren et al. 2021, Sec. 4).
@@ -104,6 +106,11 @@ def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     pending = ([dev.sync] if dev.sync is not None else []) + dev.pending_dp
     if pending:
         yield env.all_of(pending)
+    if dev.embedding is not None:       # the tied embedding's two copies sum their gradients
+        nbytes = sim.tied.elements * sb.grad
+        start = yield from collective(env, dev.embedding, rank, sim.comm_time(dev.embedding, "all_reduce", nbytes))
+        rec.event(rank, -1, "dp", "dp_allreduce", -1, -1, start, env.now, nbytes=nbytes, name="tied embedding grads")
+        dev.ledger.collective(start, env.now)
     rec.expose(rank, "dp", env.now - waited)
     n = sim.rank_params[dev.pp_rank]
     opt = optimizer_step(sim.cluster, plan, n, sim.rank_optimizer_tensors[dev.pp_rank])

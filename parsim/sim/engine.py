@@ -40,7 +40,7 @@ import simpy
 from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, stage_params, state_bytes,
                           zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing
-from parsim.costs.optimizer import layer_from_host_s, layer_shard_bytes, rank_tensors
+from parsim.costs.optimizer import layer_from_host_s, layer_shard_bytes, rank_tensors, tied_embedding_sync
 from parsim.costs.placement import loop_placed, rank_of_stage, stages_of_rank
 from parsim.costs.stack import zero_comm_factor
 from parsim.costs.timing import collective_time, p2p_time
@@ -84,6 +84,7 @@ class Device:
     run: object = None                    # the stepped action whose last gradients await its send
     overlaps: tuple = ()                  # the OverlapFB items of ``actions``, by slot index
     pending_dp: list = field(default_factory=list)
+    embedding: Communicator | None = None  # the tied embedding's group (first and last pipeline rank)
     costs: dict = field(default_factory=dict)             # (stage, kind) -> ActionCost
     routes: dict = field(default_factory=dict)            # stage sent to -> (port, seconds)
 
@@ -111,6 +112,7 @@ class Simulation:
         self.state = state_bytes(plan.dtype)
         self.rank_params, self.rank_optimizer_tensors = stage_params(model, plan), rank_tensors(cluster, model, plan)
         self.layer_params = layer_params(model, plan.tp)
+        self.tied = tied_embedding_sync(model, plan)       # the tied embedding's gradient all-reduce
         self.edge_params = [(embedding_params(model, plan) if s == 0 else 0.0,
                              head_params(model, plan) if s == self.num_stages - 1 else 0.0)
                             for s in range(self.num_stages)]
@@ -195,6 +197,7 @@ class Simulation:
                 elif kind == "F&" and overlaps[stage].backward.kind == "B":
                     last_bwd[overlaps[stage].backward.stage] = i
             self.recorder.add_rank(r)
+            tied = self.tied is not None and p in (self.tied.first, self.tied.last)
             devices[r] = Device(
                 rank=r, pp_rank=p, replica=(d, t), actions=actions, overlaps=overlaps, scale=contention.times(float(slowdown.get(r, 1.0))),
                 ledger=ComputeLedger(self.interference),
@@ -202,7 +205,9 @@ class Simulation:
                 memory=MemoryTimeline.starting_with(static_bytes(self.model, plan, p, self.zero_copies)),
                 compute=simpy.Resource(env, 1), tp_stream=simpy.Resource(env, 1), dp_stream=simpy.Resource(env, 1),
                 compute_done=env.event(), last_backward={i: s for s, i in last_bwd.items()},
-                sync_order=sorted(last_bwd, key=last_bwd.get))
+                sync_order=sorted(last_bwd, key=last_bwd.get),
+                embedding=communicator("embedding", [layout.rank(x, d, t) for x in (self.tied.first, self.tied.last)])
+                if tied else None)
         return devices
 
     def _nic_factor(self, link: str, ranks) -> float:
