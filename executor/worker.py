@@ -5,8 +5,8 @@ and the cause; nothing hangs):
 
 * arrival: each rank checks in on the store and waits for all others; after ``timeout_s`` it
   fails with "peer rank(s) ... never arrived";
-* a rank that raises writes its error, waits ``DEFER_S`` (a peer's death makes the others'
-  collectives fail too: the root cause, published by the launcher, should win), then publishes
+* a rank that raises writes its error, waits ``DEFER_S`` when it has peers (a peer's death makes
+  the others' collectives fail too: the root cause, published by the launcher, should win), then publishes
   it as the run's *abort* message (the first failure wins: an atomic counter on the store) and
   exits 1;
 * every rank runs a watchdog thread that polls the abort message and, when another rank set
@@ -165,7 +165,8 @@ def run_worker(rank: int, local_rank: int, rdzv: Rendezvous, runs: list[RunSpec]
             error_file(rdzv.run_dir, rank).write_text(cause)
         traceback.print_exc(file=sys.stderr)
         try:
-            time.sleep(DEFER_S)   # the watchdog exits meanwhile if a root cause is published
+            if rdzv.world_size > 1:   # no peer, no other root cause to wait for
+                time.sleep(DEFER_S)   # the watchdog exits meanwhile if a root cause is published
             publish_abort(store, message)
         finally:
             print(f"parsim executor: {message}", file=sys.stderr, flush=True)
