@@ -37,9 +37,12 @@ def test_kept_freed_memory_is_reused_without_page_faults():
         pytest.skip("glibc mallopt")
     default, kept = _faults("default"), _faults("keep")
     assert kept["applied"] == [True, True]
-    pages = 10 * 48 * 2**20 // 4096                # by default every re-allocation touches 12,288 fresh 4 KiB pages
-    assert default["faults"] > 0.8 * pages
-    assert kept["faults"] <= 0.2 * pages           # reused: at most a re-allocation or two that still grow the heap
+    block = 48 * 2**20 // 4096                      # a tensor's 12,288 pages of 4 KiB
+    assert default["faults"] > 0.8 * 10 * block     # by default every re-allocation touches fresh pages
+    # reused: at most a re-allocation or two that still grow the heap, each faulting in the pages
+    # its block spans -- 12,289 when it does not start on a page boundary (posix_memalign to 64
+    # bytes; one run measured 2 x 12,288 + 1)
+    assert kept["faults"] <= 2 * (block + 1)
 
 
 def test_policy_is_read_from_the_environment_and_bad_values_name_the_variable(monkeypatch):
