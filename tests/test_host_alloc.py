@@ -102,11 +102,14 @@ def test_executor_ranks_run_under_the_kept_policy_with_unchanged_losses(monkeypa
 
 @pytest.mark.parametrize("command", [["execute", "--model", "tiny", "--plan", "dp=2 gbs=4 dtype=fp32", "--steps", "2"],
                                      ["calibrate", "--quick", "--out", "unused.yaml"]])
-def test_cli_rejects_a_bad_policy_with_exit_code_2(command, tmp_path):
+def test_cli_rejects_a_bad_policy_with_exit_code_2(command, tmp_path, capfd, monkeypatch):
     pytest.importorskip("torch")
-    env = {**os.environ, "PARSIM_HOST_MEMORY": "cache"}
-    proc = subprocess.run([sys.executable, "-m", "parsim", *command], capture_output=True, text=True, timeout=120,
-                          env=env, cwd=tmp_path)
-    assert proc.returncode == 2
-    assert "PARSIM_HOST_MEMORY='cache' is invalid: one of system, keep" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    from parsim.cli import main      # refused before any process starts: in this process
+
+    monkeypatch.setenv("PARSIM_HOST_MEMORY", "cache")
+    monkeypatch.chdir(tmp_path)
+    assert main(command) == 2
+    err = capfd.readouterr().err
+    assert "PARSIM_HOST_MEMORY='cache' is invalid: one of system, keep" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "unused.yaml").exists()
