@@ -42,6 +42,7 @@ from .timeline import chrome_trace
 ABORT_KEY = "abort"
 ABORT_COUNT_KEY = "abort_count"
 STEP_KEY = "step/{rank}"    # the step each rank is in (for failure messages)
+ARRIVED_KEY = "arrived/{rank}"   # set by each rank when it checks in
 POLL_S = 0.2
 # A rank whose collective fails waits this long before blaming itself: if a peer died, the
 # launcher (or that peer) publishes the root cause meanwhile and the watchdog exits with it.
@@ -79,8 +80,8 @@ def publish_abort(store: dist.Store, message: str) -> None:
 
 
 def wait_for_peers(store: dist.Store, rank: int, world_size: int, timeout_s: float) -> None:
-    store.set(f"arrived/{rank}", "1")
-    keys = [f"arrived/{r}" for r in range(world_size)]
+    store.set(ARRIVED_KEY.format(rank=rank), "1")
+    keys = [ARRIVED_KEY.format(rank=r) for r in range(world_size)]
     deadline = time.monotonic() + timeout_s
     while True:
         missing = [r for r, k in enumerate(keys) if not store.check([k])]
