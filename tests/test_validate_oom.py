@@ -27,8 +27,10 @@ MODEL = "name: long\nlayers: 2\nhidden: 128\nheads: 8\nvocab: 1000\nseq_len: 102
 def test_a_plan_that_runs_out_of_memory_is_a_did_not_fit_row_and_the_others_are_measured(tmp_path, capsys, monkeypatch):
     (tmp_path / "wide.yaml").write_text(MODEL)
     fits, too_big = "mbs=1 gbs=1 dtype=fp32", "mbs=32 gbs=32 dtype=fp32"
+    # the plan that does not fit first: its launch fails before the other plan has run (after it,
+    # the other plan's first run would be lost with the launch and run again alone)
     (tmp_path / "m.yaml").write_text(f"model: {tmp_path / 'wide.yaml'}\nsteps: 2\nwarmup: 1\n"
-                                     f"plans: ['{fits}', '{too_big}']\n")
+                                     f"plans: ['{too_big}', '{fits}']\n")
     proc = subprocess.run(["prlimit", f"--data={LIMIT_BYTES}", sys.executable, "-m", "parsim", "validate", "--matrix",
                            str(tmp_path / "m.yaml"), "--profile", "cpu", "--out", str(tmp_path / "out"), "--worst", "0",
                            "--json"], capture_output=True, text=True, timeout=580)
