@@ -28,7 +28,7 @@ from .config import ExecutorConfig
 from .host_alloc import host_memory_policy
 from .processes import LaunchError, exit_cause, run_ranks
 from .results import ExecutionResult
-from .worker import ABORT_KEY, STEP_KEY, Rendezvous, RunSpec, launched_rank, publish_abort, run_worker
+from .worker import ABORT_KEY, ARRIVED_KEY, STEP_KEY, Rendezvous, RunSpec, launched_rank, publish_abort, run_worker
 
 
 class ExecutorError(LaunchError):
@@ -93,10 +93,14 @@ def run_plans(runs: list[RunSpec]) -> list[ExecutionResult]:
                 publish_abort(store, f"rank {rank}: {exit_cause(run_dir, rank, exitcode, where)}")
             return store.get(ABORT_KEY).decode()
 
+        def never_arrived(rank: int) -> bool:
+            """No watchdog stops a rank that never checked in: killed at once after a failure."""
+            return not store.check([ARRIVED_KEY.format(rank=rank)])
+
         try:
             # a rank silent for half the timeout is named before its peers' collectives time out
             return run_ranks(launched_rank, (rdzv, runs), world, run_dir=run_dir, on_failure=abort_message,
-                             stall_s=timeout_s / 2)[0]
+                             stall_s=timeout_s / 2, stranded=never_arrived)[0]
         except LaunchError as err:
             raise ExecutorError(str(err), err.pids, err.shutdown_s) from None
 

@@ -133,18 +133,20 @@ def run_ranks(target: Callable, args: tuple, world: int, *, run_dir: str | None 
               on_failure: Callable[[int, int], str] | None = None,
               on_progress: Callable[[str], None] | None = None, grace_s: float = GRACE_S,
               env: dict[str, str] | None = None, stall_s: float | None = None,
-              start: str | None = None) -> list[Any]:
+              start: str | None = None, stranded: Callable[[int], bool] | None = None) -> list[Any]:
     """Run ``target(rank, *args)`` in ``world`` processes; their return values in rank order.
     ``target`` is a module-level function (of an importable module or of the script being run);
     ``args`` and the results are pickled. ``run_dir`` (default: a temporary folder) holds the
     payload, each rank's result or error, and the progress lines. ``on_failure(rank, exitcode)``
     makes the LaunchError's message for the first rank that fails (``exitcode`` None: its
     heartbeat stopped for ``stall_s`` seconds). ``start`` overrides ``PARSIM_RANK_START``: the
-    calibration takes ``exec``, so its ranks are its children and their CPU counts as its own."""
+    calibration takes ``exec``, so its ranks are its children and their CPU counts as its own.
+    ``stranded(rank)``: after a failure, whether that rank cannot exit by itself (it never joined
+    the others, so nothing tells it to stop): it is killed at once, not after ``grace_s``."""
     if run_dir is None:
         with tempfile.TemporaryDirectory(prefix="parsim-ranks-") as tmp:
             return run_ranks(target, args, world, run_dir=tmp, on_failure=on_failure, on_progress=on_progress,
-                             grace_s=grace_s, env=env, stall_s=stall_s, start=start)
+                             grace_s=grace_s, env=env, stall_s=stall_s, start=start, stranded=stranded)
     payload = Path(run_dir, PAYLOAD)
     payload.write_bytes(pickle.dumps({"target": _reference(target), "args": args}))
     child_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))   # one thread per rank
@@ -152,7 +154,7 @@ def run_ranks(target: Callable, args: tuple, world: int, *, run_dir: str | None 
     describe = on_failure or (lambda rank, code: f"rank {rank}: {exit_cause(run_dir, rank, code)}")
     try:
         failure, shutdown_s = _supervise(procs, describe, Path(run_dir, PROGRESS), on_progress, grace_s,
-                                         _stalled(run_dir, stall_s))
+                                         _stalled(run_dir, stall_s), stranded or (lambda rank: False))
     except BaseException:      # Ctrl-C, SIGTERM (the CLI raises it as an exception): no rank outlives us
         for p in procs:
             if p.poll() is None:
@@ -227,10 +229,10 @@ def _stalled(run_dir: str, stall_s: float | None) -> Callable[[int], bool]:
 
 def _supervise(procs: list, describe: Callable[[int, int | None], str], progress: Path,
                on_progress: Callable[[str], None] | None, grace_s: float,
-               stalled: Callable[[int], bool]) -> tuple[str | None, float | None]:
+               stalled: Callable[[int], bool], stranded: Callable[[int], bool]) -> tuple[str | None, float | None]:
     """Wait for the children; on the first failure (a rank that failed, or whose heartbeat
-    stopped) stop them all. Returns the failure message and the seconds from noticing it to
-    the last child gone."""
+    stopped) stop them all: the stranded ones at once, the others after ``grace_s``. Returns
+    the failure message and the seconds from noticing it to the last child gone."""
     failure: str | None = None
     deadline = noticed = None
     frozen = None          # a stalled rank: killed once its peers have stopped (it cannot exit by itself)
@@ -248,6 +250,9 @@ def _supervise(procs: list, describe: Callable[[int, int | None], str], progress
             if failure is not None:
                 noticed = time.monotonic()
                 deadline = noticed + grace_s
+                for r, q in enumerate(procs):
+                    if q.poll() is None and stranded(r):
+                        q.kill()
         if on_progress is not None and progress.exists():
             text = progress.read_text()
             lines = text[:text.rfind("\n") + 1].splitlines()    # whole lines only

@@ -5,8 +5,8 @@ and the cause; nothing hangs):
 
 * arrival: each rank checks in on the store and waits for all others; after ``timeout_s`` it
   fails with "peer rank(s) ... never arrived";
-* a rank that raises writes its error, waits ``DEFER_S`` (a peer's death makes the others'
-  collectives fail too: the root cause, published by the launcher, should win), then publishes
+* a rank that raises writes its error, waits ``DEFER_S`` when it has peers (a peer's death makes
+  the others' collectives fail too: the root cause, published by the launcher, should win), then publishes
   it as the run's *abort* message (the first failure wins: an atomic counter on the store) and
   exits 1;
 * every rank runs a watchdog thread that polls the abort message and, when another rank set
@@ -42,6 +42,7 @@ from .timeline import chrome_trace
 ABORT_KEY = "abort"
 ABORT_COUNT_KEY = "abort_count"
 STEP_KEY = "step/{rank}"    # the step each rank is in (for failure messages)
+ARRIVED_KEY = "arrived/{rank}"   # set by each rank when it checks in
 POLL_S = 0.2
 # A rank whose collective fails waits this long before blaming itself: if a peer died, the
 # launcher (or that peer) publishes the root cause meanwhile and the watchdog exits with it.
@@ -79,8 +80,8 @@ def publish_abort(store: dist.Store, message: str) -> None:
 
 
 def wait_for_peers(store: dist.Store, rank: int, world_size: int, timeout_s: float) -> None:
-    store.set(f"arrived/{rank}", "1")
-    keys = [f"arrived/{r}" for r in range(world_size)]
+    store.set(ARRIVED_KEY.format(rank=rank), "1")
+    keys = [ARRIVED_KEY.format(rank=r) for r in range(world_size)]
     deadline = time.monotonic() + timeout_s
     while True:
         missing = [r for r, k in enumerate(keys) if not store.check([k])]
@@ -165,7 +166,8 @@ def run_worker(rank: int, local_rank: int, rdzv: Rendezvous, runs: list[RunSpec]
             error_file(rdzv.run_dir, rank).write_text(cause)
         traceback.print_exc(file=sys.stderr)
         try:
-            time.sleep(DEFER_S)   # the watchdog exits meanwhile if a root cause is published
+            if rdzv.world_size > 1:   # no peer, no other root cause to wait for
+                time.sleep(DEFER_S)   # the watchdog exits meanwhile if a root cause is published
             publish_abort(store, message)
         finally:
             print(f"parsim executor: {message}", file=sys.stderr, flush=True)

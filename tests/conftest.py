@@ -13,6 +13,17 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.path not in slow_files)
 
 
+def keep_collection_order(config) -> None:
+    """pytest-xdist's ``--dist loadfile`` hands out files by their number of tests, most first
+    (``--loadscope-reorder``, its default since 3.6), not in the order above: the one-test
+    files that run for 10-20 s came last and one worker finished alone (a 2-core fresh clone:
+    30 s of the other worker idle at the end). Keeping the order above gives the long files to
+    the workers first and ends both on the short ones. Older xdist versions have no option and
+    always reorder."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_configure(config):
     """Under pytest-xdist, the controller compiles the fast path's kernel into numba's disk cache
     (``parsim.fast.evaluate.compile_kernels``, ~12 s of one core) while the workers run the
@@ -20,6 +31,7 @@ def pytest_configure(config):
     compile it itself when it reaches its first fast-path test."""
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         return
+    keep_collection_order(config)
     from parsim.fast.jit_cache import cache_dir
     folder = cache_dir()
     if any(folder.rglob("kernel.evaluate_all-*.nbi")):

@@ -81,8 +81,11 @@ def test_trace_files_are_chrome_traces_of_each_ranks_ir_actions_in_order(pipelin
         assert any(e["cat"] in ("send", "recv") for e in complete)
 
 
-def test_execute_rejects_offload_on_cpu_with_exit_code_2():
-    proc = _execute("--model", "tiny", "--plan", "dp=2 zero=1 offload=optimizer", "--json", timeout=120)
-    assert proc.returncode == 2
-    assert "offload" in json.loads(proc.stdout)["field"]
-    assert "offload='optimizer' is invalid" in proc.stderr
+def test_execute_rejects_offload_on_cpu_with_exit_code_2(capsys):
+    from parsim.cli import main      # refused before any rank starts: in this process
+
+    code = main(["execute", "--model", "tiny", "--plan", "dp=2 zero=1 offload=optimizer", "--json"])
+    out = capsys.readouterr()
+    assert code == 2
+    assert "offload" in json.loads(out.out)["field"]
+    assert "offload='optimizer' is invalid" in out.err

@@ -73,8 +73,9 @@ def test_resuming_a_checkpoint_of_another_model_is_refused(checkpoint):
 def test_a_frozen_rank_is_named_not_the_healthy_peer_that_waits_for_it(capfd):
     from parsim.executor import ExecutorError, run_plan
     start = time.monotonic()
+    # the frozen rank is named after 3 s of silence (half the timeout), 3 s before its peer's collective times out
     with pytest.raises(ExecutorError) as failure:
-        run_plan("tiny", "dp=2 gbs=2 dtype=fp32", steps=4, timeout_s=10, track_memory=False,
+        run_plan("tiny", "dp=2 gbs=2 dtype=fp32", steps=4, timeout_s=6, track_memory=False,
                  inject_fault="1:1:freeze")
     err = failure.value
     assert str(err).startswith("rank 1: stopped making progress during step 1: no heartbeat for")
@@ -105,18 +106,21 @@ def _descendants(pid: int) -> list[int]:
 
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc to find the ranks")
-def test_sigterm_to_the_launcher_ends_quietly_like_ctrl_c():
+def test_sigterm_to_the_launcher_ends_quietly_like_ctrl_c(tmp_path):
+    # the checkpoint after step 1 says when the ranks are in their training steps
+    step1 = tmp_path / "step1"
     proc = subprocess.Popen([sys.executable, "-m", "parsim", "execute", "--model", "tiny", "--plan",
-                             "dp=2 gbs=2 dtype=fp32", "--steps", "100000", "--no-memory", "--timeout", "60"],
+                             "dp=2 gbs=2 dtype=fp32", "--steps", "100000", "--no-memory", "--timeout", "60",
+                             "--save", str(step1), "--save-at", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     from parsim.executor.processes import start_method
     started = 4 if start_method() == "forkserver" else 2   # + multiprocessing's resource tracker and fork server
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(_descendants(proc.pid)) < started:
-        time.sleep(0.2)
-    time.sleep(3)                 # let them get into their training steps (~1 s after they start)
+    while time.monotonic() < deadline and not (step1 / "meta.json").exists() and proc.poll() is None:
+        time.sleep(0.1)
     below = _descendants(proc.pid)
     assert len(below) >= started, "the ranks never started"
+    assert (step1 / "meta.json").exists(), "the ranks never finished step 1"
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 143

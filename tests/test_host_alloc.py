@@ -37,9 +37,12 @@ def test_kept_freed_memory_is_reused_without_page_faults():
         pytest.skip("glibc mallopt")
     default, kept = _faults("default"), _faults("keep")
     assert kept["applied"] == [True, True]
-    pages = 10 * 48 * 2**20 // 4096                # by default every re-allocation touches 12,288 fresh 4 KiB pages
-    assert default["faults"] > 0.8 * pages
-    assert kept["faults"] <= 0.2 * pages           # reused: at most a re-allocation or two that still grow the heap
+    block = 48 * 2**20 // 4096                      # a tensor's 12,288 pages of 4 KiB
+    assert default["faults"] > 0.8 * 10 * block     # by default every re-allocation touches fresh pages
+    # reused: at most a re-allocation or two that still grow the heap, each faulting in the pages
+    # its block spans -- 12,289 when it does not start on a page boundary (posix_memalign to 64
+    # bytes; one run measured 2 x 12,288 + 1)
+    assert kept["faults"] <= 2 * (block + 1)
 
 
 def test_policy_is_read_from_the_environment_and_bad_values_name_the_variable(monkeypatch):
@@ -99,11 +102,14 @@ def test_executor_ranks_run_under_the_kept_policy_with_unchanged_losses(monkeypa
 
 @pytest.mark.parametrize("command", [["execute", "--model", "tiny", "--plan", "dp=2 gbs=4 dtype=fp32", "--steps", "2"],
                                      ["calibrate", "--quick", "--out", "unused.yaml"]])
-def test_cli_rejects_a_bad_policy_with_exit_code_2(command, tmp_path):
+def test_cli_rejects_a_bad_policy_with_exit_code_2(command, tmp_path, capfd, monkeypatch):
     pytest.importorskip("torch")
-    env = {**os.environ, "PARSIM_HOST_MEMORY": "cache"}
-    proc = subprocess.run([sys.executable, "-m", "parsim", *command], capture_output=True, text=True, timeout=120,
-                          env=env, cwd=tmp_path)
-    assert proc.returncode == 2
-    assert "PARSIM_HOST_MEMORY='cache' is invalid: one of system, keep" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    from parsim.cli import main      # refused before any process starts: in this process
+
+    monkeypatch.setenv("PARSIM_HOST_MEMORY", "cache")
+    monkeypatch.chdir(tmp_path)
+    assert main(command) == 2
+    err = capfd.readouterr().err
+    assert "PARSIM_HOST_MEMORY='cache' is invalid: one of system, keep" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "unused.yaml").exists()

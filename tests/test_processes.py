@@ -83,12 +83,13 @@ def _environment(rank: int, *names: str) -> list:
     return [os.environ.get(n) for n in (*names, "PARSIM_TEST_EXTRA")]
 
 
-def test_a_bad_start_method_is_one_line_naming_the_variable_exit_2():
-    proc = subprocess.run([sys.executable, "-m", "parsim", "execute", "--model", "tiny", "--plan", "dp=2 gbs=2",
-                           "--steps", "1"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PARSIM_RANK_START": "vfork"})
-    assert proc.returncode == 2
-    [line] = proc.stderr.strip().splitlines()
+def test_a_bad_start_method_is_one_line_naming_the_variable_exit_2(capfd, monkeypatch):
+    from parsim.cli import main      # refused before any rank starts: in this process
+
+    monkeypatch.setenv("PARSIM_RANK_START", "vfork")
+    code = main(["execute", "--model", "tiny", "--plan", "dp=2 gbs=2", "--steps", "1"])
+    assert code == 2
+    [line] = capfd.readouterr().err.strip().splitlines()
     assert "PARSIM_RANK_START" in line and "vfork" in line and "forkserver" in line and "exec" in line
 
 
