@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from parsim.api.hardware import cache_dir, host_profile
+from parsim.api.hardware import UNSTEADY, cache_dir, host_profile, kept_profile_refused, probe_drift
 from parsim.calibration.machine import host_id
 
 FIXTURE = Path(__file__).parent / "fixtures" / "cpu-calibrated.yaml"
@@ -59,3 +59,20 @@ def test_the_shipped_cpu_profile_has_no_host_id_so_it_is_never_taken_for_this_ho
     shipped = yaml.safe_load((Path(__file__).parents[1] / "calibration" / "profiles" / "cpu-calibrated.yaml")
                              .read_text())
     assert shipped["provenance"].get("host_id") != host_id()
+
+
+def test_a_kept_profile_measured_while_the_machine_was_busy_is_refused(tmp_path):
+    """The layer probe's blocks (forward + backward, spread over the calibration) tell a steady
+    run from a disturbed one: the fixture's vary 19 %; slow one block down 2x (as a kept quick
+    profile of this VM that priced TP collectives 2x did) and it is refused, with the reason."""
+    path = profile_of(host_id(), tmp_path / "kept.yaml")
+    data = yaml.safe_load(path.read_text())
+    assert probe_drift(data) == pytest.approx(41.46 / 34.93 - 1, abs=0.005) and probe_drift(data) < UNSTEADY
+    assert kept_profile_refused(data, host_id()) is None
+    assert "another host" in kept_profile_refused(data, "another-host-0000")
+    blocks = data["device"]["extra"]["layer_probe"]["blocks"]
+    blocks[1] = [2 * x for x in blocks[1]]
+    assert probe_drift(data) == pytest.approx(2 * 39.88 / 34.93 - 1, abs=0.005) and probe_drift(data) > UNSTEADY
+    assert "busy" in kept_profile_refused(data, host_id())
+    del data["device"]["extra"]["layer_probe"]["blocks"]
+    assert probe_drift(data) == 0.0        # no blocks recorded: nothing to judge by

@@ -145,8 +145,9 @@ def host_profile(shipped: str | Path = "cpu-calibrated", recalibrate: bool = Fal
     """The profile that describes *this* machine: the shipped one (a profile name or YAML path)
     where it was measured here
     (its ``provenance.host_id`` is this host's), else the quick profile kept for this host under
-    ``cache_dir()``, else a fresh ``parsim calibrate --quick`` (machine grid, 2 ranks, ~30-60 s;
-    progress bar on stderr) written there. Timing predictions made with another machine's
+    ``cache_dir()`` unless it was measured while the machine was busy (``kept_profile_refused``),
+    else a fresh ``parsim calibrate --quick`` (machine grid, 2 ranks, ~30-60 s; progress bar on
+    stderr) written there, taken once more if the machine was unsteady meanwhile. Timing predictions made with another machine's
     profile are not this machine's; a host id (``calibration.machine.host_id``: machine id, boot
     id, CPU model, cores, hostname) tells them apart where hostnames and CPU strings do not.
     The quick profile is measured with ``PARSIM_HOST_MEMORY=keep`` unless the variable is set:
@@ -170,14 +171,52 @@ def host_profile(shipped: str | Path = "cpu-calibrated", recalibrate: bool = Fal
         elsewhere = "recalibrating as asked" if recalibrate else f"no shipped profile {shipped}"
     cached = cache_dir() / "profiles" / f"cpu-{here}.yaml"
     if cached.exists() and not recalibrate:
-        prov = load_profile_dict(str(cached)).get("provenance", {})
-        if prov.get("host_id") == here:
+        data = load_profile_dict(str(cached))
+        refused = kept_profile_refused(data, here)
+        if refused is None:
+            prov = data.get("provenance", {})
             return HostProfile(cached, f"quick profile of this host kept in {cached} ({prov.get('date', '?')})", False)
+        elsewhere = refused
     say(f"{elsewhere}; this host is {here} ({cpu_model()}, {os.cpu_count()} cores): calibrating a quick profile "
         f"of it first (parsim calibrate --quick, about 30-60 s), kept in {cached}")
     os.environ.setdefault("PARSIM_HOST_MEMORY", "keep")
     calibrate(quick=True, ranks=QUICK_RANKS, name=f"cpu-{here}", out=cached, progress=progress)
+    drift = probe_drift(load_profile_dict(str(cached)))
+    if drift > UNSTEADY:
+        say(f"the machine was unsteady while calibrating (its layer took {drift:.0%} longer in one block than in "
+            "another): calibrating once more")
+        calibrate(quick=True, ranks=QUICK_RANKS, name=f"cpu-{here}", out=cached, progress=progress)
     return HostProfile(cached, f"quick profile of this host, calibrated just now ({cached})", True)
+
+
+# The quick calibration times the real layer in blocks spread over its run
+# (``CalibratedTables.layer_probe.blocks``). A quiet 2-core VM of this family varies up to ~20 %
+# between blocks (studies/validation_cpu/heldout: 19 % over a 167 s calibration); a calibration
+# beside other work measured 55 % and 113 %, and priced TP collectives 2x what ran later.
+UNSTEADY = 0.3
+
+
+def kept_profile_refused(profile_data: dict, here: str) -> str | None:
+    """Why a quick profile kept for a host is not used for it (None: it is): measured on another
+    host, or while the machine was unsteady (``probe_drift`` over ``UNSTEADY``)."""
+    prov = profile_data.get("provenance", {})
+    if prov.get("host_id") != here:
+        return f"the kept quick profile was measured on another host ({prov.get('host_id', '?')})"
+    drift = probe_drift(profile_data)
+    if drift > UNSTEADY:
+        return (f"the quick profile kept for this host ({prov.get('date', '?')}) timed its layer {drift:.0%} slower "
+                "in one block than in another: the machine was busy then")
+    return None
+
+
+def probe_drift(profile_data: dict) -> float:
+    """How much slower the calibration's layer (forward + backward) ran in its slowest block
+    than in its fastest, as a fraction (0: steady, or no blocks recorded)."""
+    from parsim.specs import profile_tables
+
+    probe = profile_tables(profile_data).layer_probe
+    sums = [float(f) + float(b) for f, b in (probe.blocks or ())] if probe is not None else []
+    return max(sums) / min(sums) - 1.0 if len(sums) > 1 and min(sums) > 0 else 0.0
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,7 @@ def run_logs(args) -> int:
 
 
 def render(profile: dict, path: Path) -> str:
+    from parsim.api.hardware import UNSTEADY, probe_drift
     from parsim.specs import CollectiveTables, profile_tables
 
     dev, prov, tables = profile["device"], profile["provenance"], profile_tables(profile)
@@ -91,6 +92,9 @@ def render(profile: dict, path: Path) -> str:
                          + " / ".join(f"{x:.1f}" for x in sums)
                          + f" ms (the machine's drift: {(max(sums) - min(sums)) / min(sums):.0%}; the profile takes "
                          "the median of all samples)")
+            if probe_drift(profile) > UNSTEADY:
+                lines.append(f"  warning: over {UNSTEADY:.0%} between blocks: the machine was busy or unsteady during "
+                             "this calibration, and its numbers with it; calibrate again on a quiet machine")
     lines += fit_report_lines(tables.fit_report or {})
     lines.append("")
     rows = [[op, str(n), f"{f.alpha * 1e3:.3f}", f"{f.alpha_insitu * 1e3:.3f}" if f.alpha_insitu is not None else "-",
