@@ -10,6 +10,13 @@ footprint is at least twice the last-level cache (``rotation``), and the synthet
 sweep a buffer of that size before each timed pass (``Evictor``): what is measured is the
 cold op, as a model pass runs it.
 
+The operands are views into one buffer of random numbers per dtype and device
+(``OperandPool``), each set at its own offset: filling fresh tensors with ``torch.randn`` for
+every rotation cost more than half of a quick calibration here (21 of 38 s: 0.7 GB/s of
+normal draws into newly faulted pages, for ~16 GB of copies), while what a GEMM's time depends
+on is that its operands are distinct memory spanning twice the cache, not that their values
+differ. Offsets are aligned to 64 bytes, torch's CPU allocator alignment.
+
 Last-level cache: sysfs on Linux CPUs (``/sys/devices/system/cpu/cpu0/cache/index*/``), the
 L2 of a CUDA device (``torch.cuda.get_device_properties``); 32 MiB where unknown.
 """
@@ -51,12 +58,69 @@ def copies_for(set_bytes: float, device: torch.device) -> int:
     return max(1, min(MAX_COPIES, math.ceil(2 * llc_bytes(device) / max(set_bytes, 1.0))))
 
 
-def rotation(make: Callable[[], Sequence[torch.Tensor]], device: torch.device) -> Callable[[], Sequence[torch.Tensor]]:
-    """A function returning the next of enough operand sets (``make()`` each) to be cold."""
-    first = make()
-    count = copies_for(sum(t.numel() * t.element_size() for t in first), device)
-    sets = cycle([first] + [make() for _ in range(count - 1)])
-    return lambda: next(sets)
+ALIGN_BYTES = 64
+NORMAL_BLOCK = 2**22      # elements drawn; the pool repeats them (a copy runs ~3x faster than drawing)
+
+
+def _normal(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``numel`` standard-normal numbers: one block of ``NORMAL_BLOCK`` draws, repeated."""
+    block = torch.randn(min(numel, NORMAL_BLOCK), dtype=dtype, device=device)
+    return block.repeat(-(-numel // block.numel()))[:numel]
+
+
+class OperandPool:
+    """Random operands carved from one normal-distributed buffer per dtype on ``device``.
+
+    ``take`` hands out consecutive, non-overlapping views, each aligned to ``ALIGN_BYTES``;
+    ``reserve`` makes the next ``numel`` elements one contiguous stretch (back to the start, or
+    a larger buffer), so the sets of one rotation never alias one another. Operands are read,
+    never written, by the ops timed on them; the buffer holds at least twice the last-level
+    cache, so a rotation that spans that much is cold."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        # a rotation spans less than twice the cache plus one set: room for sets up to half the cache
+        self.floor_bytes = int(2.5 * llc_bytes(device))
+        self._buffers: dict[torch.dtype, torch.Tensor] = {}
+        self._cursor: dict[torch.dtype, int] = {}
+
+    @staticmethod
+    def aligned(numel: int, dtype: torch.dtype) -> int:
+        """Elements ``numel`` occupies in the pool, rounded up to the alignment."""
+        align = max(1, ALIGN_BYTES // torch.empty((), dtype=dtype).element_size())
+        return -(-numel // align) * align
+
+    def reserve(self, dtype: torch.dtype, numel: int) -> bool:
+        """Make the next ``numel`` elements contiguous; True when views taken before may now alias
+        the next ones (the cursor went back to the start or the buffer was replaced)."""
+        buf = self._buffers.get(dtype)
+        if buf is None or buf.numel() < numel:     # grown by doubling: a grid's sets grow in steps
+            floor = -(-self.floor_bytes // torch.empty((), dtype=dtype).element_size())
+            size = max(numel, floor, 2 * buf.numel() if buf is not None else 0)
+            self._buffers[dtype] = _normal(size, dtype, self.device)
+            self._cursor[dtype] = 0
+            return False            # views taken before stay in the old buffer: no alias
+        if self._cursor[dtype] + numel > buf.numel():
+            self._cursor[dtype] = 0
+            return True
+        return False
+
+    def take(self, shape: Sequence[int], dtype: torch.dtype, grad: bool = False) -> torch.Tensor:
+        """A view of ``shape`` at the next free offset; ``grad``: a leaf that requires grad."""
+        numel = math.prod(shape)
+        self.reserve(dtype, self.aligned(numel, dtype))
+        start = self._cursor[dtype]
+        self._cursor[dtype] = start + self.aligned(numel, dtype)
+        return self._buffers[dtype][start:start + numel].view(*shape).detach().requires_grad_(grad)
+
+    def rotation(self, shapes: Sequence[Sequence[int]], dtype: torch.dtype) -> Callable[[], list[torch.Tensor]]:
+        """A function returning the next of enough operand sets of ``shapes`` to span twice the
+        last-level cache (``copies_for``): what a model pass finds, weights not in cache."""
+        set_numel = sum(self.aligned(math.prod(s), dtype) for s in shapes)
+        count = copies_for(set_numel * torch.empty((), dtype=dtype).element_size(), self.device)
+        self.reserve(dtype, count * set_numel)
+        sets = cycle([[self.take(s, dtype) for s in shapes] for _ in range(count)])
+        return lambda: next(sets)
 
 
 class Evictor:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from parsim.executor.layer_probe import TORCH_DTYPES, layer_step
 
-from .cache import copies_for, rotation
+from .cache import OperandPool, copies_for
 from .fit import Summary, summarize
 from .shapes import AttentionPoint, GemmPoint, MemboundPoint
 from .timer import Clock, measure, measure_many
@@ -27,24 +27,31 @@ from .timer import Clock, measure, measure_many
 NORM_EPS = 1e-5
 
 
-def _rand(shape, dtype, device, grad: bool = False) -> torch.Tensor:
+def _rand(shape, dtype, device, grad: bool = False, pool: OperandPool | None = None) -> torch.Tensor:
+    """Normal random numbers of ``shape``: a fresh tensor, or the next view of ``pool``."""
+    if pool is not None:
+        return pool.take(shape, dtype, grad)
     return torch.randn(*shape, dtype=dtype, device=device).requires_grad_(grad)
 
 
 # ----------------------------------------------------------------------------- GEMMs
 
-def gemm_callable(point: GemmPoint, dtype: str, device: torch.device, cold: bool = False) -> Callable[[], torch.Tensor]:
+def gemm_callable(point: GemmPoint, dtype: str, device: torch.device, cold: bool = False,
+                  pool: OperandPool | None = None) -> Callable[[], torch.Tensor]:
     """The GEMM of ``point`` as torch runs it; ``cold``: each call takes the next of enough
-    operand copies to span twice the last-level cache (``cache.rotation``), as a model pass
-    finds its weights in memory, not in cache."""
+    operand copies to span twice the last-level cache (``OperandPool.rotation``, from ``pool``
+    or a new one), as a model pass finds its weights in memory, not in cache."""
     dt = TORCH_DTYPES[dtype]
     m, n, k = point.key
     shapes = {"linear": ((m, k), (n, k)), "grad_input": ((m, k), (k, n)), "grad_weight": ((k, n), (k, m)),
               "bmm": ((point.batch, m, k), (point.batch, n, k))}.get(point.form)
     if shapes is None:
         raise ValueError(f"unknown GEMM form {point.form!r}")
-    make = lambda: [_rand(s, dt, device) for s in shapes]   # noqa: E731
-    operands = rotation(make, device) if cold else (lambda fixed=make(): fixed)
+    if cold:
+        operands = (pool or OperandPool(device)).rotation(shapes, dt)
+    else:
+        fixed = [_rand(s, dt, device) for s in shapes]
+        operands = lambda: fixed      # noqa: E731
     op = {"linear": lambda a, b: F.linear(a, b), "grad_input": lambda a, b: a @ b,
           "grad_weight": lambda a, b: a.t() @ b, "bmm": lambda a, b: a @ b.transpose(1, 2)}[point.form]
     return lambda: op(*operands())
@@ -53,7 +60,7 @@ def gemm_callable(point: GemmPoint, dtype: str, device: torch.device, cold: bool
 def bench_gemm(point: GemmPoint, dtype: str, clock: Clock, repeats: int, budget_s: float,
                cold: bool = False) -> Summary:
     with torch.no_grad():
-        return measure(gemm_callable(point, dtype, clock.device, cold), clock, repeats, budget_s)
+        return measure(gemm_callable(point, dtype, clock.device, cold, clock.pool), clock, repeats, budget_s)
 
 
 def bench_gemms(points: list[GemmPoint], dtype: str, clock: Clock, repeats: int, budget_s: float,
@@ -61,7 +68,7 @@ def bench_gemms(points: list[GemmPoint], dtype: str, clock: Clock, repeats: int,
     """All shapes, sampled round-robin (``timer.measure_many``); ``budget_s`` per shape; cold
     operands (``gemm_callable``)."""
     with torch.no_grad():
-        fns = [gemm_callable(p, dtype, clock.device, cold) for p in points]
+        fns = [gemm_callable(p, dtype, clock.device, cold, clock.pool) for p in points]
         return measure_many(fns, clock, repeats, budget_s, on_round=on_round)
 
 
@@ -125,16 +132,16 @@ def _explicit_attention(q, k, v):
 def bench_attention(point: AttentionPoint, dtype: str, clock: Clock, repeats: int, budget_s: float,
                     kind: str = "sdpa", cold: bool = True) -> tuple[Summary, Summary]:
     """(forward, backward) seconds of the causal attention core at ``point`` (``cold``: rotating
-    over copies of q, k, v, ``cache.rotation``)."""
+    over copies of q, k, v, ``_cases``)."""
     if kind == "explicit" and point.kv_heads != point.heads:
         raise ValueError("the explicit attention benchmark needs kv_heads == heads")
     fn = _sdpa if kind == "sdpa" else _explicit_attention
     dt = TORCH_DTYPES[dtype]
 
     def case():
-        q = _rand((point.mbs, point.heads, point.seq, point.head_dim), dt, clock.device, grad=True)
-        k = _rand((point.mbs, point.kv_heads, point.seq, point.head_dim), dt, clock.device, grad=True)
-        v = _rand((point.mbs, point.kv_heads, point.seq, point.head_dim), dt, clock.device, grad=True)
+        q = _rand((point.mbs, point.heads, point.seq, point.head_dim), dt, clock.device, True, clock.pool)
+        k = _rand((point.mbs, point.kv_heads, point.seq, point.head_dim), dt, clock.device, True, clock.pool)
+        v = _rand((point.mbs, point.kv_heads, point.seq, point.head_dim), dt, clock.device, True, clock.pool)
         return (lambda: fn(q, k, v)), [q, k, v]
     return _fwd_bwd(case, clock, repeats, budget_s, cold)
 
@@ -144,16 +151,12 @@ def _fwd_bwd(case: Callable[[], tuple[Callable[[], torch.Tensor], list[torch.Ten
     """Forward and backward seconds of ``case()`` = (forward, its inputs): with ``cold``, over
     enough independent cases to span twice the last-level cache, one after the other; backward
     as ``torch.autograd.grad`` on each case's recorded forward."""
-    cases = [case()]
-    if cold:
-        nbytes = sum(t.numel() * t.element_size() for t in cases[0][1])
-        cases += [case() for _ in range(copies_for(3 * nbytes, clock.device) - 1)]   # inputs, output, grads
+    cases = _cases(case, clock.pool, cold)
     forwards = cycle([fn for fn, _ in cases])
     fwd = measure(lambda: next(forwards)(), clock, repeats, budget_s / 2)
-    graphs = []
-    for fn, inputs in cases:
-        y = fn()
-        graphs.append((y, inputs, torch.randn_like(y)))
+    ys = [fn() for fn, _ in cases]
+    clock.pool.reserve(ys[0].dtype, sum(clock.pool.aligned(y.numel(), y.dtype) for y in ys))
+    graphs = [(y, inputs, clock.pool.take(y.shape, y.dtype)) for y, (_, inputs) in zip(ys, cases)]
     backwards = cycle(graphs)
 
     def backward():
@@ -162,31 +165,50 @@ def _fwd_bwd(case: Callable[[], tuple[Callable[[], torch.Tensor], list[torch.Ten
     return fwd, measure(backward, clock, repeats, budget_s / 2)
 
 
+def _cases(case, pool: OperandPool, cold: bool) -> list:
+    """``case()`` once, or (``cold``) enough times that the inputs, outputs and gradients span twice
+    the last-level cache (``cache.copies_for``), all inputs in one contiguous stretch of ``pool``
+    (every tensor a case draws is one of its inputs, in one dtype)."""
+    first = case()
+    if not cold:
+        return [first]
+    dt = first[1][0].dtype
+    numel = sum(pool.aligned(t.numel(), dt) for t in first[1])
+    count = copies_for(3 * numel * first[1][0].element_size(), pool.device)    # inputs, output, grads
+    if pool.reserve(dt, count * numel):       # back to the start: the first case may overlap the next
+        first = case()
+    return [first] + [case() for _ in range(count - 1)]
+
+
 # ----------------------------------------------------------------------------- memory-bound ops
 
-def membound_case(point: MemboundPoint, dt: torch.dtype, dev: torch.device):
+def membound_case(point: MemboundPoint, dt: torch.dtype, dev: torch.device, pool: OperandPool | None = None):
     """(forward, inputs) of one memory-bound op on fresh tensors, as the executor's layers run it."""
     shape = point.shape
+
+    def draw(dims):     # an input that requires grad (fresh, or the next view of ``pool``)
+        return _rand(dims, dt, dev, True, pool)
     if point.name in ("layernorm", "rmsnorm"):
-        x, w, b = _rand(shape, dt, dev, True), _rand(shape[-1:], dt, dev, True), _rand(shape[-1:], dt, dev, True)
+        x, w = draw(shape), draw(shape[-1:])
         if point.name == "layernorm":
+            b = draw(shape[-1:])
             return (lambda: F.layer_norm(x, shape[-1:], w, b, NORM_EPS)), [x, w, b]
         # Zhang & Sennrich 2019, computed as the executor's RMSNorm does
         return (lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS) * w), [x, w]
     if point.name in ("residual_add", "swiglu"):
-        a, b = _rand(shape, dt, dev, True), _rand(shape, dt, dev, True)
+        a, b = draw(shape), draw(shape)
         return ((lambda: a + b) if point.name == "residual_add" else (lambda: F.silu(a) * b)), [a, b]  # Shazeer 2020
     if point.name in ("gelu", "softmax"):
-        x = _rand(shape, dt, dev, True)
+        x = draw(shape)
         return ((lambda: F.gelu(x)) if point.name == "gelu" else (lambda: torch.softmax(x, dim=-1))), [x]
     if point.name == "cross_entropy":
         tokens, vocab = shape
-        logits = _rand((tokens, vocab), dt, dev, True)
+        logits = draw((tokens, vocab))
         target = torch.randint(0, vocab, (tokens,), device=dev)
         return (lambda: F.cross_entropy(logits.float(), target, reduction="none")), [logits]
     if point.name == "embedding":
         tokens, vocab, hidden = shape
-        table = _rand((vocab, hidden), dt, dev, True)
+        table = draw((vocab, hidden))
         idx = torch.randint(0, vocab, (tokens,), device=dev)
         return (lambda: F.embedding(idx, table)), [table]
     raise ValueError(f"unknown memory-bound op {point.name!r}")
@@ -200,7 +222,8 @@ def bench_membound(point: MemboundPoint, dtype: str, clock: Clock, repeats: int,
         return bench_adamw(list(point.tensors), clock, repeats, budget_s), None
     if point.name == "grad_accumulate":
         return bench_grad_accumulate(list(point.tensors), dtype, clock, repeats, budget_s), None
-    return _fwd_bwd(lambda: membound_case(point, TORCH_DTYPES[dtype], clock.device), clock, repeats, budget_s)
+    return _fwd_bwd(lambda: membound_case(point, TORCH_DTYPES[dtype], clock.device, clock.pool), clock, repeats,
+                    budget_s)
 
 
 def bench_adamw(shapes: list[tuple[int, ...]], clock: Clock, repeats: int, budget_s: float) -> Summary:

@@ -13,7 +13,7 @@ fewer than ``MIN_SAMPLES``.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -23,7 +23,15 @@ from .fit import Summary, sampling_plan, summarize
 
 @dataclass(frozen=True)
 class Clock:
+    """Times ops on ``device``; ``pool`` holds the random operands the benchmarks on it read
+    (``cache.OperandPool``, filled on first use)."""
     device: torch.device
+    pool: "OperandPool" = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        if self.pool is None:
+            from .cache import OperandPool
+            object.__setattr__(self, "pool", OperandPool(self.device))
 
     @property
     def is_cuda(self) -> bool:

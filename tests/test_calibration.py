@@ -63,7 +63,10 @@ def test_without_a_profile_of_this_host_a_quick_one_is_calibrated_said_so_kept_a
     path, (out, kept) = quick_profile
     assert out["calibrated"] and path == kept
     said = out["said"]
-    assert len(said) == 1 and "measured on another host" in said[0] and "calibrating a quick profile" in said[0]
+    assert "measured on another host" in said[0] and "calibrating a quick profile" in said[0]
+    # a block of the layer probe > 30 % slower than another (a noisy minute of a shared VM: seen
+    # at 15-35 % on a quiet one) takes the calibration once more, and says so
+    assert len(said) == 1 or (len(said) == 2 and "unsteady" in said[1] and "calibrating once more" in said[1])
     assert out["again"] == str(path) and not out["again_calibrated"]
 
 

@@ -162,10 +162,10 @@ def _tied_columns(out: np.ndarray, model: ModelSpec, pricer: CollectivePricer, p
     """The tied embedding's gradient all-reduce (``costs.optimizer.tied_embedding_sync``) on the
     first and the last pipeline rank: ``C_TIED`` whole (ZeRO-0/1), ``C_TIED_SHARD`` a 1/dp
     shard (ZeRO-2/3); 0 on every other rank and where nothing is tied."""
+    layout = RankLayout(dp=plan.dp, tp=plan.tp, pp=plan.pp)
     for column, zero in ((C_TIED, 0), (C_TIED_SHARD, 2)):
         sync = tied_embedding_sync(model, replace(plan, zero=zero))
         if sync is None:
             return
-        layout = RankLayout(dp=plan.dp, tp=plan.tp, pp=plan.pp)
         group = (layout.rank(sync.first, 0, 0), layout.rank(sync.last, 0, 0))
         out[[sync.first, sync.last], column] = pricer("all_reduce", sync.elements * grad_bytes, group)
