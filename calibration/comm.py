@@ -27,6 +27,7 @@ collective is done when its slowest member is).
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 import time
 import warnings
@@ -90,9 +91,10 @@ def run_comm_job(job: CommJob, on_progress: Callable[[str], None] = lambda label
 
     with tempfile.TemporaryDirectory(prefix="parsim-calib-") as run_dir:
         try:
-            # fresh interpreters: the ranks are our children, so their CPU is ours in other_work
+            # started as the executor starts its ranks (``PARSIM_RANK_START``; from the fork server by
+            # default, not our children): each reports its own CPU seconds for ``machine.other_work``
             return run_ranks(_run_rank, (free_port(), job, Progress(run_dir)), job.world, run_dir=run_dir,
-                             on_progress=on_progress, grace_s=0.0, start="exec")
+                             on_progress=on_progress, grace_s=0.0)
         except LaunchError as err:
             raise RuntimeError(f"{job.backend} benchmark with {job.world} ranks failed: {err}") from None
 
@@ -107,6 +109,7 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
     from parsim.executor.layer_probe import layer_step
 
     from .compute import gemm_callable, stream_callable
+    from .machine import process_cpu_seconds
     from .shapes import GemmPoint
     from .timer import Clock
 
@@ -161,6 +164,7 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
             if rank == 0:
                 progress.report(f"in-situ TP collectives {job.world} ranks")
         dist.barrier()
+        out["cpu_s"], out["parent"] = process_cpu_seconds(), os.getppid()
         return out
     finally:
         dist.destroy_process_group()

@@ -59,7 +59,9 @@ def total_memory_bytes() -> float:
 
 def cpu_seconds() -> tuple[float, float, float] | None:
     """(busy s of all cores, steal s, CPU s of this process and its joined children) so far.
-    /proc/stat "cpu" line: user nice system idle iowait irq softirq steal, in USER_HZ ticks (proc(5))."""
+    /proc/stat "cpu" line: user nice system idle iowait irq softirq steal, in USER_HZ ticks (proc(5)).
+    Ranks started from the fork server are not our children: they report their own CPU
+    (``process_cpu_seconds``) and ``other_work`` takes it as ``ranks_s``."""
     try:
         with open("/proc/stat") as stat:
             fields = [float(v) for v in stat.readline().split()[1:9]]
@@ -71,12 +73,21 @@ def cpu_seconds() -> tuple[float, float, float] | None:
     return (user + nice + system + irq + softirq) / hz, steal / hz, t.user + t.system + t.children_user + t.children_system
 
 
-def other_work(before: tuple | None, after: tuple | None, wall_s: float) -> dict[str, float] | None:
+def process_cpu_seconds() -> float:
+    """CPU seconds (user + system) this process has used itself (a forked process starts at 0)."""
+    t = os.times()
+    return t.user + t.system
+
+
+def other_work(before: tuple | None, after: tuple | None, wall_s: float,
+               ranks_s: float = 0.0) -> dict[str, float] | None:
     """Cores kept busy by other processes during the run, and the fraction of time the
-    hypervisor stole: both make a profile slower than the machine is."""
+    hypervisor stole: both make a profile slower than the machine is. ``ranks_s``: CPU seconds
+    of the calibration's own ranks that are not its children (started from the fork server)."""
     if before is None or after is None or wall_s <= 0:
         return None
     busy, steal, ours = (a - b for a, b in zip(after, before))
+    ours += ranks_s
     return {"other_cores_busy": round(max(busy - ours, 0.0) / wall_s, 2),
             "steal_fraction": round(steal / (wall_s * (os.cpu_count() or 1)), 3)}
 

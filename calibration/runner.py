@@ -203,7 +203,7 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     _device_totals(m, device)
     wall = time.perf_counter() - t_start
     m.provenance = _provenance(opts, device, worlds, started, wall, load_before)
-    m.provenance["other_work"] = other_work(cpu_before, cpu_seconds(), wall)
+    m.provenance["other_work"] = other_work(cpu_before, cpu_seconds(), wall, _ranks_cpu_s(m.comm))
     warn_if_busy(m.provenance["other_work"])
     if host_memory is not None:
         m.provenance["host_memory"] = host_memory       # PARSIM_HOST_MEMORY (executor.host_alloc)
@@ -304,6 +304,14 @@ def _measure_model_shapes(m, opts: CalibrationOptions, clock, gemms, attns, mems
     for p in mems:
         m.membound.append((p, *compute.bench_membound(p, dtype, clock, s.repeats, s.op_budget_s)))
         step(f"{p.name} {p.source}")
+
+
+def _ranks_cpu_s(comm: dict[int, list[dict]]) -> float:
+    """CPU seconds of the collectives jobs' ranks that are not our children (``machine.other_work``):
+    ranks forked from the fork server; fresh interpreters (``PARSIM_RANK_START=exec``) are
+    joined children, whose CPU ``os.times`` counts already."""
+    return sum(rank.get("cpu_s", 0.0) for ranks in comm.values() for rank in ranks
+               if rank.get("parent") != os.getpid())
 
 
 def _contention_shape(opts: CalibrationOptions) -> tuple[int, int, int]:

@@ -98,7 +98,7 @@ def _parent(rank: int) -> int:
 
 
 def test_exec_ranks_are_children_of_the_launcher_and_forked_ones_are_not(monkeypatch):
-    # the calibration starts its ranks with start="exec" so their CPU is its own (machine.other_work)
+    # exec ranks are joined children, whose CPU os.times counts; forked ones report their own (calibration.comm)
     monkeypatch.setenv("PARSIM_RANK_START", "forkserver")
     here = {"PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
     assert run_ranks(_parent, (), 2, start="exec", env=here) == [os.getpid()] * 2
