@@ -233,21 +233,26 @@ def gathered_bytes(model: ModelSpec, plan: Plan) -> float:
 
 
 def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[StageFootprint]:
-    """``StageFootprint`` of every virtual stage (``fsdp2``: ZeRO-2/3 as FSDP2 runs them)."""
+    """``StageFootprint`` of every virtual stage (``fsdp2``: ZeRO-2/3 as FSDP2 runs them). Each
+    stage's terms are pure functions of a few keys (its recompute groups, its rank, whether it is
+    the first / last stage), so each distinct key is priced once."""
     in_backward = fsdp2_bytes(model, plan, 0.0)[1] if fsdp2 else 0.0
     gathered = gathered_bytes(model, plan)
     ahead = fsdp2_layer_only_bytes(model, plan) if fsdp2 else 0.0
     gathered -= ahead
     counts = stage_layers(model, plan)
     groups = [layer_recompute(plan, s, n) for s, n in enumerate(counts)]
-    stash = [_stash_bytes(model, plan, s, g) for s, g in enumerate(groups)]
+    stash = _stashes(model, plan, groups)
+    full = [sum(n for n, policy in g if policy == "full") for g in groups]     # ``_full_layers`` of each stage
     weight_working = [in_backward if in_backward else _rank_weight_working(model, plan, r) for r in range(plan.pp)]
     kept_all, kept_input = layer_activation_bytes(model, plan, "none"), layer_activation_bytes(model, plan, "full")
     # W's re-runs of recomputed layers (split_backward): one value per rank, the largest of its
     # stages but the first (whose W is a whole backward), as the working sets
-    residue = [max((w_recompute_residue(model, plan, sum(n for n, policy in groups[s] if policy == "full"))
-                    for s in stages_of_rank(plan, r) if s > 0), default=0.0)
+    w_residue = _memo(lambda k: w_recompute_residue(model, plan, k))
+    residue = [max((w_residue(full[s]) for s in stages_of_rank(plan, r) if s > 0), default=0.0)
                for r in range(plan.pp)]
+    # ``_rank_working`` of (rank, weight gradients, layer extra), the extra keyed by its repr (exact)
+    working = _memo(lambda key: _rank_working(model, plan, key[0], stash, key[1], key[3], full))
     output = stage_output_bytes(model, plan)
     last = len(groups) - 1
     layer_dy, head_dy = output_grad_bytes(model, plan), head_output_grad_bytes(model, plan)
@@ -256,17 +261,37 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[
         transient = footprint.recompute_transient(recomputes_fully(g), kept_all, kept_input)
         r = rank_of_stage(plan, s)
         post = fsdp2_post_backward(model, plan, g, in_backward)
-        backward = _rank_working(model, plan, r, stash, in_backward == 0.0, max(transient, post) + ahead)
+        extra = max(transient, post) + ahead
+        backward = working((r, in_backward == 0.0, repr(extra), extra))
         if s == 0:       # no input gradient: its I runs nothing, its W the whole backward (split_backward)
             split = dict(kept=0.0, backward_input=0.0, backward_weight=backward)
         else:
             split = dict(kept=counts[s] * layer_dy + (head_dy if s == last else 0.0),
-                         backward_input=_rank_working(model, plan, r, stash, False, transient),
+                         backward_input=working((r, False, repr(transient), transient)),
                          backward_weight=residue[r] + weight_working[r])
         root = fsdp2_root_bytes(model, plan, s) if fsdp2 else 0.0
         out.append(StageFootprint(footprint.held_bytes(stash[s], s == last, output), backward, gathered + root,
                                   **split))
     return out
+
+
+def _memo(fn):
+    """``fn`` remembered by its argument, for one call of ``stage_footprints`` (the key of a
+    float is its repr: equal keys are the same value)."""
+    seen: dict = {}
+
+    def cached(key):
+        if key not in seen:
+            seen[key] = fn(key)
+        return seen[key]
+    return cached
+
+
+def _stashes(model: ModelSpec, plan: Plan, groups: list[list[tuple[int, str]]]) -> list[float]:
+    """``_stash_bytes`` of every virtual stage, priced once per distinct (groups, first, last)."""
+    last = plan.pp * plan.vpp - 1
+    stash = _memo(lambda key: _stash_bytes(model, plan, key[0], key[1]))
+    return [stash((0 if s == 0 else last if s == last else -1, tuple(g))) for s, g in enumerate(groups)]
 
 
 def _stash_bytes(model: ModelSpec, plan: Plan, vstage: int, groups: list[tuple[int, str]]) -> float:
@@ -278,13 +303,14 @@ def _stash_bytes(model: ModelSpec, plan: Plan, vstage: int, groups: list[tuple[i
 
 
 def _rank_working(model: ModelSpec, plan: Plan, pp_rank: int, stash: list[float], weight_grads: bool,
-                  layer_extra: float = 0.0) -> float:
+                  layer_extra: float = 0.0, full: list[int] | None = None) -> float:
     """The largest ``backward_working_bytes`` of a rank's virtual stages, ``layer_extra`` on the
     layer phase (a backward's recompute transient and FSDP2 gradients: ``footprint.backward_working``;
-    the end of the forward before it, with the stage's fully recomputed layers)."""
+    the end of the forward before it, with the stage's fully recomputed layers: ``full``, else
+    ``_full_layers``)."""
     last = plan.pp * plan.vpp - 1
     return max(backward_working_bytes(model, plan, vstage == 0, vstage == last, stash[vstage], weight_grads,
-                                      layer_extra, _full_layers(model, plan, vstage))
+                                      layer_extra, _full_layers(model, plan, vstage) if full is None else full[vstage])
                for vstage in stages_of_rank(plan, pp_rank))
 
 

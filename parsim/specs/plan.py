@@ -59,6 +59,14 @@ class Plan:
     def __post_init__(self) -> None:
         if self.vpp is None:
             object.__setattr__(self, "vpp", _default_vpp(self.schedule))
+        if _plainly_valid(self):      # the common case, decided without building an error
+            if self.gbs is None:
+                object.__setattr__(self, "gbs", self.dp * self.mbs)
+            return
+        self._check_fields()
+
+    def _check_fields(self) -> None:
+        """Every field's check in order: the first bad one raises its SpecError."""
         for name in ("dp", "tp", "pp", "vpp", "mbs"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -145,6 +153,31 @@ class Plan:
             if d[k] is not None:
                 d[k] = list(d[k])
         return d
+
+
+# the plan words, and the stacks a plan names, as sets (``_plainly_valid``)
+_WORD_SETS = tuple(frozenset(words) for words in (SCHEDULES, OFFLOADS, RECOMPUTES, DTYPES, TP_OVERLAPS, DP_IMPLS,
+                                                  plan_stacks()))
+
+
+def _plainly_valid(plan: Plan) -> bool:
+    """True when ``Plan._check_fields`` would pass, judged on exact types only (plain ints and
+    bools, str words, no lists): a plan it cannot vouch for that quickly is checked in full,
+    so what is accepted and every error stay the same."""
+    for v in (plan.dp, plan.tp, plan.pp, plan.vpp, plan.mbs):
+        if type(v) is not int or not 1 <= v <= MAX_INT:
+            return False
+    gbs = plan.dp * plan.mbs if plan.gbs is None else plan.gbs
+    if type(gbs) is not int or not 1 <= gbs <= MAX_INT:
+        return False
+    words = (plan.schedule, plan.offload, plan.recompute, plan.dtype, plan.tp_overlap, plan.dp_impl, plan.stack)
+    for v, allowed in zip(words, _WORD_SETS):
+        if type(v) is not str or v not in allowed:
+            return False
+    return (type(plan.zero) is int and 0 <= plan.zero <= 3 and type(plan.sp) is bool
+            and type(plan.dp_overlap) is bool and type(plan.shifted_critical_path) is bool
+            and type(plan.dp_bucket_bytes) is int and 1 <= plan.dp_bucket_bytes <= MAX_INT
+            and plan.partition is None and plan.recompute_layers is None)
 
 
 def _default_vpp(schedule: object) -> int:

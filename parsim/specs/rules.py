@@ -58,12 +58,23 @@ class PlanView:
 
     def __init__(self, plan: Plan):
         self._plan = plan
+        if type(plan) is Plan:
+            # a Plan's fields are its instance attributes: all but the words are read as they are
+            self.__dict__.update(plan.__dict__)
+            for key in WORDS:
+                del self.__dict__[key]
 
     def __getattr__(self, key: str):
         value = getattr(self._plan, key)
-        value = code(key, value) if key in WORDS else value
+        if key in WORDS:
+            known = _WORD_CODES[key].get(value) if type(value) is str else None
+            value = code(key, value) if known is None else known
         self.__dict__[key] = value       # the rules read a field many times: later reads skip this
         return value
+
+
+# per word key, each word's code (``codes.code`` of a listed word, looked up)
+_WORD_CODES = {key: {word: code(key, word) for word in words} for key, words in WORDS.items()}
 
 
 def _joined(values) -> str:
@@ -100,9 +111,12 @@ def _is(*codes: int) -> Condition:
     return applies
 
 
+_MULTI_CHUNK = _is(INTERLEAVED, INTERLEAVED_ZB, LOOPED_BFS, ZBV, DUALPIPEV, CSV)
+
+
 def _single_chunk(p, model, cluster):
     """Schedules with one stage per rank (vpp = 1): all but the looping and V-placed ones."""
-    multi = _is(INTERLEAVED, INTERLEAVED_ZB, LOOPED_BFS, ZBV, DUALPIPEV, CSV)(p, model, cluster)
+    multi = _MULTI_CHUNK(p, model, cluster)
     return (not multi) if isinstance(multi, bool) else ~multi
 
 
@@ -224,6 +238,9 @@ RULES: tuple[Rule, ...] = (
          lambda plan, model, cluster: "sub-pipelined TP splits a microbatch in two: needs mbs >= 2",
          applies=lambda p, model, cluster: p.tp_overlap == SUBPIPE),
 )
+
+# ``RULES`` as ``validate`` walks them: (where the rule applies, None for everywhere; its condition; the rule)
+CHECKS = tuple((None if rule.applies is _everywhere else rule.applies, rule.holds, rule) for rule in RULES)
 
 ADVICE: tuple[Advice, ...] = (
     Advice(lambda p, model, cluster: (p.zero >= 2) & (p.pp > 1),

@@ -15,7 +15,7 @@ from .cluster import ClusterSpec
 from .errors import SpecError
 from .model import ModelSpec
 from .plan import Plan
-from .rules import ADVICE, RULES, PlanView
+from .rules import ADVICE, CHECKS, RULES, PlanView
 
 
 def validate(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
@@ -24,8 +24,8 @@ def validate(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
         raise SpecError("profile.device.peak_flops", sorted(peaks),
                         f"a peak FLOP/s for the plan's dtype {plan.dtype} (profile {cluster.device.name})")
     view = PlanView(plan)
-    for rule in RULES:
-        if rule.applies(view, model, cluster) and not rule.holds(view, model, cluster):
+    for applies, holds, rule in CHECKS:
+        if (applies is None or applies(view, model, cluster)) and not holds(view, model, cluster):
             raise rule.error(plan, model, cluster)
     return [advice.message(plan, cluster) for advice in ADVICE if advice.applies(view, model, cluster)]
 
