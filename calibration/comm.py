@@ -87,14 +87,17 @@ def run_comm_job(job: CommJob, on_progress: Callable[[str], None] = lambda label
     """Start ``job.world`` ranks (the executor's launcher), run the job, return each rank's
     result dict (rank order). A failing rank stops the others at once: they would only wait in
     a collective for it."""
-    from parsim.executor.processes import LaunchError, Progress, free_port, run_ranks
+    from parsim.executor.processes import LaunchError, Progress, free_port, launched_from_a_script, run_ranks
 
+    # started as the executor starts its ranks (``PARSIM_RANK_START``; from the fork server by
+    # default, not our children: each reports its own CPU seconds for ``machine.other_work``), but
+    # as fresh interpreters under a script run by its path, which the fork server would re-run in
+    # every rank (``parsim.calibrate()`` from a script without a ``__main__`` guard)
+    start = "exec" if launched_from_a_script() else None
     with tempfile.TemporaryDirectory(prefix="parsim-calib-") as run_dir:
         try:
-            # started as the executor starts its ranks (``PARSIM_RANK_START``; from the fork server by
-            # default, not our children): each reports its own CPU seconds for ``machine.other_work``
             return run_ranks(_run_rank, (free_port(), job, Progress(run_dir)), job.world, run_dir=run_dir,
-                             on_progress=on_progress, grace_s=0.0)
+                             on_progress=on_progress, grace_s=0.0, start=start)
         except LaunchError as err:
             raise RuntimeError(f"{job.backend} benchmark with {job.world} ranks failed: {err}") from None
 

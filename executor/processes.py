@@ -212,6 +212,16 @@ def may_start_processes() -> bool:
     return not multiprocessing.current_process().daemon
 
 
+def launched_from_a_script() -> bool:
+    """Whether this process runs a script given by its path (``python script.py``). A rank
+    forked from the fork server imports that script again (multiprocessing re-imports the
+    launching ``__main__`` by path), so a script without an ``if __name__ == "__main__":``
+    guard would run again in every rank; ``python -m``, ``python -c``, notebooks and the
+    ``parsim`` command are not re-run."""
+    main = sys.modules.get("__main__")
+    return getattr(main, "__spec__", None) is None and bool(getattr(main, "__file__", None))
+
+
 def _child_stdout():
     """Children print to our stderr: our stdout is kept for the one JSON object."""
     try:

@@ -1,5 +1,7 @@
 """Calibration's in-situ TP collectives (fits, sizes, the probe on a real gloo group) and the
 pricing of a fused attention op from a measured table."""
+import os
+
 import numpy as np
 import pytest
 
@@ -96,3 +98,29 @@ def test_fused_attention_is_priced_from_the_row_of_its_own_batch_heads_and_pass(
     assert op_time(dev, op, "bwd", "fp32") == pytest.approx(6e-3)
     half = Op("flash_attention", "attention", fwd / 2, 1.25 * fwd, 0.0, shape=(128, 128, 64), batch=4)
     assert op_time(dev, half, "fwd", "fp32") == pytest.approx(1.5e-3)  # nearest row, scaled by FLOPs
+
+
+_UNGUARDED = """
+from parsim.calibration.comm import CommJob, run_comm_job
+job = CommJob(world=2, device_type="cpu", sizes=(4096,), ops=("all_reduce",), repeats=3, point_budget_s=0.05,
+              min_sample_s=1e-3, contention_gemm=(64, 64, 64), contention_dtype="fp32", contention_s=0.05)
+ranks = run_comm_job(job)
+print("measured", sorted(ranks[0]["collectives"]["all_reduce"]))
+"""
+
+
+@pytest.mark.slow
+def test_a_collectives_job_runs_from_a_script_without_a_main_guard(tmp_path):
+    """The fork server re-imports a launching script by its path; a script without an
+    ``if __name__ == "__main__":`` guard (``parsim.calibrate()`` at its top level) would start the
+    job again in every rank. Its ranks start as fresh interpreters instead
+    (``processes.launched_from_a_script``)."""
+    import subprocess
+    import sys
+    pytest.importorskip("torch")
+    script = tmp_path / "calibrate_here.py"
+    script.write_text(_UNGUARDED)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PARSIM_RANK_START": "forkserver"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "measured [4096]"
