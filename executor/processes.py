@@ -114,7 +114,21 @@ def exit_cause(run_dir: str, rank: int, exitcode: int | None, where: str = "") -
         return error.read_text()
     if exitcode < 0:
         return f"process died ({signal.Signals(-exitcode).name}){where}"
-    return f"process exited with code {exitcode}{where}"
+    return f"process exited with code {exitcode}{where}{_never_started(run_dir, rank)}"
+
+
+def _never_started(run_dir: str, rank: int) -> str:
+    """Why a rank forked from the fork server may have failed before parsim's code ran in it:
+    multiprocessing imported the launching script again, and code at its top level (no
+    ``__main__`` guard) tried to start processes of its own ("" when that cannot be it)."""
+    if heartbeat_file(run_dir, rank).exists() or not launched_from_a_script():
+        return ""
+    if os.environ.get(START_ENV, "forkserver") != "forkserver":
+        return ""
+    script = getattr(sys.modules["__main__"], "__file__", "?")
+    return (f"; it never started: ranks forked from the fork server import the script {script} again, so "
+            "code at its top level runs in every rank -- put it under `if __name__ == \"__main__\":` "
+            f"or set {START_ENV}=exec")
 
 
 class Progress:

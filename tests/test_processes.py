@@ -144,3 +144,30 @@ def test_parsim_works_inside_a_daemonic_worker_process(target, expected, monkeyp
         assert got[0] == 0 and got[1] > 0, got
     else:
         assert got == expected
+
+
+_UNGUARDED_LAUNCH = """
+import operator
+from parsim.executor.processes import LaunchError, run_ranks
+try:
+    print("results", run_ranks(operator.mul, (7,), 2))
+except LaunchError as err:
+    print("failed", err)
+"""
+
+
+@pytest.mark.parametrize("start", ["forkserver", "exec"])
+def test_a_launch_from_a_script_without_a_main_guard_works_or_says_why(tmp_path, start):
+    """Forked ranks import the launching script again (multiprocessing), so a script that
+    launches at its top level fails in them; the launcher says so and how to fix it, and
+    fresh interpreters (exec) run it."""
+    script = tmp_path / "launch_here.py"
+    script.write_text(_UNGUARDED_LAUNCH)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PARSIM_RANK_START": start})
+    last = proc.stdout.strip().splitlines()[-1]
+    if start == "exec":
+        assert last == "results [0, 7]"
+    else:
+        assert last.startswith("failed rank ") and "it never started" in last and str(script) in last
+        assert '__name__ == "__main__"' in last and "PARSIM_RANK_START=exec" in last
