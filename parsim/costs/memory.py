@@ -25,6 +25,7 @@ weighs more. The SimPy engine allocates the same ``static_bytes``, ``stage_footp
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import cache
 
 from parsim.specs import ClusterSpec, ModelSpec, Plan, plan_stack, stage_layers
 
@@ -248,11 +249,11 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[
     kept_all, kept_input = layer_activation_bytes(model, plan, "none"), layer_activation_bytes(model, plan, "full")
     # W's re-runs of recomputed layers (split_backward): one value per rank, the largest of its
     # stages but the first (whose W is a whole backward), as the working sets
-    w_residue = _memo(lambda k: w_recompute_residue(model, plan, k))
+    w_residue = cache(lambda k: w_recompute_residue(model, plan, k))
     residue = [max((w_residue(full[s]) for s in stages_of_rank(plan, r) if s > 0), default=0.0)
                for r in range(plan.pp)]
-    # ``_rank_working`` of (rank, weight gradients, layer extra), the extra keyed by its repr (exact)
-    working = _memo(lambda key: _rank_working(model, plan, key[0], stash, key[1], key[3], full))
+    # ``_rank_working`` of (rank, weight gradients, layer extra), priced once per distinct key
+    working = cache(lambda r, grads, extra: _rank_working(model, plan, r, stash, grads, extra, full))
     output = stage_output_bytes(model, plan)
     last = len(groups) - 1
     layer_dy, head_dy = output_grad_bytes(model, plan), head_output_grad_bytes(model, plan)
@@ -262,12 +263,12 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[
         r = rank_of_stage(plan, s)
         post = fsdp2_post_backward(model, plan, g, in_backward)
         extra = max(transient, post) + ahead
-        backward = working((r, in_backward == 0.0, repr(extra), extra))
+        backward = working(r, in_backward == 0.0, extra)
         if s == 0:       # no input gradient: its I runs nothing, its W the whole backward (split_backward)
             split = dict(kept=0.0, backward_input=0.0, backward_weight=backward)
         else:
             split = dict(kept=counts[s] * layer_dy + (head_dy if s == last else 0.0),
-                         backward_input=working((r, False, repr(transient), transient)),
+                         backward_input=working(r, False, transient),
                          backward_weight=residue[r] + weight_working[r])
         root = fsdp2_root_bytes(model, plan, s) if fsdp2 else 0.0
         out.append(StageFootprint(footprint.held_bytes(stash[s], s == last, output), backward, gathered + root,
@@ -275,23 +276,11 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[
     return out
 
 
-def _memo(fn):
-    """``fn`` remembered by its argument, for one call of ``stage_footprints`` (the key of a
-    float is its repr: equal keys are the same value)."""
-    seen: dict = {}
-
-    def cached(key):
-        if key not in seen:
-            seen[key] = fn(key)
-        return seen[key]
-    return cached
-
-
 def _stashes(model: ModelSpec, plan: Plan, groups: list[list[tuple[int, str]]]) -> list[float]:
     """``_stash_bytes`` of every virtual stage, priced once per distinct (groups, first, last)."""
     last = plan.pp * plan.vpp - 1
-    stash = _memo(lambda key: _stash_bytes(model, plan, key[0], key[1]))
-    return [stash((0 if s == 0 else last if s == last else -1, tuple(g))) for s, g in enumerate(groups)]
+    stash = cache(lambda vstage, g: _stash_bytes(model, plan, vstage, g))
+    return [stash(0 if s == 0 else last if s == last else -1, tuple(g)) for s, g in enumerate(groups)]
 
 
 def _stash_bytes(model: ModelSpec, plan: Plan, vstage: int, groups: list[tuple[int, str]]) -> float:
