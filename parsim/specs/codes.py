@@ -29,5 +29,10 @@ def code(key: str, value: object) -> int:
     if key == "schedule" and isinstance(value, str) and value.startswith(CSV_PREFIX):
         return CSV
     if key in WORDS:
-        return WORDS[key].index(value)
+        index = _INDEX[key].get(value) if type(value) is str else None
+        return WORDS[key].index(value) if index is None else index     # not a listed word: index() raises
     return int(value)
+
+
+# plan key -> {word: its code}: ``code`` finds a listed word without scanning its tuple
+_INDEX = {key: {word: i for i, word in enumerate(words)} for key, words in WORDS.items()}

@@ -66,15 +66,9 @@ class PlanView:
 
     def __getattr__(self, key: str):
         value = getattr(self._plan, key)
-        if key in WORDS:
-            known = _WORD_CODES[key].get(value) if type(value) is str else None
-            value = code(key, value) if known is None else known
+        value = code(key, value) if key in WORDS else value
         self.__dict__[key] = value       # the rules read a field many times: later reads skip this
         return value
-
-
-# per word key, each word's code (``codes.code`` of a listed word, looked up)
-_WORD_CODES = {key: {word: code(key, word) for word in words} for key, words in WORDS.items()}
 
 
 def _joined(values) -> str:
