@@ -41,6 +41,7 @@ GRACE_S = 5.0      # after a failure, how long the others get to exit by themsel
 POLL_S = 0.05
 PAYLOAD = "payload.pkl"
 PROGRESS = "progress.txt"
+FORKED = "forked"       # present in a run's folder when its ranks were forked from the fork server
 HEARTBEAT_S = 0.5  # a rank's heartbeat period
 
 
@@ -121,9 +122,7 @@ def _never_started(run_dir: str, rank: int) -> str:
     """Why a rank forked from the fork server may have failed before parsim's code ran in it:
     multiprocessing imported the launching script again, and code at its top level (no
     ``__main__`` guard) tried to start processes of its own ("" when that cannot be it)."""
-    if heartbeat_file(run_dir, rank).exists() or not launched_from_a_script():
-        return ""
-    if os.environ.get(START_ENV, "forkserver") != "forkserver":
+    if heartbeat_file(run_dir, rank).exists() or not Path(run_dir, FORKED).exists() or not launched_from_a_script():
         return ""
     script = getattr(sys.modules["__main__"], "__file__", "?")
     return (f"; it never started: ranks forked from the fork server import the script {script} again, so "
@@ -216,6 +215,7 @@ def _start(run_dir: str, world: int, env: dict[str, str], method: str) -> list:
                                  env=env, stdout=_child_stdout(), stdin=subprocess.DEVNULL)
                 for rank in range(world)]
     from .forked import start_forked
+    Path(run_dir, FORKED).touch()
     return [start_forked(run_dir, rank, env, _child_stdout()) for rank in range(world)]
 
 
