@@ -87,7 +87,7 @@ class OperandPool:
     @staticmethod
     def aligned(numel: int, dtype: torch.dtype) -> int:
         """Elements ``numel`` occupies in the pool, rounded up to the alignment."""
-        align = max(1, ALIGN_BYTES // torch.empty((), dtype=dtype).element_size())
+        align = max(1, ALIGN_BYTES // dtype.itemsize)
         return -(-numel // align) * align
 
     def reserve(self, dtype: torch.dtype, numel: int) -> bool:
@@ -95,7 +95,7 @@ class OperandPool:
         the next ones (the cursor went back to the start or the buffer was replaced)."""
         buf = self._buffers.get(dtype)
         if buf is None or buf.numel() < numel:     # grown by doubling: a grid's sets grow in steps
-            floor = -(-self.floor_bytes // torch.empty((), dtype=dtype).element_size())
+            floor = -(-self.floor_bytes // dtype.itemsize)
             size = max(numel, floor, 2 * buf.numel() if buf is not None else 0)
             self._buffers[dtype] = _normal(size, dtype, self.device)
             self._cursor[dtype] = 0
@@ -108,16 +108,17 @@ class OperandPool:
     def take(self, shape: Sequence[int], dtype: torch.dtype, grad: bool = False) -> torch.Tensor:
         """A view of ``shape`` at the next free offset; ``grad``: a leaf that requires grad."""
         numel = math.prod(shape)
-        self.reserve(dtype, self.aligned(numel, dtype))
+        room = self.aligned(numel, dtype)
+        self.reserve(dtype, room)
         start = self._cursor[dtype]
-        self._cursor[dtype] = start + self.aligned(numel, dtype)
+        self._cursor[dtype] = start + room
         return self._buffers[dtype][start:start + numel].view(*shape).detach().requires_grad_(grad)
 
     def rotation(self, shapes: Sequence[Sequence[int]], dtype: torch.dtype) -> Callable[[], list[torch.Tensor]]:
         """A function returning the next of enough operand sets of ``shapes`` to span twice the
         last-level cache (``copies_for``): what a model pass finds, weights not in cache."""
         set_numel = sum(self.aligned(math.prod(s), dtype) for s in shapes)
-        count = copies_for(set_numel * torch.empty((), dtype=dtype).element_size(), self.device)
+        count = copies_for(set_numel * dtype.itemsize, self.device)
         self.reserve(dtype, count * set_numel)
         sets = cycle([[self.take(s, dtype) for s in shapes] for _ in range(count)])
         return lambda: next(sets)
