@@ -33,23 +33,33 @@ DEFAULT_LLC_BYTES = 32 * 2**20
 MAX_COPIES = 64
 
 
+def cache_levels(device: torch.device) -> tuple[int, ...]:
+    """Bytes of each data (or unified) cache level >= 2 serving one core of a CPU, smallest
+    first, from sysfs (one instance each: a per-core L2, the shared L3); () for CUDA devices and
+    where sysfs says nothing."""
+    if device.type == "cuda":
+        return ()
+    sizes: dict[int, int] = {}
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            kind = (index / "type").read_text().strip() if (index / "type").exists() else "Unified"
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if level < 2 or kind == "Instruction":
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1:], 1)
+        sizes[level] = max(sizes.get(level, 0), int(size[:-1] if size[-1:] in "KMG" else size) * scale)
+    return tuple(sizes[k] for k in sorted(sizes))
+
+
 def llc_bytes(device: torch.device) -> int:
     """Bytes of the last-level cache serving ``device``."""
     if device.type == "cuda":
         size = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
         return size or DEFAULT_LLC_BYTES
-    best = 0
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
-        try:
-            level = int((index / "level").read_text())
-            size = (index / "size").read_text().strip()
-        except (OSError, ValueError):
-            continue
-        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1:], 1)
-        value = int(size[:-1] if size[-1:] in "KMG" else size) * scale
-        if level >= 2:
-            best = max(best, value)
-    return best or DEFAULT_LLC_BYTES
+    return max(cache_levels(device), default=0) or DEFAULT_LLC_BYTES
 
 
 def copies_for(set_bytes: float, device: torch.device) -> int:

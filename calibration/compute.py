@@ -229,14 +229,25 @@ def bench_membound(point: MemboundPoint, dtype: str, clock: Clock, repeats: int,
 def bench_adamw(shapes: list[tuple[int, ...]], clock: Clock, repeats: int, budget_s: float) -> Summary:
     """One step of the executor's own AdamW (``parsim.executor.optimizer.make_adamw``: torch's
     ``foreach=False`` update written out, weight decay on matrices) over fp32 master params of
-    ``shapes``: the optimizer a training step runs, not torch.optim's."""
+    ``shapes``: the optimizer a training step runs, not torch.optim's. Cold, as in a training
+    step, where the backward has gone through the cache since the last update: the steps rotate
+    over independent copies (params, grads, state) spanning twice the last-level cache
+    (``cache.copies_for``; 16 bytes per element: ``costs.timing.OPTIMIZER_WORKING_SET_BYTES``)."""
+    from parsim.costs.timing import OPTIMIZER_WORKING_SET_BYTES
     from parsim.executor.optimizer import make_adamw
-    params = [torch.nn.Parameter(torch.randn(*s, device=clock.device)) for s in shapes]
-    for p in params:
-        p.grad = torch.randn_like(p)
-    opt = make_adamw(params)
-    opt.step()   # allocates exp_avg / exp_avg_sq
-    return measure(opt.step, clock, repeats, budget_s, warmup=1)
+    elements = sum(math.prod(s) for s in shapes)
+    optimizers = []
+    for _ in range(copies_for(OPTIMIZER_WORKING_SET_BYTES * elements, clock.device)):
+        # constant values: the update's elementwise ops take as long on any normal numbers, and
+        # a fill costs a fraction of drawing random ones over hundreds of MB
+        params = [torch.nn.Parameter(torch.full(s, 0.5, device=clock.device)) for s in shapes]
+        for p in params:
+            p.grad = torch.full_like(p, 1e-3)
+        opt = make_adamw(params)
+        opt.step()   # allocates exp_avg / exp_avg_sq
+        optimizers.append(opt)
+    turn = cycle(optimizers)
+    return measure(lambda: next(turn).step(), clock, repeats, budget_s, warmup=1)
 
 
 def bench_grad_accumulate(shapes: list[tuple[int, ...]], dtype: str, clock: Clock, repeats: int,

@@ -143,24 +143,33 @@ def membound_grid(device_type: str, dtype: str, count: int, seed: int = 0) -> li
         kept += 1
         if kept == count:
             break
-    return out + adamw_grid(device_type, dtype, count, seed)
+    return out + adamw_grid(device_type, dtype, ADAMW_POINTS_PER_COUNT * count, seed)
 
 
 # AdamW over 1 .. 2^8 tensors: the executor's optimizer loops over parameter tensors in Python
 ADAMW_MAX_TENSORS_LOG2 = 8
+# AdamW steps per memory-bound size of the grid: its fit has a per-tensor term and a rate per
+# cache level (``surface_fit.fit_optimizer_levels``), so it needs a few points in each level
+ADAMW_POINTS_PER_COUNT = 3
+# a CPU step's parameters in all, in max_elements: a rank steps its whole model at once, tens of
+# tensors of the largest sizes (a GPU's steps stay at max_elements)
+ADAMW_CPU_TOTAL = 4
 
 
 def adamw_grid(device_type: str, dtype: str, count: int, seed: int = 0) -> list[MemboundPoint]:
-    """``count`` AdamW steps over 1 .. 256 equal tensors of 256 .. max_elements / tensors
-    elements each (a Latin hypercube over log tensors x log size): the synthetic layers alone
-    tie the tensor count to the bytes; these separate the per-tensor cost of the optimizer's
-    loop (``costs.optimizer_tensors``) from its bytes."""
+    """``count`` AdamW steps over equal tensors of 256 .. max_elements elements each, 1 .. 256
+    of them, at most max_elements in all (``ADAMW_CPU_TOTAL`` times that on a CPU; a Latin hypercube over log size x log tensors; the
+    size drawn first, so tensor sizes spread evenly over the cache levels the optimizer's rate
+    depends on): the synthetic layers alone tie the tensor count to the bytes; these separate
+    the per-tensor cost of the optimizer's loop (``costs.optimizer_tensors``) from its bytes."""
     r = ranges_for(device_type)
     per_param = ADAMW_BYTES_PER_PARAM + (0.0 if dtype == "fp32" else 4.0)
     out = []
     for a, b in latin_hypercube(count, 2, 57 + 100 * seed):
-        tensors = max(1, round(2 ** (a * ADAMW_MAX_TENSORS_LOG2)))
-        elements = _log_value(b, 256, max(256, r.max_elements // tensors), 64)
+        elements = _log_value(b, 256, r.max_elements, 64)
+        total = r.max_elements * (ADAMW_CPU_TOTAL if device_type == "cpu" else 1)
+        most = min(ADAMW_MAX_TENSORS_LOG2, math.log2(max(1, total // elements)))
+        tensors = max(1, round(2 ** (a * most)))
         params = tensors * elements
         out.append(MemboundPoint("adamw", (params,), params * per_param, 0.0, f"tensors={tensors} n={elements}",
                                  ((elements,),) * tensors))

@@ -11,9 +11,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from parsim.costs.timing import OPTIMIZER_WORKING_SET_BYTES
 from parsim.specs.surfaces import LeaveOut, MemboundFit, RooflineFit
+from parsim.specs.tables import OptimizerLevels
 
-from .surface_fit import Points, fit_membound, fit_optimizer, roofline_params, roofline_with_report
+from .surface_fit import (Points, fit_membound, fit_optimizer, fit_optimizer_levels, roofline_params,
+                          roofline_with_report)
 
 # costs.ops: fused attention's backward counts 2.5x its forward FLOPs (Dao 2022, Sec. 3.1)
 ATTENTION_BWD_FACTOR = 2.5
@@ -31,6 +34,7 @@ class Surfaces:
     rates: dict[str, float] = field(default_factory=dict)       # op -> bytes/s (1 / beta)
     report: dict[str, LeaveOut] = field(default_factory=dict)
     optimizer_per_tensor_s: float | None = None                 # AdamW's Python loop, s per tensor
+    optimizer_levels: OptimizerLevels | None = None             # AdamW's rate per cache level
 
     def peak(self, dtype: str) -> float | None:
         """The fitted asymptote of ``dtype``'s forward GEMMs (FLOP/s)."""
@@ -85,19 +89,18 @@ def attention_surfaces(results: list, dtype: str, overlap: bool, out: Surfaces) 
         out.report[f"attention.{dtype}.{pass_}"] = report
 
 
-def membound_surfaces(results: list, out: Surfaces, overhead: float = 0.0) -> None:
+def membound_surfaces(results: list, out: Surfaces, overhead: float = 0.0, caches: tuple[int, ...] = ()) -> None:
     """alpha + beta x bytes per op and pass over the grid's sizes (ops with at least 3 sizes);
-    AdamW: bytes / bandwidth + seconds per parameter tensor (``surface_fit.fit_optimizer``)."""
+    AdamW: bytes / bandwidth + seconds per parameter tensor (``surface_fit.fit_optimizer``), or
+    with one bandwidth per cache level of ``caches`` (``fit_optimizer_levels``) where that
+    predicts the left-out steps better."""
     names = sorted({p.name for p, _, _ in results})
     for name in names:
         sel = [(p, f, b) for p, f, b in results if p.name == name]
         if len(sel) < 3:
             continue
         if name == "adamw" and all(p.tensors for p, _, _ in sel):
-            opt = fit_optimizer([len(p.tensors) for p, _, _ in sel], [p.fwd_bytes for p, _, _ in sel],
-                                [f.median for _, f, _ in sel], overhead)
-            out.rates[name], out.optimizer_per_tensor_s = opt.bandwidth, opt.per_tensor_s
-            out.report[f"membound.{name}"] = opt.report
+            _optimizer_fit(sel, out, overhead, caches)
             continue
         with_bwd = all(b is not None for _, _, b in sel)
         fit, report = fit_membound([p.fwd_bytes for p, _, _ in sel], [f.median for _, f, _ in sel],
@@ -109,13 +112,30 @@ def membound_surfaces(results: list, out: Surfaces, overhead: float = 0.0) -> No
             out.membound[name] = fit
 
 
-def fit_surfaces(grid, dtype: str, sms: int | None = None, overlap: bool = False, overhead: float = 0.0) -> Surfaces:
+def _optimizer_fit(sel: list, out: Surfaces, overhead: float, caches: tuple[int, ...]) -> None:
+    seconds = [f.median for _, f, _ in sel]
+    opt = fit_optimizer([len(p.tensors) for p, _, _ in sel], [p.fwd_bytes for p, _, _ in sel], seconds, overhead)
+    out.rates["adamw"], out.optimizer_per_tensor_s = opt.bandwidth, opt.per_tensor_s
+    out.report["membound.adamw"] = opt.report
+    steps = [[float(math.prod(s)) for s in p.tensors] for p, _, _ in sel]
+    per_element = sel[0][0].fwd_bytes / sum(steps[0])
+    levels = fit_optimizer_levels(steps, seconds, overhead, caches, per_element, OPTIMIZER_WORKING_SET_BYTES) \
+        if caches else None
+    if levels is not None and levels.report.median < opt.report.median:
+        out.optimizer_levels = OptimizerLevels(levels.capacities, levels.bandwidths)
+        out.optimizer_per_tensor_s = levels.per_tensor_s
+        out.report["membound.adamw"] = levels.report
+
+
+def fit_surfaces(grid, dtype: str, sms: int | None = None, overlap: bool = False, overhead: float = 0.0,
+                 caches: tuple[int, ...] = ()) -> Surfaces:
     """Every surface of the grid; ``sms`` and ``overlap`` on a GPU (wave quantisation,
-    asynchronous launches); ``overhead``: the per-op overhead (s) the optimizer's price adds."""
+    asynchronous launches); ``overhead``: the per-op overhead (s) the optimizer's price adds;
+    ``caches``: the host's cache levels (``cache.cache_levels``) the optimizer's rate may follow."""
     out = Surfaces()
     gemm_surfaces(grid.gemm, dtype, sms, overlap, out)
     attention_surfaces(grid.attention, dtype, overlap, out)
-    membound_surfaces(grid.membound, out, overhead)
+    membound_surfaces(grid.membound, out, overhead, caches)
     return out
 
 

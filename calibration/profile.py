@@ -22,6 +22,7 @@ from .fit import Summary, fit_alpha_beta, fit_gemm_efficiency
 from .layer_terms import fit_layer_terms, layer_probe_tables
 from .machine_fit import device_numbers, fit_surfaces
 from .shapes import AttentionPoint, GemmPoint, MemboundPoint
+from .sharded import dtensor_per_tensor_s
 from .tables import (attention_efficiency, attention_table, collective_fits, collective_leave_out, contention_curve,
                      interference_curve, membound_table, spreads)
 
@@ -51,14 +52,15 @@ class Measurements:
     base: dict[str, Any] | None = None                 # profile supplying what was not measured
     grid: Any = None                                   # machine_bench.GridResults: the machine grid
     sms: int | None = None                             # a GPU's SMs (wave quantisation of its GEMM surface)
+    caches: tuple[int, ...] = ()                       # the host's cache levels (cache.cache_levels), bytes
 
 
 def build_profile(m: Measurements, name: str) -> dict[str, Any]:
     """The profile mapping of one run: the machine grid's fitted surfaces (``machine_fit``) and,
     where a model's own shapes were measured (``--model``), its exact tables beside them."""
     overhead = float(np.median([s.median for s in m.op_overhead.values()]))
-    surfaces = (fit_surfaces(m.grid, m.dtype, m.sms, overlap=m.device_type == "cuda", overhead=overhead)
-                if m.grid is not None else None)
+    surfaces = (fit_surfaces(m.grid, m.dtype, m.sms, overlap=m.device_type == "cuda", overhead=overhead,
+                             caches=m.caches) if m.grid is not None else None)
     membound = membound_table(m.membound, overhead, m.norm) if m.membound else None
     device: dict[str, Any] = {"name": m.device_name, **_compute_numbers(m, surfaces, membound),
                               "memory_bytes": int(m.memory_bytes), "membound_efficiency": 1.0,
@@ -154,7 +156,10 @@ def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
         attention_surface=surfaces.attention or None if surfaces else None,
         membound_surface=surfaces.membound or None if surfaces else None,
         fit_report=surfaces.report or None if surfaces else None,
-        optimizer_per_tensor_s=per_tensor)
+        optimizer_per_tensor_s=per_tensor,
+        optimizer_levels=surfaces.optimizer_levels if surfaces else None,
+        optimizer_sharded_per_tensor_s=next((x for x in (dtensor_per_tensor_s(r) for _, r in sorted(m.comm.items()))
+                                             if x is not None), None))
 
 
 def stage_probes(stages, layer) -> StageProbes:

@@ -147,6 +147,7 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
 
     from parsim.executor.host_alloc import apply_host_memory_policy
 
+    from .cache import cache_levels
     from .comm import COLLECTIVES, LIST_VARIANTS
     from .machine_bench import steps_of
     from .machine import cpu_model, cpu_seconds, default_profile_name, load_average, other_work, warn_if_busy
@@ -178,7 +179,8 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
 
     is_cuda = device.type == "cuda"
     m = Measurements(dtype=opts.dtype, device_type=device.type, norm=spec.norm, base=opts.base, model=spec,
-                     device_name=torch.cuda.get_device_name(device) if is_cuda else f"cpu-rank ({cpu_model()})")
+                     device_name=torch.cuda.get_device_name(device) if is_cuda else f"cpu-rank ({cpu_model()})",
+                     caches=cache_levels(device))
     threads = torch.get_num_threads()
     layer = LayerProbe(opts, device)
 

@@ -88,6 +88,10 @@ def test_quick_profile_loads_as_a_cluster_with_positive_numbers(quick_profile):
     assert dev.flops("fp32") == pytest.approx(surface.peak, rel=1e-5)
     for dtype, fits in dev.tables.gemm_surface.items():
         assert all(0 < f.efficiency((256, 256, 256)) <= 1.0 for f in fits.values()), dtype
+    # AdamW: time per tensor, more for FSDP2's DTensors; rates per cache level never rise with it
+    assert dev.tables.optimizer_per_tensor_s > 0 and dev.tables.optimizer_sharded_per_tensor_s > 0
+    levels = dev.tables.optimizer_levels
+    assert levels is None or list(levels.bandwidths) == sorted(levels.bandwidths, reverse=True)
 
 
 @ALONE

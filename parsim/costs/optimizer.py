@@ -27,7 +27,7 @@ from parsim.specs import ClusterSpec, ModelSpec, Plan
 
 from .memory import state_bytes
 from .ops import padded_vocab
-from .params import layer_params, optimizer_tensors
+from .params import layer_params, optimizer_tensor_sizes, optimizer_tensors
 from .placement import rank_of_stage
 from .timing import host_transfer_time, optimizer_time
 from .zero import zero_shard
@@ -51,24 +51,40 @@ def rank_tensors(cluster: ClusterSpec, model: ModelSpec, plan: Plan) -> list[flo
     """Per pipeline rank: the parameter tensors its optimizer step loops over
     (``params.optimizer_tensors``), or 0 each where the profile prices no per-tensor term (the
     count would be multiplied by 0: ZeRO-1's partition is not worth playing then)."""
-    if not cluster.device.tables.optimizer_per_tensor_s:
+    tables = cluster.device.tables
+    if not (tables.optimizer_per_tensor_s or tables.optimizer_sharded_per_tensor_s):
         return [0.0] * plan.pp
     return optimizer_tensors(model, plan)
 
 
-def optimizer_step(cluster: ClusterSpec, plan: Plan, rank_params: float, tensors: float = 0.0) -> OptimizerStep:
+def rank_tensor_sizes(cluster: ClusterSpec, model: ModelSpec, plan: Plan) -> list[tuple[float, ...]]:
+    """Per pipeline rank: the elements of each tensor its optimizer step loops over, whole
+    (``params.optimizer_tensor_sizes``; ``optimizer_step`` shards them under ZeRO-2/3), where the
+    profile prices the step by cache level (``tables.optimizer_levels``); else () each."""
+    if cluster.device.tables.optimizer_levels is None:
+        return [()] * plan.pp
+    return [tuple(t) for t in optimizer_tensor_sizes(model, plan)]
+
+
+def optimizer_step(cluster: ClusterSpec, plan: Plan, rank_params: float, tensors: float = 0.0,
+                   sizes: tuple[float, ...] = ()) -> OptimizerStep:
     """The optimizer step of a pipeline rank holding ``rank_params`` parameters, whose optimizer
-    loops over ``tensors`` parameter tensors (``rank_tensors``), under ``plan``."""
+    loops over ``tensors`` parameter tensors (``rank_tensors``) of ``sizes`` elements each
+    (``rank_tensor_sizes``; under ZeRO-2/3 every tensor is sharded 1/dp, FSDP2, and stepped as a
+    DTensor: ``timing.optimizer_time``'s ``sharded``), under ``plan``."""
     shard = zero_shard(rank_params, plan.dp, plan.zero, 1)
     sb = state_bytes(plan.dtype)
     on_host = plan.offload != "none"
     grads = on_host and plan.zero >= 2
     grad_bytes = shard * sb.grad if grads else 0.0
     param_bytes = shard * sb.param if on_host else 0.0
+    if sizes and plan.zero >= 2 and plan.dp > 1:
+        sizes = tuple(e / plan.dp for e in sizes)
     return OptimizerStep(
         params=shard, on_host=on_host, grads_to_host=grads, grads_to_host_bytes=grad_bytes,
         grads_to_host_s=host_transfer_time(cluster, grad_bytes) if grads else 0.0,
-        tensors=tensors, step_s=optimizer_time(cluster, shard, plan.dtype, on_host=on_host, tensors=tensors),
+        tensors=tensors, step_s=optimizer_time(cluster, shard, plan.dtype, on_host=on_host, tensors=tensors,
+                                               sizes=sizes, sharded=plan.zero >= 2 and plan.dp > 1),
         params_from_host_bytes=param_bytes,
         params_from_host_s=host_transfer_time(cluster, param_bytes) if on_host else 0.0)
 

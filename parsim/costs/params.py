@@ -144,20 +144,28 @@ def stage_largest_tensors(model: ModelSpec, plan: Plan) -> list[float]:
     return out
 
 
-def optimizer_tensors(model: ModelSpec, plan: Plan) -> list[float]:
-    """Parameter tensors one rank's optimizer steps over, per pipeline rank: all it holds
-    (ZeRO-2/3 shard every tensor, FSDP2), or under ZeRO-1 the most any DP replica owns when
-    whole tensors go, largest first, to the least-loaded replica (the executor's
+def optimizer_tensor_sizes(model: ModelSpec, plan: Plan) -> list[list[float]]:
+    """Elements of the parameter tensors one rank's optimizer steps over, per pipeline rank:
+    all it holds (ZeRO-2/3 shard every tensor, FSDP2: ``costs.optimizer.optimizer_step`` takes
+    1/dp of each), or under ZeRO-1 the tensors of the replica that owns the most when whole
+    tensors go, largest first, to the least-loaded replica (the executor's
     ``zero.partition_parameters``, as torch's ZeroRedundancyOptimizer)."""
     per_rank = stage_tensors(model, plan)
     if plan.zero != 1 or plan.dp == 1:
-        return [float(len(t)) for t in per_rank]
+        return per_rank
     out = []
     for tensors in per_rank:
-        heap, count = [(0.0, i) for i in range(plan.dp)], [0] * plan.dp   # (load, replica): the least, lowest first
+        heap = [(0.0, i) for i in range(plan.dp)]      # (load, replica): the least, lowest first
+        owned: list[list[float]] = [[] for _ in range(plan.dp)]
         for size in sorted(tensors, reverse=True):     # stable: ties keep their order, as the executor's
             load, r = heapq.heappop(heap)
             heapq.heappush(heap, (load + size, r))
-            count[r] += 1
-        out.append(float(max(count)))
+            owned[r].append(size)
+        out.append(max(owned, key=len))
     return out
+
+
+def optimizer_tensors(model: ModelSpec, plan: Plan) -> list[float]:
+    """Parameter tensors one rank's optimizer steps over, per pipeline rank
+    (``optimizer_tensor_sizes``)."""
+    return [float(len(t)) for t in optimizer_tensor_sizes(model, plan)]

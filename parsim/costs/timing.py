@@ -30,6 +30,7 @@ ranks sharing a CPU host slow each other down is ``costs.host``.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from parsim.specs import AttentionTable, ClusterSpec, DeviceProfile
 
@@ -274,19 +275,38 @@ def host_transfer_time(cluster: ClusterSpec, nbytes: float) -> float:
     return link.latency + nbytes / link.bandwidth
 
 
+# bytes of one parameter's AdamW working set: fp32 master weight, gradient, exp_avg, exp_avg_sq
+OPTIMIZER_WORKING_SET_BYTES = 16.0
+
+
 def optimizer_time(cluster: ClusterSpec, num_params: float, dtype: str, on_host: bool = False,
-                   tensors: float = 0.0) -> float:
+                   tensors: float = 0.0, sizes: Sequence[float] = (), sharded: bool = False) -> float:
     """AdamW step as a memory-bound op: per parameter it reads grad, master param, m, v and
     writes master param, m, v (+ the low-precision copy): 4*(1+3+3) bytes in fp32, + 2 for
     the bf16/fp16 copy (Megatron-LM / apex fused Adam). Plus, where the profile measured one,
     seconds per parameter tensor (``costs.optimizer_tensors``): an optimizer that loops over
     tensors in Python (torch's ``foreach=False``, the executor's AdamW) launches ~10 small ops
     and reads the step count back per tensor, whatever its size (``tables.optimizer_per_tensor_s``,
-    fitted by ``parsim calibrate``; absent: 0)."""
+    fitted by ``parsim calibrate``; absent: 0), and where the parameters are FSDP2's DTensors
+    (``sharded``: ZeRO-2/3) the seconds DTensor's dispatch adds per tensor
+    (``tables.optimizer_sharded_per_tensor_s``, ``calibration.sharded``).
+
+    Such a loop runs its ~9 elementwise ops tensor by tensor, so where the profile measured the
+    rate per cache level (``tables.optimizer_levels``) and the elements of each tensor are given
+    (``sizes``, ``costs.optimizer.rank_tensor_sizes``), each tensor streams at the rate of the
+    level its working set (``OPTIMIZER_WORKING_SET_BYTES`` per element) fits: re-read from that
+    cache by every op after the first, or from memory by every op when it fits none
+    (Hennessy & Patterson, "Computer Architecture", 6th ed., Sec. 2.1: a working set larger
+    than a cache level misses in it on every pass). Seconds."""
     per_param = 28.0 + (0.0 if dtype == "fp32" else 4.0)
-    nbytes = num_params * per_param
     dev = cluster.device
-    loop = tensors * (dev.tables.optimizer_per_tensor_s or 0.0)
+    per_tensor = (dev.tables.optimizer_per_tensor_s or 0.0) + (
+        (dev.tables.optimizer_sharded_per_tensor_s or 0.0) if sharded else 0.0)
+    loop = tensors * per_tensor
+    levels = dev.tables.optimizer_levels
+    if levels is not None and sizes and not on_host:
+        return sum(per_param * e / levels.bandwidth(OPTIMIZER_WORKING_SET_BYTES * e) for e in sizes) + loop
+    nbytes = num_params * per_param
     if on_host:
         return nbytes / dev.host_memory_bandwidth + loop
     return membound_time(dev, nbytes, "adamw") + loop

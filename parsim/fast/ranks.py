@@ -21,7 +21,7 @@ import numpy as np
 from numba.extending import register_jitable
 
 from parsim.costs import dp_buckets, optimizer_step, p2p_bytes, stage_largest_tensors, stage_params, state_bytes
-from parsim.costs.optimizer import bucket_to_host, layer_from_host_s, rank_tensors
+from parsim.costs.optimizer import bucket_to_host, layer_from_host_s, rank_tensor_sizes, rank_tensors
 from parsim.costs.placement import stages_of_rank
 from parsim.costs.timing import p2p_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout, stage_layers
@@ -80,6 +80,8 @@ class RankRows:
         self.pricer = CollectivePricer(cluster)
         self._blocks: dict[tuple, np.ndarray] = {}
         self._plans: dict[tuple, tuple[Plan, float]] = {}
+        self._sizes: dict[tuple[float, ...], int] = {}     # tensor sizes -> id (a key column)
+        self._sized: list[tuple[float, ...]] = []
 
     def __call__(self, dp: int, tp: int, pp: int, vpp: int, dtype: int, v_placed: int = 0) -> np.ndarray:
         """(pp, R_CHUNK + max_vpp): the rows of one rank key."""
@@ -98,7 +100,8 @@ class RankRows:
                                                 self.bucket_bytes, self.with_ps, head_rank, self.stack)
         # the optimizer blocks depend on the layout only through the rank's parameters and the
         # tensors its step loops over (all it holds; ZeRO-1: a replica's most)
-        keys = np.column_stack([params, rank_tensors(self.cluster, self.model, plan), self._zero1_tensors(plan)])
+        keys = np.column_stack([params, rank_tensors(self.cluster, self.model, plan), self._zero1_tensors(plan),
+                                self._size_ids(plan), self._size_ids(self._zero1_plan(plan))])
         distinct, rank_of = np.unique(keys, axis=0, return_inverse=True)
         blocks = np.array([self._step_blocks(dp, tp, dtype, *key) for key in distinct.tolist()])
         rows[:, self.step_columns] = blocks.reshape(len(distinct), -1)[rank_of.reshape(-1)]
@@ -106,35 +109,52 @@ class RankRows:
             rows[r, R_CHUNK:R_CHUNK + vpp] = [per_stage[s] for s in stages]
         return rows
 
-    def _zero1_tensors(self, plan: Plan) -> list[float]:
-        """Per pipeline rank: the tensors a ZeRO-1 step loops over (``rank_tensors``), where the
-        sweep has ZeRO-1 plans with dp > 1 (otherwise as many as the others')."""
+    def _zero1_plan(self, plan: Plan) -> Plan:
+        """The plan whose tensors a ZeRO-1 step loops over, where the sweep has ZeRO-1 plans with
+        dp > 1 (otherwise ``plan``: as many as the others')."""
         if plan.dp > 1 and any(zero == 1 for zero, _ in self.steps):
-            return rank_tensors(self.cluster, self.model, replace(plan, zero=1))
-        return rank_tensors(self.cluster, self.model, plan)
+            return replace(plan, zero=1)
+        return plan
+
+    def _zero1_tensors(self, plan: Plan) -> list[float]:
+        """Per pipeline rank: the tensors a ZeRO-1 step loops over (``rank_tensors``)."""
+        return rank_tensors(self.cluster, self.model, self._zero1_plan(plan))
+
+    def _size_ids(self, plan: Plan) -> list[float]:
+        """Per pipeline rank: the id of the sizes of the tensors its step loops over
+        (``rank_tensor_sizes``), an exact key column."""
+        out = []
+        for sizes in rank_tensor_sizes(self.cluster, self.model, plan):
+            if sizes not in self._sizes:
+                self._sizes[sizes] = len(self._sized)
+                self._sized.append(sizes)
+            out.append(float(self._sizes[sizes]))
+        return out
 
     def _step_blocks(self, dp: int, tp: int, dtype: int, params: float, tensors: float,
-                     zero1_tensors: float) -> np.ndarray:
+                     zero1_tensors: float, sizes_id: float, zero1_sizes_id: float) -> np.ndarray:
         """The optimizer blocks (``steps``, one after another) of a rank holding ``params``
-        parameters in ``tensors`` tensors (``zero1_tensors`` its ZeRO-1 step's; memoised: ranks
-        of many layouts hold as many)."""
-        key = (dp, tp, dtype, params, tensors, zero1_tensors)
+        parameters in ``tensors`` tensors of the sizes ``sizes_id`` (``zero1_*`` its ZeRO-1
+        step's; memoised: ranks of many layouts hold as many)."""
+        key = (dp, tp, dtype, params, tensors, zero1_tensors, sizes_id, zero1_sizes_id)
         if key not in self._blocks:
+            sizes, zero1_sizes = self._sized[int(sizes_id)], self._sized[int(zero1_sizes_id)]
             self._blocks[key] = np.array([
                 x for zero, offload in self.steps
                 for x in self._step_columns(dp, tp, dtype, zero, offload, params,
-                                            zero1_tensors if zero == 1 else tensors)])
+                                            zero1_tensors if zero == 1 else tensors,
+                                            zero1_sizes if zero == 1 else sizes)])
         return self._blocks[key]
 
     def _step_columns(self, dp: int, tp: int, dtype: int, zero: int, offload: int, params: float,
-                      tensors: float) -> list[float]:
+                      tensors: float, sizes: tuple[float, ...] = ()) -> list[float]:
         """The optimizer block of a rank holding ``params`` parameters, whose step loops over
-        ``tensors`` tensors, under (zero, offload)."""
+        ``tensors`` tensors of ``sizes`` elements, under (zero, offload)."""
         if (dp, tp, dtype, zero, offload) not in self._plans:
             plan = rank_plan(dp, tp, 1, 1, dtype, zero, offload, stack=self.stack)
             self._plans[dp, tp, dtype, zero, offload] = plan, layer_from_host_s(self.cluster, self.model, plan)
         plan, layer_up = self._plans[dp, tp, dtype, zero, offload]
-        step = optimizer_step(self.cluster, plan, params, tensors)
+        step = optimizer_step(self.cluster, plan, params, tensors, sizes)
         bucket = bucket_all = 0.0
         if plan.offload != "none":
             buckets = dp_buckets(params * state_bytes(plan.dtype).grad, self.bucket_bytes)

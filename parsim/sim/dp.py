@@ -113,7 +113,8 @@ def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
         dev.ledger.collective(start, env.now)
     rec.expose(rank, "dp", env.now - waited)
     n = sim.rank_params[dev.pp_rank]
-    opt = optimizer_step(sim.cluster, plan, n, sim.rank_optimizer_tensors[dev.pp_rank])
+    pp_rank = dev.pp_rank
+    opt = optimizer_step(sim.cluster, plan, n, sim.rank_optimizer_tensors[pp_rank], sim.rank_optimizer_sizes[pp_rank])
     released, temporaries = sim.step_bytes[dev.pp_rank]
     if released:
         dev.memory.change(env.now, PARAMS, -released)

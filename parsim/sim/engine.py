@@ -40,7 +40,8 @@ import simpy
 from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, stage_params, state_bytes,
                           zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing
-from parsim.costs.optimizer import layer_from_host_s, layer_shard_bytes, rank_tensors, tied_embedding_sync
+from parsim.costs.optimizer import (layer_from_host_s, layer_shard_bytes, rank_tensor_sizes, rank_tensors,
+                                   tied_embedding_sync)
 from parsim.costs.placement import loop_placed, rank_of_stage, stages_of_rank
 from parsim.costs.stack import zero_comm_factor
 from parsim.costs.timing import collective_time, p2p_time
@@ -111,6 +112,7 @@ class Simulation:
         self.step_bytes = optimizer_step_bytes(model, plan, cluster.device.tables.fsdp2_copies)
         self.state = state_bytes(plan.dtype)
         self.rank_params, self.rank_optimizer_tensors = stage_params(model, plan), rank_tensors(cluster, model, plan)
+        self.rank_optimizer_sizes = rank_tensor_sizes(cluster, model, plan)
         self.layer_params = layer_params(model, plan.tp)
         self.tied = tied_embedding_sync(model, plan)       # the tied embedding's gradient all-reduce
         self.edge_params = [(embedding_params(model, plan) if s == 0 else 0.0,

@@ -10,13 +10,13 @@ from .parse import (cluster_from_dict, device_from_dict, known_profiles, load_cl
 from .stack import STACKS, Stack, get_stack, plan_stack, plan_stacks
 from .plan import ALL_SCHEDULES, DEFAULT_DP_BUCKET_BYTES, OFFLOADS, RECOMPUTES, SCHEDULES, UNTIMED_SCHEDULES, Plan
 from .tables import (AttentionTable, CalibratedTables, GemmTable, GemmWaves, LayerComposition, LayerProbe,
-                     RankCurve)
+                     OptimizerLevels, RankCurve)
 from .validate import plan_mask, validate
 
 __all__ = [
     "ClusterSpec", "DeviceProfile", "GemmEfficiency", "LinkProfile", "NetworkProfile", "DTYPES",
     "CalibratedTables", "CollectiveFit", "CollectiveTables", "AttentionTable", "GemmTable", "GemmWaves",
-    "LayerComposition", "LayerProbe", "RankCurve",
+    "LayerComposition", "LayerProbe", "OptimizerLevels", "RankCurve",
     "SpecError", "SpecWarning", "RankLayout", "MODEL_PRESETS", "ModelSpec", "Plan",
     "SCHEDULES", "UNTIMED_SCHEDULES", "ALL_SCHEDULES", "OFFLOADS", "RECOMPUTES", "DEFAULT_DP_BUCKET_BYTES",
     "cluster_from_dict", "device_from_dict", "profile_tables", "with_profile_tables", "known_profiles",

@@ -229,3 +229,38 @@ def read_named(make):
 
 def write_named(value: dict[str, Any]) -> dict[str, Any]:
     return {k: v.to_dict() for k, v in value.items()}
+
+
+@dataclass(frozen=True)
+class OptimizerLevels:
+    """The optimizer's streaming rate by the cache level one parameter tensor's working set fits
+    in (``costs.timing.optimizer_time``): ``capacities`` in bytes, smallest first (the host's
+    per-core cache from sysfs; the shared last level as much of it as the fit finds this host
+    gets: a VM's share of a socket's L3 is not what sysfs states), and one bandwidth (counted
+    AdamW bytes / s) per level plus one for main memory (``len(bandwidths) == len(capacities) +
+    1``). A tensor whose working set fits a cache is streamed from memory once per step while
+    the update's ~9 elementwise ops re-read it from that cache; a larger one is streamed from
+    memory by every op (``calibration.surface_fit.fit_optimizer_levels``)."""
+    capacities: tuple[float, ...]
+    bandwidths: tuple[float, ...]
+
+    @classmethod
+    def from_dict(cls, where: str, raw: Any) -> "OptimizerLevels":
+        known(where, mapping(where, raw), ("capacities", "bandwidths"))
+        caps = row(f"{where}.capacities", raw.get("capacities"), tuple(range(0, 8)))
+        bws = row(f"{where}.bandwidths", raw.get("bandwidths"), (len(caps) + 1,))
+        if any(c <= 0 for c in caps) or list(caps) != sorted(caps) or any(b <= 0 for b in bws):
+            raise SpecError(where, raw, "capacities > 0 in increasing order and one bandwidth > 0 more than "
+                                        "capacities (the last: main memory)")
+        return cls(caps, bws)
+
+    def to_dict(self) -> dict[str, list[float]]:
+        return {"capacities": list(self.capacities), "bandwidths": list(self.bandwidths)}
+
+    def bandwidth(self, working_set: float) -> float:
+        """Bytes/s of a tensor of ``working_set`` bytes: the first level whose capacity holds
+        it, memory's where none does."""
+        for cap, bw in zip(self.capacities, self.bandwidths):
+            if working_set <= cap:
+                return bw
+        return self.bandwidths[-1]

@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 from .errors import SpecError
 from .readers import known as _known, mapping, number, plain as _plain, row, rows
-from .surfaces import (LeaveOut, MemboundFit, RooflineFit, StageProbes, read_named, read_per_dtype, write_named,
-                       write_per_dtype)
+from .surfaces import (LeaveOut, MemboundFit, OptimizerLevels, RooflineFit, StageProbes, read_named, read_per_dtype,
+                       write_named, write_per_dtype)
 
 EXTRA = "profile.device.extra"
 
@@ -251,6 +251,8 @@ class CalibratedTables:
     stage_probes: StageProbes | None = None                           # the synthetic stages run
     fit_report: dict[str, LeaveOut] | None = None                     # table -> leave-out error
     optimizer_per_tensor_s: float | None = None                       # AdamW's loop: seconds per tensor
+    optimizer_levels: OptimizerLevels | None = None                   # AdamW's rate by cache level
+    optimizer_sharded_per_tensor_s: float | None = None               # + per FSDP2 (DTensor) tensor
 
     # ------------------------------------------------------------------ reading
 
@@ -353,5 +355,7 @@ _KEYS: dict[str, tuple[str, Callable, Callable]] = {
     "stage_probes": ("stage_probes", StageProbes.from_dict, StageProbes.to_dict),
     "fit_report": ("fit_report", read_named(LeaveOut), write_named),
     "optimizer_per_tensor_s": ("optimizer_per_tensor_s", number, _same),
+    "optimizer_levels": ("optimizer_levels", OptimizerLevels.from_dict, OptimizerLevels.to_dict),
+    "optimizer_sharded_per_tensor_s": ("optimizer_sharded_per_tensor_s", number, _same),
 }
 assert {a for a, _, _ in _KEYS.values()} == {f.name for f in fields(CalibratedTables)}
