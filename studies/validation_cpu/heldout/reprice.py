@@ -3,7 +3,7 @@ profile, against the step time and peak memory the executor measured then (no ex
 
     .venv/bin/python studies/validation_cpu/heldout/reprice.py [RUN_DIR]    # ~2 s
 
-RUN_DIR defaults to run_20261125/; prints one line per plan and a summary per model."""
+RUN_DIR defaults to run_20261127/; prints one line per plan and a summary per model."""
 from __future__ import annotations
 
 import csv
@@ -38,4 +38,4 @@ def main(run: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "run_20261125")
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "run_20261127")
