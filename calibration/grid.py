@@ -151,17 +151,19 @@ ADAMW_MAX_TENSORS_LOG2 = 8
 # AdamW steps per memory-bound size of the grid: its fit has a per-tensor term and a rate per
 # cache level (``surface_fit.fit_optimizer_levels``), so it needs a few points in each level
 ADAMW_POINTS_PER_COUNT = 3
-# a CPU step's parameters in all, in max_elements: a rank steps its whole model at once, tens of
-# tensors of the largest sizes (a GPU's steps stay at max_elements)
-ADAMW_CPU_TOTAL = 4
+# a CPU step's parameters in all, in max_elements: a rank steps its whole model at once, several
+# tensors of the largest sizes (a GPU's steps stay at max_elements); 2 x, not more: a quick
+# calibration's larger steps cost seconds of a newcomer's first `make demo`
+ADAMW_CPU_TOTAL = 2
 
 
 def adamw_grid(device_type: str, dtype: str, count: int, seed: int = 0) -> list[MemboundPoint]:
     """``count`` AdamW steps over equal tensors of 256 .. max_elements elements each, 1 .. 256
-    of them, at most max_elements in all (``ADAMW_CPU_TOTAL`` times that on a CPU; a Latin hypercube over log size x log tensors; the
-    size drawn first, so tensor sizes spread evenly over the cache levels the optimizer's rate
-    depends on): the synthetic layers alone tie the tensor count to the bytes; these separate
-    the per-tensor cost of the optimizer's loop (``costs.optimizer_tensors``) from its bytes."""
+    of them, at most max_elements in all (``ADAMW_CPU_TOTAL`` times that on a CPU; a Latin
+    hypercube over log size x log tensors, the size drawn first, so tensor sizes spread evenly
+    over the cache levels the optimizer's rate depends on): the synthetic layers alone tie the
+    tensor count to the bytes; these separate the per-tensor cost of the optimizer's loop
+    (``costs.optimizer_tensors``) from its bytes."""
     r = ranges_for(device_type)
     per_param = ADAMW_BYTES_PER_PARAM + (0.0 if dtype == "fp32" else 4.0)
     out = []
