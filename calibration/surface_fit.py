@@ -359,10 +359,16 @@ def _nonnegative_fit(priced: np.ndarray, ops: np.ndarray, measured: np.ndarray, 
     return c, 0.0
 
 
+# relative leave-out improvement the per-op composition term must bring to be kept
+COMPOSITION_MARGIN = 0.01
+
+
 def fit_composition(priced: Sequence[float], ops: Sequence[float], measured: Sequence[float]) -> CompositionFit:
     """The composition terms of one pass over the stages (priced: their ops' priced seconds;
     ops: their op counts; measured: seconds). The per-op term is kept only when it predicts the
-    left-out stages better (leave-one-out) and there are at least three stages."""
+    left-out stages clearly better (leave-one-out median lower by ``COMPOSITION_MARGIN``: a
+    near-tie would flip on the profile's rounded numbers when ``refit`` re-derives it) and there
+    are at least three stages."""
     p, o, m = (np.asarray(x, dtype=float) for x in (priced, ops, measured))
     n = len(m)
     best: CompositionFit | None = None
@@ -377,6 +383,6 @@ def fit_composition(priced: Sequence[float], ops: Sequence[float], measured: Seq
         else:
             report = summarize_errors([0.0], 1)
         c, tau = _nonnegative_fit(p, o, m, two)
-        if best is None or report.median < best.report.median:
+        if best is None or report.median < best.report.median * (1.0 - COMPOSITION_MARGIN):
             best = CompositionFit(c, tau, report)
     return best

@@ -113,10 +113,10 @@ def test_quick_profile_collectives_grow_with_message_size(quick_profile):
 @ALONE
 @pytest.mark.slow
 def test_quick_profile_all_reduce_bandwidth_is_near_what_gloo_reaches_here(quick_profile):
-    path, _ = quick_profile
-    entry = load_cluster("cpu:2", profile=path).network.collectives.fit("all_reduce", 2)
-    ratio = (1 / entry.beta) / GLOO_ALL_REDUCE_BYTES_PER_S
-    assert 1 / 6 < ratio < 6, ratio      # a noisy 2-core VM and --quick sizes <= 4 MiB: tolerant
+    # the rate its largest message (4 MiB) is priced at, latency in: 1/beta alone rests on two noisy sizes
+    entry = load_cluster("cpu:2", profile=quick_profile[0]).network.collectives.fit("all_reduce", 2)
+    ratio = entry.points[-1][0] / entry.seconds(entry.points[-1][0]) / GLOO_ALL_REDUCE_BYTES_PER_S
+    assert 1 / 6 < ratio < 6, ratio
 
 
 @ALONE
