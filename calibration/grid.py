@@ -20,9 +20,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from parsim.costs.timing import adamw_bytes_per_param
 from parsim.specs import ModelSpec
 
-from .shapes import ADAMW_BYTES_PER_PARAM, AttentionPoint, GemmPoint, MemboundPoint, membound_points
+from .shapes import AttentionPoint, GemmPoint, MemboundPoint, membound_points
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def adamw_grid(device_type: str, dtype: str, count: int, seed: int = 0) -> list[
     tensor count to the bytes; these separate the per-tensor cost of the optimizer's loop
     (``costs.optimizer_tensors``) from its bytes."""
     r = ranges_for(device_type)
-    per_param = ADAMW_BYTES_PER_PARAM + (0.0 if dtype == "fp32" else 4.0)
+    per_param = adamw_bytes_per_param(dtype)
     out = []
     for a, b in latin_hypercube(count, 2, 57 + 100 * seed):
         elements = _log_value(b, 256, r.max_elements, 64)

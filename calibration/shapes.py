@@ -15,14 +15,12 @@ import math
 from dataclasses import dataclass
 
 from parsim.costs.ops import GRAD_BYTES, embedding_bwd_bytes
+from parsim.costs.timing import adamw_bytes_per_param
 from parsim.costs import DTYPE_BYTES, head_ops, layer_ops, padded_vocab
 from parsim.specs import ModelSpec, Plan
 
 # ops.py: a memory-bound op's backward moves 1.5x its forward bytes.
 BWD_BYTES_FACTOR = 1.5
-# timing.optimizer_time: AdamW reads grad, master param, m, v and writes param, m, v:
-# 4 * (1 + 3 + 3) bytes per fp32 parameter, + 4 with a bf16/fp16 model copy.
-ADAMW_BYTES_PER_PARAM = 28.0
 
 
 @dataclass(frozen=True)
@@ -139,8 +137,7 @@ def membound_points(model: ModelSpec, tps: list[int], mbss: list[int], dtype: st
                                      embedding_bwd_bytes(2 * tok * h * e, vocab * h, e), tag))
         tensors = tuple(adamw_param_shapes(model, tp))
         params = sum(math.prod(shape) for shape in tensors)
-        per_param = ADAMW_BYTES_PER_PARAM + (0.0 if dtype == "fp32" else 4.0)
-        out.append(MemboundPoint("adamw", (params,), params * per_param, 0.0, f"tp={tp}", tensors))
+        out.append(MemboundPoint("adamw", (params,), params * adamw_bytes_per_param(dtype), 0.0, f"tp={tp}", tensors))
         # autograd's AccumulateGrad: grad += new over every weight (costs.ops._grad_accumulation)
         grad_bytes = GRAD_BYTES[dtype]
         out.append(MemboundPoint("grad_accumulate", (params,), 3.0 * grad_bytes * params, 0.0, f"tp={tp}", tensors))

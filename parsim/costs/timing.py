@@ -279,11 +279,16 @@ def host_transfer_time(cluster: ClusterSpec, nbytes: float) -> float:
 OPTIMIZER_WORKING_SET_BYTES = 16.0
 
 
+def adamw_bytes_per_param(dtype: str) -> float:
+    """Bytes an AdamW step moves per parameter: reads grad, master param, m, v and writes master
+    param, m, v, 4 * (1 + 3 + 3) in fp32, + 4 with a bf16/fp16 model copy (Megatron-LM / apex
+    fused Adam). The one count every price and calibration point of the optimizer uses."""
+    return 28.0 + (0.0 if dtype == "fp32" else 4.0)
+
+
 def optimizer_time(cluster: ClusterSpec, num_params: float, dtype: str, on_host: bool = False,
                    tensors: float = 0.0, sizes: Sequence[float] = (), sharded: bool = False) -> float:
-    """AdamW step as a memory-bound op: per parameter it reads grad, master param, m, v and
-    writes master param, m, v (+ the low-precision copy): 4*(1+3+3) bytes in fp32, + 2 for
-    the bf16/fp16 copy (Megatron-LM / apex fused Adam). Plus, where the profile measured one,
+    """AdamW step as a memory-bound op over ``adamw_bytes_per_param`` bytes a parameter. Plus, where the profile measured one,
     seconds per parameter tensor (``costs.optimizer_tensors``): an optimizer that loops over
     tensors in Python (torch's ``foreach=False``, the executor's AdamW) launches ~10 small ops
     and reads the step count back per tensor, whatever its size (``tables.optimizer_per_tensor_s``,
@@ -298,7 +303,7 @@ def optimizer_time(cluster: ClusterSpec, num_params: float, dtype: str, on_host:
     cache by every op after the first, or from memory by every op when it fits none
     (Hennessy & Patterson, "Computer Architecture", 6th ed., Sec. 2.1: a working set larger
     than a cache level misses in it on every pass). Seconds."""
-    per_param = 28.0 + (0.0 if dtype == "fp32" else 4.0)
+    per_param = adamw_bytes_per_param(dtype)
     dev = cluster.device
     per_tensor = (dev.tables.optimizer_per_tensor_s or 0.0) + (
         (dev.tables.optimizer_sharded_per_tensor_s or 0.0) if sharded else 0.0)
