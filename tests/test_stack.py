@@ -99,7 +99,8 @@ def test_fast_path_and_simpy_agree_under_each_stack(plan):
     p = parse_plan(plan)
     fast = evaluate(model, cluster, PlanTable.from_plans([p]))
     sim = simulate(model, cluster, p, record_events=False)
-    assert fast.step_time_s[0] == pytest.approx(sim.step_time_s, rel=0.05 if "deepspeed" in plan else 0.03)
+    slowed = "zero=3" in plan and cluster.device.stacks.get(p.stack, get_stack(p.stack)).comm_compute_slowdown > 0
+    assert fast.step_time_s[0] == pytest.approx(sim.step_time_s, rel=0.05 if slowed else 0.03)
     assert fast.peak_memory_bytes[0] == pytest.approx(sim.peak_memory_bytes, rel=1e-3)
     assert bool(fast.fits()[0]) == sim.fits == fits(model, p, cluster)
 

@@ -1,6 +1,7 @@
 """Costs: pure functions of (model, plan[, cluster]) -> FLOPs, bytes, seconds. SI units."""
 from .activations import embedding_activation_bytes, head_activation_bytes, layer_activation_bytes
 from .comm import (Collective, dp_buckets, dp_grad_bytes, dp_param_bytes, microbatch_activation_bytes, p2p_bytes,
+                   p2p_holds_sender,
                    tp_collectives_edge, tp_collectives_per_layer, zero3_gather_bytes_per_layer,
                    zero3_reduce_scatter_bytes_per_layer)
 from .flops import eq3_flops, hardware_flops_per_step, model_flops_per_step

@@ -106,6 +106,19 @@ def p2p_bytes(model: ModelSpec, plan: Plan) -> float:
     return full / plan.tp if plan_stack(plan).p2p_scatter_gather or plan.sp else full
 
 
+# schedules whose pipeline sends hold a blocking stack's sender (``Stack.p2p_blocking``): a
+# naive pipeline waits for every transfer anyway; the zero-bubble family's sends overlap
+BLOCKING_SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+def p2p_holds_sender(plan: Plan, schedule: str | None = None) -> bool:
+    """Whether a pipeline send holds its sending stage until it is through (``Stack.p2p_blocking``
+    under the GPipe, 1F1B and interleaved schedules): the stage's next pass starts after it.
+    ``schedule``: instead of the plan's."""
+    schedule = plan.schedule if schedule is None else schedule
+    return plan.pp > 1 and schedule in BLOCKING_SCHEDULES and plan_stack(plan).p2p_blocking
+
+
 def dp_grad_bytes(model: ModelSpec, plan: Plan, pp_rank: int) -> float:
     """Gradient bytes a device reduces over its DP group per step (its stage's grads)."""
     return stage_params(model, plan)[pp_rank] * state_bytes(plan.dtype).grad

@@ -235,7 +235,7 @@ def collective_time(cluster: ClusterSpec, op: str, nbytes: float, group: list[in
     k = n // nodes                                   # members per node
     # every device of a node talks at once (all DP/TP groups run together), so each gets
     # its share of the node's NICs, and never more than one NIC
-    inter_bw = min(net.inter_node_bandwidth_per_device(dpn), net.inter_node.bandwidth)
+    inter_bw = net.nic_share(dpn)
     # NCCL runs one ring (channel) per NIC, pipelined through NVLink inside the node: a ring
     # over the n members crosses each node boundary on the k members' NICs in parallel, so
     # the bus bandwidth is k NICs' worth, capped by NVLink (multi-node nccl-tests on DGX
@@ -263,8 +263,12 @@ def p2p_time(cluster: ClusterSpec, nbytes: float, src: int, dst: int) -> float:
     if cal is not None:
         return cal
     net = cluster.network
-    link = net.intra_node if link_between(cluster, src, dst) == "nvlink" else net.inter_node
-    return link.latency + nbytes / link.bandwidth
+    if link_between(cluster, src, dst) == "nvlink":
+        return net.intra_node.latency + nbytes / net.intra_node.bandwidth
+    # the ranks of a stage send to the next stage together (the whole activation from every
+    # TP rank, or 1/t of it with scatter/gather; every DP replica at once): each at its share
+    # of the node's NICs, as the collectives are priced
+    return net.inter_node.latency + nbytes / net.nic_share(cluster.devices_per_node)
 
 
 def host_transfer_time(cluster: ClusterSpec, nbytes: float) -> float:
@@ -330,6 +334,6 @@ def parameter_server_time(cluster: ClusterSpec, nbytes: float, group: list[int])
     if group_link(cluster, group) == "nvlink":
         bw, alpha = net.intra_node.bandwidth, net.intra_node.latency
     else:
-        bw = min(net.inter_node_bandwidth_per_device(cluster.devices_per_node), net.inter_node.bandwidth)
+        bw = net.nic_share(cluster.devices_per_node)
         alpha = net.inter_node.latency
     return (n - 1) * nbytes / bw + alpha

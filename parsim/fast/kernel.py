@@ -48,7 +48,7 @@ def evaluate_all(out, plans, tables, sync):
         off = tables.rank_offset[tables.rank_id[i]]
         ranks = tables.rank[off:off + pp]
         soff = tables.send_offset[tables.send_id[i]]
-        send = tables.send[soff:soff + pp]
+        send = tables.send[soff:soff + pp + 1]       # the sends, then S_HOLDS (``fast.ranks.send_rows``)
         moff = tables.moment_offset[tables.moment_id[i]]
         lrow, hrow = tables.layer[tables.layer_id[i]], tables.head[tables.head_id[i]]
         plan_memory(out[i], dp, pp, plans.vpp[i], plans.zero[i], plans.offload[i], lrow, hrow,

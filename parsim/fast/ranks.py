@@ -8,10 +8,11 @@
   for each (ZeRO stage, offload) its optimizer step (its bytes and, where the profile prices it,
   its parameter tensors: ``costs.optimizer.rank_tensors``) and ZeRO-Offload's host transfers
   (``costs.optimizer``: the same ``OptimizerStep`` the SimPy engine plays at the end of the step);
-* send key (dp, tp, pp, mbs, dtype): per pipeline rank r the seconds of its send to rank r + 1,
-  and the last rank's to rank 0 (a loop's turn to the next chunk) (``costs.timing.p2p_time`` of
-  ``costs.p2p_bytes`` between the two ranks' devices, as the table's software stack sends it;
-  it is the same both ways, ``send_between``).
+* send key (dp, tp, pp, mbs, dtype, schedule): per pipeline rank r the seconds of its send to
+  rank r + 1, and the last rank's to rank 0 (a loop's turn to the next chunk)
+  (``costs.timing.p2p_time`` of ``costs.p2p_bytes`` between the two ranks' devices, as the
+  table's software stack sends it; it is the same both ways, ``send_between``); then one more
+  entry, ``S_HOLDS``: 1 where a send holds its sender (``costs.p2p_holds_sender``), else 0.
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from dataclasses import replace
 import numpy as np
 from numba.extending import register_jitable
 
-from parsim.costs import dp_buckets, optimizer_step, p2p_bytes, stage_largest_tensors, stage_params, state_bytes
+from parsim.costs import (dp_buckets, optimizer_step, p2p_bytes, p2p_holds_sender, stage_largest_tensors, stage_params,
+                          state_bytes)
 from parsim.costs.optimizer import bucket_to_host, layer_from_host_s, rank_tensor_sizes, rank_tensors
 from parsim.costs.placement import stages_of_rank
 from parsim.costs.timing import p2p_time
@@ -165,14 +167,16 @@ class RankRows:
 
 
 def send_rows(model: ModelSpec, cluster: ClusterSpec, dp: int, tp: int, pp: int, mbs: int, dtype: int,
-              stack: str = AUTO) -> np.ndarray:
-    """(pp,): seconds of pipeline rank r's send to rank r + 1 (its DP rank 0, TP rank 0 device to
-    the next one's); on the last rank its send to rank 0 (0 without pipelining); the bytes as
-    ``stack``'s pipeline sends them."""
+              schedule: int = 0, stack: str = AUTO) -> np.ndarray:
+    """(pp + 1,): seconds of pipeline rank r's send to rank r + 1 (its DP rank 0, TP rank 0
+    device to the next one's); on the last rank its send to rank 0 (0 without pipelining); the
+    bytes as ``stack``'s pipeline sends them; last, whether the sends hold their sender under
+    ``schedule`` (a code of ``WORDS["schedule"]``; ``S_HOLDS``)."""
     plan = Plan(dp=dp, tp=tp, pp=pp, mbs=mbs, dtype=WORDS["dtype"][dtype], stack=stack)
     nbytes = p2p_bytes(model, plan)
     layout = RankLayout(dp=dp, tp=tp, pp=pp)
-    out = np.zeros(pp)
+    out = np.zeros(pp + 1)
     for r in range(pp if pp > 1 else 0):
         out[r] = p2p_time(cluster, nbytes, layout.rank(r, 0, 0), layout.rank((r + 1) % pp, 0, 0))
+    out[pp] = float(p2p_holds_sender(plan, WORDS["schedule"][schedule]))
     return out

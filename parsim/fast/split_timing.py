@@ -192,7 +192,8 @@ def plan_time_split(out, plan, lrow, hrow, ranks, send, sync, nodes, m_played):
             sends += send[r]
     out[O_STEP] = step
     out[O_PIPE] = t_pipe
-    out[O_BUBBLE] = 1.0 - busy_all / (plan.pp * step) if step > 0 else 0.0
+    # idle share of the step, >= 0 (the difference can round below zero when no rank idles)
+    out[O_BUBBLE] = max(0.0, 1.0 - busy_all / (plan.pp * step)) if step > 0 else 0.0
     out[O_TP] = plan.m * tp_total / plan.pp
     out[O_DP] = exposed_dp / plan.pp
     out[O_PP] = (plan.m + 1.0) * sends / plan.pp

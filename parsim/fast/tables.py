@@ -313,7 +313,7 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, plans: PlanTable) -> Co
     steps = key_ids(c["zero"], c["offload"])[0].tolist()
     rank_rows = RankRows(model, cluster, plans.dp_bucket_bytes, with_ps, max_vpp, steps, st)
     rank, rank_offset = _stacked([rank_rows(*map(int, k)) for k in rkeys], (0, R_CHUNK + max_vpp))
-    skeys, send_id = key_ids(c["dp"], c["tp"], c["pp"], c["mbs"], c["dtype"])
+    skeys, send_id = key_ids(c["dp"], c["tp"], c["pp"], c["mbs"], c["dtype"], c["schedule"])
     send, send_offset = _stacked([send_rows(model, cluster, *map(int, k), stack=st) for k in skeys], (0,))
     return CostTables(layer=layer, head=head, dtype=dtype_table(st), rank=rank, rank_offset=rank_offset, send=send,
                       send_offset=send_offset, layer_id=layer_id, head_id=head_id, dtype_id=c["dtype"],

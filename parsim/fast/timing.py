@@ -2,7 +2,8 @@
 
 Per microbatch, rank r runs forward F_r and backward B_r over its L_r layers (per-layer times
 from ``fast.tables``: op times, TP collectives on the critical path, recomputation), plus the
-embedding on rank 0 and the output head on the last rank. With X_r = F_r + B_r:
+embedding on rank 0 and the output head on the last rank, and where the stack's sends hold
+their sender (``costs.p2p_holds_sender``) its own sends (``_held``). With X_r = F_r + B_r:
 
     T_pipe = sum_r X_r + (m - 1) max_r X_r + fill/drain sends      (GPipe, 1F1B)
            = sum_r X_r / v + (m - 1/v) max_r X_r + sends            (interleaved, v chunks)
@@ -116,12 +117,17 @@ def plan_time(out, plan, lrow, hrow, ranks, send, sync):
     m, pp = plan.m, plan.pp
     out[O_STEP] = step
     out[O_PIPE] = t_pipe
-    out[O_BUBBLE] = 1.0 - busy / (pp * step) if step > 0 else 0.0
+    # idle share of the step, >= 0 (the difference can round below zero when no rank idles)
+    out[O_BUBBLE] = max(0.0, 1.0 - busy / (pp * step)) if step > 0 else 0.0
     out[O_TP] = m * (tp_total + queued_tp) / pp
     # a time blocked is >= 0; the difference can round below zero when the terms are huge
     out[O_DP] = max(0.0, exposed_dp - m * queued_tp) / pp
-    # each rank waits one send per microbatch on the wire, and once more in the fill
-    out[O_PP] = (2.0 * m if plan.schedule == NAIVE else m + 1.0) * sends / pp
+    # each rank waits one send per microbatch on the wire, and once more in the fill; a blocking
+    # stack's rank also its own sends
+    held = 0.0
+    for r in range(pp):
+        held += _held(plan, send, r)
+    out[O_PP] = ((2.0 * m if plan.schedule == NAIVE else m + 1.0) * sends + m * held) / pp
 
 
 @numba.njit(cache=True, inline="always")
@@ -176,6 +182,20 @@ def _backward(t, L, vpp):
 
 
 @numba.njit(cache=True, inline="always")
+def _held(plan, send, r):
+    """Seconds rank r's own sends hold it per microbatch where they hold their sender
+    (``send[pp]``, ``fast.ranks.send_rows``; ``costs.p2p_holds_sender``): each of its vpp
+    chunks sends forward (but the last virtual stage) and backward (but the first)."""
+    pp, vpp = plan.pp, plan.vpp
+    if pp == 1 or send[pp] == 0.0:
+        return 0.0
+    last = pp - 1
+    fwd = (vpp - (1 if r == last else 0)) * send[r]
+    bwd = (vpp - (1 if r == 0 else 0)) * send[r - 1 if r > 0 else last]
+    return fwd + bwd
+
+
+@numba.njit(cache=True, inline="always")
 def _pipeline(plan, hrow, ranks, send, t):
     """One microbatch per rank, and the pipeline: (pipeline time, each rank's forward +
     backward per microbatch, sends of the fill, TP time per microbatch, TP time queued behind
@@ -197,7 +217,8 @@ def _pipeline(plan, hrow, ranks, send, t):
         else:
             x = L * (t.f_layer + t.b_layer)
         root_b = _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False)
-        x += _edges(r, last, hrow) + _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], True) + root_b
+        # a blocking stack's sends hold the rank in its steady state (``_held``)
+        x += _edges(r, last, hrow) + _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], True) + root_b + _held(plan, send, r)
         max_b = max(max_b, L * t.b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0)
                     + (hrow[H_HEAD_BWD] if r == last else 0.0) + root_b)
         rank_x[r] = x
@@ -235,7 +256,8 @@ def _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x)
         b_rank += _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False)
         if r > 0:
             end_r -= b_rank / vpp + send[r - 1]
-        ends[r] = end_r
+        # a blocking stack's rank is done when its last backward's send is through
+        ends[r] = end_r + (send[r - 1] if r > 0 and send[pp] > 0.0 else 0.0)
         ready[r], post[r] = _gradients_ready(plan, ranks, t, sync, r, end_r, b_rank, t_pipe, max_b, max_x)
     tie_embedding(plan, ranks, ready)
     step, exposed_dp, busy = 0.0, 0.0, 0.0
@@ -249,12 +271,13 @@ def _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x)
             opt += ranks[r, t.opt_block + S_PARAMS_UP]          # the updated parameter shard comes back
         else:
             busy += opt
+        held = _held(plan, send, r)
         if t.zero3:
             # inside the actions: the waits for gathers that compute did not hide
-            exposed += m * (rank_x[r] - ranks[r, R_LAYERS] * (t.f_layer + t.b_layer) - _edges(r, last, hrow))
+            exposed += m * (rank_x[r] - held - ranks[r, R_LAYERS] * (t.f_layer + t.b_layer) - _edges(r, last, hrow))
         step = max(step, ready[r] + opt + post[r])
         exposed_dp += exposed
-        busy += m * rank_x[r]                       # whole actions, waits inside them included
+        busy += m * (rank_x[r] - held)              # whole actions, waits inside them included
     return step, exposed_dp, busy
 
 

@@ -36,7 +36,7 @@ def device(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     (``kept``) until its W ends."""
     rec, mem, rank, ledger = sim.recorder, dev.memory, dev.rank, dev.ledger
     footprints, keep, last_stage = sim.footprints, rec.keep_events, sim.num_stages - 1
-    interfered, detail = sim.interference > 0, rec.detail
+    interfered, detail, blocking = sim.interference > 0, rec.detail, sim.p2p_blocking
     for idx, (kind, stage, mb) in enumerate(dev.actions):
         if kind == "F&":
             yield from overlapped(env, sim, dev, idx, dev.overlaps[stage])
@@ -69,15 +69,25 @@ def device(env: simpy.Environment, sim: "Simulation", dev: "Device"):
         if keep:
             rec.rows.append((rank, stage, "compute", kind, mb, -1, begin, end, 0.0, cost.flops, ACTION))
         # output: to the next stage (F) or the previous one (B, I)
+        sent = end
         if forward and stage < last_stage:
-            sim.send(dev, ("act", stage, mb), stage + 1, mb)
+            sent = sim.send(dev, ("act", stage, mb), stage + 1, mb)
         elif (kind == "B" or kind == "I") and stage > 0:
-            sim.send(dev, ("grad", stage, mb), stage - 1, mb)
+            sent = sim.send(dev, ("grad", stage, mb), stage - 1, mb)
         if dev.run is not None:
             dev.run.release_final_gradients()
             dev.run = None
+        if blocking and sent > env.now:
+            yield from hold(env, sim, rank, sent)
     dev.compute_done.succeed(env.now)
     yield from finish_step(env, sim, dev)
+
+
+def hold(env: simpy.Environment, sim: "Simulation", rank: int, sent: float):
+    """A blocking stack's sender waits until its send is through (``costs.p2p_holds_sender``):
+    exposed pipeline time."""
+    sim.recorder.expose(rank, "pp", sent - env.now)
+    yield env.timeout(sent - env.now)
 
 
 def release(mem, end: float, kind: str, fp) -> None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 
 import simpy
 
-from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, stage_params, state_bytes,
+from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, p2p_holds_sender, stage_params, state_bytes,
                           zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing
 from parsim.costs.optimizer import (layer_from_host_s, layer_shard_bytes, rank_tensor_sizes, rank_tensors,
@@ -119,6 +119,7 @@ class Simulation:
                              head_params(model, plan) if s == self.num_stages - 1 else 0.0)
                             for s in range(self.num_stages)]
         self.p2p_nbytes = p2p_bytes(model, plan)
+        self.p2p_blocking = p2p_holds_sender(plan)     # a send holds its sender (``Stack.p2p_blocking``)
         self.zero3_gathers = gathers_layers(plan.zero, plan.dp)
         # ZeRO-2: every backward reduce-scatters its gradients part by part (``actions.zero2_scatters``)
         self.zero2_scatters = scatters_every_backward(plan.zero, plan.dp, plan.dp_impl == "ps")
@@ -316,10 +317,11 @@ class Simulation:
 
     # ------------------------------------------------------------------ pipeline p2p
 
-    def send(self, dev: Device, key: tuple, to_stage: int, microbatch: int) -> None:
+    def send(self, dev: Device, key: tuple, to_stage: int, microbatch: int) -> float:
         """Send an action's output (activations or input gradients) to the stage that needs
         it: the transfer is queued on the sender's port; a receiver already waiting gets one
-        event at the arrival, else the arrival time is left for it (no event at all)."""
+        event at the arrival, else the arrival time is left for it (no event at all). Returns
+        the arrival time (what a blocking stack's sender waits for)."""
         route = dev.routes.get(to_stage)
         if route is None:
             dst = self.layout.rank(rank_of_stage(self.plan, to_stage), *dev.replica)
@@ -342,6 +344,7 @@ class Simulation:
         if self.recorder.keep_events and duration > 0:
             self.recorder.rows.append((dev.rank, key[1], "pp", "send", microbatch, -1, start, start + duration,
                                        self.p2p_nbytes, 0.0, SEND_F if key[0] == "act" else SEND_B))
+        return start + duration
 
 
 def _device_actions(order) -> tuple[tuple, tuple]:

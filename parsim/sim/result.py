@@ -113,7 +113,8 @@ def assemble(sim: "Simulation", warnings: list[str], wall_start: float, asked: "
     mflops = model_flops_per_step(model, plan.gbs)
     hflops = hardware_flops_per_step(model, plan)
     busy = sum(rec.busy[r] for r in ranks)
-    bubble = 1.0 - busy / (len(ranks) * step) if step > 0 else 0.0
+    # >= 0: the difference can round below zero when no rank idles
+    bubble = max(0.0, 1.0 - busy / (len(ranks) * step)) if step > 0 else 0.0
     exposed = {k: sum(rec.exposed[r][k] for r in ranks) / len(ranks) for k in EXPOSED}
     stages = []
     for p in range(plan.pp):

@@ -39,6 +39,7 @@ class Stack:
     # --- communication
     grad_reduce_overlap: bool = True         # DP gradient reduction overlaps the last backward
     p2p_scatter_gather: bool = True          # pipeline sends 1/t of the activation per TP rank
+    p2p_blocking: bool = False               # a pipeline send holds its sender until it is through (no p2p overlap)
     tp_bwd_overlap: bool = False             # backward TP collectives overlap the weight-gradient GEMM
     zero_comm_efficiency: float = 1.0        # fraction of NCCL bandwidth its ZeRO collectives reach
     comm_compute_slowdown: float = 0.0       # compute s lost per s of collective it overlaps (NCCL on SMs)
@@ -128,6 +129,15 @@ REENTRANT_CHECKPOINT = dict(checkpoint_early_stop=False)
 # s = 1k: 512 -> 16k rises ~100 -> ~190 TFLOP/s (Dao 2023, arXiv:2307.08691, Fig. 4); flash
 # kernels after it (FA3, cuDNN) keep the shape.
 FLASH = dict(flash_attention=True, attention_half_seq=1024.0)
+# Pipeline sends that hold the sender: Megatron-LM's non-interleaved and (before
+# --overlap-p2p-communication) interleaved 1F1B exchange activations and gradients with
+# ``torch.distributed.batch_isend_irecv`` and wait for the requests before the next pass
+# (megatron/core/pipeline_parallel/p2p_communication.py, ``_communicate``: ``req.wait()``), and
+# DeepSpeed's pipeline engine runs each SendActivation / SendGrad instruction as a blocking
+# ``dist.send`` / broadcast (deepspeed/runtime/pipe/engine.py, p2p.py): the stage computes
+# nothing while its send is on the wire. Priced for the GPipe, 1F1B and interleaved schedules
+# (a naive pipeline waits for every transfer anyway); the zero-bubble schedules' sends overlap.
+BLOCKING_P2P = dict(p2p_blocking=True)
 # Host time per op a training framework adds where the GPU waits for it: ~20 us per eager
 # PyTorch op (dispatcher + Python module call + launch; PyTorch "Performance Tuning Guide",
 # CPU overhead): the prior of every GPU stack, refined per GPU by the run logs.
@@ -179,7 +189,10 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     Stack("torch", "plain PyTorch as parsim's executor runs it: the profile's numbers unchanged", **EAGER_TORCH),
     # Megatron-Core (Megatron-LM >= 0.5 with Transformer Engine): cuDNN / flash attention, the
     # distributed optimizer overlapping gradient reduce-scatter and parameter all-gather with
-    # compute (--overlap-grad-reduce, --overlap-param-gather), Megatron's loss.
+    # compute (--overlap-grad-reduce, --overlap-param-gather), Megatron's loss. Its interleaved
+    # schedule overlaps the pipeline sends (--overlap-p2p-communication, on by default), which
+    # is what the runs in the data ran (Llama 3); its non-interleaved 1F1B still waits for
+    # them (``BLOCKING_P2P``), which parsim does not price for this stack (no run checks it).
     Stack("megatron-core", "Megatron-Core + Transformer Engine: flash attention, overlapped DP communication",
           tp_bwd_overlap=True, **FLASH, **MEGATRON_LOSS, **HOST,
           **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
@@ -187,12 +200,12 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # (batched GEMMs around a fused scale-mask-softmax kernel), the DP all-reduce after the
     # pipeline flush (--DDP-impl local), scatter/gather pipeline sends (Sec. 4.1).
     Stack("megatron-lm", "Megatron-LM 2022 (v3): unfused attention, DP all-reduce after the flush, async TP backward",
-          flash_attention=False, grad_reduce_overlap=False, tp_bwd_overlap=True, **MEGATRON_LOSS, **HOST,
+          flash_attention=False, grad_reduce_overlap=False, tp_bwd_overlap=True, **BLOCKING_P2P, **MEGATRON_LOSS, **HOST,
           **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
     # Megatron-LM as the SC'21 paper ran it (v2, spring 2021): the same kernels, but every TP
     # collective synchronous (the asynchronous input-gradient all-reduce came with v2.6 / v3).
     Stack("megatron-lm-2021", "Megatron-LM 2021 (v2, Narayanan et al.): as megatron-lm with synchronous TP collectives",
-          flash_attention=False, grad_reduce_overlap=False, **MEGATRON_LOSS, **HOST,
+          flash_attention=False, grad_reduce_overlap=False, **BLOCKING_P2P, **MEGATRON_LOSS, **HOST,
           **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
     # Megatron-DeepSpeed (BigScience fork, 2022): Megatron's layers under DeepSpeed's pipeline
     # engine, which sends the whole activation from every TP rank (no scatter/gather,
@@ -202,14 +215,15 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # 02-28: "BF16 optimizer with fp32 grad accumulation (more memory, slower)"): 2 bytes more.
     Stack("megatron-deepspeed", "Megatron-DeepSpeed (BigScience): Megatron layers, DeepSpeed pipeline engine",
           flash_attention=False, grad_reduce_overlap=False, p2p_scatter_gather=False, bf16_grad_copy_bytes=2.0,
-          **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
+          **BLOCKING_P2P, **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
     # DeepSpeed ZeRO on Megatron's GPT layers (the ZeRO-3 comparison of Narayanan et al. 2021
     # Table 2): unfused attention; the parameter coordinator prefetches the next layer.
     # Its ZeRO-3 gathers tensor by tensor, prefetching up to stage3_prefetch_bucket_size (5e7)
     # parameters and keeping at most stage3_max_live_parameters (1e9) alive (DeepSpeed config
     # docs): about one layer of a 100B+ model at a time.
     Stack("deepspeed", "DeepSpeed ZeRO (stage 1-3) on Megatron GPT layers: unfused attention",
-          flash_attention=False, zero3_gathered_layers=1.0, zero3_max_live_params=1e9, **MEGATRON_LOSS, **HOST,
+          flash_attention=False, zero3_gathered_layers=1.0, zero3_max_live_params=1e9, **BLOCKING_P2P, **MEGATRON_LOSS,
+          **HOST,
           **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
     # FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel) as MosaicML llm-foundry /
     # Composer run it: flash attention, FULL_SHARD with backward prefetch, bf16 compute with

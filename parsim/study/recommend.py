@@ -77,7 +77,7 @@ class Recommendation:
 
 def inter_node_ratio(cluster: ClusterSpec) -> float:
     net = cluster.network
-    per_device = min(net.inter_node_bandwidth_per_device(cluster.devices_per_node), net.inter_node.bandwidth)
+    per_device = net.nic_share(cluster.devices_per_node)
     return per_device / net.intra_node.bandwidth
 
 

@@ -56,10 +56,15 @@ class Observation:
     flops_per_step: float = 0.0      # the source's FLOP count of one step (FLOP-type metrics)
     peak_flops: float = 0.0          # the source's peak FLOP/s (MFU)
     features: dict = field(default_factory=dict)   # seq_len, params, dp, tp_pp (for residual plots)
+    network: tuple = ()              # (key, value) pairs replacing the profile's network section
 
     @property
     def run_key(self) -> tuple:
-        return (self.model, self.profile, self.gpus, self.stack, self.plans)
+        return (self.model, self.profile, self.gpus, self.network, self.stack, self.plans)
+
+    @property
+    def cluster_key(self) -> tuple:
+        return (self.profile, self.gpus, self.network)
 
 
 @dataclass(frozen=True)
@@ -147,7 +152,12 @@ def observation(i: int, row: dict, group_column: str | None = None) -> Observati
     flops, peak = _flop_count(facts, row, model, plans[0], profile, kind)
     features = {"seq_len": model.seq_len, "params": _params(model), "dp": plans[0].dp, "tp_pp": plans[0].tp * plans[0].pp}
     return Observation(i, source, _text(row, group_column) if group_column else source, kind, value * factor,
-                       model, profile, gpus, stack, plans, flops, peak, features)
+                       model, profile, gpus, stack, plans, flops, peak, features,
+                       tuple((k, _frozen(v)) for k, v in sorted(facts.network.items())))
+
+
+def _frozen(v):
+    return tuple(sorted(v.items())) if isinstance(v, dict) else v
 
 
 def _int(row: dict, key: str) -> int:

@@ -36,12 +36,18 @@ def base_profiles(names) -> dict[str, dict]:
     return {n: load_profile_dict(n) for n in sorted(set(names))}
 
 
-def clusters_for(profiles: dict[str, dict], observations: list[Observation]) -> dict[tuple[str, int], ClusterSpec]:
+def clusters_for(profiles: dict[str, dict], observations: list[Observation]) -> dict[tuple, ClusterSpec]:
+    """Each observation's cluster (``Observation.cluster_key``): its profile on its GPU count,
+    with the network its source states where it differs from the profile's node."""
     out = {}
     for o in observations:
-        key = (o.profile, o.gpus)
+        key = o.cluster_key
         if key not in out:
-            out[key] = cluster_from_dict(profiles[o.profile], num_devices=o.gpus)
+            raw = profiles[o.profile]
+            if o.network:
+                net = {**raw.get("network", {}), **{k: dict(v) if isinstance(v, tuple) else v for k, v in o.network}}
+                raw = {**raw, "network": net}
+            out[key] = cluster_from_dict(raw, num_devices=o.gpus)
     return out
 
 
@@ -55,7 +61,7 @@ def predict(observations: list[Observation], profiles: dict[str, dict] | None = 
     for o in observations:
         r = runs.get(o.run_key)
         if r is None:
-            r = runs[o.run_key] = _run(o, clusters[(o.profile, o.gpus)])
+            r = runs[o.run_key] = _run(o, clusters[o.cluster_key])
         out.append(_prediction(o, r))
     return out
 

@@ -38,6 +38,14 @@ BLOOM = dict(activation="gelu", norm="layernorm", position="rope", tied_embeddin
 LLAMA = dict(activation="swiglu", norm="rmsnorm", position="rope", tied_embeddings=False, dropout=False, bias=False)
 
 
+# BLOOM's nodes (Jean Zay, IDRIS): 8 A100-80GB on NVLink/NVSwitch, like a DGX A100, but "4
+# OmniPath links" between nodes (BigScience tr11-176B-ml README, "Hardware"; Le Scao et al.
+# 2022, Sec. 3.4.1: Omni-Path Architecture), not 8 HDR InfiniBand NICs: 4 x 100 Gb/s = 12.5 GB/s
+# per link, taken at the fraction of line rate HDR reaches in the profile (23 / 25 GB/s):
+# 11.5 GB/s per link, 46 GB/s per node where a DGX A100 has 184.
+JEAN_ZAY = dict(inter_node=dict(bandwidth=11.5e9, latency=5.0e-6), nics_per_node=4)
+
+
 @dataclass(frozen=True)
 class SourceFacts:
     stack: str
@@ -46,6 +54,9 @@ class SourceFacts:
     plan: dict = field(default_factory=dict)
     # plan keys the source leaves open that its authors tuned: searched, fastest that fits
     search: tuple[str, ...] = ()
+    # the source's cluster where it is not the profile's reference node: keys of the profile's
+    # ``network`` section replaced (``inter_node``, ``nics_per_node``)
+    network: dict = field(default_factory=dict)
 
 
 SOURCES: dict[str, SourceFacts] = {
@@ -59,7 +70,7 @@ SOURCES: dict[str, SourceFacts] = {
     # Korthikanti et al. 2022 Table 4: one layer of the 22B model (t = 8, microbatch 4, Table 3)
     "Korthikanti2022_Table4": SourceFacts("megatron-lm", "eq3-recompute", GPT, dict(dtype="fp16", mbs=4)),
     "BLOOM_tr11_chronicles_prequel": SourceFacts("megatron-deepspeed", "eq3-recompute", BLOOM,
-                                                 dict(dtype="bf16", schedule="1f1b")),
+                                                 dict(dtype="bf16", schedule="1f1b"), network=JEAN_ZAY),
     "MosaicML_llm-foundry_benchmarks": SourceFacts("fsdp1", "6n-attention", MPT, dict(dtype="bf16")),
     # Llama 3 405B: bf16, TP with sequence parallelism, interleaved pipeline (its vpp is not
     # given: searched), FSDP that keeps the gathered weights (ZeRO-2-like)
