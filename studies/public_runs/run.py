@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from parsim.costs import eq3_flops, model_flops_per_step
-from parsim.specs import MODEL_PRESETS, ModelSpec, Plan, load_cluster
+from parsim.specs import MODEL_PRESETS, ModelSpec, Plan, load_profile_dict
+from parsim.study.runs.predict import cluster_on_network
+from parsim.study.runs.sources import JEAN_ZAY
 
 HERE = Path(__file__).resolve().parent
 
@@ -62,6 +64,7 @@ class Run:
     metric: str = "eq3"             # "eq3": Eq. 3 with recompute; "model": model FLOPs (MFU)
     search: dict = field(default_factory=dict)   # keys left open -> values tried
     require_fit: bool = True        # off where the authors fit memory by means parsim does not model
+    network: dict = field(default_factory=dict)  # the run's nodes where not the profile's (its network keys)
 
 
 # BLOOM (Le Scao et al. 2022, Table 3 / Sec. 3.2): ALiBi, so no position table ("rope" is
@@ -85,9 +88,10 @@ RUNS = [
           dict(tp=8, pp=35, dp=g // 280, mbs=1, gbs=1920, schedule="1f1b", recompute="full", dtype="bf16",
                dp_overlap=False, stack="megatron-deepspeed"), t)
       for g, t in ((2240, 126), (2800, 121), (3360, 113))],
+    # on Jean Zay's nodes: 4 Omni-Path links each, not a DGX's 8 HDR NICs (``JEAN_ZAY``)
     Run("BLOOM 176B, 384 A100", "Le Scao et al. 2022 Sec. 3.4", BLOOM, "a100-80g", 384,
         dict(tp=4, pp=12, dp=8, mbs=2, gbs=2048, schedule="1f1b", recompute="full", dtype="bf16", zero=1,
-             dp_overlap=False, stack="megatron-deepspeed"), 156),
+             dp_overlap=False, stack="megatron-deepspeed"), 156, network=JEAN_ZAY),
     # Dubey et al. 2024 Sec. 3.3.2: FSDP sharding optimizer and gradients, parameters kept
     # after forward (ZeRO-2), interleaved pipeline, first/last stage one layer short (what
     # parsim's balanced partition does with 126 layers), and 8K sequences trained *without
@@ -121,7 +125,7 @@ def candidates(run: Run) -> list[Plan]:
 
 
 def predict(run: Run, engine: str, top: int) -> dict:
-    cluster = load_cluster(f"{run.profile}:{run.gpus}")
+    cluster = cluster_on_network(load_profile_dict(run.profile), run.gpus, run.network)
     t0 = time.perf_counter()
     out = STUDY.choose_plan(run.model, cluster, candidates(run), engine, top, run.require_fit)
     if run.metric == "model":

@@ -43,12 +43,17 @@ def clusters_for(profiles: dict[str, dict], observations: list[Observation]) -> 
     for o in observations:
         key = o.cluster_key
         if key not in out:
-            raw = profiles[o.profile]
-            if o.network:
-                net = {**raw.get("network", {}), **{k: dict(v) if isinstance(v, tuple) else v for k, v in o.network}}
-                raw = {**raw, "network": net}
-            out[key] = cluster_from_dict(raw, num_devices=o.gpus)
+            net = {k: dict(v) if isinstance(v, tuple) else v for k, v in o.network}
+            out[key] = cluster_on_network(profiles[o.profile], o.gpus, net)
     return out
+
+
+def cluster_on_network(profile: dict, gpus: int, network: dict | None = None) -> ClusterSpec:
+    """``gpus`` devices of a profile (its dict), with keys of its ``network`` section replaced
+    by ``network`` (a source's own nodes: ``sources.SourceFacts.network``)."""
+    if network:
+        profile = {**profile, "network": {**profile.get("network", {}), **network}}
+    return cluster_from_dict(profile, num_devices=gpus)
 
 
 def predict(observations: list[Observation], profiles: dict[str, dict] | None = None) -> list[Prediction]:
