@@ -185,9 +185,13 @@ def _alternating_rounds(step: Callable[[], object], budget_s: float, clock, dist
     alternate within each round (the others wait in a barrier, which does not spin), so a slow
     minute of a shared machine moves both sides of a round's ratio alike; the profile takes
     the median over ``CONTENTION_ROUNDS`` rounds (on this project's 2-vCPU VM single rounds of
-    the real layer read 0.97x-1.56x within one job, the first round the slowest). Every rank
-    runs the same number of calls per phase, about ``budget_s`` in all over the rounds'
-    phases."""
+    the real layer read 0.97x-1.56x within one job, the first round the slowest). The solo
+    phase runs a fixed number of calls, about ``budget_s`` in all over the rounds' phases; the
+    concurrent phase is a window of the same length that every rank fills with calls from one
+    barrier on, counting the calls it finishes: every rank computes until the window closes,
+    so none runs with the host to itself at the end, as ranks that had finished a fixed count
+    early would leave the last ones (which read 1.86x for 4 GEMM ranks on 2 cores, below the
+    2x that sharing 2 cores among 4 busy ranks takes at least)."""
     step()
     clock.sync()
     t0 = time.perf_counter()
@@ -204,12 +208,24 @@ def _alternating_rounds(step: Callable[[], object], budget_s: float, clock, dist
         clock.sync()
         return (time.perf_counter() - t0) / calls
 
+    def window(seconds: float) -> float:
+        clock.sync()
+        t0 = time.perf_counter()
+        done = 0
+        while True:
+            step()
+            clock.sync()
+            done += 1
+            elapsed = time.perf_counter() - t0
+            if done >= 2 and elapsed >= seconds:
+                return elapsed / done
+
     out = []
     for _ in range(CONTENTION_ROUNDS):
         dist.barrier()
         solo = timed() if dist.get_rank() == 0 else None
         dist.barrier()
-        out.append([solo, timed()])
+        out.append([solo, window(calls * first)])
     return out
 
 

@@ -140,10 +140,12 @@ def contention_curve(comm: dict[int, list[dict]], key: str) -> RankCurve:
 
 
 def round_ratios(ranks: list[dict], key: str) -> list[float]:
-    """Per alternating round: the median over ranks of the concurrent seconds per call over
-    rank 0's solo seconds per call, both timed in the same round (``comm._alternating_rounds``)."""
+    """Per alternating round: the host's seconds per call while every rank calls at once (the
+    ranks' calls over one window: the harmonic mean of their seconds per call, what each rank
+    gets when the host's rate is shared equally, as the host model shares it) over rank 0's
+    solo seconds per call, both timed in the same round (``comm._alternating_rounds``)."""
     rounds = ranks[0][key]
-    return [float(np.median([r[key][i][1] for r in ranks])) / rounds[i][0] for i in range(len(rounds))]
+    return [len(ranks) / sum(1.0 / r[key][i][1] for r in ranks) / rounds[i][0] for i in range(len(rounds))]
 
 
 def interference_curve(comm: dict[int, list[dict]]) -> RankCurve:

@@ -272,16 +272,16 @@ def test_contention_rounds_alternate_rank0_alone_and_all_ranks_on_a_real_gloo_gr
 
 
 def test_contention_is_the_median_of_the_rounds_ratios_of_concurrent_over_rank0_solo():
-    """Each round's ratio compares rank 0's solo time with the ranks' concurrent times of the
-    same round (median over ranks); the profile keeps the median over rounds."""
+    """Per round: the host's concurrent time per call (harmonic mean over ranks) over rank 0's
+    solo time of the same round; the profile keeps the median over rounds."""
     from parsim.calibration.tables import contention_curve
 
     rounds0 = [[1.0, 1.5], [2.0, 2.0], [1.0, 1.2], [1.0, 9.0], [1.0, 1.1]]
     rounds1 = [[None, 1.3], [None, 2.2], [None, 1.0], [None, 9.0], [None, 1.3]]
-    # per round: median over ranks of (1.5, 1.3) / 1 = 1.4; 2.1 / 2 = 1.05; 1.1; 9; 1.2 -> median 1.2
+    # per round: 2 / (1/1.5 + 1/1.3) = 1.393; 2 / (1/2 + 1/2.2) / 2 = 1.048; 1.091; 9; 1.192 -> median 1.192
     comm = {2: [{"gemm_rounds": rounds0, "layer_rounds": rounds0}, {"gemm_rounds": rounds1, "layer_rounds": rounds1}]}
-    assert contention_curve(comm, "gemm_rounds").to_dict() == {"1": 1.0, "2": pytest.approx(1.2)}
-    assert contention_curve(comm, "layer_rounds").to_dict() == {"1": 1.0, "2": pytest.approx(1.2)}
+    assert contention_curve(comm, "gemm_rounds").to_dict() == {"1": 1.0, "2": pytest.approx(2 / (1 / 1.1 + 1 / 1.3))}
+    assert contention_curve(comm, "layer_rounds").to_dict() == {"1": 1.0, "2": pytest.approx(1.1917, rel=1e-3)}
     assert contention_curve(comm, "stream_rounds").to_dict() == {"1": 1.0}   # a group size without the rounds is left out
 
 
