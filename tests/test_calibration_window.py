@@ -38,6 +38,7 @@ def test_every_rank_keeps_calling_until_the_concurrent_window_closes():
     from parsim.executor.processes import free_port, run_ranks
 
     fast, slow = run_ranks(_window_rank, (free_port(),), 2)
-    assert all(0.0018 < t < 0.004 for t in fast[:-1]) and all(0.0055 < t < 0.009 for t in slow[:-1])
+    # each reads its own step (3x apart), not the slower one's: a ratio, no clock bound
+    assert all(s / f > 2.0 for f, s in zip(fast[:-1], slow[:-1]))
     # rank 0 also ran the solo phases (as many calls again as its windows take); rank 1 only windows
     assert slow[-1] < 0.5 * fast[-1]

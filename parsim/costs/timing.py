@@ -292,13 +292,13 @@ def adamw_bytes_per_param(dtype: str) -> float:
 
 def optimizer_time(cluster: ClusterSpec, num_params: float, dtype: str, on_host: bool = False,
                    tensors: float = 0.0, sizes: Sequence[float] = (), sharded: bool = False) -> float:
-    """AdamW step as a memory-bound op over ``adamw_bytes_per_param`` bytes a parameter. Plus, where the profile measured one,
-    seconds per parameter tensor (``costs.optimizer_tensors``): an optimizer that loops over
-    tensors in Python (torch's ``foreach=False``, the executor's AdamW) launches ~10 small ops
-    and reads the step count back per tensor, whatever its size (``tables.optimizer_per_tensor_s``,
-    fitted by ``parsim calibrate``; absent: 0), and where the parameters are FSDP2's DTensors
-    (``sharded``: ZeRO-2/3) the seconds DTensor's dispatch adds per tensor
-    (``tables.optimizer_sharded_per_tensor_s``, ``calibration.sharded``).
+    """AdamW step as a memory-bound op over ``adamw_bytes_per_param`` bytes a parameter. Plus,
+    where the profile measured one, seconds per parameter tensor (``costs.optimizer_tensors``):
+    an optimizer that loops over tensors in Python (torch's ``foreach=False``, the executor's
+    AdamW) launches ~10 small ops and reads the step count back per tensor, whatever its size
+    (``tables.optimizer_per_tensor_s``, fitted by ``parsim calibrate``; absent: 0), and where
+    the parameters are FSDP2's DTensors (``sharded``: ZeRO-2/3) the seconds DTensor's dispatch
+    adds per tensor (``tables.optimizer_sharded_per_tensor_s``, ``calibration.sharded``).
 
     Such a loop runs its ~9 elementwise ops tensor by tensor, so where the profile measured the
     rate per cache level (``tables.optimizer_levels``) and the elements of each tensor are given

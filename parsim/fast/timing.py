@@ -112,7 +112,7 @@ def plan_time(out, plan, lrow, hrow, ranks, send, sync):
     scalars only (``PlanTerms``): array arguments of inlined helpers cost a reference count
     each, a quarter more time per plan."""
     t = _plan_terms(plan, lrow, hrow, ranks)
-    t_pipe, rank_x, sends, tp_total, queued_tp, max_b, max_x = _pipeline(plan, hrow, ranks, send, t)
+    t_pipe, rank_x, sends, held, tp_total, queued_tp, max_b, max_x = _pipeline(plan, hrow, ranks, send, t)
     step, exposed_dp, busy = _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x)
     m, pp = plan.m, plan.pp
     out[O_STEP] = step
@@ -124,9 +124,6 @@ def plan_time(out, plan, lrow, hrow, ranks, send, sync):
     out[O_DP] = max(0.0, exposed_dp - m * queued_tp) / pp
     # each rank waits one send per microbatch on the wire, and once more in the fill; a blocking
     # stack's rank also its own sends
-    held = 0.0
-    for r in range(pp):
-        held += _held(plan, send, r)
     out[O_PP] = ((2.0 * m if plan.schedule == NAIVE else m + 1.0) * sends + m * held) / pp
 
 
@@ -182,12 +179,19 @@ def _backward(t, L, vpp):
 
 
 @numba.njit(cache=True, inline="always")
+def _holds(plan, send):
+    """Whether the plan's pipeline sends hold their sender: the flag after its sends
+    (``fast.ranks.send_rows``: ``costs.p2p_holds_sender``, 0 without pipelining)."""
+    return send[plan.pp] > 0.0
+
+
+@numba.njit(cache=True, inline="always")
 def _held(plan, send, r):
     """Seconds rank r's own sends hold it per microbatch where they hold their sender
-    (``send[pp]``, ``fast.ranks.send_rows``; ``costs.p2p_holds_sender``): each of its vpp
-    chunks sends forward (but the last virtual stage) and backward (but the first)."""
+    (``_holds``): each of its vpp chunks sends forward (but the last virtual stage) and
+    backward (but the first)."""
     pp, vpp = plan.pp, plan.vpp
-    if pp == 1 or send[pp] == 0.0:
+    if not _holds(plan, send):
         return 0.0
     last = pp - 1
     fwd = (vpp - (1 if r == last else 0)) * send[r]
@@ -198,11 +202,12 @@ def _held(plan, send, r):
 @numba.njit(cache=True, inline="always")
 def _pipeline(plan, hrow, ranks, send, t):
     """One microbatch per rank, and the pipeline: (pipeline time, each rank's forward +
-    backward per microbatch, sends of the fill, TP time per microbatch, TP time queued behind
+    backward per microbatch, sends of the fill, the ranks' held sends per microbatch
+    (``_held``, summed), TP time per microbatch, TP time queued behind
     ZeRO-3 transfers, the slowest rank's backward, the slowest rank's forward + backward)."""
     pp, vpp = plan.pp, plan.vpp
     last = pp - 1
-    sum_x, max_x, sends, tp_total = 0.0, 0.0, 0.0, 0.0
+    sum_x, max_x, sends, held, tp_total = 0.0, 0.0, 0.0, 0.0, 0.0
     rank_x = np.zeros(pp)
     queued_tp = 0.0        # TP collectives waiting behind ZeRO-3 transfers on a shared port
     max_b = 0.0            # the slowest rank's backward (GPipe's backwards run at its pace)
@@ -218,7 +223,9 @@ def _pipeline(plan, hrow, ranks, send, t):
             x = L * (t.f_layer + t.b_layer)
         root_b = _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False)
         # a blocking stack's sends hold the rank in its steady state (``_held``)
-        x += _edges(r, last, hrow) + _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], True) + root_b + _held(plan, send, r)
+        held_r = _held(plan, send, r)
+        held += held_r
+        x += _edges(r, last, hrow) + _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], True) + root_b + held_r
         max_b = max(max_b, L * t.b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0)
                     + (hrow[H_HEAD_BWD] if r == last else 0.0) + root_b)
         rank_x[r] = x
@@ -234,7 +241,7 @@ def _pipeline(plan, hrow, ranks, send, t):
         t_pipe = sum_x / vpp + (m - 1.0 / vpp) * max_x + 2.0 * sends
     else:
         t_pipe = sum_x + (m - 1) * max_x + 2.0 * sends
-    return t_pipe, rank_x, sends, tp_total, queued_tp, max_b, max_x
+    return t_pipe, rank_x, sends, held, tp_total, queued_tp, max_b, max_x
 
 
 @numba.njit(cache=True, inline="always")
@@ -257,7 +264,7 @@ def _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x)
         if r > 0:
             end_r -= b_rank / vpp + send[r - 1]
         # a blocking stack's rank is done when its last backward's send is through
-        ends[r] = end_r + (send[r - 1] if r > 0 and send[pp] > 0.0 else 0.0)
+        ends[r] = end_r + (send[r - 1] if r > 0 and _holds(plan, send) else 0.0)
         ready[r], post[r] = _gradients_ready(plan, ranks, t, sync, r, end_r, b_rank, t_pipe, max_b, max_x)
     tie_embedding(plan, ranks, ready)
     step, exposed_dp, busy = 0.0, 0.0, 0.0

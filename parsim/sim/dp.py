@@ -112,10 +112,10 @@ def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
         rec.event(rank, -1, "dp", "dp_allreduce", -1, -1, start, env.now, nbytes=nbytes, name="tied embedding grads")
         dev.ledger.collective(start, env.now)
     rec.expose(rank, "dp", env.now - waited)
-    n = sim.rank_params[dev.pp_rank]
     pp_rank = dev.pp_rank
+    n = sim.rank_params[pp_rank]
     opt = optimizer_step(sim.cluster, plan, n, sim.rank_optimizer_tensors[pp_rank], sim.rank_optimizer_sizes[pp_rank])
-    released, temporaries = sim.step_bytes[dev.pp_rank]
+    released, temporaries = sim.step_bytes[pp_rank]
     if released:
         dev.memory.change(env.now, PARAMS, -released)
     if temporaries:

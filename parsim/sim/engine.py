@@ -37,8 +37,8 @@ from dataclasses import dataclass, field, replace
 
 import simpy
 
-from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, p2p_holds_sender, stage_params, state_bytes,
-                          zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
+from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, p2p_holds_sender, stage_params,
+                          state_bytes, zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing
 from parsim.costs.optimizer import (layer_from_host_s, layer_shard_bytes, rank_tensor_sizes, rank_tensors,
                                    tied_embedding_sync)

@@ -200,8 +200,8 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # (batched GEMMs around a fused scale-mask-softmax kernel), the DP all-reduce after the
     # pipeline flush (--DDP-impl local), scatter/gather pipeline sends (Sec. 4.1).
     Stack("megatron-lm", "Megatron-LM 2022 (v3): unfused attention, DP all-reduce after the flush, async TP backward",
-          flash_attention=False, grad_reduce_overlap=False, tp_bwd_overlap=True, **BLOCKING_P2P, **MEGATRON_LOSS, **HOST,
-          **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
+          flash_attention=False, grad_reduce_overlap=False, tp_bwd_overlap=True, **BLOCKING_P2P, **MEGATRON_LOSS,
+          **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
     # Megatron-LM as the SC'21 paper ran it (v2, spring 2021): the same kernels, but every TP
     # collective synchronous (the asynchronous input-gradient all-reduce came with v2.6 / v3).
     Stack("megatron-lm-2021", "Megatron-LM 2021 (v2, Narayanan et al.): as megatron-lm with synchronous TP collectives",
@@ -215,7 +215,8 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # 02-28: "BF16 optimizer with fp32 grad accumulation (more memory, slower)"): 2 bytes more.
     Stack("megatron-deepspeed", "Megatron-DeepSpeed (BigScience): Megatron layers, DeepSpeed pipeline engine",
           flash_attention=False, grad_reduce_overlap=False, p2p_scatter_gather=False, bf16_grad_copy_bytes=2.0,
-          **BLOCKING_P2P, **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
+          **BLOCKING_P2P, **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT,
+          **FUSED_ADAM),
     # DeepSpeed ZeRO on Megatron's GPT layers (the ZeRO-3 comparison of Narayanan et al. 2021
     # Table 2): unfused attention; the parameter coordinator prefetches the next layer.
     # Its ZeRO-3 gathers tensor by tensor, prefetching up to stage3_prefetch_bucket_size (5e7)
@@ -223,8 +224,7 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # docs): about one layer of a 100B+ model at a time.
     Stack("deepspeed", "DeepSpeed ZeRO (stage 1-3) on Megatron GPT layers: unfused attention",
           flash_attention=False, zero3_gathered_layers=1.0, zero3_max_live_params=1e9, **BLOCKING_P2P, **MEGATRON_LOSS,
-          **HOST,
-          **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
+          **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
     # FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel) as MosaicML llm-foundry /
     # Composer run it: flash attention, FULL_SHARD with backward prefetch, bf16 compute with
     # fp32 reduce-scatter, flash-attn's fused cross entropy (bf16 logits kept, gradient in place).

@@ -66,6 +66,10 @@ class Observation:
     def cluster_key(self) -> tuple:
         return (self.profile, self.gpus, self.network)
 
+    def network_overrides(self) -> dict:
+        """``network`` as the profile's ``network`` keys it replaces (``_frozen`` undone)."""
+        return {k: dict(v) if isinstance(v, tuple) else v for k, v in self.network}
+
 
 @dataclass(frozen=True)
 class Skipped:
@@ -157,6 +161,7 @@ def observation(i: int, row: dict, group_column: str | None = None) -> Observati
 
 
 def _frozen(v):
+    """A network value hashable (a dict as its sorted items), for ``Observation.network``."""
     return tuple(sorted(v.items())) if isinstance(v, dict) else v
 
 

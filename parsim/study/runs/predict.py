@@ -43,8 +43,7 @@ def clusters_for(profiles: dict[str, dict], observations: list[Observation]) -> 
     for o in observations:
         key = o.cluster_key
         if key not in out:
-            net = {k: dict(v) if isinstance(v, tuple) else v for k, v in o.network}
-            out[key] = cluster_on_network(profiles[o.profile], o.gpus, net)
+            out[key] = cluster_on_network(profiles[o.profile], o.gpus, o.network_overrides())
     return out
 
 
