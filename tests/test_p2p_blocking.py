@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from parsim.costs import p2p_bytes, p2p_holds_sender
+from parsim.costs.links import nic_share
 from parsim.costs.timing import p2p_time
 from parsim.fast import PlanTable, evaluate
 from parsim.sim import simulate
@@ -97,5 +98,5 @@ def test_bloom_runs_are_simulated_on_jean_zays_network():
     o = observation(0, row)
     cluster = clusters_for(base_profiles([o.profile]), [o])[o.cluster_key]
     assert cluster.network.nics_per_node == 4
-    assert cluster.network.nic_share(cluster.devices_per_node) == pytest.approx(11.5e9 * 4 / 8)
+    assert nic_share(cluster) == pytest.approx(11.5e9 * 4 / 8)
     assert load_cluster("a100-80g:384").network.nics_per_node == 8        # the profile itself is unchanged

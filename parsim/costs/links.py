@@ -12,6 +12,15 @@ from parsim.specs import ClusterSpec
 LINKS = ("nvlink", "nic", "pcie")
 
 
+def nic_share(cluster: ClusterSpec) -> float:
+    """Inter-node bytes/s one device sends at while every device of its node sends at once
+    (DP and TP groups run in lockstep; a pipeline stage spanning a node sends from all its
+    ranks together): its share of the node's NICs, and never more than one NIC. Every
+    inter-node price (collectives, pipeline sends, parameter server) reads it."""
+    net = cluster.network
+    return min(net.inter_node_bandwidth_per_device(cluster.devices_per_node), net.inter_node.bandwidth)
+
+
 def link_between(cluster: ClusterSpec, src: int, dst: int) -> str:
     """The link a point-to-point send from global rank ``src`` to ``dst`` leaves on."""
     return "nvlink" if cluster.node_of(src) == cluster.node_of(dst) else "nic"

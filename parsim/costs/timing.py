@@ -34,7 +34,7 @@ from typing import Sequence
 
 from parsim.specs import AttentionTable, ClusterSpec, DeviceProfile
 
-from .links import group_link, link_between
+from .links import group_link, link_between, nic_share
 from .ops import Op
 
 # Fraction of the counted attention-core FLOPs a causal fused kernel executes (the blocks
@@ -235,7 +235,7 @@ def collective_time(cluster: ClusterSpec, op: str, nbytes: float, group: list[in
     k = n // nodes                                   # members per node
     # every device of a node talks at once (all DP/TP groups run together), so each gets
     # its share of the node's NICs, and never more than one NIC
-    inter_bw = net.nic_share(dpn)
+    inter_bw = nic_share(cluster)
     # NCCL runs one ring (channel) per NIC, pipelined through NVLink inside the node: a ring
     # over the n members crosses each node boundary on the k members' NICs in parallel, so
     # the bus bandwidth is k NICs' worth, capped by NVLink (multi-node nccl-tests on DGX
@@ -268,7 +268,7 @@ def p2p_time(cluster: ClusterSpec, nbytes: float, src: int, dst: int) -> float:
     # the ranks of a stage send to the next stage together (the whole activation from every
     # TP rank, or 1/t of it with scatter/gather; every DP replica at once): each at its share
     # of the node's NICs, as the collectives are priced
-    return net.inter_node.latency + nbytes / net.nic_share(cluster.devices_per_node)
+    return net.inter_node.latency + nbytes / nic_share(cluster)
 
 
 def host_transfer_time(cluster: ClusterSpec, nbytes: float) -> float:
@@ -334,6 +334,6 @@ def parameter_server_time(cluster: ClusterSpec, nbytes: float, group: list[int])
     if group_link(cluster, group) == "nvlink":
         bw, alpha = net.intra_node.bandwidth, net.intra_node.latency
     else:
-        bw = net.nic_share(cluster.devices_per_node)
+        bw = nic_share(cluster)
         alpha = net.inter_node.latency
     return (n - 1) * nbytes / bw + alpha

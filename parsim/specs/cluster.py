@@ -79,13 +79,6 @@ class NetworkProfile:
         """Inter-node bytes/s one device gets when all devices of a node talk at once."""
         return self.inter_node.bandwidth * self.nics_per_node / devices_per_node
 
-    def nic_share(self, devices_per_node: int) -> float:
-        """Inter-node bytes/s one device sends at while every device of its node sends at
-        once (DP and TP groups run in lockstep; a pipeline stage spanning a node sends from
-        all its ranks together): its share of the node's NICs, and never more than one NIC.
-        Every inter-node price (collectives, pipeline sends, parameter server) reads it."""
-        return min(self.inter_node_bandwidth_per_device(devices_per_node), self.inter_node.bandwidth)
-
 
 @dataclass(frozen=True)
 class ClusterSpec:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from parsim.costs import device_capacity, layer_params, memory_by_stage, state_bytes
+from parsim.costs.links import nic_share
 from parsim.specs import ClusterSpec, ModelSpec, SpecError, parse_plan, validate
 
 from .schedule_advice import layout_verdicts, schedule_summary
@@ -76,9 +77,7 @@ class Recommendation:
 
 
 def inter_node_ratio(cluster: ClusterSpec) -> float:
-    net = cluster.network
-    per_device = net.nic_share(cluster.devices_per_node)
-    return per_device / net.intra_node.bandwidth
+    return nic_share(cluster) / cluster.network.intra_node.bandwidth
 
 
 def model_state_bytes_one_device(model: ModelSpec, dtype: str = "bf16") -> float:
