@@ -4,7 +4,7 @@ import pytest
 
 
 def _window_rank(rank: int, port: int) -> list:
-    """A gloo rank whose step takes 2 ms on rank 0 and 6 ms on rank 1 (a sleep): its
+    """A gloo rank whose step takes 1 ms on rank 0 and 10 ms on rank 1 (a sleep): its
     concurrent seconds per call and calls per round."""
     import datetime
     import time
@@ -22,8 +22,8 @@ def _window_rank(rank: int, port: int) -> list:
 
         def step():
             calls[0] += 1
-            time.sleep(0.002 if rank == 0 else 0.006)
-        rounds = comm._alternating_rounds(step, 0.5, Clock(torch.device("cpu")), dist, torch, torch.device("cpu"))
+            time.sleep(0.001 if rank == 0 else 0.010)
+        rounds = comm._alternating_rounds(step, 1.0, Clock(torch.device("cpu")), dist, torch, torch.device("cpu"))
         return [together for _, together in rounds] + [calls[0]]
     finally:
         dist.destroy_process_group()
@@ -31,14 +31,17 @@ def _window_rank(rank: int, port: int) -> list:
 
 @pytest.mark.slow
 def test_every_rank_keeps_calling_until_the_concurrent_window_closes():
-    """The concurrent phase is one window that every rank fills: a rank with a 3x slower step
-    finishes about a third of the calls (a fixed count would leave the fast rank alone at the
+    """The concurrent phase is one window that every rank fills: a rank with a 10x slower step
+    finishes about a tenth of the calls (a fixed count would leave the fast rank alone at the
     end), and each reads its own step's time per call."""
     pytest.importorskip("torch")
     from parsim.executor.processes import free_port, run_ranks
 
     fast, slow = run_ranks(_window_rank, (free_port(),), 2)
-    # each reads its own step (3x apart), not the slower one's: a ratio, no clock bound
-    assert all(s / f > 2.0 for f, s in zip(fast[:-1], slow[:-1]))
+    # each reads its own step (10x apart), not the slower one's: a ratio, no clock bound. The
+    # median over rounds: on a loaded CI host one round's sleeps can wake late (stop 31's CI
+    # read one round of a 3x pair below 2x)
+    ratios = sorted(s / f for f, s in zip(fast[:-1], slow[:-1]))
+    assert ratios[len(ratios) // 2] > 3.0, ratios
     # rank 0 also ran the solo phases (as many calls again as its windows take); rank 1 only windows
     assert slow[-1] < 0.5 * fast[-1]
