@@ -74,3 +74,31 @@ def test_the_approximate_rows_are_where_the_fast_path_is_off_by_more_than_2_perc
     off = np.array(off)
     assert off.sum() >= 5                       # the sample does hold plans the closed form misses
     assert not (off & ~approximate).any()
+
+
+def test_on_a_shared_cpu_host_the_sweeps_top_is_the_engines():
+    """Ranks sharing a calibrated CPU host's cores: the fast path prices each alone (up to 65 %
+    fast, never slower: studies/validation_cpu/fast_vs_sim.txt), so every such row is
+    approximate ('shared host') and the sweep re-simulates what could reach its top. A GPU
+    cluster's rows never are (each rank owns its device)."""
+    from pathlib import Path
+
+    from parsim.fast.honesty import approximate_reasons
+
+    fixture = Path(__file__).parent / "fixtures" / "cpu-calibrated.yaml"
+    model, cluster = load_model("tiny"), load_cluster(f"{fixture}:4")
+    space = SweepSpace(gbs=(8,), offload=("none",), recompute=("none",), sp=(False,), dtype=("fp32",), vpp=(1,),
+                       schedule=("1f1b", "gpipe"))
+    table = enumerate_plans(model, cluster, space)
+    assert approximate_reasons(model.layers, table.cols, cluster)["shared host"].all()
+    gpu = load_cluster("a100-80g:4")
+    assert not approximate_reasons(model.layers, table.cols, gpu)["shared host"].any()
+    ranked, n_sim = rank_with_resimulation(model, cluster, fast_frame(model, cluster, table, HEADROOM), HEADROOM, 3)
+    sims = sorted(resimulate(model, cluster, table.plan_strings()), key=lambda r: (-r["tokens_per_s"], r["plan"]))
+    assert n_sim < len(table)                                     # not every plan had to be re-run
+    assert (ranked["source"].head(3) == "sim").all()
+    third = sims[2]["tokens_per_s"]
+    by_plan = {r["plan"]: r["tokens_per_s"] for r in sims}
+    assert all(by_plan[p] >= third * 0.999 for p in ranked["plan"].head(3))
+    # the rows the engine did not run are shown as the fast path's approximate numbers ("fast~")
+    assert ranked.loc[ranked["source"] == "fast", "approximate"].all()

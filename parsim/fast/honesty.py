@@ -12,7 +12,14 @@ fixed, every plan over 2 % had one of them):
 * ``unequal stages``: ``layers % (pp x vpp) != 0``; the pipeline formula assumes equal stages;
 * ``link contention``: two kinds of parallel traffic sharing a device's links (at least two of
   ``dp``, ``tp``, ``pp`` above 1): the engine queues them on the same ports (``sim.network``),
-  the closed form overlaps them freely.
+  the closed form overlaps them freely;
+* ``shared host``: the plan's ranks share a calibrated CPU host's cores
+  (``costs.host.HostModel.shared``). The engine plays them out under processor sharing (and
+  blocking ZeRO collectives where the profile has no side streams); the closed form prices
+  each rank alone, at its solo speed. On the frozen CPU fixture over the 28 plans of the CPU
+  validation matrix the fast path was 2-4 % fast on 2-rank pipelines and 10-62 % fast on data
+  parallelism, ZeRO-2/3 and every 4-rank plan (``studies/validation_cpu/fast_vs_sim.txt``),
+  never slower.
 
 Such rows are ``approximate``; a sweep re-simulates every approximate row that could reach its
 shown top before ranking (``parsim.study.sweep``). ``PESSIMISM`` bounds how much slower than
@@ -25,13 +32,18 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from parsim.costs.host import HostModel
+from parsim.specs import ClusterSpec
+
 PESSIMISM = 0.05       # the fast path's step time is at most this fraction above the engine's
-REASONS = ("offload", "unequal stages", "link contention")
+REASONS = ("offload", "unequal stages", "link contention", "shared host")
 
 
-def approximate_reasons(layers: int, cols: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def approximate_reasons(layers: int, cols: Mapping[str, np.ndarray],
+                        cluster: ClusterSpec | None = None) -> dict[str, np.ndarray]:
     """{reason: boolean array over the plans}; ``cols`` holds dp, tp, pp, vpp as integers and
-    ``offload`` as its words ("none", ...) or codes (0 = none, ``parsim.specs.codes``)."""
+    ``offload`` as its words ("none", ...) or codes (0 = none, ``parsim.specs.codes``);
+    ``cluster`` (the one the plans run on) decides ``shared host`` (none without it)."""
     dp, tp, pp, vpp = (np.asarray(cols[k]) for k in ("dp", "tp", "pp", "vpp"))
     offload = np.asarray(cols["offload"])
     offloaded = offload != ("none" if offload.dtype.kind in "OUS" else 0)
@@ -39,10 +51,20 @@ def approximate_reasons(layers: int, cols: Mapping[str, np.ndarray]) -> dict[str
         "offload": offloaded,
         "unequal stages": layers % (pp * vpp) != 0,
         "link contention": (dp > 1).astype(int) + (tp > 1) + (pp > 1) >= 2,
+        "shared host": _shared_host(cluster, dp * tp * pp),
     }
 
 
-def approximate_mask(layers: int, cols: Mapping[str, np.ndarray]) -> np.ndarray:
+def _shared_host(cluster: ClusterSpec | None, world: np.ndarray) -> np.ndarray:
+    """Per plan: do its ``world`` ranks slow each other down on one host? (GPUs: never.)"""
+    if cluster is None:
+        return np.zeros(world.shape, dtype=bool)
+    sizes, inverse = np.unique(world, return_inverse=True)
+    shared = np.array([HostModel(cluster, int(n)).shared for n in sizes], dtype=bool)
+    return shared[inverse.reshape(world.shape)] if len(sizes) else np.zeros(world.shape, dtype=bool)
+
+
+def approximate_mask(layers: int, cols: Mapping[str, np.ndarray], cluster: ClusterSpec | None = None) -> np.ndarray:
     """True where the fast path's numbers are approximate (any of ``REASONS``)."""
-    reasons = approximate_reasons(layers, cols)
+    reasons = approximate_reasons(layers, cols, cluster)
     return np.logical_or.reduce(list(reasons.values()))

@@ -109,7 +109,8 @@ def fast_frame(model: ModelSpec, cluster: ClusterSpec, table: PlanTable, headroo
     # every virtual stage holds the same layers: where the fast path's pipeline formula is exact
     df["uniform_stages"] = model.layers % (df["pp"] * df["vpp"]) == 0
     # where it is not exact (fast.honesty): re-simulated before ranking when within reach of the top
-    df["approximate"] = approximate_mask(model.layers, {k: table[k] for k in ("dp", "tp", "pp", "vpp", "offload")})
+    df["approximate"] = approximate_mask(model.layers, {k: table[k] for k in ("dp", "tp", "pp", "vpp", "offload")},
+                                         cluster)
     df["source"] = "fast"
     for k in ("step_time_s", "peak_memory_bytes", "tokens_per_s"):
         df[f"fast_{k}"] = df[k]
