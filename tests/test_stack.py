@@ -173,3 +173,41 @@ def test_a_straggler_under_async_tp_backward_slows_its_group_and_does_not_deadlo
                                                 record_events=False).exposed_comm_s["tp"]
     # rank 7 (last stage) computes 1.5x slower: the step grows, by less than 1.5x
     assert base.step_time_s * 1.05 < slow.step_time_s < base.step_time_s * 1.5
+
+
+def test_deepspeeds_gradient_accumulation_is_priced_as_its_own_memory_bound_kernels():
+    """Under DeepSpeed's engine gradients add up outside the wgrad GEMM: autograd's
+    ``.grad += new`` (3 x 2 bytes a parameter in fp16) or, with its BF16 optimizer, a cast and
+    an fp32 add per microbatch (18 bytes); Megatron-LM fuses it (nothing on a GPU). Both
+    engines charge the same seconds: the BF16 optimizer's 12 bytes a parameter more than fp16
+    over every microbatch's layers, at the profile's memory-bound rate."""
+    from parsim.costs.ops import grad_accumulation_bytes
+    from parsim.costs.params import embedding_params, layer_params
+    from parsim.costs.timing import membound_time
+
+    assert grad_accumulation_bytes(parse_plan("dp=2 stack=megatron-deepspeed dtype=bf16 zero=1")) == (18.0, True)
+    assert grad_accumulation_bytes(parse_plan("dp=2 stack=megatron-deepspeed dtype=fp16 zero=1")) == (6.0, True)
+    assert grad_accumulation_bytes(parse_plan("dp=2 stack=megatron-deepspeed dtype=bf16 zero=2"))[1] is False
+    assert grad_accumulation_bytes(parse_plan("dp=2 stack=megatron-lm dtype=bf16"))[1] is False
+    model, cluster = load_model("gpt3-1.3b"), load_cluster("a100-80g:8")
+    base = "dp=1 tp=1 pp=8 mbs=1 gbs=16 schedule=1f1b recompute=full stack=megatron-deepspeed"
+    steps = {}
+    for dtype in ("bf16", "fp16"):
+        plan = parse_plan(f"{base} dtype={dtype}")
+        fast = evaluate(model, cluster, PlanTable.from_plans([plan])).step_time_s[0]
+        sim = simulate(model, cluster, plan, record_events=False).step_time_s
+        assert fast == pytest.approx(sim, rel=0.01)
+        steps[dtype] = sim
+    # each microbatch's backward on a stage's 3 layers is longer by 12 bytes a parameter at the
+    # memory-bound rate; 1F1B's step holds 16 + 7 backwards of its slowest stage (at least a
+    # middle one's, at most the first one's with the embedding's gradients too)
+    middle = 3 * layer_params(model, 1)
+    first = middle + embedding_params(model, parse_plan(base))
+    extra = steps["bf16"] - steps["fp16"]
+    assert (16 + 7) * membound_time(cluster.device, 12.0 * middle) <= extra
+    assert extra <= (16 + 7) * membound_time(cluster.device, 12.0 * first) * 1.01
+    megatron = parse_plan(base.replace("megatron-deepspeed", "megatron-lm") + " dtype=bf16")
+    sim_m = simulate(model, cluster, megatron, record_events=False).step_time_s
+    # Megatron-LM fuses it: its bf16 and fp16 steps differ by a tenth of that at most
+    assert abs(simulate(model, cluster, replace(megatron, dtype="fp16"), record_events=False).step_time_s - sim_m) \
+        < 0.1 * extra

@@ -34,6 +34,7 @@ class Op:
     batch: int = 1                 # batched GEMMs (attention): number of (m, n, k) products
     attention_core: bool = False   # re-run by selective recompute (Korthikanti 2022 Sec. 5)
     grad_accumulation: bool = False  # adds this microbatch's weight gradients into .grad (bwd_weight)
+    own_kernels: bool = False      # grad_accumulation the stack runs as separate kernels on any device
     impl: str = ""                 # the kernel that runs it where the name does not say (norms: layernorm / rmsnorm)
 
     @property
@@ -108,17 +109,43 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
 GRAD_BYTES = {"fp32": 4, "bf16": 4, "fp16": 2}
 
 
+def grad_accumulation_bytes(plan: Plan) -> tuple[float, bool]:
+    """(bytes moved per parameter when one microbatch's weight gradients are accumulated,
+    whether the software stack runs that as kernels of its own on every device).
+
+    * Default: ``grad += new`` reads two and writes one gradient-sized tensor, 3 x
+      ``GRAD_BYTES``; Megatron-LM fuses it into the weight-gradient GEMM
+      (``--gradient-accumulation-fusion``: the wgrad GEMM writes into ``main_grad`` with beta =
+      1), so only devices whose profile says ``extra.grad_accumulation: unfused`` (the
+      calibrated CPU profiles: autograd's AccumulateGrad) pay it.
+    * DeepSpeed's engine (``Stack.autograd_grad_accumulation``, ZeRO 0-1): its parameters have
+      no ``main_grad``, so autograd adds each microbatch's gradient into ``.grad`` (3 x
+      ``GRAD_BYTES``). Under its BF16 optimizer (``Stack.bf16_grad_copy_bytes``, bf16) the
+      16-bit ``.grad`` is cleared before every backward and ``update_hp_grads`` runs after it:
+      ``hp_grad.add_(lp.grad.to(fp32))`` per tensor (deepspeed/runtime/bf16_optimizer.py,
+      DeepSpeed 0.6; the pipeline engine calls it after every microbatch's backward,
+      deepspeed/runtime/pipe/engine.py ``_exec_backward_pass``): the cast reads 2 and writes
+      4 bytes, the add reads 4 + 4 and writes 4, so 18 bytes per parameter. ZeRO-2/3 reduce
+      every microbatch's gradient as it is made and accumulate only their 1/dp shard: not
+      counted (as on GPUs for every other stack)."""
+    grad = GRAD_BYTES[plan.dtype]
+    stack = plan_stack(plan)
+    if not stack.autograd_grad_accumulation or plan.zero >= 2:
+        return 3.0 * grad, False
+    if stack.grad_copy_bytes(plan.dtype) > 0:
+        return 2.0 + 4.0 + 3.0 * 4.0, True
+    return 3.0 * grad, True
+
+
 def _grad_accumulation(name: str, params: float, plan: Plan) -> Op:
-    """Accumulating a microbatch's weight gradients into the step's gradient buffer:
-    ``grad += new`` reads two and writes one gradient-sized tensor (3 x bytes per parameter;
-    ZeRO-2/3 accumulate the 1/dp reduce-scattered shard). It is a separate memory-bound
-    kernel in PyTorch's autograd (AccumulateGrad); Megatron-LM fuses it into the weight-gradient
-    GEMM (``--gradient-accumulation-fusion``, the wgrad GEMM writes with beta = 1), so
-    ``timing.op_time`` charges it only on devices whose profile says
-    ``extra.grad_accumulation: unfused`` (the calibrated CPU profiles)."""
+    """Accumulating a microbatch's weight gradients into the step's gradient buffer, bytes per
+    parameter as ``grad_accumulation_bytes`` states them (ZeRO-2/3 accumulate the 1/dp
+    reduce-scattered shard). ``timing.op_time`` charges it as a memory-bound op where the
+    stack runs it in kernels of its own (``own_kernels``) or the device's profile says
+    ``extra.grad_accumulation: unfused``."""
     shard = zero_shard(params, plan.dp, plan.zero, 2)
-    return Op(name, "membound", 0.0, 0.0, 0.0, bwd_bytes=3.0 * GRAD_BYTES[plan.dtype] * shard,
-              grad_accumulation=True)
+    per_param, own = grad_accumulation_bytes(plan)
+    return Op(name, "membound", 0.0, 0.0, 0.0, bwd_bytes=per_param * shard, grad_accumulation=True, own_kernels=own)
 
 
 def embedding_ops(model: ModelSpec, plan: Plan) -> list[Op]:

@@ -129,7 +129,7 @@ def op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
 
 def _op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
     if op.grad_accumulation:
-        if pass_ != "bwd_weight" or not device.tables.unfused_grad_accumulation:
+        if pass_ != "bwd_weight" or not (op.own_kernels or device.tables.unfused_grad_accumulation):
             return 0.0
         return membound_time(device, op.bwd_bytes, _membound_name(device, op))
     if op.kind == "membound":

@@ -40,7 +40,7 @@ from parsim.costs.placement import loop_placed, stages_of_rank
 from parsim.costs.split_backward import (head_output_grad_bytes, output_grad_bytes, w_residue_per_layer, w_residue_top,
                                          w_recomputes, weight_grad_working_bytes)
 from parsim.costs.stack import apply_stack, tp_covered
-from parsim.specs import ClusterSpec, ModelSpec, Plan, get_stack, stage_layers
+from parsim.specs import ClusterSpec, ModelSpec, Plan, get_stack, plan_stack, stage_layers
 
 from .comm import tp_group_ranks
 from .dag import N_WIDTH, schedule_graph
@@ -118,9 +118,9 @@ def key_ids(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return keys, inverse.reshape(-1).astype(np.int64)
 
 
-def _plan(tp: int, sp: int, mbs: int, dtype: int, recompute: int = 0, stack: str = "auto") -> Plan:
+def _plan(tp: int, sp: int, mbs: int, dtype: int, recompute: int = 0, stack: str = "auto", zero: int = 0) -> Plan:
     return Plan(tp=tp, sp=bool(sp), mbs=mbs, dtype=WORDS["dtype"][dtype], recompute=WORDS["recompute"][recompute],
-                stack=stack)
+                stack=stack, zero=zero)
 
 
 def _ops_time(cluster: ClusterSpec, ops, pass_: str, dtype: str) -> float:
@@ -365,17 +365,21 @@ def _shape_tables(model: ModelSpec, cluster: ClusterSpec, c: dict[str, np.ndarra
         # ranks on a host: a key of the layer rows only where in-situ TP prices depend on it
         world, inverse = np.unique(c["dp"] * c["tp"] * c["pp"], return_inverse=True)
         host = np.array([HostModel(cluster, int(w)).ranks_on_host for w in world], dtype=np.int64)[inverse.reshape(-1)]
-    lkeys, layer_id = key_ids(c["tp"], c["sp"], c["mbs"], c["dtype"], c["recompute"], host)
+    # ZeRO-2/3 under a stack that accumulates gradients in kernels of its own: only the shard
+    # (``costs.ops.grad_accumulation_bytes``); a key of the rows only there
+    sharded = (c["zero"] >= 2).astype(np.int64) * 2 if plan_stack(Plan(stack=st)).autograd_grad_accumulation \
+        else np.zeros_like(c["tp"])
+    lkeys, layer_id = key_ids(c["tp"], c["sp"], c["mbs"], c["dtype"], c["recompute"], host, sharded)
     shapes: dict[tuple[int, ...], np.ndarray] = {}
     rows = []
     for k in lkeys.tolist():
-        shape_key = (*k[:4], k[5])
+        shape_key = (*k[:4], k[5], k[6])
         if shape_key not in shapes:
-            shapes[shape_key] = layer_shape_row(model, cluster, _plan(*k[:4], stack=st), k[5] or None)
-        rows.append(with_recompute(model, _plan(*k[:5], stack=st), shapes[shape_key]))
+            shapes[shape_key] = layer_shape_row(model, cluster, _plan(*k[:4], stack=st, zero=k[6]), k[5] or None)
+        rows.append(with_recompute(model, _plan(*k[:5], stack=st, zero=k[6]), shapes[shape_key]))
     layer = np.array(rows).reshape(-1, L_WIDTH)
-    hkeys, head_id = key_ids(c["tp"], c["sp"], c["mbs"], c["dtype"], host)
-    head = np.array([head_row(model, cluster, _plan(*map(int, k[:4]), stack=st), int(k[4]) or None)
+    hkeys, head_id = key_ids(c["tp"], c["sp"], c["mbs"], c["dtype"], host, sharded)
+    head = np.array([head_row(model, cluster, _plan(*map(int, k[:4]), stack=st, zero=int(k[5])), int(k[4]) or None)
                      for k in hkeys]).reshape(-1, H_WIDTH)
     return layer, layer_id, head, head_id
 

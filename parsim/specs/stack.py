@@ -61,6 +61,7 @@ class Stack:
     tp_loss_grad_bytes: float | None = None  # ... with tp > 1 (None: loss_grad_bytes)
     loss_forward_bytes: float = 0.0          # fp32 per logit the loss forward holds beside the logits and those kept
     bf16_grad_copy_bytes: float = 0.0        # bf16 .grad kept beside the fp32 gradient buffer (ZeRO 0-1), per parameter
+    autograd_grad_accumulation: bool = False  # ZeRO 0-1: microbatch gradients add into .grad in their own kernels
     optimizer_temporaries: float = 2.0       # optimizer step: fp32 copies of the largest parameter tensor (shard)
     zero1_whole_tensors: bool = True         # ZeRO-1 gives each tensor whole to one replica (not 1/dp of each)
     memory_reserve_bytes: float | None = None  # outside the caching allocator (context, NCCL, cuBLAS), bytes
@@ -213,18 +214,21 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # 0-1) DeepSpeed's BF16 optimizer accumulates gradients in a flat fp32 buffer and keeps the
     # model's bf16 .grad beside it (deepspeed/runtime/bf16_optimizer.py; the BLOOM chronicles,
     # 02-28: "BF16 optimizer with fp32 grad accumulation (more memory, slower)"): 2 bytes more.
+    # Under DeepSpeed's engine the parameters have no Megatron ``main_grad``, so Megatron's
+    # fused weight-gradient accumulation cannot run: gradients add up in separate kernels
+    # (``costs.ops.grad_accumulation_bytes``).
     Stack("megatron-deepspeed", "Megatron-DeepSpeed (BigScience): Megatron layers, DeepSpeed pipeline engine",
           flash_attention=False, grad_reduce_overlap=False, p2p_scatter_gather=False, bf16_grad_copy_bytes=2.0,
-          **BLOCKING_P2P, **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT,
-          **FUSED_ADAM),
+          autograd_grad_accumulation=True, **BLOCKING_P2P, **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA,
+          **REENTRANT_CHECKPOINT, **FUSED_ADAM),
     # DeepSpeed ZeRO on Megatron's GPT layers (the ZeRO-3 comparison of Narayanan et al. 2021
     # Table 2): unfused attention; the parameter coordinator prefetches the next layer.
     # Its ZeRO-3 gathers tensor by tensor, prefetching up to stage3_prefetch_bucket_size (5e7)
     # parameters and keeping at most stage3_max_live_parameters (1e9) alive (DeepSpeed config
     # docs): about one layer of a 100B+ model at a time.
     Stack("deepspeed", "DeepSpeed ZeRO (stage 1-3) on Megatron GPT layers: unfused attention",
-          flash_attention=False, zero3_gathered_layers=1.0, zero3_max_live_params=1e9, **BLOCKING_P2P, **MEGATRON_LOSS,
-          **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
+          flash_attention=False, zero3_gathered_layers=1.0, zero3_max_live_params=1e9, autograd_grad_accumulation=True,
+          **BLOCKING_P2P, **MEGATRON_LOSS, **HOST, **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
     # FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel) as MosaicML llm-foundry /
     # Composer run it: flash attention, FULL_SHARD with backward prefetch, bf16 compute with
     # fp32 reduce-scatter, flash-attn's fused cross entropy (bf16 logits kept, gradient in place).

@@ -84,8 +84,11 @@ RUNS = [
     *[Run(f"GPT 530B, {g} A100", "Narayanan 2021 Table 2", MT530, "a100-80g", g,
           dict(tp=8, pp=35, dp=g // 280, mbs=1, gbs=2240, **MEGATRON), t, search=INTERLEAVE)
       for g, t in ((560, 171), (1120, 167), (2240, 159))],
+    # bf16 in late 2021, before DeepSpeed's BF16 optimizer (2022, for BLOOM): 16-bit gradients
+    # that autograd accumulates, parsim's fp16 state convention (same tensor-core rate), as
+    # public_record runs BLOOM's chronicle rows from before 02-28 (``SIXTEEN_BIT_GRADS``)
     *[Run(f"MT-NLG 530B, {g} A100", "Smith et al. 2022 Sec. 3", MT530, "a100-80g", g,
-          dict(tp=8, pp=35, dp=g // 280, mbs=1, gbs=1920, schedule="1f1b", recompute="full", dtype="bf16",
+          dict(tp=8, pp=35, dp=g // 280, mbs=1, gbs=1920, schedule="1f1b", recompute="full", dtype="fp16",
                dp_overlap=False, stack="megatron-deepspeed"), t)
       for g, t in ((2240, 126), (2800, 121), (3360, 113))],
     # on Jean Zay's nodes: 4 Omni-Path links each, not a DGX's 8 HDR NICs (``JEAN_ZAY``)
