@@ -42,8 +42,9 @@ def main() -> int:
     rows = []
     for world in (2, 4):
         cluster = load_cluster(f"{PROFILE}:{world}")
-        plans = [p for p in matrix["plans"] if np.prod([parse_plan(p).dp, parse_plan(p).tp, parse_plan(p).pp]) == world]
-        rows += [("matrix", world, *r) for r in compare(model, cluster, PlanTable.from_plans([parse_plan(p) for p in plans]))]
+        plans = [parse_plan(p) for p in matrix["plans"]]
+        plans = [p for p in plans if p.dp * p.tp * p.pp == world]
+        rows += [("matrix", world, *r) for r in compare(model, cluster, PlanTable.from_plans(plans))]
         space = enumerate_plans(model, cluster, SweepSpace(gbs=(8,)))
         rows += [("space", world, *r) for r in compare(model, cluster, space)]
     lines = [f"{'set':6s} {'ranks':>5s} {'plan':64s} {'sim s':>7s} {'fast s':>7s} {'time':>7s} {'memory':>7s}  reasons"]
