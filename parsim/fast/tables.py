@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from dataclasses import replace
+
 import numpy as np
 
 from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_params, head_activation_bytes,
@@ -378,8 +380,12 @@ def _shape_tables(model: ModelSpec, cluster: ClusterSpec, c: dict[str, np.ndarra
             shapes[shape_key] = layer_shape_row(model, cluster, _plan(*k[:4], stack=st, zero=k[6]), k[5] or None)
         rows.append(with_recompute(model, _plan(*k[:5], stack=st, zero=k[6]), shapes[shape_key]))
     layer = np.array(rows).reshape(-1, L_WIDTH)
-    hkeys, head_id = key_ids(c["tp"], c["sp"], c["mbs"], c["dtype"], host, sharded)
-    head = np.array([head_row(model, cluster, _plan(*map(int, k[:4]), stack=st, zero=int(k[5])), int(k[4]) or None)
+    # a tied output layer holds its own copy of the embedding once the pipeline splits them
+    # (``costs.params.head_params``): its gradient is accumulated too where that is priced
+    split = (c["pp"] > 1).astype(np.int64) if model.tied_embeddings else np.zeros_like(c["tp"])
+    hkeys, head_id = key_ids(c["tp"], c["sp"], c["mbs"], c["dtype"], host, sharded, split)
+    head = np.array([head_row(model, cluster, replace(_plan(*map(int, k[:4]), stack=st, zero=int(k[5])),
+                                                      pp=1 + int(k[6])), int(k[4]) or None)
                      for k in hkeys]).reshape(-1, H_WIDTH)
     return layer, layer_id, head, head_id
 
