@@ -16,10 +16,9 @@ fixed, every plan over 2 % had one of them):
 * ``shared host``: the plan's ranks share a calibrated CPU host's cores
   (``costs.host.HostModel.shared``). The engine plays them out under processor sharing (and
   blocking ZeRO collectives where the profile has no side streams); the closed form prices
-  each rank alone, at its solo speed. On the frozen CPU fixture over the 28 plans of the CPU
-  validation matrix the fast path was 2-4 % fast on 2-rank pipelines and 10-62 % fast on data
-  parallelism, ZeRO-2/3 and every 4-rank plan (``studies/validation_cpu/fast_vs_sim.txt``),
-  never slower.
+  each rank alone, at its solo speed. On the frozen CPU fixture, over the 3,376 plans of the
+  CPU matrix and its model's sweep space on 2 and 4 ranks, the fast path was median 26 % fast,
+  up to 66 %, and never slower (``studies/validation_cpu/fast_vs_sim.txt``).
 
 Such rows are ``approximate``; a sweep re-simulates every approximate row that could reach its
 shown top before ranking (``parsim.study.sweep``). ``PESSIMISM`` bounds how much slower than

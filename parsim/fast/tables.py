@@ -23,9 +23,8 @@ the dtype rows carry its memory terms.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
