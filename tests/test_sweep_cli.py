@@ -111,3 +111,18 @@ def test_resimulated_rows_carry_the_simpy_engines_numbers(capsys):
         assert r["fast_step_time_s"] == pytest.approx(ref.step_time_s, rel=0.25 if r["approximate"] else 0.02)
     fitting = [r["tokens_per_s"] for r in doc["rows"] if r["fits"]]
     assert fitting == sorted(fitting, reverse=True)
+
+
+def test_a_cpu_sweep_says_when_its_re_simulation_budget_ran_out(capsys):
+    """On a shared CPU host every row is approximate ('shared host') and the fast path is
+    optimistic, so one re-simulation a plan in the top leaves fast~ rows there: the table says
+    the budget ran out; with a budget large enough it does not."""
+    from pathlib import Path
+
+    fixture = str(Path(__file__).parent / "fixtures" / "cpu-calibrated.yaml")
+    argv = ["sweep", "--model", "tiny", "--cluster", f"{fixture}:4", "--profile", fixture, "--gbs", "8",
+            "--no-progress", "--top", "3", "--workers", "1", "--fix", "offload=none recompute=none sp=false dtype=fp32"]
+    rc, out, _ = run_cli(capsys, *argv, "--resimulate", "1")
+    assert rc == 0 and "fast~" in out and "re-simulation budget (10 x --resimulate = 10 plans) ran out" in out
+    rc, out, _ = run_cli(capsys, *argv, "--resimulate", "100")
+    assert rc == 0 and "ran out" not in out

@@ -7,6 +7,7 @@ import sys
 
 from parsim.api import sweep
 from parsim.specs import SpecError
+from parsim.study.sweep import MAX_RESIM_FACTOR
 
 from .common import add_json_argument, emit_json, gib, table
 
@@ -58,7 +59,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"{result.model.name} on {result.cluster.name}:{result.cluster.num_devices}: {result.num_plans} valid "
           f"plans, {result.num_fit} fit in {gib(result.result.capacity_bytes * (1 - args.headroom))} GiB "
           f"({result.result.num_resimulated} re-simulated)")
-    print(format_rows(result.rows(args.top)))
+    rows = result.rows(args.top)
+    print(format_rows(rows))
+    if any(r.get("approximate") and r["source"] == "fast" for r in rows) \
+            and result.result.num_resimulated >= MAX_RESIM_FACTOR * args.resimulate > 0:
+        print(f"the re-simulation budget ({MAX_RESIM_FACTOR} x --resimulate = {result.result.num_resimulated} plans) "
+              f"ran out before the top held only the engine's numbers: a larger --resimulate re-runs more")
     schedules = result.schedules()
     if schedules:
         print("\npipeline schedules against 1f1b (best variant of each at every layout of the sweep):")
