@@ -59,8 +59,7 @@ def _shared_host(cluster: ClusterSpec | None, world: np.ndarray) -> np.ndarray:
     if cluster is None:
         return np.zeros(world.shape, dtype=bool)
     sizes, inverse = np.unique(world, return_inverse=True)
-    shared = np.array([HostModel(cluster, int(n)).shared for n in sizes], dtype=bool)
-    return shared[inverse.reshape(world.shape)] if len(sizes) else np.zeros(world.shape, dtype=bool)
+    return np.array([HostModel(cluster, int(n)).shared for n in sizes], dtype=bool)[inverse.reshape(world.shape)]
 
 
 def approximate_mask(layers: int, cols: Mapping[str, np.ndarray], cluster: ClusterSpec | None = None) -> np.ndarray:

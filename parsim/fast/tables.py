@@ -23,7 +23,6 @@ the dtype rows carry its memory terms.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -119,9 +118,10 @@ def key_ids(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return keys, inverse.reshape(-1).astype(np.int64)
 
 
-def _plan(tp: int, sp: int, mbs: int, dtype: int, recompute: int = 0, stack: str = "auto", zero: int = 0) -> Plan:
+def _plan(tp: int, sp: int, mbs: int, dtype: int, recompute: int = 0, stack: str = "auto", zero: int = 0,
+          pp: int = 1) -> Plan:
     return Plan(tp=tp, sp=bool(sp), mbs=mbs, dtype=WORDS["dtype"][dtype], recompute=WORDS["recompute"][recompute],
-                stack=stack, zero=zero)
+                stack=stack, zero=zero, pp=pp)
 
 
 def _ops_time(cluster: ClusterSpec, ops, pass_: str, dtype: str) -> float:
@@ -383,9 +383,8 @@ def _shape_tables(model: ModelSpec, cluster: ClusterSpec, c: dict[str, np.ndarra
     # (``costs.params.head_params``): its gradient is accumulated too where that is priced
     split = (c["pp"] > 1).astype(np.int64) if model.tied_embeddings else np.zeros_like(c["tp"])
     hkeys, head_id = key_ids(c["tp"], c["sp"], c["mbs"], c["dtype"], host, sharded, split)
-    head = np.array([head_row(model, cluster, replace(_plan(*map(int, k[:4]), stack=st, zero=int(k[5])),
-                                                      pp=1 + int(k[6])), int(k[4]) or None)
-                     for k in hkeys]).reshape(-1, H_WIDTH)
+    head = np.array([head_row(model, cluster, _plan(*map(int, k[:4]), stack=st, zero=int(k[5]), pp=1 + int(k[6])),
+                              int(k[4]) or None) for k in hkeys]).reshape(-1, H_WIDTH)
     return layer, layer_id, head, head_id
 
 
