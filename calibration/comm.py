@@ -19,7 +19,8 @@ CUDA), on 127.0.0.1 with a free port, one thread per rank (OMP_NUM_THREADS=1 and
    the ranks so every rank runs the same number of collectives. Point-to-point is a
    ping-pong between ranks 0 and 1: half the round trip (OSU ``osu_latency``);
 4. on CPU, times the TP collectives *in situ*, each after a block of compute as a Megatron
-   layer calls them (``insitu``): they cost more there than back to back.
+   layer calls them (``insitu``): they cost more there than back to back;
+5. on CPU, measures the CPU seconds a pipeline message takes from the host (``p2p_cpu``).
 
 The parent gathers every rank's samples; a sample of the group is the max over ranks (the
 collective is done when its slowest member is).
@@ -74,6 +75,8 @@ class CommJob:
     # (``parsim.executor.layer_probe.layer_step``); None skips it
     layer_model: Any = None
     layer_mbs: int = 1
+    # CPU seconds of one pipeline message (``p2p_cpu``, CPU only): the activation's bytes; 0 skips it
+    line_bytes: int = 0
 
     def insitu_block(self, n: int) -> tuple[int, int, int] | None:
         return next(((m, c, k) for g, m, c, k in self.insitu_blocks if g == n), None)
@@ -169,6 +172,13 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
                                                          torch, device)
             if rank == 0:
                 progress.report(f"in-situ TP collectives {job.world} ranks")
+        if job.line_bytes and job.device_type == "cpu":
+            from .p2p_cpu import LINE_MESSAGES, measure_message_cpu
+            with torch.no_grad():
+                out["message_cpu"] = measure_message_cpu(fn, job.line_bytes, LINE_MESSAGES, job.repeats, dist, torch,
+                                                         device)
+            if rank == 0:
+                progress.report(f"pipeline messages {job.world} ranks")
         dist.barrier()
         out["cpu_s"], out["parent"] = process_cpu_seconds(), os.getppid()
         return out

@@ -24,7 +24,7 @@ from .machine_fit import device_numbers, fit_surfaces
 from .shapes import AttentionPoint, GemmPoint, MemboundPoint
 from .sharded import dtensor_per_tensor_s
 from .tables import (attention_efficiency, attention_table, collective_fits, collective_leave_out, contention_curve,
-                     interference_curve, membound_table, spreads)
+                     interference_curve, membound_table, message_cpu_curves, spreads)
 
 
 @dataclass
@@ -144,6 +144,8 @@ def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
         contention=contention_curve(m.comm, "gemm_rounds"),
         contention_membound=contention_curve(m.comm, "stream_rounds"),
         comm_interference=interference_curve(m.comm),
+        p2p_send_cpu=message_cpu_curves(m.comm)[0],
+        p2p_recv_cpu=message_cpu_curves(m.comm)[1],
         # the executor accumulates microbatch gradients with autograd's separate
         # AccumulateGrad kernel (costs.ops._grad_accumulation)
         grad_accumulation="unfused",

@@ -167,7 +167,7 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     attns = attention_points(spec, list(opts.tps), list(s.mbs)) if exact else []
     mems = membound_points(spec, list(opts.tps), list(s.mbs), opts.dtype) if exact else []
     grid = _plan_grid(opts, device)
-    insitu_jobs = len(worlds) if device.type == "cpu" else 0      # one in-situ probe per CPU job
+    insitu_jobs = 2 * len(worlds) if device.type == "cpu" else 0  # per CPU job: in-situ TP, pipeline messages
     bar = tqdm(total=(s.repeats if exact else 0) + 2 * len(attns) + len(mems) + 2 + steps_of(grid, s.repeats)
                + sum(len(o) for o in ops.values()) + insitu_jobs
                + 1 + len(worlds),     # the layer probe's other blocks: at the start, after every collectives job
@@ -333,6 +333,7 @@ def _measure_comm(m, opts: CalibrationOptions, device, ops: dict[int, tuple[str,
                       contention_gemm=contention_shape, contention_dtype=opts.dtype, contention_s=s.contention_s,
                       layer_model=opts.model, layer_mbs=min(s.mbs),
                       insitu_sizes=insitu_sizes(opts.model, opts.dtype, s.mbs),
+                      line_bytes=min(insitu_sizes(opts.model, opts.dtype, s.mbs)),
                       insitu_blocks=tuple((n, *g) for n in range(2, world + 1) if world % n == 0
                                           for g in [insitu_gemm(opts.model, n, min(s.mbs))] if g))
         m.comm[world] = run_comm_job(job, on_progress=step)

@@ -148,6 +148,26 @@ def round_ratios(ranks: list[dict], key: str) -> list[float]:
     return [len(ranks) / sum(1.0 / r[key][i][1] for r in ranks) / rounds[i][0] for i in range(len(rounds))]
 
 
+def message_cpu_curves(comm: dict[int, list[dict]]) -> tuple[RankCurve | None, RankCurve | None]:
+    """(send, receive) CPU seconds of one pipeline message per group size (``p2p_cpu``). A line
+    of ``world`` ranks carries world - 1 messages per block, so one message costs the ranks'
+    summed extra CPU (the median over samples of each rank's) over world - 1; the first rank
+    only sends and the last only receives, so their ratio splits it. At least 0; None where no
+    job measured it."""
+    worlds = [(w, ranks) for w, ranks in sorted(comm.items()) if w > 1 and all(r.get("message_cpu") for r in ranks)]
+    if not worlds:
+        return None, None
+    send, recv = [], []
+    for w, ranks in worlds:
+        per_rank = [max(float(np.median(r["message_cpu"])), 0.0) for r in ranks]
+        total = sum(per_rank) / (w - 1)
+        ends = per_rank[0] + per_rank[-1]
+        share = per_rank[0] / ends if ends > 0 else 0.5
+        send.append((w, total * share))
+        recv.append((w, total * (1 - share)))
+    return RankCurve(tuple(send)), RankCurve(tuple(recv))
+
+
 def interference_curve(comm: dict[int, list[dict]]) -> RankCurve:
     """Compute seconds lost per second of overlapped all-reduce (``comm._interference``), per
     group size: the median over ranks and samples."""

@@ -51,7 +51,8 @@ def test_in_situ_probe_runs_on_a_real_gloo_group():
 
     job = CommJob(world=2, device_type="cpu", sizes=(4096,), ops=("all_reduce",), repeats=3,
                   point_budget_s=0.05, min_sample_s=1e-3, contention_gemm=(64, 64, 64),
-                  contention_dtype="fp32", contention_s=0.05, insitu_sizes=(8192,), insitu_blocks=((2, 32, 64, 32),))
+                  contention_dtype="fp32", contention_s=0.05, insitu_sizes=(8192,), insitu_blocks=((2, 32, 64, 32),),
+                  line_bytes=8192)
     ranks = run_comm_job(job)
     # every TP op at the per-rank tensor size (all-gather: the shard), one value per sample,
     # reduced over the group so both ranks hold the same numbers
@@ -61,6 +62,12 @@ def test_in_situ_probe_runs_on_a_real_gloo_group():
         assert all(len(v) == 3 and all(x >= 0 for x in v) for v in per.values())
     assert ranks[0]["insitu"] == ranks[1]["insitu"]
     assert ranks[0]["insitu_groups"] == {}            # no TP group smaller than the world of 2
+    # the pipeline-message line (calibration.p2p_cpu): one finite CPU figure per sample on each rank
+    # (a difference of two CPU clocks: noise may make one slightly negative; the curves clamp at 0)
+    assert all(len(r["message_cpu"]) == 3 and all(abs(x) < 0.05 for x in r["message_cpu"]) for r in ranks)
+    from parsim.calibration.tables import message_cpu_curves
+    send, recv = message_cpu_curves({2: ranks})
+    assert [w for w, _ in send.values] == [2] and send.values[0][1] >= 0 and recv.values[0][1] >= 0
 
 
 @pytest.mark.slow

@@ -79,6 +79,11 @@ def render(profile: dict, path: Path) -> str:
              f"memory-bound {dev['memory_bandwidth'] / 1e9:.2f} GB/s; op overhead {dev['kernel_overhead_s'] * 1e6:.1f} us; "
              f"attention eff {dev['attention_efficiency']:.2f}",
              "contention (ranks: slowdown) " + ", ".join(f"{k}: {v:.2f}" for k, v in tables.contention.values)]
+    if tables.p2p_send_cpu is not None and tables.p2p_recv_cpu is not None:
+        pairs = zip(tables.p2p_send_cpu.values, tables.p2p_recv_cpu.values)
+        per = ", ".join(f"{k}: {s * 1e3:.2f} / {r * 1e3:.2f}" for (k, s), (_, r) in pairs)
+        lines.append(f"pipeline message CPU (ranks: send / receive ms; counted where ranks outnumber the "
+                     f"{tables.cores} cores) {per}")
     if tables.layer_composition is not None:
         probe, comp = tables.layer_probe, tables.layer_composition
         lines.append(f"real layer (mbs={probe.mbs}, tp=1): forward {probe.fwd_s * 1e3:.1f} ms "

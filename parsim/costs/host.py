@@ -8,6 +8,9 @@ memory bandwidth. Three measured effects (``parsim calibrate``; ``specs.Calibrat
 * **interference**: a collective is CPU work too (gloo's threads, the loopback TCP stack),
   so one that runs while its rank computes takes ``comm_interference`` x the overlap from
   that compute (``ComputeLedger``);
+* **message CPU**: with more ranks than cores, a pipeline message takes CPU seconds from the
+  ranks that compute (gloo's send and its receiver's wake-up and copy run on the host's cores;
+  measured per message, ``message_cpu``);
 * **processor sharing**: a rank idle in a pipeline bubble leaves its core to the others, so a
   job's speed follows how many ranks compute at each instant (``ProcessorSharing``:
   egalitarian processor sharing, Kleinrock, "Queueing Systems Vol. 2", 1976, Sec. 4.4, with
@@ -85,6 +88,25 @@ def comm_interference(cluster: ClusterSpec, ranks: float) -> float:
     return max(_per_ranks(curve, on_host, 0.0, beyond="hold"), 0.0)
 
 
+def message_cpu(cluster: ClusterSpec, ranks: float) -> tuple[float, float]:
+    """(send, receive) CPU seconds of one pipeline message when ``ranks`` ranks share the host.
+
+    Calibrated CPU profiles carry ``p2p_send_cpu`` / ``p2p_recv_cpu``: {ranks: process CPU
+    seconds per message beyond the compute}, measured on a line of ``ranks`` ranks that pass an
+    activation on after each block of compute (``calibration.p2p_cpu``: the first rank only
+    sends, the last only receives). They count only where the ranks outnumber the host's cores
+    (the profile's ``cores``): with a core per rank that CPU runs while its rank would wait
+    anyway (what follows the arrival is in the measured send-receive latency); with fewer cores
+    it is taken from the ranks that compute. Linear between measured counts, held beyond the
+    largest. GPUs and uncalibrated profiles: (0, 0)."""
+    tables = cluster.device.tables
+    on_host = min(float(ranks), float(cluster.devices_per_node))
+    if not tables.cores or on_host <= tables.cores:
+        return 0.0, 0.0
+    return tuple(max(_per_ranks(c, on_host, 0.0, beyond="hold"), 0.0) if c else 0.0
+                 for c in (tables.p2p_send_cpu, tables.p2p_recv_cpu))
+
+
 def _per_ranks(curve: RankCurve, ranks: float, at_one: float, beyond: str) -> float:
     """A per-rank-count curve at ``ranks`` (may be fractional): linear between measured
     counts (``at_one`` at 1 rank); past the largest, ``beyond`` = "scale" (grows with ranks:
@@ -117,6 +139,15 @@ class HostModel:
     def interference(self) -> float:
         """``comm_interference`` at the plan's ranks (0 on GPUs)."""
         return comm_interference(self.cluster, self.ranks)
+
+    def message_seconds(self, received: int, sent: int) -> float:
+        """CPU seconds an action's pipeline messages (``costs.placement.remote_messages``) take
+        from the host's cores (``message_cpu``; 0 on GPUs and with a core per rank). Charged as
+        GEMM-like work of the action's processor-sharing job (the SimPy engine's whole actions,
+        the partitioner's replay); actions played segment by segment (TP peers, ZeRO-3) take the
+        mean-field slowdown instead, which leaves it out."""
+        send, recv = message_cpu(self.cluster, self.ranks)
+        return received * recv + sent * send
 
     @property
     def ranks_on_host(self) -> int:

@@ -28,3 +28,17 @@ def stages_of_rank(plan: Plan, pp_rank: int) -> list[int]:
     if loop_placed(plan):
         return list(range(pp_rank, plan.pp * plan.vpp, plan.pp))
     return [s for s, r in enumerate(stage_placement(plan)) if r == pp_rank]
+
+
+def remote_messages(plan: Plan, vstage: int, kind: str) -> tuple[int, int]:
+    """(received, sent) pipeline messages of one action that cross to another rank: F takes the
+    previous stage's activations and sends its own on; B and I take the next stage's gradients
+    and send theirs back; W moves nothing. A neighbour on the same rank (the turn of a V) hands
+    over in memory."""
+    if kind not in ("F", "B", "I"):
+        return 0, 0
+    last = plan.pp * plan.vpp - 1
+    src, dst = (vstage - 1, vstage + 1) if kind == "F" else (vstage + 1, vstage - 1)
+    me = rank_of_stage(plan, vstage)
+    return (int(0 <= src <= last and rank_of_stage(plan, src) != me),
+            int(0 <= dst <= last and rank_of_stage(plan, dst) != me))

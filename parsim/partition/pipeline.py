@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from parsim.costs.host import HostModel
+from parsim.costs.placement import remote_messages
 from parsim.costs.split_backward import overlapped_time
 from parsim.schedules import OVERLAP_F_B, build_schedule_for_plan
 from parsim.schedules.check import ScheduleError, TimedAction, dependencies, list_schedule
@@ -67,7 +68,7 @@ def shared_host_run(plan: Plan, fwd: Sequence[Job], bwd: Sequence[Job], send_s: 
     if host is None or not host.shared:
         timed = list_schedule(schedule, lambda a: _solo(a, jobs), hop)
     else:
-        timed = _processor_sharing(schedule, jobs, hop, host, plan.world_size / plan.pp)
+        timed = _processor_sharing(schedule, _with_messages(jobs, plan, host), hop, host, plan.world_size / plan.pp)
     durations: dict[tuple[str, int], list[float]] = {}
     for rank in timed:
         for t in rank:
@@ -107,6 +108,17 @@ def _jobs(fwd: Sequence[Job], bwd: Sequence[Job], weight_share: float):
         if a.kind == "W":
             return (0.0, gemm * weight_share, membound * weight_share)
         return bwd[a.stage]
+    return job
+
+
+def _with_messages(jobs, plan: Plan, host: HostModel):
+    """``jobs`` with each action's pipeline messages' CPU added to its GEMM-like work, as the
+    SimPy engine adds it (``HostModel.message_seconds``; 0 with a core per rank)."""
+    def job(a) -> Job:
+        fixed, gemm, membound = jobs(a)
+        leaves = a.sub_actions if a.kind == OVERLAP_F_B else (a,)
+        received, sent = (sum(x) for x in zip(*(remote_messages(plan, x.stage, x.kind) for x in leaves)))
+        return fixed, gemm + host.message_seconds(received, sent), membound
     return job
 
 

@@ -16,7 +16,8 @@ segment (``actions``).
 CPU hosts (calibrated profiles with a contention table): ranks share the host's cores (``costs.host.HostModel``).
 When no action is stepped, actions and optimizer steps are jobs of a ``ProcessorSharing`` host whose speed follows
 how many ranks compute at that instant; otherwise every rank computes at a mean-field slowdown
-(``HostModel.settle``, iterated by ``simulate``). Collectives that run while a rank computes take
+(``HostModel.settle``, iterated by ``simulate``). With more ranks than cores a job also holds its pipeline
+messages' CPU (``HostModel.message_seconds``). Collectives that run while a rank computes take
 ``comm_interference`` x the overlap from its compute, paid before its next action (``Device.ledger``). GPUs: no
 sharing; the interference is the stack's NCCL-on-SM slowdown (``costs.stack``; 0 for most stacks).
 
@@ -42,7 +43,7 @@ from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes
 from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing
 from parsim.costs.optimizer import (layer_from_host_s, layer_shard_bytes, rank_tensor_sizes, rank_tensors,
                                    tied_embedding_sync)
-from parsim.costs.placement import loop_placed, rank_of_stage, stages_of_rank
+from parsim.costs.placement import loop_placed, rank_of_stage, remote_messages, stages_of_rank
 from parsim.costs.stack import zero_comm_factor
 from parsim.costs.timing import collective_time, p2p_time
 from parsim.costs.zero import gathers_layers, scatters_every_backward
@@ -281,14 +282,22 @@ class Simulation:
 
     def solo_seconds(self, dev: Device, stage: int, kind: str) -> tuple[float, float, float]:
         """(fixed, GEMM, memory-bound) seconds of an action computing alone on the host: the
-        action priced with each kind's compute doubled in turn gives that kind's share."""
+        action priced with each kind's compute doubled in turn gives that kind's share; the CPU
+        its pipeline messages take from a host with fewer cores than ranks joins the GEMM share."""
         key = (stage, kind, dev.scale, dev.tp.shape, dev.tp.link_factor)
         out = self._solo.get(key)
         if out is None:
             base, g, m = self.cost(dev, stage, kind).duration, dev.scale.gemm, dev.scale.membound
             gemm = self._price(dev, stage, kind, ComputeScale(2 * g, m)).duration - base
             membound = self._price(dev, stage, kind, ComputeScale(g, 2 * m)).duration - base
-            out = self._solo[key] = (max(base - gemm - membound, 0.0), gemm, membound)
+            # its pipeline messages' CPU, shared as compute is (``HostModel.message_seconds``)
+            halves = tuple(zip(stage, ("F", kind[2:]))) if kind.startswith("F&") else ((stage, kind),)
+            received = sent = 0
+            for s, k in halves:
+                r, t = remote_messages(self.plan, s, k)
+                received, sent = received + r, sent + t
+            out = self._solo[key] = (max(base - gemm - membound, 0.0), gemm + self.host.message_seconds(received, sent),
+                                     membound)
         return out
 
     def comm_time(self, comm: Communicator, op: str, nbytes: float, in_situ: bool = False) -> float:
