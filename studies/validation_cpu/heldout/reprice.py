@@ -1,12 +1,15 @@
 """Re-price a run of record with today's simulator: each row's plan simulated with the run's
 profile, against the step time and peak memory the executor measured then (no executor run).
 
-    .venv/bin/python studies/validation_cpu/heldout/reprice.py [RUN_DIR]    # ~2 s
+    .venv/bin/python studies/validation_cpu/heldout/reprice.py [RUN_DIR] [--without-messages]   # ~2 s
 
-RUN_DIR defaults to run_20261127/; prints one line per plan and a summary per model."""
+RUN_DIR defaults to run_20261127/; prints one line per plan and a summary per model.
+``--without-messages`` prices without the profile's pipeline-message CPU curves
+(``costs.host.message_cpu``), to see what they change on the same measurements."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -17,7 +20,15 @@ from parsim.specs import load_cluster, load_model, parse_plan
 HERE = Path(__file__).parent
 
 
-def main(run: Path) -> None:
+def _cluster(world: int, profile: Path, messages: bool):
+    cluster = load_cluster(f"cpu:{world}", profile=profile)
+    if messages:
+        return cluster
+    tables = cluster.device.tables.replace(p2p_send_cpu=None, p2p_recv_cpu=None)
+    return dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, tables=tables))
+
+
+def main(run: Path, messages: bool = True) -> None:
     profile = run / "profile.yaml"
     for table in sorted(run.glob("*/validation.csv")):
         model = load_model(HERE / f"model_{table.parent.name}.yaml")
@@ -26,7 +37,7 @@ def main(run: Path) -> None:
             if not row.get("measured_step_s"):
                 continue
             plan = parse_plan(row["plan"])
-            res = simulate(model, load_cluster(f"cpu:{plan.world_size}", profile=profile), plan, record_events=False)
+            res = simulate(model, _cluster(plan.world_size, profile, messages), plan, record_events=False)
             step = res.step_time_s / float(row["measured_step_s"]) - 1
             peak = res.peak_memory_bytes / float(row["measured_peak_bytes"]) - 1
             steps.append(step)
@@ -38,4 +49,5 @@ def main(run: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "run_20261127")
+    args = [a for a in sys.argv[1:] if a != "--without-messages"]
+    main(Path(args[0]) if args else HERE / "run_20261127", "--without-messages" not in sys.argv)
