@@ -2,11 +2,12 @@
 
 A pipeline stage receives an activation, computes, and sends its output on. On a CPU host every
 part of a message is CPU work: gloo's send and receive calls, its communication threads, the
-loopback copies, and the receiving rank's wake-up (which polls before it sleeps). With a core per
+loopback copies, and the receiving rank's wake-up. With a core per
 rank that work runs while the rank would wait anyway; with more ranks than cores it is taken
 from the ranks that compute, so a schedule with more (shorter) actions loses more of the host.
-On this project's 2-vCPU VM, 4 ranks passing a 128 KiB activation down a line lost 1.2-1.6 ms
-per hop whatever the block (0.4-6.4 ms), and the ranks' process CPU time held the difference.
+On this project's 2-vCPU VM, 4 ranks passing a 128 KiB activation down a line lost 0.9-1.7 ms
+per hop over three runs whatever the block (0.4-6.4 ms), and the ranks' process CPU time held
+the difference (``studies/validation_cpu/p2p_line.txt``).
 
 One sample (every rank, the same ``messages`` blocks of compute both times):
 
@@ -16,13 +17,14 @@ One sample (every rank, the same ``messages`` blocks of compute both times):
    r + 1 (r < world - 1; non-blocking, waited at the end), for every block: the same CPU
    seconds.
 
-The first rank only sends and the last only receives, so per message
+A line of ``world`` ranks carries world - 1 messages a block, so one message costs the ranks'
+summed extra CPU
 
-    send = (line - blocks) / messages on rank 0,   receive = the same on rank world - 1   [s]
+    sum over ranks of (line - blocks) / messages, over world - 1      [s]
 
-(the ranks between do both: their sum is the check). The profile keeps the median over
-samples (``calibration.tables.message_cpu_curves``). CPU only: on a GPU a send is a kernel on its
-own stream and the host's cores are not shared.
+split into sending and receiving by the end ranks' shares (the first rank only sends, the last
+only receives; ``calibration.tables.message_cpu_curves``, the median over samples per rank).
+CPU only: on a GPU a send is a kernel on its own stream and the host's cores are not shared.
 """
 from __future__ import annotations
 
@@ -33,11 +35,26 @@ from typing import Callable
 LINE_MESSAGES = 24
 
 
+def run_line(block: Callable[[], object], messages: int, payload, inbox, dist) -> None:
+    """One pass of the line: ``messages`` times, receive from the previous rank (not on the
+    first), compute ``block``, send ``payload`` on to the next (not on the last; non-blocking,
+    all waited at the end)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pending = []
+    for _ in range(messages):
+        if rank > 0:
+            dist.recv(inbox, rank - 1)
+        block()
+        if rank < world - 1:
+            pending.append(dist.isend(payload, rank + 1))
+    for work in pending:
+        work.wait()
+
+
 def measure_message_cpu(block: Callable[[], object], nbytes: int, messages: int, repeats: int, dist, torch,
                         device) -> list[float]:
     """Per sample, this rank's process CPU seconds per message beyond its compute (the module
     docstring): a send on rank 0, a receive on the last rank, both between."""
-    rank, world = dist.get_rank(), dist.get_world_size()
     payload = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
     inbox = torch.empty_like(payload)
     block()
@@ -50,15 +67,7 @@ def measure_message_cpu(block: Callable[[], object], nbytes: int, messages: int,
         blocks = time.process_time() - c0
         dist.barrier()
         c0 = time.process_time()
-        pending = []
-        for _ in range(messages):
-            if rank > 0:
-                dist.recv(inbox, rank - 1)
-            block()
-            if rank < world - 1:
-                pending.append(dist.isend(payload, rank + 1))
-        for work in pending:
-            work.wait()
+        run_line(block, messages, payload, inbox, dist)
         line = time.process_time() - c0
         out.append((line - blocks) / messages)
     dist.barrier()

@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from parsim.calibration.p2p_cpu import run_line
+
 M, REPEATS, WORLD = 40, 5, 4
 
 
@@ -40,7 +42,7 @@ def _rank(rank: int, port: int, gemms: int, q) -> None:
             a @ w
     for _ in range(20):
         block()
-    buf = torch.zeros(32768)
+    buf, inbox = torch.zeros(32768), torch.zeros(32768)
     out = {"solo": [], "together": [], "line": [], "line_cpu": [], "blocks_cpu": []}
     for _ in range(REPEATS):
         dist.barrier()
@@ -57,15 +59,7 @@ def _rank(rank: int, port: int, gemms: int, q) -> None:
         out["blocks_cpu"].append(time.process_time() - c0)
         dist.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
-        pending = []
-        for _ in range(M):
-            if rank > 0:
-                dist.recv(buf, rank - 1)
-            block()
-            if rank < WORLD - 1:
-                pending.append(dist.isend(buf.clone(), rank + 1))
-        for work in pending:
-            work.wait()
+        run_line(block, M, buf, inbox, dist)
         out["line"].append(time.perf_counter() - t0)
         out["line_cpu"].append(time.process_time() - c0)
     q.put((rank, out))
