@@ -128,6 +128,7 @@ def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
     per_tensor = surfaces.optimizer_per_tensor_s if surfaces else None
     if per_tensor is not None:   # a --model's own AdamW rate holds its loop's cost: keep the grid's bytes term
         rates["adamw"] = surfaces.rates["adamw"]
+    messages = message_cpu_curves(m.comm)     # (send, receive) CPU of a pipeline message
     curve_rms = None
     if exact and surfaces is None:
         peak = max(r[3] for r in gemm_rows)
@@ -144,8 +145,8 @@ def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
         contention=contention_curve(m.comm, "gemm_rounds"),
         contention_membound=contention_curve(m.comm, "stream_rounds"),
         comm_interference=interference_curve(m.comm),
-        p2p_send_cpu=message_cpu_curves(m.comm)[0],
-        p2p_recv_cpu=message_cpu_curves(m.comm)[1],
+        p2p_send_cpu=messages[0],
+        p2p_recv_cpu=messages[1],
         # the executor accumulates microbatch gradients with autograd's separate
         # AccumulateGrad kernel (costs.ops._grad_accumulation)
         grad_accumulation="unfused",

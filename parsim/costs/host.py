@@ -1,7 +1,7 @@
 """Ranks that share one host: how they slow each other down. Identity on GPUs.
 
 On a calibrated CPU profile the ranks of a plan are processes on the same cores and the same
-memory bandwidth. Three measured effects (``parsim calibrate``; ``specs.CalibratedTables``):
+memory bandwidth. Four measured effects (``parsim calibrate``; ``specs.CalibratedTables``):
 
 * **contention**: with ``n`` ranks computing at once each GEMM second stretches to ``g(n)``
   seconds and each memory-bound second to ``m(n)`` (``host_contention``);
