@@ -1,6 +1,6 @@
 """parsim calibrate: a --quick run on real gloo processes writes a profile the simulator loads
-and whose numbers are positive and self-consistent; bad input exits 2 naming the field (the pure
-fits: ``test_calibration_fits.py``)."""
+and whose numbers are positive and self-consistent (the pure fits: ``test_calibration_fits.py``;
+bad input: ``test_calibration_inputs.py``)."""
 import json
 import os
 import subprocess
@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from parsim.calibration.machine import host_id
-from parsim.cli import main
-from parsim.specs import Plan, SpecError, load_cluster, load_model, profile_tables
+from parsim.specs import Plan, load_cluster, load_model, profile_tables
 
 from test_host_profile import profile_of
 
@@ -35,6 +34,13 @@ again = host_profile(sys.argv[1], say=said.append)
 print(json.dumps(dict(path=str(first.path), calibrated=first.calibrated, again=str(again.path),
                       again_calibrated=again.calibrated, said=said)))
 """
+
+
+def _unsteady(path: Path) -> bool:
+    """Did the machine move while this profile was calibrated (``api.hardware.UNSTEADY``)?"""
+    from parsim.api.hardware import UNSTEADY, probe_drift
+    from parsim.specs import load_profile_dict
+    return probe_drift(load_profile_dict(str(path))) > UNSTEADY
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +72,14 @@ def test_without_a_profile_of_this_host_a_quick_one_is_calibrated_said_so_kept_a
     assert "measured on another host" in said[0] and "calibrating a quick profile" in said[0]
     # a block of the layer probe > 30 % slower than another (a noisy minute of a shared VM: seen
     # at 15-35 % on a quiet one) takes the calibration once more, and says so
-    assert len(said) == 1 or (len(said) == 2 and "unsteady" in said[1] and "calibrating once more" in said[1])
-    assert out["again"] == str(path) and not out["again_calibrated"]
+    assert len(said) == 1 or ("unsteady" in said[1] and "calibrating once more" in said[1])
+    assert out["again"] == str(path)
+    if len(said) <= 2 and not _unsteady(path):
+        assert not out["again_calibrated"]          # a steady profile kept for this host is reused
+    else:
+        # still unsteady after the second try (seen once on this VM: 37 %): the kept profile is
+        # refused the next time, which says why and calibrates again
+        assert out["again_calibrated"] and "the machine was busy then" in said[2] and len(said) <= 4
 
 
 @ALONE
@@ -217,9 +229,11 @@ def test_composition_terms_reproduce_every_synthetic_stage_within_its_leave_out_
         for pass_, measured in (("fwd", stage.fwd_s), ("bwd", stage.bwd_s)):
             error = abs(priced[pass_][0] / measured - 1)
             assert error <= tables.fit_report[f"composition.{pass_}"].max + 1e-4, (stage.spec["name"], pass_)
-    # ops timed alone and composed into a stage: within a factor of 2 on any sane machine
-    for pass_ in ("fwd", "bwd"):
-        assert 0.5 < tables.layer_composition.factor(pass_) < 2.0
+    # ops timed alone and composed into a stage: within a factor of 2 on any sane machine (one
+    # that held still while calibrating: an unsteady profile is refused for use, ``host_profile``)
+    if not _unsteady(path):
+        for pass_ in ("fwd", "bwd"):
+            assert 0.5 < tables.layer_composition.factor(pass_) < 2.0
     raw = replace(dev, tables=tables.replace(layer_composition=None))
     assert stage_prices(raw, "fp32", model_from_dict(stage.spec), 1)["fwd"][1] > 10    # ops that run
 
@@ -303,60 +317,6 @@ def test_layer_probe_times_the_executor_layer_and_accumulates_gradients():
     # not zeroed: the second microbatch's gradient (the same input) is added to the first
     for n, p in layer.named_parameters():
         assert torch.allclose(p.grad, 2 * first[n], rtol=1e-5, atol=1e-7), n
-
-
-def test_malformed_layer_composition_in_a_profile_is_a_spec_error():
-    from parsim.specs import cluster_from_dict, load_profile_dict
-
-    for bad in ({"fwd": "fast", "bwd": 1.0}, {"fwd": 1.0}, {"fwd": 0.0, "bwd": 1.0}, [1.0, 1.0]):
-        data = load_profile_dict("cpu")
-        data["device"].setdefault("extra", {})["layer_composition"] = bad
-        with pytest.raises(SpecError) as e:
-            cluster_from_dict(data, 2)
-        assert e.value.field == "profile.device.extra.layer_composition"
-    with pytest.raises(SpecError) as e:
-        load_cluster("cpu:2", profile=str(_write_profile_with({"fwd": -1, "bwd": 1})))
-    assert e.value.field == "profile.device.extra.layer_composition"
-
-
-def _write_profile_with(composition) -> "Path":
-    import tempfile
-    from pathlib import Path
-
-    import yaml
-
-    from parsim.specs import load_profile_dict
-    data = load_profile_dict("cpu")
-    data["device"].setdefault("extra", {})["layer_composition"] = composition
-    path = Path(tempfile.mkdtemp()) / "bad.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-# ----------------------------------------------------------------------------- bad input
-
-@pytest.mark.parametrize("argv, field", [
-    (["--ranks", "0"], "ranks"),
-    (["--ranks", "two"], "ranks"),
-    (["--ranks", "1"], "ranks"),            # no group to measure collectives on, no --base
-    (["--dtype", "int8"], "dtype"),
-    (["--repeats", "1"], "repeats"),
-    (["--model", "nope"], "model"),
-    (["--device", "tpu"], "device"),
-    (["--tp", "3"], "tp"),                  # 3 divides no head count of cpu-small
-    (["--mbs", "0"], "mbs"),
-])
-def test_bad_calibrate_input_exits_2_naming_the_field(capsys, argv, field):
-    rc = main(["calibrate", "--quick", *argv])
-    err = capsys.readouterr().err
-    assert rc == 2 and err.count("\n") == 1 and f"{field}=" in err, err
-
-
-def test_python_api_rejects_bad_input_with_spec_error():
-    from parsim.calibration import calibrate
-    with pytest.raises(SpecError) as e:
-        calibrate(ranks=[2, 0])
-    assert e.value.field == "ranks"
 
 
 @ALONE
