@@ -6,8 +6,9 @@ loopback copies, and the receiving rank's wake-up. With a core per
 rank that work runs while the rank would wait anyway; with more ranks than cores it is taken
 from the ranks that compute, so a schedule with more (shorter) actions loses more of the host.
 On this project's 2-vCPU VM, 4 ranks passing a 128 KiB activation down a line lost 0.9-1.7 ms
-per hop over three runs whatever the block (0.4-6.4 ms), and the ranks' process CPU time held
-the difference (``studies/validation_cpu/p2p_line.txt``).
+per hop over four runs whatever the block (0.4-6.4 ms), and the ranks' process CPU time held
+the difference; flat from 32 to 128 KiB, x1.5 at 1 MiB, x3 at 4 MiB
+(``studies/validation_cpu/p2p_line.txt``). Measured at one size (the caller's activation).
 
 One sample (every rank, the same ``messages`` blocks of compute both times):
 
