@@ -8,7 +8,7 @@ from the ranks that compute, so a schedule with more (shorter) actions loses mor
 On this project's 2-vCPU VM, 4 ranks passing a 128 KiB activation down a line lost 0.9-1.7 ms
 per hop over four runs whatever the block (0.4-6.4 ms), and the ranks' process CPU time held
 the difference; flat from 32 to 128 KiB, x1.5 at 1 MiB, x3 at 4 MiB
-(``studies/validation_cpu/p2p_line.txt``). Measured at one size (the caller's activation).
+(``studies/validation_cpu/p2p_line.txt``).
 
 One sample (every rank, the same ``messages`` blocks of compute both times):
 
@@ -21,10 +21,13 @@ One sample (every rank, the same ``messages`` blocks of compute both times):
 A line of ``world`` ranks carries world - 1 messages a block, so one message costs the ranks'
 summed extra CPU
 
-    sum over ranks of (line - blocks) / messages, over world - 1      [s]
+    c(x) = sum over ranks of (line - blocks) / messages, over world - 1      [s]
 
-split into sending and receiving by the end ranks' shares (the first rank only sends, the last
-only receives; ``calibration.tables.message_cpu_curves``, the median over samples per rank).
+at two message sizes x (the caller's activation and ``LARGE_FACTOR`` x it), fitted as c(x) =
+c0 + k x (Hockney's alpha-beta form, as the collectives): c0 split into sending and receiving by
+the end ranks' shares at the first size (the first rank only sends, the last only receives), k
+(seconds per byte: the loopback copies) half each, the sender copying into the socket and the
+receiver out of it (``calibration.tables.message_cpu_curves``, the median over samples per rank).
 CPU only: on a GPU a send is a kernel on its own stream and the host's cores are not shared.
 """
 from __future__ import annotations
@@ -34,6 +37,9 @@ from typing import Callable
 
 # messages (and blocks) per sample: ~ messages x (block x ranks / cores + hop) seconds, ~0.2 s
 LINE_MESSAGES = 24
+# the second message size, in multiples of the first: the copies' bytes show from ~1 MiB on
+# (studies/validation_cpu/p2p_line.txt: flat from 32 to 128 KiB, x2.7 at 4 MiB)
+LARGE_FACTOR = 16
 
 
 def run_line(block: Callable[[], object], messages: int, payload, inbox, dist) -> None:
@@ -53,23 +59,25 @@ def run_line(block: Callable[[], object], messages: int, payload, inbox, dist) -
 
 
 def measure_message_cpu(block: Callable[[], object], nbytes: int, messages: int, repeats: int, dist, torch,
-                        device) -> list[float]:
-    """Per sample, this rank's process CPU seconds per message beyond its compute (the module
-    docstring): a send on rank 0, a receive on the last rank, both between."""
-    payload = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
-    inbox = torch.empty_like(payload)
+                        device) -> dict[int, list[float]]:
+    """Per message size (``nbytes`` and ``LARGE_FACTOR`` x it), per sample, this rank's process
+    CPU seconds per message beyond its compute (the module docstring): a send on rank 0, a
+    receive on the last rank, both between."""
     block()
-    out = []
-    for _ in range(repeats):
-        dist.barrier()
-        c0 = time.process_time()
-        for _ in range(messages):
-            block()
-        blocks = time.process_time() - c0
-        dist.barrier()
-        c0 = time.process_time()
-        run_line(block, messages, payload, inbox, dist)
-        line = time.process_time() - c0
-        out.append((line - blocks) / messages)
+    out: dict[int, list[float]] = {}
+    for size in (nbytes, LARGE_FACTOR * nbytes):
+        payload = torch.zeros(max(size // 4, 1), dtype=torch.float32, device=device)
+        inbox = torch.empty_like(payload)
+        out[size] = []
+        for _ in range(repeats):
+            dist.barrier()
+            c0 = time.process_time()
+            for _ in range(messages):
+                block()
+            blocks = time.process_time() - c0
+            dist.barrier()
+            c0 = time.process_time()
+            run_line(block, messages, payload, inbox, dist)
+            out[size].append((time.process_time() - c0 - blocks) / messages)
     dist.barrier()
     return out

@@ -128,7 +128,7 @@ def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
     per_tensor = surfaces.optimizer_per_tensor_s if surfaces else None
     if per_tensor is not None:   # a --model's own AdamW rate holds its loop's cost: keep the grid's bytes term
         rates["adamw"] = surfaces.rates["adamw"]
-    messages = message_cpu_curves(m.comm)     # (send, receive) CPU of a pipeline message
+    messages = message_cpu_curves(m.comm)     # (send, receive, per byte) CPU of a pipeline message
     curve_rms = None
     if exact and surfaces is None:
         peak = max(r[3] for r in gemm_rows)
@@ -147,6 +147,7 @@ def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
         comm_interference=interference_curve(m.comm),
         p2p_send_cpu=messages[0],
         p2p_recv_cpu=messages[1],
+        p2p_cpu_per_byte=messages[2],
         # the executor accumulates microbatch gradients with autograd's separate
         # AccumulateGrad kernel (costs.ops._grad_accumulation)
         grad_accumulation="unfused",

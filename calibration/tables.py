@@ -148,24 +148,31 @@ def round_ratios(ranks: list[dict], key: str) -> list[float]:
     return [len(ranks) / sum(1.0 / r[key][i][1] for r in ranks) / rounds[i][0] for i in range(len(rounds))]
 
 
-def message_cpu_curves(comm: dict[int, list[dict]]) -> tuple[RankCurve | None, RankCurve | None]:
-    """(send, receive) CPU seconds of one pipeline message per group size (``p2p_cpu``). A line
-    of ``world`` ranks carries world - 1 messages per block, so one message costs the ranks'
-    summed extra CPU (the median over samples of each rank's) over world - 1; the first rank
-    only sends and the last only receives, so their ratio splits it. At least 0; None where no
-    job measured it."""
+def message_cpu_curves(comm: dict[int, list[dict]]) -> tuple[RankCurve | None, ...]:
+    """(send, receive, per byte) CPU seconds of one pipeline message per group size
+    (``p2p_cpu``). A line of ``world`` ranks carries world - 1 messages per block, so at each
+    message size one message costs the ranks' summed extra CPU (the median over samples of each
+    rank's) over world - 1; two sizes give c0 + k x. c0 is split by the end ranks' ratio at the
+    first size (the first rank only sends, the last only receives); k (seconds per byte of one
+    message, sender and receiver together) is kept whole. All at least 0; None where no job
+    measured them."""
     worlds = [(w, ranks) for w, ranks in sorted(comm.items()) if w > 1 and all(r.get("message_cpu") for r in ranks)]
     if not worlds:
-        return None, None
-    send, recv = [], []
+        return None, None, None
+    send, recv, per_byte = [], [], []
     for w, ranks in worlds:
-        per_rank = [max(float(np.median(r["message_cpu"])), 0.0) for r in ranks]
-        total = sum(per_rank) / (w - 1)
-        ends = per_rank[0] + per_rank[-1]
-        share = per_rank[0] / ends if ends > 0 else 0.5
-        send.append((w, total * share))
-        recv.append((w, total * (1 - share)))
-    return RankCurve(tuple(send)), RankCurve(tuple(recv))
+        sizes = sorted(ranks[0]["message_cpu"])
+        per_rank = {x: [max(float(np.median(r["message_cpu"][x])), 0.0) for r in ranks] for x in sizes}
+        total = {x: sum(v) / (w - 1) for x, v in per_rank.items()}
+        small, large = sizes[0], sizes[-1]
+        k = max((total[large] - total[small]) / (large - small), 0.0) if large > small else 0.0
+        c0 = max(total[small] - k * small, 0.0)
+        ends = per_rank[small][0] + per_rank[small][-1]
+        share = per_rank[small][0] / ends if ends > 0 else 0.5
+        send.append((w, c0 * share))
+        recv.append((w, c0 * (1 - share)))
+        per_byte.append((w, k))
+    return RankCurve(tuple(send)), RankCurve(tuple(recv)), RankCurve(tuple(per_byte))
 
 
 def interference_curve(comm: dict[int, list[dict]]) -> RankCurve:

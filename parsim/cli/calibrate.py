@@ -80,10 +80,12 @@ def render(profile: dict, path: Path) -> str:
              f"attention eff {dev['attention_efficiency']:.2f}",
              "contention (ranks: slowdown) " + ", ".join(f"{k}: {v:.2f}" for k, v in tables.contention.values)]
     if tables.p2p_send_cpu is not None and tables.p2p_recv_cpu is not None:
+        per_byte = dict(tables.p2p_cpu_per_byte.values) if tables.p2p_cpu_per_byte is not None else {}
         pairs = zip(tables.p2p_send_cpu.values, tables.p2p_recv_cpu.values)
-        per = ", ".join(f"{k}: {s * 1e3:.2f} / {r * 1e3:.2f}" for (k, s), (_, r) in pairs)
-        lines.append(f"pipeline message CPU (ranks: send / receive ms; counted where ranks outnumber the "
-                     f"{tables.cores} cores) {per}")
+        per = ", ".join(f"{k}: {s * 1e3:.2f} / {r * 1e3:.2f} + {per_byte.get(k, 0.0) * 2**20 * 1e3:.2f} a MiB"
+                        for (k, s), (_, r) in pairs)
+        lines.append(f"pipeline message CPU (ranks: send / receive ms + both sides' copies; counted where ranks "
+                     f"outnumber the {tables.cores} cores) {per}")
     if tables.layer_composition is not None:
         probe, comp = tables.layer_probe, tables.layer_composition
         lines.append(f"real layer (mbs={probe.mbs}, tp=1): forward {probe.fwd_s * 1e3:.1f} ms "

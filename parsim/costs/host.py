@@ -88,23 +88,27 @@ def comm_interference(cluster: ClusterSpec, ranks: float) -> float:
     return max(_per_ranks(curve, on_host, 0.0, beyond="hold"), 0.0)
 
 
-def message_cpu(cluster: ClusterSpec, ranks: float) -> tuple[float, float]:
-    """(send, receive) CPU seconds of one pipeline message when ``ranks`` ranks share the host.
+def message_cpu(cluster: ClusterSpec, ranks: float, nbytes: float = 0.0) -> tuple[float, float]:
+    """(send, receive) CPU seconds of one pipeline message of ``nbytes`` when ``ranks`` ranks
+    share the host.
 
-    Calibrated CPU profiles carry ``p2p_send_cpu`` / ``p2p_recv_cpu``: {ranks: process CPU
-    seconds per message beyond the compute}, measured on a line of ``ranks`` ranks that pass an
-    activation on after each block of compute (``calibration.p2p_cpu``: the first rank only
-    sends, the last only receives). They count only where the ranks outnumber the host's cores
-    (the profile's ``cores``): with a core per rank that CPU runs while its rank would wait
-    anyway (what follows the arrival is in the measured send-receive latency); with fewer cores
-    it is taken from the ranks that compute. Linear between measured counts, held beyond the
-    largest. GPUs and uncalibrated profiles: (0, 0)."""
+    Calibrated CPU profiles carry ``p2p_send_cpu`` / ``p2p_recv_cpu`` (the fixed part) and
+    ``p2p_cpu_per_byte`` (the copies: seconds per byte of one message, half on each side, the
+    sender copying into the socket and the receiver out of it): {ranks: value}, measured on a
+    line of ``ranks`` ranks that pass an activation on after each block of compute, at two
+    message sizes (``calibration.p2p_cpu``). They count only where the ranks outnumber the
+    host's cores (the profile's ``cores``): with a core per rank that CPU runs while its rank
+    would wait anyway (what follows the arrival is in the measured send-receive latency); with
+    fewer cores it is taken from the ranks that compute. Linear between measured counts, held
+    beyond the largest. GPUs and uncalibrated profiles: (0, 0)."""
     tables = cluster.device.tables
     on_host = min(float(ranks), float(cluster.devices_per_node))
     if not tables.cores or on_host <= tables.cores:
         return 0.0, 0.0
-    return tuple(max(_per_ranks(c, on_host, 0.0, beyond="hold"), 0.0) if c else 0.0
-                 for c in (tables.p2p_send_cpu, tables.p2p_recv_cpu))
+    send, recv, per_byte = (max(_per_ranks(c, on_host, 0.0, beyond="hold"), 0.0) if c else 0.0
+                            for c in (tables.p2p_send_cpu, tables.p2p_recv_cpu, tables.p2p_cpu_per_byte))
+    copy = 0.5 * per_byte * max(float(nbytes), 0.0)
+    return send + copy, recv + copy
 
 
 def _per_ranks(curve: RankCurve, ranks: float, at_one: float, beyond: str) -> float:
@@ -140,13 +144,13 @@ class HostModel:
         """``comm_interference`` at the plan's ranks (0 on GPUs)."""
         return comm_interference(self.cluster, self.ranks)
 
-    def message_seconds(self, received: int, sent: int) -> float:
-        """CPU seconds an action's pipeline messages (``costs.placement.remote_messages``) take
-        from the host's cores (``message_cpu``; 0 on GPUs and with a core per rank). Charged as
-        GEMM-like work of the action's processor-sharing job (the SimPy engine's whole actions,
-        the partitioner's replay); actions played segment by segment (TP peers, ZeRO-3) take the
-        mean-field slowdown instead, which leaves it out."""
-        send, recv = message_cpu(self.cluster, self.ranks)
+    def message_seconds(self, received: int, sent: int, nbytes: float = 0.0) -> float:
+        """CPU seconds an action's pipeline messages (``costs.placement.remote_messages``) of
+        ``nbytes`` each take from the host's cores (``message_cpu``; 0 on GPUs and with a core per
+        rank). Charged as GEMM-like work of the action's processor-sharing job (the SimPy
+        engine's whole actions, the partitioner's replay); actions played segment by segment (TP
+        peers, ZeRO-3) take the mean-field slowdown instead, which leaves it out."""
+        send, recv = message_cpu(self.cluster, self.ranks, nbytes)
         return received * recv + sent * send
 
     @property

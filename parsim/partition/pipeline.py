@@ -57,18 +57,22 @@ def pipeline_step_time(plan: Plan, fwd_s: Sequence[float], bwd_s: Sequence[float
 
 
 def shared_host_run(plan: Plan, fwd: Sequence[Job], bwd: Sequence[Job], send_s: Sequence[float] | None = None,
-                    host: HostModel | None = None, weight_share: float = WEIGHT_SHARE) -> PipelineRun:
+                    host: HostModel | None = None, weight_share: float = WEIGHT_SHARE,
+                    send_bytes: Sequence[float] | None = None) -> PipelineRun:
     """One step of the plan's schedule with per-stage forward / backward jobs on ``host``:
     where its ranks share the cores (``HostModel.shared``), each pipeline rank standing for its
     dp x tp identical peers as in the SimPy engine; else (GPUs, or None) every rank owns its
-    device and a job takes its solo seconds. ``weight_share``: ``_jobs``."""
+    device and a job takes its solo seconds. ``weight_share``: ``_jobs``. ``send_bytes``: the
+    bytes crossing each stage boundary (stage k to k + 1), for the messages' CPU on a shared
+    host (``_with_messages``; None: their fixed part only)."""
     schedule, send = _checked(plan, len(fwd), len(bwd), send_s)
     hop = _hop(send)
     jobs = _jobs(fwd, bwd, weight_share)
     if host is None or not host.shared:
         timed = list_schedule(schedule, lambda a: _solo(a, jobs), hop)
     else:
-        timed = _processor_sharing(schedule, _with_messages(jobs, plan, host), hop, host, plan.world_size / plan.pp)
+        timed = _processor_sharing(schedule, _with_messages(jobs, plan, host, send_bytes), hop, host,
+                                   plan.world_size / plan.pp)
     durations: dict[tuple[str, int], list[float]] = {}
     for rank in timed:
         for t in rank:
@@ -111,14 +115,20 @@ def _jobs(fwd: Sequence[Job], bwd: Sequence[Job], weight_share: float):
     return job
 
 
-def _with_messages(jobs, plan: Plan, host: HostModel):
+def _with_messages(jobs, plan: Plan, host: HostModel, send_bytes: Sequence[float] | None):
     """``jobs`` with each action's pipeline messages' CPU added to its GEMM-like work, as the
-    SimPy engine adds it (``HostModel.message_seconds``; 0 with a core per rank)."""
+    SimPy engine adds it (``HostModel.message_seconds``; 0 with a core per rank): F receives
+    boundary s - 1's activations and sends boundary s's, B and I the other way."""
+    def nbytes(boundary: int) -> float:
+        return send_bytes[boundary] if send_bytes is not None and 0 <= boundary < len(send_bytes) else 0.0
+
     def job(a) -> Job:
         fixed, gemm, membound = jobs(a)
-        leaves = a.sub_actions if a.kind == OVERLAP_F_B else (a,)
-        received, sent = (sum(x) for x in zip(*(remote_messages(plan, x.stage, x.kind) for x in leaves)))
-        return fixed, gemm + host.message_seconds(received, sent), membound
+        for x in (a.sub_actions if a.kind == OVERLAP_F_B else (a,)):
+            received, sent = remote_messages(plan, x.stage, x.kind)
+            inward, outward = (x.stage - 1, x.stage) if x.kind == "F" else (x.stage, x.stage - 1)
+            gemm += host.message_seconds(received, 0, nbytes(inward)) + host.message_seconds(0, sent, nbytes(outward))
+        return fixed, gemm, membound
     return job
 
 

@@ -190,7 +190,7 @@ def _stage_results(graph: CostGraph, segments: list[Segment], coster: StageCoste
         send_s.append(p2p_time(cluster, nbytes, src, dst) if src != dst else 0.0)
     jobs = [c.host_jobs() for c in costs]
     run = shared_host_run(plan, [j[0] for j in jobs], [j[1] for j in jobs], send_s, HostModel(cluster, plan.world_size),
-                          graph.weight_grad_share)
+                          graph.weight_grad_share, send_bytes=sends)
     out = []
     for k, ((a, b), c) in enumerate(zip(zip(bounds[:-1], bounds[1:]), costs)):
         out.append(StageResult(

@@ -296,8 +296,8 @@ class Simulation:
             for s, k in halves:
                 r, t = remote_messages(self.plan, s, k)
                 received, sent = received + r, sent + t
-            out = self._solo[key] = (max(base - gemm - membound, 0.0), gemm + self.host.message_seconds(received, sent),
-                                     membound)
+            messages = self.host.message_seconds(received, sent, self.p2p_nbytes)
+            out = self._solo[key] = (max(base - gemm - membound, 0.0), gemm + messages, membound)
         return out
 
     def comm_time(self, comm: Communicator, op: str, nbytes: float, in_situ: bool = False) -> float:
