@@ -32,6 +32,7 @@ from parsim.specs import ClusterSpec
 from parsim.specs.tables import RankCurve
 
 from .ops import Op
+from .placement import remote_messages
 from .stack import comm_compute_slowdown
 
 SharingLaw = Callable[[int], tuple[float, float]]     # jobs computing at once -> (g, m) slowdowns
@@ -152,6 +153,21 @@ class HostModel:
         peers, ZeRO-3) take the mean-field slowdown instead, which leaves it out."""
         send, recv = message_cpu(self.cluster, self.ranks, nbytes)
         return received * recv + sent * send
+
+    def action_message_seconds(self, plan: Any, leaves: Any, boundary_bytes: Callable[[int], float]) -> float:
+        """``message_seconds`` of one action's passes (``leaves``: (virtual stage, kind) pairs;
+        an overlapped F&B slot has two): F receives boundary s - 1's activations and sends
+        boundary s's, B and I the other way; ``boundary_bytes(k)`` is what crosses boundary k
+        (stage k to k + 1)."""
+        total = 0.0
+        for stage, kind in leaves:
+            received, sent = remote_messages(plan, stage, kind)
+            inward, outward = (stage - 1, stage) if kind == "F" else (stage, stage - 1)
+            if received:
+                total += self.message_seconds(received, 0, boundary_bytes(inward))
+            if sent:
+                total += self.message_seconds(0, sent, boundary_bytes(outward))
+        return total
 
     @property
     def ranks_on_host(self) -> int:

@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from parsim.costs.host import HostModel
-from parsim.costs.placement import remote_messages
 from parsim.costs.split_backward import overlapped_time
 from parsim.schedules import OVERLAP_F_B, build_schedule_for_plan
 from parsim.schedules.check import ScheduleError, TimedAction, dependencies, list_schedule
@@ -117,18 +116,14 @@ def _jobs(fwd: Sequence[Job], bwd: Sequence[Job], weight_share: float):
 
 def _with_messages(jobs, plan: Plan, host: HostModel, send_bytes: Sequence[float] | None):
     """``jobs`` with each action's pipeline messages' CPU added to its GEMM-like work, as the
-    SimPy engine adds it (``HostModel.message_seconds``; 0 with a core per rank): F receives
-    boundary s - 1's activations and sends boundary s's, B and I the other way."""
+    SimPy engine adds it (``HostModel.action_message_seconds``; 0 with a core per rank)."""
     def nbytes(boundary: int) -> float:
         return send_bytes[boundary] if send_bytes is not None and 0 <= boundary < len(send_bytes) else 0.0
 
     def job(a) -> Job:
         fixed, gemm, membound = jobs(a)
-        for x in (a.sub_actions if a.kind == OVERLAP_F_B else (a,)):
-            received, sent = remote_messages(plan, x.stage, x.kind)
-            inward, outward = (x.stage - 1, x.stage) if x.kind == "F" else (x.stage, x.stage - 1)
-            gemm += host.message_seconds(received, 0, nbytes(inward)) + host.message_seconds(0, sent, nbytes(outward))
-        return fixed, gemm, membound
+        leaves = [(x.stage, x.kind) for x in (a.sub_actions if a.kind == OVERLAP_F_B else (a,))]
+        return fixed, gemm + host.action_message_seconds(plan, leaves, nbytes), membound
     return job
 
 

@@ -43,7 +43,7 @@ from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes
 from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing
 from parsim.costs.optimizer import (layer_from_host_s, layer_shard_bytes, rank_tensor_sizes, rank_tensors,
                                    tied_embedding_sync)
-from parsim.costs.placement import loop_placed, rank_of_stage, remote_messages, stages_of_rank
+from parsim.costs.placement import loop_placed, rank_of_stage, stages_of_rank
 from parsim.costs.stack import zero_comm_factor
 from parsim.costs.timing import collective_time, p2p_time
 from parsim.costs.zero import gathers_layers, scatters_every_backward
@@ -292,11 +292,7 @@ class Simulation:
             membound = self._price(dev, stage, kind, ComputeScale(g, 2 * m)).duration - base
             # its pipeline messages' CPU, shared as compute is (``HostModel.message_seconds``)
             halves = tuple(zip(stage, ("F", kind[2:]))) if kind.startswith("F&") else ((stage, kind),)
-            received = sent = 0
-            for s, k in halves:
-                r, t = remote_messages(self.plan, s, k)
-                received, sent = received + r, sent + t
-            messages = self.host.message_seconds(received, sent, self.p2p_nbytes)
+            messages = self.host.action_message_seconds(self.plan, halves, lambda _: self.p2p_nbytes)
             out = self._solo[key] = (max(base - gemm - membound, 0.0), gemm + messages, membound)
         return out
 
