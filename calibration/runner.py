@@ -23,6 +23,7 @@ from typing import Any, Iterable
 from parsim.specs import DTYPES, ModelSpec, SpecError, load_model, load_profile_dict
 
 from .fit import MIN_SAMPLES, log_spaced_sizes
+from .profile_io import FORMAT
 from .shapes import attention_points, gemm_points, membound_points, valid_tps
 
 MAX_RANKS = 64
@@ -378,7 +379,7 @@ def _provenance(opts: CalibrationOptions, device, worlds: list[int], started: dt
     is_cuda = device.type == "cuda"
     s = opts.settings
     return {
-        "host": hostname(), "host_id": host_id(), "cpu": cpu_model(), "cores": os.cpu_count() or 1,
+        "format": FORMAT, "host": hostname(), "host_id": host_id(), "cpu": cpu_model(), "cores": os.cpu_count() or 1,
         "torch": torch.__version__.split("+")[0], "backend": "nccl" if is_cuda else "gloo",
         "device": torch.cuda.get_device_name(device) if is_cuda else "cpu",
         "date": started.replace(microsecond=0).isoformat(), "duration_s": round(duration_s, 1),

@@ -176,6 +176,8 @@ def test_quick_profile_records_provenance_and_contention(quick_profile):
     assert prov["backend"] == "gloo" and prov["cores"] >= 1 and prov["duration_s"] > 0
     assert prov["shapes"] == "machine grid" and prov["model"] == "probe-reference"   # no --model: the machine
     assert prov["host_id"] == host_id()
+    from parsim.calibration.profile_io import FORMAT
+    assert prov["format"] == FORMAT          # a kept quick profile of today's code is reused (test_host_profile)
     tables = profile_tables(data)
     assert tables.contention.get(1) == 1.0 and tables.contention.get(2) > 0
     assert tables.comm_interference.get(2) >= 0

@@ -16,8 +16,10 @@ FIXTURE = Path(__file__).parent / "fixtures" / "cpu-calibrated.yaml"
 
 def profile_of(host: str, path: Path) -> Path:
     """The frozen fixture profile with its provenance saying it was measured on ``host``."""
+    from parsim.calibration.profile_io import FORMAT
     data = yaml.safe_load(FIXTURE.read_text())
     data["provenance"]["host_id"] = host
+    data["provenance"]["format"] = FORMAT             # as a calibration of today's code writes it
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -76,3 +78,19 @@ def test_a_kept_profile_measured_while_the_machine_was_busy_is_refused(tmp_path)
     assert "busy" in kept_profile_refused(data, host_id())
     del data["device"]["extra"]["layer_probe"]["blocks"]
     assert probe_drift(data) == 0.0        # no blocks recorded: nothing to judge by
+
+
+def test_a_kept_profile_written_by_an_older_calibration_is_measured_again(tmp_path):
+    """A quick profile kept by an older calibration (no ``provenance.format``, or a lower one)
+    lacks tables the simulator now prices with (the pipeline message's CPU): it is refused, with
+    the reason, and the host calibrated again."""
+    from parsim.calibration.profile_io import FORMAT
+    data = yaml.safe_load(profile_of(host_id(), tmp_path / "kept.yaml").read_text())
+    assert kept_profile_refused(data, host_id()) is None
+    for old in (None, FORMAT - 1, "2"):
+        if old is None:
+            del data["provenance"]["format"]
+        else:
+            data["provenance"]["format"] = old
+        assert "older calibration" in kept_profile_refused(data, host_id())
+    assert "another host" in kept_profile_refused(data, "another-host-0000")      # checked first

@@ -198,10 +198,18 @@ UNSTEADY = 0.3
 
 def kept_profile_refused(profile_data: dict, here: str) -> str | None:
     """Why a quick profile kept for a host is not used for it (None: it is): measured on another
-    host, or while the machine was unsteady (``probe_drift`` over ``UNSTEADY``)."""
+    host, by an older calibration that lacks tables the simulator now prices with
+    (``provenance.format`` below ``calibration.profile_io.FORMAT``), or while the machine was
+    unsteady (``probe_drift`` over ``UNSTEADY``)."""
+    from parsim.calibration.profile_io import FORMAT
+
     prov = profile_data.get("provenance", {})
     if prov.get("host_id") != here:
         return f"the kept quick profile was measured on another host ({prov.get('host_id', '?')})"
+    made = prov.get("format", 1)
+    if not isinstance(made, int) or made < FORMAT:
+        return (f"the quick profile kept for this host ({prov.get('date', '?')}) was written by an older "
+                f"calibration (format {made}, now {FORMAT}) that lacks tables the simulator now uses")
     drift = probe_drift(profile_data)
     if drift > UNSTEADY:
         return (f"the quick profile kept for this host ({prov.get('date', '?')}) timed its layer {drift:.0%} slower "
