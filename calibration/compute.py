@@ -10,6 +10,7 @@ recorded forward.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from itertools import cycle
 from typing import Callable
@@ -95,6 +96,48 @@ def layer_samples(spec, mbs: int, dtype: str, clock: Clock, repeats: int,
     """``bench_layer``'s raw forward and backward samples (seconds), in the order taken."""
     forward, backward, _ = layer_step(spec, mbs, dtype, clock.device)
     return pass_samples(forward, backward, clock, repeats, warmup)
+
+
+SPLIT_LAYERS = (1, 4)      # stages the backward split is timed on (``split_extra``)
+
+
+def split_extra(spec, mbs: int, dtype: str, clock: Clock, repeats: int, warmup: int = 2) -> dict[str, float]:
+    """What running a stage's backward split costs over running it whole, as the zero-bubble
+    schedules run it (``parsim.executor.split_backward``: torch 2.13's ``stage_backward_input``,
+    then ``stage_backward_weight``): for stages of ``SPLIT_LAYERS`` layers of the executor's own
+    model (tp=1), each repeat a forward then the fused backward, and a forward then I and W,
+    interleaved. Returns {"b1": one layer's fused backward, "e1", "e4": I + W less B at 1 and 4
+    layers}, medians, seconds."""
+    from parsim.executor.model import StageModule, init_stage
+    from parsim.executor.split_backward import backward_input, backward_weight
+    dt = TORCH_DTYPES[dtype]
+    x = torch.randn(mbs, spec.seq_len, spec.hidden, dtype=dt, device=clock.device).requires_grad_(True)
+    dy = torch.randn(mbs, spec.seq_len, spec.hidden, dtype=dt, device=clock.device)
+    stages, fused, split = {}, {n: [] for n in SPLIT_LAYERS}, {n: [] for n in SPLIT_LAYERS}
+    for n in SPLIT_LAYERS:
+        stages[n] = StageModule(spec, 0, n, is_first=False, is_last=False)
+        init_stage(stages[n], seed=0)
+        stages[n].to(device=clock.device, dtype=dt)
+
+    def timed(run) -> float:
+        clock.sync()
+        t0 = time.perf_counter()
+        run()
+        clock.sync()
+        return time.perf_counter() - t0
+
+    for i in range(warmup + repeats):
+        for n, stage in stages.items():
+            out = stage(x)
+            b = timed(lambda: out.backward(dy))
+            out = stage(x)
+            iw = timed(lambda: backward_weight(backward_input(out, dy, x, stage), stage))
+            x.grad = None
+            if i >= warmup:
+                fused[n].append(b)
+                split[n].append(iw)
+    med = {n: (statistics.median(fused[n]), statistics.median(split[n])) for n in SPLIT_LAYERS}
+    return {"b1": med[1][0], **{f"e{n}": med[n][1] - med[n][0] for n in SPLIT_LAYERS}}
 
 
 def pass_samples(forward, backward, clock: Clock, repeats: int, warmup: int = 2,

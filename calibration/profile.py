@@ -45,6 +45,7 @@ class Measurements:
     model: Any = None                                  # the ModelSpec whose shapes were measured
     layer: tuple[int, Summary, Summary] | None = None  # (mbs, forward, backward) of one real layer, solo
     layer_blocks: list[tuple[float, float]] = field(default_factory=list)   # per probe block: median fwd, bwd
+    split_extra: dict[str, float] | None = None        # the backward split's own cost (compute.split_extra)
     comm: dict[int, list[dict]] = field(default_factory=dict)   # world -> per-rank results of comm.run_comm_job
     memory_bytes: float = 0.0
     devices_per_node: int = 64
@@ -162,8 +163,20 @@ def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
         fit_report=surfaces.report or None if surfaces else None,
         optimizer_per_tensor_s=per_tensor,
         optimizer_levels=surfaces.optimizer_levels if surfaces else None,
+        split_overhead=split_overhead(m.split_extra),
         optimizer_sharded_per_tensor_s=next((x for x in (dtensor_per_tensor_s(r) for _, r in sorted(m.comm.items()))
                                              if x is not None), None))
+
+
+def split_overhead(extra: dict[str, float] | None) -> dict[str, float] | None:
+    """``split_extra``'s measurements as ``costs.split_backward.split_weight_overhead``'s
+    fractions of one layer's fused backward B1: extra(L) = B1 (a L + b L^2) through L = 1 and
+    4, so b = (e4 - 4 e1) / (12 B1) and a = e1 / B1 - b; extras and terms clamped at 0 (noise)."""
+    if not extra or extra.get("b1", 0.0) <= 0:
+        return None
+    b1, e1, e4 = extra["b1"], max(extra["e1"], 0.0), max(extra["e4"], 0.0)
+    squared = max((e4 - 4 * e1) / (12 * b1), 0.0)
+    return {"per_layer": max(e1 / b1 - squared, 0.0), "per_layer_squared": squared}
 
 
 def stage_probes(stages, layer) -> StageProbes:

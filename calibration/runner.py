@@ -274,12 +274,12 @@ def _measure_compute(m, opts: CalibrationOptions, device, gemms, attns, mems, st
     s, spec, dtype, clock = opts.settings, opts.model, opts.dtype, Clock(device)
     m.op_overhead = compute.bench_op_overhead(clock, s.repeats, 0.5)
     m.host_copy = [(n, compute.bench_host_copy(clock, n, s.repeats, s.op_budget_s)) for n in s.host_sizes]
-    step("op overhead, host copy")
+    m.split_extra = compute.split_extra(spec, layer.mbs, dtype, clock, s.repeats)    # the zero-bubble split's own cost
+    step("op overhead, host copy, split backward")
     m.grid = measure_grid(grid, dtype, clock, s.repeats, s.gemm_budget_s / 4, s.op_budget_s / 2, step)
     if opts.exact:
         _measure_model_shapes(m, opts, clock, gemms, attns, mems, step, bar)
-    # the real layer again right after the per-op tables and stages
-    layer.block()
+    layer.block()           # the real layer again right after the per-op tables and stages
     step("layer probe 2")
     return _contention_shape(opts)
 

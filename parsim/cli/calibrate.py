@@ -93,6 +93,10 @@ def render(profile: dict, path: Path) -> str:
                      + ("; slowdown with N ranks at once " + ", ".join(f"{k}: {v:.2f}" for k, v in
                                                                       tables.contention_layer.values)
                         if tables.contention_layer is not None else ""))
+        if tables.split_overhead:
+            a, b = (tables.split_overhead.get(k, 0.0) for k in ("per_layer", "per_layer_squared"))
+            lines.append(f"  its backward split as zero-bubble schedules run it (I, then W): W of a chunk of L layers "
+                         f"costs ({a:.3f} L + {b:.4f} L^2) x a layer's backward more than its ops")
         if probe.blocks:
             sums = [(f + b) * 1e3 for f, b in probe.blocks]
             lines.append(f"  the layer's forward + backward in {len(sums)} blocks over the run: "

@@ -283,3 +283,28 @@ def overlapped_time(f_compute: float, f_comm: float, b_compute: float, b_comm: f
     chains segment by segment (``sim.compute.overlap_cost``) and stays above it where a chain waits
     for the other's segment to end."""
     return max(f_compute + b_compute, f_comm + b_comm, f_compute + f_comm, b_compute + b_comm)
+
+
+def split_weight_overhead(model: ModelSpec, cluster, plan: Plan, layers: int) -> float:
+    """Seconds a weight-gradient pass W of a chunk of ``layers`` layers costs beyond its ops,
+    run after its I as torch 2.13 runs the split (not the first stage's W, a whole backward).
+
+    ``stage_backward_weight`` calls ``autograd.grad`` once per parameter group (9-10 a
+    transformer layer), each a new graph task whose dependency pass walks the retained graph
+    reachable from that group's outputs, the layers below it included: a cost per layer and one
+    that grows with the layers below each group. Measured by ``parsim calibrate`` on stages of 1
+    and 4 reference layers (the split's I + W less the fused backward; ``calibration.compute.
+    split_extra``) as fractions of one layer's fused backward: ``split_overhead`` {per_layer: a,
+    per_layer_squared: b}; here B_layer (a L + b L^2) with B_layer this model's layer backward as
+    priced (``timing.op_time`` "bwd"), seconds (studies/zero_bubble/split_overhead.txt: a 18-33 %,
+    b 1-3 % over three models on a 2-vCPU VM). Profiles without it: 0."""
+    from .ops import layer_ops
+    from .timing import op_time
+
+    fit = cluster.device.tables.split_overhead
+    if not fit or layers <= 0:
+        return 0.0
+    share = fit.get("per_layer", 0.0) * layers + fit.get("per_layer_squared", 0.0) * layers * layers
+    if share <= 0:
+        return 0.0
+    return share * sum(op_time(cluster.device, op, "bwd", plan.dtype) for op in layer_ops(model, plan))

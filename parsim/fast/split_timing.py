@@ -31,8 +31,8 @@ from .ranks import (R_CHUNK, R_COMM, R_LAST, R_PARAMS, R_STEP, S_GRADS_DOWN, S_O
                     send_between)
 from .rules import overlapped_time
 from .tables import (H_EMB_BWD, H_EMB_FWD, H_HEAD_BWD, H_HEAD_BWD_W, H_HEAD_FWD, H_HEAD_TP_COVER, L_BWD, L_BWD_I,
-                     L_BWD_W, L_FWD, L_RECOMPUTE, L_TP_BWD, L_TP_COVER, L_TP_RECOMPUTE, L_TP_W_RECOMPUTE,
-                     L_W_RECOMPUTE)
+                     L_BWD_W, L_FWD, L_RECOMPUTE, L_SPLIT_W, L_SPLIT_W2, L_TP_BWD, L_TP_COVER, L_TP_RECOMPUTE,
+                     L_TP_W_RECOMPUTE, L_W_RECOMPUTE)
 from .timing import _chained, _plan_terms, _scatter_end, _sync_rounds, tie_embedding
 
 # per (rank, chunk): one microbatch's pass times and the communication inside them (seconds)
@@ -63,6 +63,8 @@ def pass_times(plan, t, lrow, hrow, ranks):
                 p[P_W] = _chained(L, 1, 0.0, w_layer, t.scatter)
             else:
                 p[P_F], p[P_B], p[P_I], p[P_W] = L * t.f_layer, L * t.b_layer, L * i_layer, L * w_layer
+            # W run apart from its I costs more than its ops (``split_weight_overhead``)
+            p[P_W] += L * lrow[L_SPLIT_W] + L * L * lrow[L_SPLIT_W2]
             # what is not the layers' compute: TP collectives, ZeRO-3 waits (an overlapped slot
             # hides them behind the other pass's compute)
             p[P_F_COMM] = p[P_F] - L * lrow[L_FWD]

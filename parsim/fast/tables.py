@@ -37,8 +37,8 @@ from parsim.costs.activations import (forward_working_bytes, layer_working_bytes
 from parsim.costs.footprint import recompute_transient
 from parsim.costs.host import HostModel
 from parsim.costs.placement import loop_placed, stages_of_rank
-from parsim.costs.split_backward import (head_output_grad_bytes, output_grad_bytes, w_residue_per_layer, w_residue_top,
-                                         w_recomputes, weight_grad_working_bytes)
+from parsim.costs.split_backward import (head_output_grad_bytes, output_grad_bytes, split_weight_overhead,
+                                         w_residue_per_layer, w_residue_top, w_recomputes, weight_grad_working_bytes)
 from parsim.costs.stack import apply_stack, tp_covered
 from parsim.specs import ClusterSpec, ModelSpec, Plan, get_stack, plan_stack, stage_layers
 
@@ -61,7 +61,7 @@ V_PLACED = tuple(name for name in WORDS["schedule"] if not loop_placed(Plan(sche
 (L_FWD, L_BWD, L_RECOMPUTE, L_TP_FWD, L_TP_BWD, L_TP_RECOMPUTE, L_ACT, L_ACT_NONE, L_ACT_FULL,
  L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WORK, L_TRANSIENT, L_RERUN_FULL, L_RERUN_SELECTIVE, L_BWD_I, L_BWD_W,
  L_W_RECOMPUTE, L_TP_W_RECOMPUTE, L_KEPT, L_WORK_I, L_WORK_W, L_W_RESIDUE, L_TP_COVER, L_W_RESIDUE_TOP,
- L_TP_RERUN_FULL, L_FWD_COPIES, L_WIDTH) = range(29)
+ L_TP_RERUN_FULL, L_FWD_COPIES, L_SPLIT_W, L_SPLIT_W2, L_WIDTH) = range(31)
 # the forward a backward re-runs under each layer policy that re-runs one (``costs.rerun``)
 RERUN = {"full": L_RERUN_FULL, "selective": L_RERUN_SELECTIVE}
 # head table columns; the head's weight-gradient time and kept output gradients (the first stage
@@ -178,6 +178,11 @@ def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ran
     dt = plan.dtype
     row[L_FWD] = _ops_time(cluster, ops, "fwd", dt)
     row[L_BWD] = _ops_time(cluster, ops, "bwd", dt)
+    # W's own cost run apart from its I, per chunk of L layers: L_SPLIT_W L + L_SPLIT_W2 L^2
+    # (``costs.split_backward.split_weight_overhead``)
+    one, two = (split_weight_overhead(model, cluster, plan, n) for n in (1, 2))
+    row[L_SPLIT_W2] = (two - 2 * one) / 2
+    row[L_SPLIT_W] = one - row[L_SPLIT_W2]
     for policy, column in RERUN.items():
         row[column] = _ops_time(cluster, rerun(model, plan, policy)[0], "fwd", dt)
     # the full re-run's TP collectives (``costs.rerun``)

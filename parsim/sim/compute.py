@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from parsim.costs import (embedding_ops, head_ops, layer_ops, rerun, stage_recompute, tp_collectives_edge,
                           tp_collectives_per_layer)
 from parsim.costs.host import ComputeScale
-from parsim.costs.split_backward import overlapped_time, w_recomputes
+from parsim.costs.split_backward import overlapped_time, split_weight_overhead, w_recomputes
 from parsim.costs.stack import tp_covered
 from parsim.costs.timing import op_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
@@ -252,6 +252,10 @@ def action_cost(model: ModelSpec, cluster: ClusterSpec, plan: Plan, shape: Stage
     if shape.is_last:
         head = with_tp_times(_edge_chain(model, head_ops(model, plan), "head", kind, cluster, plan, scale), tp_time)
         (last if kind == "F" else first).extend(head)
+    if kind == "W":      # run apart from its I, W costs more than its ops (``split_weight_overhead``)
+        extra = split_weight_overhead(model, cluster, plan, len(shape.policies)) * getattr(scale, "gemm", scale)
+        if extra > 0:
+            last.append(Segment("compute", "W", -1, extra, name="split-weight overhead"))
     # embedding / head run on the whole microbatch, before and after the (sub-pipelined) layers
     placed_first = place([first])
     t1 = placed_first[-1].end if placed_first else 0.0

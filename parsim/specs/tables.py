@@ -256,6 +256,7 @@ class CalibratedTables:
     optimizer_per_tensor_s: float | None = None                       # AdamW's loop: seconds per tensor
     optimizer_levels: OptimizerLevels | None = None                   # AdamW's rate by cache level
     optimizer_sharded_per_tensor_s: float | None = None               # + per FSDP2 (DTensor) tensor
+    split_overhead: dict[str, float] | None = None    # W's own cost: per_layer, per_layer_squared (x a layer's B)
 
     # ------------------------------------------------------------------ reading
 
@@ -363,5 +364,6 @@ _KEYS: dict[str, tuple[str, Callable, Callable]] = {
     "optimizer_per_tensor_s": ("optimizer_per_tensor_s", number, _same),
     "optimizer_levels": ("optimizer_levels", OptimizerLevels.from_dict, OptimizerLevels.to_dict),
     "optimizer_sharded_per_tensor_s": ("optimizer_sharded_per_tensor_s", number, _same),
+    "split_overhead": ("split_overhead", _numbers, dict),
 }
 assert {a for a, _, _ in _KEYS.values()} == {f.name for f in fields(CalibratedTables)}
