@@ -38,6 +38,11 @@ re-runs the attention core in I only: it holds no weight. Megatron-LM's zero-bub
 implementation instead stores each linear layer's input and dY for W (``WeightGradStore``) and
 never recomputes in W; that variant is not modelled.
 
+Running the split costs more than the fused backward: torch's W calls ``autograd.grad`` once per
+parameter group, each walking the retained graph below it (``split_weight_overhead``: a cost per
+layer and one growing with the layers of the chunk, measured by ``parsim calibrate``; every split
+W but the first stage's pays it).
+
 DualPipe's overlapped slot (DeepSeek-AI 2024, DeepSeek-V3 report, arXiv:2412.19437, Sec 3.2.1,
 Fig. 4): the forward of one chunk and the backward of another run together so that each chunk's
 communication (there all-to-all and PP; here the TP collectives -- PP sends are asynchronous in
