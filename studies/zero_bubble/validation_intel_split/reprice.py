@@ -1,7 +1,8 @@
 """What the backward split's own cost (``costs.split_backward.split_weight_overhead``) changes on
-measured runs: each plan of this run and of ``../validation_intel_final`` (measured before the
-term existed) simulated with its run's profile, without and with the ``split_overhead`` this
-run's calibration measured, against the step the executor measured (no executor run).
+measured runs: each plan of this run, of ``../validation_intel_split_b`` and of
+``../validation_intel_final`` (measured before the term existed) simulated with its run's
+profile, without and with the ``split_overhead`` that profile holds (this run's for the final
+run), against the step the executor measured (no executor run).
 
     .venv/bin/python studies/zero_bubble/validation_intel_split/reprice.py > studies/zero_bubble/validation_intel_split/reprice.txt
 
@@ -21,14 +22,15 @@ from parsim.specs import load_cluster, load_model, parse_plan
 
 HERE = Path(__file__).parent
 RUNS = {"validation_intel_final (21:44-21:54, profile 21:41)": HERE.parent / "validation_intel_final",
-        "validation_intel_split (22:36-22:46, profile 22:33)": HERE}
+        "validation_intel_split (22:36-22:46, profile 22:33)": HERE,
+        "validation_intel_split_b (23:04-23:15, profile 23:01)": HERE.parent / "validation_intel_split_b"}
 
 
 def main() -> None:
-    fit = yaml.safe_load((HERE / "profile.yaml").read_text())["device"]["extra"]["split_overhead"]
     model = load_model("cpu-small")
-    print(f"split_overhead of this run's calibration: {fit}")
     for name, run in RUNS.items():
+        own = yaml.safe_load((run / "profile.yaml").read_text())["device"]["extra"].get("split_overhead")
+        fit = own or yaml.safe_load((HERE / "profile.yaml").read_text())["device"]["extra"]["split_overhead"]
         groups: dict[tuple[int, bool], list[tuple[float, float]]] = {}
         for row in csv.DictReader((run / "validation.csv").open()):
             plan = parse_plan(row["plan"])
@@ -41,7 +43,7 @@ def main() -> None:
                 errors.append(step / float(row["measured_step_s"]) - 1)
             new = plan.schedule not in ("1f1b", "interleaved")
             groups.setdefault((plan.world_size, new), []).append((errors[0], errors[1]))
-        print(name)
+        print(f"{name}: split_overhead {fit}")
         for (world, new), pairs in sorted(groups.items()):
             for i, label in enumerate(("without", "with")):
                 e = [p[i] for p in pairs]
