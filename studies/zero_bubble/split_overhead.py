@@ -37,7 +37,8 @@ from parsim.executor.model import StageModule, init_stage  # noqa: E402
 from parsim.executor.split_backward import backward_input, backward_weight  # noqa: E402
 from parsim.specs import load_model  # noqa: E402
 
-MODELS = ("cpu-small", "studies/validation_cpu/heldout/model_deep.yaml", "studies/validation_cpu/heldout/model_llama.yaml")
+MODELS = ("cpu-small", "studies/validation_cpu/heldout/model_deep.yaml",
+          "studies/validation_cpu/heldout/model_llama.yaml")
 LAYERS = (1, 2, 3, 4, 6)
 REPEATS, WARMUP = 16, 4
 
@@ -84,7 +85,8 @@ def main() -> None:
         ls = np.array(LAYERS, dtype=float)
         (a, b), *_ = np.linalg.lstsq(np.stack([ls, ls ** 2], axis=1), extra, rcond=None)
         per_layer_b = statistics.median(res[n]["B"] / n for n in LAYERS)
-        print(f"{spec.name:14} fit extra(L) = a L + b L^2: a = {a * 1e3:.2f} ms ({a / per_layer_b:.0%} of a layer's B), "
+        print(f"{spec.name:14} fit extra(L) = a L + b L^2: a = {a * 1e3:.2f} ms ({a / per_layer_b:.0%} of a "
+              f"layer's B), "
               f"b = {b * 1e3:.2f} ms ({b / per_layer_b:.1%})")
 
 

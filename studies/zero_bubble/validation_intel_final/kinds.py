@@ -2,7 +2,7 @@
 executor spent in F, B, I, W and the optimizer step (its median round's trace) against what the
 simulator priced (its trace), for every plan of this folder on 2 ranks.
 
-    .venv/bin/python studies/zero_bubble/validation_intel_final/kinds.py > studies/zero_bubble/validation_intel_final/kinds.txt
+    cd studies/zero_bubble/validation_intel_final && ../../../.venv/bin/python kinds.py > kinds.txt
 
 Reads the kept traces only (``traces/planNN.{measured,predicted}.json``): a second to run."""
 from __future__ import annotations
@@ -38,7 +38,8 @@ def main() -> None:
             m, p = measured[key], predicted.get(key, 0.0)
             if m < 1e-3:
                 continue
-            print(f"   rank {key[0]} {key[1]:10} measured {m * 1e3:7.1f} ms  predicted {p * 1e3:7.1f} ms  ({p / m - 1:+6.1%})")
+            print(f"   rank {key[0]} {key[1]:10} measured {m * 1e3:7.1f} ms  predicted {p * 1e3:7.1f} ms"
+                  f"  ({p / m - 1:+6.1%})")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ measured runs: each plan of this run, of ``../validation_intel_split_b`` and of
 profile, without and with the ``split_overhead`` that profile holds (this run's for the final
 run), against the step the executor measured (no executor run).
 
-    .venv/bin/python studies/zero_bubble/validation_intel_split/reprice.py > studies/zero_bubble/validation_intel_split/reprice.txt
+    cd studies/zero_bubble/validation_intel_split && ../../../.venv/bin/python reprice.py > reprice.txt
 
 Prints, per run, rank count and family (1F1B / interleaved against the new schedules), the mean
 signed step error, the median and the largest |error|; a few seconds."""
@@ -47,7 +47,8 @@ def main() -> None:
         for (world, new), pairs in sorted(groups.items()):
             for i, label in enumerate(("without", "with")):
                 e = [p[i] for p in pairs]
-                print(f"   {world} ranks {'new' if new else '1f1b/int':8} ({len(e):2d}) {label:7} term: mean {statistics.mean(e):+6.1%}"
+                family = "new" if new else "1f1b/int"
+                print(f"   {world} ranks {family:8} ({len(e):2d}) {label:7} term: mean {statistics.mean(e):+6.1%}"
                       f"  median |e| {statistics.median(map(abs, e)):5.1%}  max |e| {max(map(abs, e)):5.1%}")
 
 
