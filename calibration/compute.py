@@ -101,42 +101,47 @@ def layer_samples(spec, mbs: int, dtype: str, clock: Clock, repeats: int,
 SPLIT_LAYERS = (1, 4)      # stages the backward split is timed on (``split_extra``)
 
 
-def split_extra(spec, mbs: int, dtype: str, clock: Clock, repeats: int, warmup: int = 2) -> dict[str, float]:
-    """What running a stage's backward split costs over running it whole, as the zero-bubble
-    schedules run it (``parsim.executor.split_backward``: torch 2.13's ``stage_backward_input``,
-    then ``stage_backward_weight``): for stages of ``SPLIT_LAYERS`` layers of the executor's own
-    model (tp=1), each repeat a forward then the fused backward, and a forward then I and W,
-    interleaved. Returns {"b1": one layer's fused backward, "e1", "e4": I + W less B at 1 and 4
-    layers}, medians, seconds."""
+def split_samples(spec, mbs: int, dtype: str, clock: Clock, layers: tuple[int, ...], repeats: int,
+                  warmup: int = 2) -> dict[int, dict[str, list[float]]]:
+    """A stage's backward run whole and split as the zero-bubble schedules run it
+    (``parsim.executor.split_backward``: torch 2.13's ``stage_backward_input``, then
+    ``stage_backward_weight``), for stages of each of ``layers`` layers of the executor's own
+    model (tp=1): each repeat, for every stage in turn, a forward then the fused backward, and a
+    forward then I and W, each pass timed. Returns {L: {"B", "I", "W": seconds per repeat}}
+    after ``warmup`` untimed repeats."""
     from parsim.executor.model import StageModule, init_stage
     from parsim.executor.split_backward import backward_input, backward_weight
     dt = TORCH_DTYPES[dtype]
     x = torch.randn(mbs, spec.seq_len, spec.hidden, dtype=dt, device=clock.device).requires_grad_(True)
     dy = torch.randn(mbs, spec.seq_len, spec.hidden, dtype=dt, device=clock.device)
-    stages, fused, split = {}, {n: [] for n in SPLIT_LAYERS}, {n: [] for n in SPLIT_LAYERS}
-    for n in SPLIT_LAYERS:
+    stages = {}
+    for n in layers:
         stages[n] = StageModule(spec, 0, n, is_first=False, is_last=False)
         init_stage(stages[n], seed=0)
         stages[n].to(device=clock.device, dtype=dt)
-
-    def timed(run) -> float:
-        clock.sync()
-        t0 = time.perf_counter()
-        run()
-        clock.sync()
-        return time.perf_counter() - t0
-
+    samples = {n: {"B": [], "I": [], "W": []} for n in layers}
     for i in range(warmup + repeats):
         for n, stage in stages.items():
             out = stage(x)
-            b = timed(lambda: out.backward(dy))
+            b = clock.per_call(lambda: out.backward(dy), 1)
             out = stage(x)
-            iw = timed(lambda: backward_weight(backward_input(out, dy, x, stage), stage))
+            pending = []
+            i_s = clock.per_call(lambda: pending.append(backward_input(out, dy, x, stage)), 1)
+            w_s = clock.per_call(lambda: backward_weight(pending.pop(), stage), 1)
             x.grad = None
             if i >= warmup:
-                fused[n].append(b)
-                split[n].append(iw)
-    med = {n: (statistics.median(fused[n]), statistics.median(split[n])) for n in SPLIT_LAYERS}
+                for key, seconds in (("B", b), ("I", i_s), ("W", w_s)):
+                    samples[n][key].append(seconds)
+    return samples
+
+
+def split_extra(spec, mbs: int, dtype: str, clock: Clock, repeats: int, warmup: int = 2) -> dict[str, float]:
+    """What running a stage's backward split costs over running it whole (``split_samples`` on
+    stages of ``SPLIT_LAYERS`` layers): {"b1": one layer's fused backward, "e1", "e4": the
+    median I + W less the median B at 1 and 4 layers}, seconds."""
+    samples = split_samples(spec, mbs, dtype, clock, SPLIT_LAYERS, repeats, warmup)
+    med = {n: (statistics.median(s["B"]), statistics.median(i + w for i, w in zip(s["I"], s["W"])))
+           for n, s in samples.items()}
     return {"b1": med[1][0], **{f"e{n}": med[n][1] - med[n][0] for n in SPLIT_LAYERS}}
 
 

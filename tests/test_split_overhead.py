@@ -90,3 +90,11 @@ def test_the_calibration_measures_it_on_the_executors_stages():
     out = split_extra(tiny, 1, "fp32", Clock(torch.device("cpu")), repeats=3, warmup=1)
     assert set(out) == {"b1", "e1", "e4"} and out["b1"] > 0
     assert all(abs(out[k]) < 1.0 for k in ("e1", "e4"))        # seconds, finite (a difference: may be < 0)
+
+
+@pytest.mark.parametrize("raw", [{"per_layer": 0.1}, {"per_layer": 0.1, "per_layer_squared": -0.01},
+                                 {"per_layer": 0.1, "per_layer_squared": 0.01, "per_layers": 0.2}])
+def test_a_bad_split_overhead_table_is_named_with_what_is_allowed(raw):
+    from parsim.specs import SpecError
+    with pytest.raises(SpecError, match="split_overhead.*per_layer_squared: b"):
+        CalibratedTables.from_dict({"split_overhead": raw})

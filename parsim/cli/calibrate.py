@@ -94,7 +94,7 @@ def render(profile: dict, path: Path) -> str:
                                                                       tables.contention_layer.values)
                         if tables.contention_layer is not None else ""))
         if tables.split_overhead:
-            a, b = (tables.split_overhead.get(k, 0.0) for k in ("per_layer", "per_layer_squared"))
+            a, b = (tables.split_overhead[k] for k in ("per_layer", "per_layer_squared"))
             lines.append(f"  its backward split as zero-bubble schedules run it (I, then W): W of a chunk of L layers "
                          f"costs ({a:.3f} L + {b:.4f} L^2) x a layer's backward more than its ops")
         if probe.blocks:

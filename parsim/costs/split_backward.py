@@ -306,10 +306,18 @@ def split_weight_overhead(model: ModelSpec, cluster, plan: Plan, layers: int) ->
     from .ops import layer_ops
     from .timing import op_time
 
+    if not cluster.device.tables.split_overhead or layers <= 0:
+        return 0.0
+    per_layer, per_layer_squared = split_weight_terms(
+        cluster, sum(op_time(cluster.device, op, "bwd", plan.dtype) for op in layer_ops(model, plan)))
+    return per_layer * layers + per_layer_squared * layers * layers
+
+
+def split_weight_terms(cluster, layer_bwd_s: float) -> tuple[float, float]:
+    """``split_weight_overhead``'s two terms for a layer whose fused backward is priced
+    ``layer_bwd_s`` seconds: (seconds per layer, seconds per layer squared) of the chunk; (0, 0)
+    without a measured ``split_overhead``. The fast path keeps them per layer shape."""
     fit = cluster.device.tables.split_overhead
-    if not fit or layers <= 0:
-        return 0.0
-    share = fit.get("per_layer", 0.0) * layers + fit.get("per_layer_squared", 0.0) * layers * layers
-    if share <= 0:
-        return 0.0
-    return share * sum(op_time(cluster.device, op, "bwd", plan.dtype) for op in layer_ops(model, plan))
+    if not fit:
+        return 0.0, 0.0
+    return fit["per_layer"] * layer_bwd_s, fit["per_layer_squared"] * layer_bwd_s

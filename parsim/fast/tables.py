@@ -37,7 +37,7 @@ from parsim.costs.activations import (forward_working_bytes, layer_working_bytes
 from parsim.costs.footprint import recompute_transient
 from parsim.costs.host import HostModel
 from parsim.costs.placement import loop_placed, stages_of_rank
-from parsim.costs.split_backward import (head_output_grad_bytes, output_grad_bytes, split_weight_overhead,
+from parsim.costs.split_backward import (head_output_grad_bytes, output_grad_bytes, split_weight_terms,
                                          w_residue_per_layer, w_residue_top, w_recomputes, weight_grad_working_bytes)
 from parsim.costs.stack import apply_stack, tp_covered
 from parsim.specs import ClusterSpec, ModelSpec, Plan, get_stack, plan_stack, stage_layers
@@ -180,9 +180,7 @@ def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ran
     row[L_BWD] = _ops_time(cluster, ops, "bwd", dt)
     # W's own cost run apart from its I, per chunk of L layers: L_SPLIT_W L + L_SPLIT_W2 L^2
     # (``costs.split_backward.split_weight_overhead``)
-    one, two = (split_weight_overhead(model, cluster, plan, n) for n in (1, 2))
-    row[L_SPLIT_W2] = (two - 2 * one) / 2
-    row[L_SPLIT_W] = one - row[L_SPLIT_W2]
+    row[L_SPLIT_W], row[L_SPLIT_W2] = split_weight_terms(cluster, row[L_BWD])
     for policy, column in RERUN.items():
         row[column] = _ops_time(cluster, rerun(model, plan, policy)[0], "fwd", dt)
     # the full re-run's TP collectives (``costs.rerun``)

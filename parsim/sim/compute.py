@@ -225,11 +225,12 @@ def halves(plan: Plan) -> list[Plan]:
 
 
 def action_cost(model: ModelSpec, cluster: ClusterSpec, plan: Plan, shape: StageShape, kind: str, tp_time,
-                layer_params: float, edge_params: tuple[float, float], scale: float = 1.0) -> ActionCost:
+                layer_params: float, edge_params: tuple[float, float],
+                scale: ComputeScale = ComputeScale()) -> ActionCost:
     """Chain(s), placement and duration of action ``kind`` of one virtual stage.
 
     ``tp_time(op, nbytes)`` prices a TP collective for this stage's TP group; ``scale``
-    multiplies compute time (straggler slowdown); ``edge_params`` = (embedding, head)
+    multiplies compute time (GEMM-like and memory-bound: straggler slowdown, host contention); ``edge_params`` = (embedding, head)
     parameters this stage holds (0 when it holds neither)."""
     per_layer: dict[tuple[str, int], list[Segment]] = {}
     chains = []
@@ -253,7 +254,7 @@ def action_cost(model: ModelSpec, cluster: ClusterSpec, plan: Plan, shape: Stage
         head = with_tp_times(_edge_chain(model, head_ops(model, plan), "head", kind, cluster, plan, scale), tp_time)
         (last if kind == "F" else first).extend(head)
     if kind == "W":      # run apart from its I, W costs more than its ops (``split_weight_overhead``)
-        extra = split_weight_overhead(model, cluster, plan, len(shape.policies)) * getattr(scale, "gemm", scale)
+        extra = split_weight_overhead(model, cluster, plan, len(shape.policies)) * scale.gemm
         if extra > 0:
             last.append(Segment("compute", "W", -1, extra, name="split-weight overhead"))
     # embedding / head run on the whole microbatch, before and after the (sub-pipelined) layers

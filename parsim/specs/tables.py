@@ -202,6 +202,16 @@ def _numbers(where: str, raw: Any) -> dict[str, float]:
     return {str(k): number(f"{where}.{k}", v) for k, v in mapping(where, raw).items()}
 
 
+def _split_overhead(where: str, raw: Any) -> dict[str, float]:
+    """{per_layer, per_layer_squared}: fractions of a layer's backward, each >= 0."""
+    values = _numbers(where, raw)
+    keys = ("per_layer", "per_layer_squared")
+    if set(values) != set(keys) or any(v < 0 for v in values.values()):
+        raise SpecError(where, raw, "{per_layer: a, per_layer_squared: b} with a, b >= 0 (fractions of a layer's "
+                                    "backward)")
+    return values
+
+
 def _detail(where: str, raw: Any) -> dict[str, tuple]:
     return {str(k): rows(f"{where}.{k}", v, (4,), text_first=True) for k, v in mapping(where, raw).items()}
 
@@ -364,6 +374,6 @@ _KEYS: dict[str, tuple[str, Callable, Callable]] = {
     "optimizer_per_tensor_s": ("optimizer_per_tensor_s", number, _same),
     "optimizer_levels": ("optimizer_levels", OptimizerLevels.from_dict, OptimizerLevels.to_dict),
     "optimizer_sharded_per_tensor_s": ("optimizer_sharded_per_tensor_s", number, _same),
-    "split_overhead": ("split_overhead", _numbers, dict),
+    "split_overhead": ("split_overhead", _split_overhead, dict),
 }
 assert {a for a, _, _ in _KEYS.values()} == {f.name for f in fields(CalibratedTables)}

@@ -9,7 +9,8 @@ Method: the executor's own stage (``parsim.executor.model.StageModule``, tp=1, m
 thread) of L = 1, 2, 3, 4, 6 layers of three models; each repeat runs, for every L in turn, a
 forward then the fused backward (``Tensor.backward``), and a forward then the split one as the
 executor runs the zero-bubble schedules (``executor.split_backward``: torch's
-``stage_backward_input`` then ``stage_backward_weight``), each pass timed. Medians over 16
+``stage_backward_input`` then ``stage_backward_weight``), each pass timed: the loop ``parsim
+calibrate`` runs at 1 and 4 layers (``calibration.compute.split_samples``). Medians over 16
 repeats after 4 warm-up ones. ``extra`` = I + W - B; a least-squares fit extra(L) = a L + b L^2
 separates a cost per layer from one that grows with the layers below each weight group
 (``stage_backward_weight`` calls ``autograd.grad`` once per parameter group, and the engine's
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +33,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from parsim.executor.model import StageModule, init_stage  # noqa: E402
-from parsim.executor.split_backward import backward_input, backward_weight  # noqa: E402
+from parsim.calibration.compute import split_samples  # noqa: E402
+from parsim.calibration.timer import Clock  # noqa: E402
 from parsim.specs import load_model  # noqa: E402
 
 MODELS = ("cpu-small", "studies/validation_cpu/heldout/model_deep.yaml",
@@ -44,30 +44,10 @@ REPEATS, WARMUP = 16, 4
 
 
 def measure(spec) -> dict[int, dict[str, float]]:
-    """{L: {"B", "I", "W": median seconds}} for stages of L layers of ``spec``."""
-    stages = {}
-    for n in LAYERS:
-        stage = StageModule(spec, 0, n, is_first=False, is_last=False)
-        init_stage(stage, seed=0)
-        stages[n] = stage
-    x = torch.randn(1, spec.seq_len, spec.hidden).requires_grad_(True)
-    dy = torch.randn(1, spec.seq_len, spec.hidden)
-    samples = {n: {"B": [], "I": [], "W": []} for n in LAYERS}
-    for _ in range(WARMUP + REPEATS):
-        for n, stage in stages.items():
-            out = stage(x)
-            t0 = time.perf_counter()
-            out.backward(dy)
-            samples[n]["B"].append(time.perf_counter() - t0)
-            out = stage(x)
-            t0 = time.perf_counter()
-            pending = backward_input(out, dy, x, stage)
-            t1 = time.perf_counter()
-            backward_weight(pending, stage)
-            samples[n]["I"].append(t1 - t0)
-            samples[n]["W"].append(time.perf_counter() - t1)
-            x.grad = None
-    return {n: {k: statistics.median(v[WARMUP:]) for k, v in per.items()} for n, per in samples.items()}
+    """{L: {"B", "I", "W": median seconds}} for stages of L layers of ``spec`` (the calibration's
+    own loop, ``calibration.compute.split_samples``: the stages in turn within each repeat)."""
+    samples = split_samples(spec, 1, "fp32", Clock(torch.device("cpu")), LAYERS, REPEATS, WARMUP)
+    return {n: {k: statistics.median(v) for k, v in per.items()} for n, per in samples.items()}
 
 
 def main() -> None:
