@@ -1,10 +1,12 @@
-"""``make gpu-check``: is parsim ready for GPUs? On a CUDA machine: a quick calibration with
-``--device cuda``, then ``parsim validate`` of a matrix on NCCL -- dp=2, tp=2, pp=2 and ZeRO-3
-plans with two or more GPUs, the one-GPU plans of ``studies/gpu_h100/matrix.yaml`` (plus one
-that cannot fit, to see it recorded as "did not fit") with one -- and one report. Without a
-GPU it says so and exits 0.
+"""``make gpu-check``: is parsim ready for GPUs? On a CUDA machine: a quick calibration of the
+machine (its grid of shapes, no model named: what ``parsim calibrate`` does by default) with
+``--device cuda``, then ``parsim validate`` on NCCL with that one profile -- dp=2, tp=2, pp=2 and
+ZeRO-3 plans with two or more GPUs; with one, the one-GPU plans of two models the calibration
+never saw (``studies/gpu_h100/matrix.yaml``, gpt3-350m, plus one that cannot fit on an 80 GB
+card, to see it recorded as "did not fit"; ``matrix_1.3b.yaml``, gpt3-1.3b with fused
+attention) -- and one report. Without a GPU it says so and exits 0.
 
-    python studies/gpu_check/check.py [--out out/gpu_check] [--timeout 540]
+    python studies/gpu_check/check.py [--out out/gpu_check] [--timeout 600]
 
 Exit status: 0 when every stage ran (or there is no GPU), 1 when one failed (its output is
 printed). The report is also written to ``OUT/report.json``.
@@ -24,6 +26,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 ONE_GPU_MATRIX = ROOT / "studies" / "gpu_h100" / "matrix.yaml"
+ONE_GPU_MATRICES = [ONE_GPU_MATRIX, ROOT / "studies" / "gpu_h100" / "matrix_1.3b.yaml"]
 # gpt3-350m with mbs=8 and no recomputation needs ~88 GiB (parsim memory): more than an 80 GB H100
 TOO_BIG_FOR_ONE_GPU = "mbs=8 gbs=8"
 MULTI_GPU_PLANS = ["dp=2 mbs=2 gbs=8", "tp=2 mbs=2 gbs=4", "pp=2 mbs=1 gbs=8", "dp=2 zero=3 mbs=2 gbs=8"]
@@ -48,20 +51,27 @@ def parsim(args: list[str], timeout_s: float) -> tuple[int, str, str, float]:
                               timeout=timeout_s, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start
     except subprocess.TimeoutExpired as e:
-        return 124, e.stdout or "", (e.stderr or "") + f"\n(timed out after {timeout_s:.0f} s)", timeout_s
+        text = [x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr)]
+        return 124, text[0], text[1] + f"\n(timed out after {timeout_s:.0f} s)", timeout_s
 
 
-def write_matrix(n: int, out: Path) -> Path:
+def write_matrices(n: int, memory_gib: float, out: Path) -> list[Path]:
+    """The matrices to validate: NCCL plans with 2+ GPUs; else the one-GPU ones (the plan that
+    cannot fit added where the card has under 88 GiB)."""
     if n >= 2:
-        matrix = {"description": "gpu-check: NCCL plans on 2 GPUs", "model": "gpt3-125m", "steps": 6, "warmup": 2,
-                  "rounds": 1, "plans": MULTI_GPU_PLANS}
+        matrices = [{"description": "gpu-check: NCCL plans on 2 GPUs", "model": "gpt3-125m", "steps": 6,
+                     "warmup": 2, "rounds": 1, "plans": MULTI_GPU_PLANS}]
     else:
-        matrix = yaml.safe_load(ONE_GPU_MATRIX.read_text())
-        matrix.update(description="gpu-check: the one-GPU plans of studies/gpu_h100 and one that cannot fit",
-                      rounds=1, plans=[*matrix["plans"], TOO_BIG_FOR_ONE_GPU])
-    path = out / "matrix.yaml"
-    path.write_text(yaml.safe_dump(matrix, sort_keys=False))
-    return path
+        matrices = [yaml.safe_load(path.read_text()) for path in ONE_GPU_MATRICES]
+        for matrix in matrices:
+            matrix.update(description="gpu-check: " + matrix["description"], rounds=1, steps=6, warmup=2)
+        if memory_gib < 88:
+            matrices[0]["plans"].append(TOO_BIG_FOR_ONE_GPU)
+    paths = []
+    for i, matrix in enumerate(matrices):
+        paths.append(out / f"matrix{i}.yaml")
+        paths[-1].write_text(yaml.safe_dump(matrix, sort_keys=False))
+    return paths
 
 
 def report_lines(device: str, n: int, calibration: dict, validation: dict) -> list[str]:
@@ -90,10 +100,16 @@ def report_lines(device: str, n: int, calibration: dict, validation: dict) -> li
     return lines
 
 
+def validation_lines(validation: dict) -> list[str]:
+    """The per-plan lines of one matrix (``report_lines`` without the calibration's)."""
+    return report_lines("", 0, {}, validation)[2:]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="out/gpu_check", help="output folder [out/gpu_check]")
-    p.add_argument("--timeout", type=float, default=540.0, help="seconds for the calibration and the validation")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds for the calibration (a third at most) and the validations together")
     args = p.parse_args(argv)
     n, device = gpus()
     if n == 0:
@@ -102,28 +118,38 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ranks = "2" if n >= 2 else "1"
-    model = "gpt3-125m" if n >= 2 else yaml.safe_load(ONE_GPU_MATRIX.read_text())["model"]
+    deadline = time.monotonic() + args.timeout    # the validations share what the calibration leaves
+    import torch
+    memory_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    base = "h200" if "H200" in device else "h100-sxm"    # what one GPU cannot measure: links, host
     code, stdout, stderr, secs = parsim(["calibrate", "--device", "cuda", "--quick", "--ranks", ranks, "--base",
-                                         "h100-sxm", "--dtype", "bf16", "--model", model, "--tp", "1", "--name",
-                                         "gpu-check", "--out", str(out / "profile.yaml"), "--json"], args.timeout / 3)
+                                         base, "--dtype", "bf16", "--name", "gpu-check",
+                                         "--out", str(out / "profile.yaml"), "--json"], args.timeout / 3)
     if code != 0:
         print(f"gpu-check: calibration failed (exit {code}, {secs:.0f} s):\n{stderr[-3000:]}")
         return 1
     calibration = json.loads(stdout)
     print(f"calibrated in {secs:.0f} s: {out / 'profile.yaml'}", flush=True)
-    matrix = write_matrix(n, out)
-    code, stdout, stderr, secs = parsim(["validate", "--matrix", str(matrix), "--profile", str(out / "profile.yaml"),
-                                         "--out", str(out / "validation"), "--fresh", "--worst", "0", "--json"],
-                                        args.timeout * 2 / 3)
-    if code != 0:
-        print(f"gpu-check: validation failed (exit {code}, {secs:.0f} s):\n{stderr[-3000:]}")
-        return 1
-    validation = json.loads(stdout)
-    lines = report_lines(device, n, calibration, validation) + [f"validated in {secs:.0f} s"]
+    lines, validations, failed = report_lines(device, n, calibration, {})[:-1], [], False
+    matrices = write_matrices(n, memory_gib, out)
+    for i, matrix in enumerate(matrices):
+        code, stdout, stderr, secs = parsim(["validate", "--matrix", str(matrix), "--profile",
+                                             str(out / "profile.yaml"), "--out", str(out / f"validation{i}"),
+                                             "--fresh", "--worst", "0", "--json"],
+                                            max(1.0, deadline - time.monotonic()))
+        if code != 0:
+            print(f"gpu-check: validation of {matrix.name} failed (exit {code}, {secs:.0f} s):\n{stderr[-3000:]}")
+            failed = True
+            continue
+        validations.append(json.loads(stdout))
+        model = yaml.safe_load(matrix.read_text())["model"]
+        lines += [f"model {model}"] + validation_lines(validations[-1]) + [f"validated in {secs:.0f} s"]
+        print("\n".join(lines[-len(validation_lines(validations[-1])) - 2:]), flush=True)
     print("\n".join(lines))
     (out / "report.json").write_text(json.dumps({"gpus": n, "device": device, "calibration": calibration,
-                                                 "validation": validation, "report": lines}, indent=1, default=str))
-    return 0
+                                                 "validations": validations, "report": lines}, indent=1,
+                                                default=str))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
