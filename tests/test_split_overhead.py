@@ -98,3 +98,27 @@ def test_a_bad_split_overhead_table_is_named_with_what_is_allowed(raw):
     from parsim.specs import SpecError
     with pytest.raises(SpecError, match="split_overhead.*per_layer_squared: b"):
         CalibratedTables.from_dict({"split_overhead": raw})
+
+
+def test_the_partitioners_replay_charges_it_as_the_simpy_engine_does():
+    """``parsim partition``'s step estimate replays the schedule with the stages' jobs: each
+    split W but the first stage's pays the term, with the layers' backward read off the graph's
+    layer nodes (not the head beside them), so every stage's I + W is the engine's and the step
+    grows by what the engine's grows."""
+    from parsim.partition import partition
+    from parsim.sim import simulate
+    model, plan = load_model("gpt3-2.7b"), parse_plan("pp=4 gbs=32 schedule=zb-h1 stack=torch")
+    base = load_cluster("a100-80g:4")
+    cluster = _with(base, {"per_layer": 0.3, "per_layer_squared": 0.03})
+    before, after = (partition(model, plan, c, graph="analytic") for c in (base, cluster))
+    sim_before, sim_after = (simulate(model, c, plan) for c in (base, cluster))
+    grew, sim_grew = (after.uniform_step_time_s - before.uniform_step_time_s,
+                      sim_after.step_time_s - sim_before.step_time_s)
+    assert grew > 0.2 * before.uniform_step_time_s
+    assert grew == pytest.approx(sim_grew, rel=0.03)
+    busy: dict[int, list[float]] = {}
+    for e in sim_after.trace.action_events():
+        if e.kind in ("I", "W"):
+            busy.setdefault(e.stage, []).append(e.duration)
+    for s in after.uniform_stages:
+        assert s.bwd_s == pytest.approx(sum(busy[s.stage]) / plan.num_microbatches, rel=0.01)

@@ -57,16 +57,19 @@ def pipeline_step_time(plan: Plan, fwd_s: Sequence[float], bwd_s: Sequence[float
 
 def shared_host_run(plan: Plan, fwd: Sequence[Job], bwd: Sequence[Job], send_s: Sequence[float] | None = None,
                     host: HostModel | None = None, weight_share: float = WEIGHT_SHARE,
-                    send_bytes: Sequence[float] | None = None) -> PipelineRun:
+                    send_bytes: Sequence[float] | None = None,
+                    split_extra: Sequence[float] | None = None) -> PipelineRun:
     """One step of the plan's schedule with per-stage forward / backward jobs on ``host``:
     where its ranks share the cores (``HostModel.shared``), each pipeline rank standing for its
     dp x tp identical peers as in the SimPy engine; else (GPUs, or None) every rank owns its
     device and a job takes its solo seconds. ``weight_share``: ``_jobs``. ``send_bytes``: the
     bytes crossing each stage boundary (stage k to k + 1), for the messages' CPU on a shared
-    host (``_with_messages``; None: their fixed part only)."""
+    host (``_with_messages``; None: their fixed part only). ``split_extra``: seconds each stage's
+    split weight-gradient pass W costs beyond its ops (``costs.split_backward.
+    split_weight_overhead``; None: nothing)."""
     schedule, send = _checked(plan, len(fwd), len(bwd), send_s)
     hop = _hop(send)
-    jobs = _jobs(fwd, bwd, weight_share)
+    jobs = _jobs(fwd, bwd, weight_share, split_extra)
     if host is None or not host.shared:
         timed = list_schedule(schedule, lambda a: _solo(a, jobs), hop)
     else:
@@ -92,10 +95,11 @@ def shared_host_run(plan: Plan, fwd: Sequence[Job], bwd: Sequence[Job], send_s: 
                        bwd_s=tuple(mean("B", s) or mean("I", s) + mean("W", s) for s in stages))
 
 
-def _jobs(fwd: Sequence[Job], bwd: Sequence[Job], weight_share: float):
+def _jobs(fwd: Sequence[Job], bwd: Sequence[Job], weight_share: float, split_extra: Sequence[float] | None = None):
     """An action's (fixed, GEMM, memory-bound) job: F the stage's forward, B its backward, I and W
-    its input- and weight-gradient parts (W ``weight_share`` of the GEMM and memory-bound work;
-    the fixed part -- collectives -- with I; the first stage's I nothing and its W all, as in
+    its input- and weight-gradient parts (W ``weight_share`` of the GEMM and memory-bound work
+    plus the split's own cost ``split_extra[stage]``, host work like the GEMMs'; the fixed part
+    -- collectives -- with I; the first stage's I nothing and its W all, as in
     ``costs.split_backward``), an overlapped F&B slot both jobs (``_solo`` overlaps them)."""
     def job(a) -> Job:
         if a.kind == OVERLAP_F_B:
@@ -109,7 +113,8 @@ def _jobs(fwd: Sequence[Job], bwd: Sequence[Job], weight_share: float):
         if a.kind == "I":
             return (fixed, gemm * (1 - weight_share), membound * (1 - weight_share))
         if a.kind == "W":
-            return (0.0, gemm * weight_share, membound * weight_share)
+            extra = split_extra[a.stage] if split_extra is not None else 0.0
+            return (0.0, gemm * weight_share + extra, membound * weight_share)
         return bwd[a.stage]
     return job
 

@@ -173,6 +173,21 @@ def partition_graph(graph: CostGraph, plan: Plan, cluster: ClusterSpec, memory_l
         layered=graph.layers is not None)
 
 
+def _split_extra(cluster: ClusterSpec, graph: CostGraph, segments: list[Segment]) -> float:
+    """Seconds a split weight-gradient pass of these segments costs beyond its ops
+    (``costs.split_backward.split_weight_overhead``): L layers (recomputation units), each one's
+    fused backward the mean over them of their nodes' backward less its collectives; 0 without
+    layers or a measured term."""
+    from parsim.costs.split_backward import split_weight_terms
+
+    nodes = [graph.nodes[i] for seg in segments for i in range(seg.first, seg.end) if graph.nodes[i].unit >= 0]
+    layers = len({n.unit for n in nodes})
+    if layers == 0:
+        return 0.0
+    per_layer, per_layer_squared = split_weight_terms(cluster, sum(n.bwd_s - n.bwd_comm_s for n in nodes) / layers)
+    return per_layer * layers + per_layer_squared * layers * layers
+
+
 def _stage_results(graph: CostGraph, segments: list[Segment], coster: StageCoster, bounds: list[int], plan: Plan,
                    cluster: ClusterSpec) -> tuple[tuple[StageResult, ...], float]:
     """The stages between ``bounds`` and the step-time estimate: one step of the plan's schedule
@@ -189,8 +204,9 @@ def _stage_results(graph: CostGraph, segments: list[Segment], coster: StageCoste
         dst = layout.rank(rank_of_stage(plan, min(k + 1, plan.pp * plan.vpp - 1)), 0, 0)
         send_s.append(p2p_time(cluster, nbytes, src, dst) if src != dst else 0.0)
     jobs = [c.host_jobs() for c in costs]
+    split_extra = [_split_extra(cluster, graph, segments[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
     run = shared_host_run(plan, [j[0] for j in jobs], [j[1] for j in jobs], send_s, HostModel(cluster, plan.world_size),
-                          graph.weight_grad_share, send_bytes=sends)
+                          graph.weight_grad_share, send_bytes=sends, split_extra=split_extra)
     out = []
     for k, ((a, b), c) in enumerate(zip(zip(bounds[:-1], bounds[1:]), costs)):
         out.append(StageResult(
