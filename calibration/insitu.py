@@ -14,11 +14,19 @@ One sample (every rank, after a barrier and one untimed [block, collective] that
 ranks up as a layer chain does, so the barrier's own exit skew is left out): ``iters`` times
 [the compute block, then one collective]. Its value is
 
-    mean over ranks of (wall time - compute time) / iters   [s]
+    wall time / iters - GEMMs per block x t_fair   [s]
 
-the seconds one collective adds to a synchronous chain of compute, the wait for the slowest
-peer included: the mean over ranks of the time spent inside the call, as the executor's
-trace shows it. The compute block is
+the seconds one collective adds to a synchronous chain of compute beyond the compute as the
+simulator charges it: t_fair is one block GEMM's seconds while every rank of the host calls it
+back to back (``fair_share_seconds``, taken before and after the samples), the host's fair
+share, which is what ``costs.host``'s GEMM contention charges a rank computing beside the
+others. Where more ranks than cores share the host, the scheduler does not share fairly over a
+block of a few milliseconds: some ranks run their block at nearly solo speed and then wait in
+the collective for the ones it kept off a core. Each rank's own compute time (the definition
+before 2026-11-28) counts that wait as communication while the simulator has already charged it
+as slower compute, so the price grew with the block, by about half of it on 4 ranks over 2
+cores, and over-priced TP plans whose compute between collectives was longer than the probe's
+(``studies/validation_cpu/insitu_block.py`` -> ``insitu_block.txt``). The compute block is
 the model's MLP-up GEMM at the smallest TP degree (``CommJob.contention_gemm``) called
 ``INSITU_GEMMS`` times: the up and down GEMMs of one MLP have equal FLOPs, so two calls are
 the compute between the forward all-reduces of a Megatron layer's attention and MLP blocks.
@@ -40,6 +48,8 @@ from typing import Callable
 INSITU_GEMMS = 2
 # collectives per sample (a sample lasts about INSITU_ITERS x (block + collective), ~0.1 s)
 INSITU_ITERS = 8
+# seconds every rank calls the block's GEMM back to back to read its fair-share time, twice a probe
+FAIR_S = 0.25
 # the TP collectives, by the keys parsim.costs.timing reads (tensor forms, comm.CALLS)
 INSITU_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -82,6 +92,22 @@ def measure_subgroups(block_for: Callable[[int], Callable[[], object] | None], s
     return out
 
 
+def fair_share_seconds(gemm: Callable[[], object], clock, dist, torch, device, seconds: float = FAIR_S) -> float:
+    """Mean over the world's ranks of the seconds one ``gemm()`` takes while every rank calls it
+    back to back for ``seconds`` (one warm-up call first): the host's fair share of it."""
+    gemm()
+    clock.sync()
+    dist.barrier()
+    count, t0 = 0, time.perf_counter()
+    while count == 0 or time.perf_counter() - t0 < seconds:
+        gemm()
+        count += 1
+    clock.sync()
+    per = torch.tensor([(time.perf_counter() - t0) / count], dtype=torch.float64, device=device)
+    dist.all_reduce(per)
+    return float(per) / dist.get_world_size()
+
+
 def measure_insitu(gemm: Callable[[], object], collective: Callable[[str, int], Callable[[], object]],
                    sizes: tuple[int, ...], samples: int, clock, dist, torch, device,
                    ops: tuple[str, ...] = INSITU_OPS, iters: int = INSITU_ITERS,
@@ -90,7 +116,8 @@ def measure_insitu(gemm: Callable[[], object], collective: Callable[[str, int], 
     every rank. ``collective(op, nbytes)`` returns the call (``comm._collective``); ``sizes``
     are full TP buffers in bytes; ``n`` the group size (default: the world). Samples of all
     (op, size) points are taken round-robin so a slow phase of the machine hits them alike;
-    wall and compute are reduced over the whole world (every group does the same)."""
+    the wall time is reduced over the whole world (every group does the same), the block's
+    fair-share time (``fair_share_seconds``) read before and after the samples."""
     world = dist.get_world_size()
     points = [(op, per_rank_bytes(op, s, n or world)) for op in ops for s in sizes]
     calls = [collective(op, x) for op, x in points]
@@ -98,32 +125,29 @@ def measure_insitu(gemm: Callable[[], object], collective: Callable[[str, int], 
     for fn in calls:        # warm-up: connections and buffers of every point
         fn()
     walls: list[float] = []
-    computes: list[float] = []
-    def block() -> float:
-        c0 = time.perf_counter()
+
+    def block() -> None:
         for _ in range(gemms):
             gemm()
-        clock.sync()
-        return time.perf_counter() - c0
 
+    fair = fair_share_seconds(gemm, clock, dist, torch, device) if gemms else 0.0
     for _ in range(samples):
         for fn in calls:
             clock.sync()
             dist.barrier()
             block()              # one untimed [block, collective]: the barrier's exit skew is not
             fn()                 # a TP layer's; from here on the ranks run as a layer chain does
-            busy, t0 = 0.0, time.perf_counter()
+            t0 = time.perf_counter()
             for _ in range(iters):
-                busy += block()
+                block()
                 fn()
             clock.sync()
             walls.append(time.perf_counter() - t0)
-            computes.append(busy)
+    if gemms:
+        fair = (fair + fair_share_seconds(gemm, clock, dist, torch, device)) / 2
     wall = torch.tensor(walls, dtype=torch.float64, device=device)
-    comp = torch.tensor(computes, dtype=torch.float64, device=device)
     dist.all_reduce(wall)                                   # sums over ranks -> means below
-    dist.all_reduce(comp)
-    per_call = ((wall - comp) / world / iters).clamp(min=0.0).tolist()
+    per_call = (wall / world / iters - gemms * fair).clamp(min=0.0).tolist()
     out: dict[str, dict[int, list[float]]] = {}
     for i, v in enumerate(per_call):
         op, x = points[i % len(points)]

@@ -198,8 +198,8 @@ UNSTEADY = 0.3
 
 def kept_profile_refused(profile_data: dict, here: str) -> str | None:
     """Why a quick profile kept for a host is not used for it (None: it is): measured on another
-    host, by an older calibration that lacks tables the simulator now prices with
-    (``provenance.format`` below ``calibration.profile_io.FORMAT``), or while the machine was
+    host, by an older calibration that lacks tables the simulator now prices with or measured
+    them otherwise (``provenance.format`` below ``calibration.profile_io.FORMAT``), or while the machine was
     unsteady (``probe_drift`` over ``UNSTEADY``)."""
     from parsim.calibration.profile_io import FORMAT
 
@@ -209,7 +209,8 @@ def kept_profile_refused(profile_data: dict, here: str) -> str | None:
     made = prov.get("format", 1)
     if not isinstance(made, int) or made < FORMAT:
         return (f"the quick profile kept for this host ({prov.get('date', '?')}) was written by an older "
-                f"calibration (format {made}, now {FORMAT}) that lacks tables the simulator now uses")
+                f"calibration (format {made}, now {FORMAT}) that lacks, or measured otherwise, tables the "
+                "simulator now uses")
     drift = probe_drift(profile_data)
     if drift > UNSTEADY:
         return (f"the quick profile kept for this host ({prov.get('date', '?')}) timed its layer {drift:.0%} slower "
