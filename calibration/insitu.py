@@ -25,8 +25,10 @@ block of a few milliseconds: some ranks run their block at nearly solo speed and
 the collective for the ones it kept off a core. Each rank's own compute time (the definition
 before 2026-11-28) counts that wait as communication while the simulator has already charged it
 as slower compute, so the price grew with the block, by about half of it on 4 ranks over 2
-cores, and over-priced TP plans whose compute between collectives was longer than the probe's
-(``studies/validation_cpu/insitu_block.py`` -> ``insitu_block.txt``). The compute block is
+cores (``studies/validation_cpu/insitu_block.py`` -> ``insitu_block.txt``). Neither reading is
+what a TP layer pays beyond its compute: on 11 measured 4-rank TP plans the old one over-prices
+(mean +7 %, max +41 %) and this one under-prices (mean -12 %, max -31 %;
+``studies/validation_cpu/heldout/README.md``, fifth run). The compute block is
 the model's MLP-up GEMM at the smallest TP degree (``CommJob.contention_gemm``) called
 ``INSITU_GEMMS`` times: the up and down GEMMs of one MLP have equal FLOPs, so two calls are
 the compute between the forward all-reduces of a Megatron layer's attention and MLP blocks.
