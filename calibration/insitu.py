@@ -14,21 +14,19 @@ One sample (every rank, after a barrier and one untimed [block, collective] that
 ranks up as a layer chain does, so the barrier's own exit skew is left out): ``iters`` times
 [the compute block, then one collective]. Its value is
 
-    wall time / iters - GEMMs per block x t_fair   [s]
+    mean over ranks of (wall time - compute time) / iters   [s]
 
-the seconds one collective adds to a synchronous chain of compute beyond the compute as the
-simulator charges it: t_fair is one block GEMM's seconds while every rank of the host calls it
-back to back (``fair_share_seconds``, taken before and after the samples), the host's fair
-share, which is what ``costs.host``'s GEMM contention charges a rank computing beside the
-others. Where more ranks than cores share the host, the scheduler does not share fairly over a
-block of a few milliseconds: some ranks run their block at nearly solo speed and then wait in
-the collective for the ones it kept off a core. Each rank's own compute time (the definition
-before 2026-11-28) counts that wait as communication while the simulator has already charged it
-as slower compute, so the price grew with the block, by about half of it on 4 ranks over 2
-cores (``studies/validation_cpu/insitu_block.py`` -> ``insitu_block.txt``). Neither reading is
-what a TP layer pays beyond its compute: on 11 measured 4-rank TP plans the old one over-prices
-(mean +7 %, max +41 %) and this one under-prices (mean -12 %, max -31 %;
-``studies/validation_cpu/heldout/README.md``, fifth run). The compute block is
+the seconds one collective adds to a synchronous chain of compute, the wait for the slowest
+peer included: the mean over ranks of the time spent inside the call, as the executor's
+trace shows it. With more ranks than cores this grows with the block (4 ranks over 2 cores:
+4-rank all-reduce 5.6 -> 10.2 ms over blocks of 0-8 GEMMs; ``studies/validation_cpu/
+insitu_block.py`` -> ``insitu_block.txt``): over a block of a few milliseconds the scheduler runs
+some ranks near solo speed and the others late, and the early ones wait in the call, a wait the
+simulator also charges as GEMM contention. Read instead beyond the block at the host's fair
+share (profile format 4, 2026-11-28, withdrawn) it under-priced the 4-rank TP plans about as
+much as this reading over-prices them, and by more on SP with a pipeline (mean |error| 17.8 %
+against 14.6 % over 9 plans; ``studies/validation_cpu/heldout/README.md``, fifth run). The
+compute block is
 the model's MLP-up GEMM at the smallest TP degree (``CommJob.contention_gemm``) called
 ``INSITU_GEMMS`` times: the up and down GEMMs of one MLP have equal FLOPs, so two calls are
 the compute between the forward all-reduces of a Megatron layer's attention and MLP blocks.
@@ -50,8 +48,6 @@ from typing import Callable
 INSITU_GEMMS = 2
 # collectives per sample (a sample lasts about INSITU_ITERS x (block + collective), ~0.1 s)
 INSITU_ITERS = 8
-# seconds every rank calls the block's GEMM back to back to read its fair-share time, twice a probe
-FAIR_S = 0.25
 # the TP collectives, by the keys parsim.costs.timing reads (tensor forms, comm.CALLS)
 INSITU_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -94,22 +90,6 @@ def measure_subgroups(block_for: Callable[[int], Callable[[], object] | None], s
     return out
 
 
-def fair_share_seconds(gemm: Callable[[], object], clock, dist, torch, device, seconds: float = FAIR_S) -> float:
-    """Mean over the world's ranks of the seconds one ``gemm()`` takes while every rank calls it
-    back to back for ``seconds`` (one warm-up call first): the host's fair share of it."""
-    gemm()
-    clock.sync()
-    dist.barrier()
-    count, t0 = 0, time.perf_counter()
-    while count == 0 or time.perf_counter() - t0 < seconds:
-        gemm()
-        count += 1
-    clock.sync()
-    per = torch.tensor([(time.perf_counter() - t0) / count], dtype=torch.float64, device=device)
-    dist.all_reduce(per)
-    return float(per) / dist.get_world_size()
-
-
 def measure_insitu(gemm: Callable[[], object], collective: Callable[[str, int], Callable[[], object]],
                    sizes: tuple[int, ...], samples: int, clock, dist, torch, device,
                    ops: tuple[str, ...] = INSITU_OPS, iters: int = INSITU_ITERS,
@@ -118,8 +98,7 @@ def measure_insitu(gemm: Callable[[], object], collective: Callable[[str, int], 
     every rank. ``collective(op, nbytes)`` returns the call (``comm._collective``); ``sizes``
     are full TP buffers in bytes; ``n`` the group size (default: the world). Samples of all
     (op, size) points are taken round-robin so a slow phase of the machine hits them alike;
-    the wall time is reduced over the whole world (every group does the same), the block's
-    fair-share time (``fair_share_seconds``) read before and after the samples."""
+    wall and compute are reduced over the whole world (every group does the same)."""
     world = dist.get_world_size()
     points = [(op, per_rank_bytes(op, s, n or world)) for op in ops for s in sizes]
     calls = [collective(op, x) for op, x in points]
@@ -127,29 +106,32 @@ def measure_insitu(gemm: Callable[[], object], collective: Callable[[str, int], 
     for fn in calls:        # warm-up: connections and buffers of every point
         fn()
     walls: list[float] = []
-
-    def block() -> None:
+    computes: list[float] = []
+    def block() -> float:
+        c0 = time.perf_counter()
         for _ in range(gemms):
             gemm()
+        clock.sync()
+        return time.perf_counter() - c0
 
-    fair = fair_share_seconds(gemm, clock, dist, torch, device) if gemms else 0.0
     for _ in range(samples):
         for fn in calls:
             clock.sync()
             dist.barrier()
             block()              # one untimed [block, collective]: the barrier's exit skew is not
             fn()                 # a TP layer's; from here on the ranks run as a layer chain does
-            t0 = time.perf_counter()
+            busy, t0 = 0.0, time.perf_counter()
             for _ in range(iters):
-                block()
+                busy += block()
                 fn()
             clock.sync()
             walls.append(time.perf_counter() - t0)
-    if gemms:
-        fair = (fair + fair_share_seconds(gemm, clock, dist, torch, device)) / 2
+            computes.append(busy)
     wall = torch.tensor(walls, dtype=torch.float64, device=device)
+    comp = torch.tensor(computes, dtype=torch.float64, device=device)
     dist.all_reduce(wall)                                   # sums over ranks -> means below
-    per_call = (wall / world / iters - gemms * fair).clamp(min=0.0).tolist()
+    dist.all_reduce(comp)
+    per_call = ((wall - comp) / world / iters).clamp(min=0.0).tolist()
     out: dict[str, dict[int, list[float]]] = {}
     for i, v in enumerate(per_call):
         op, x = points[i % len(points)]

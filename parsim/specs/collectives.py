@@ -25,8 +25,7 @@ class InsituFit:
     back-to-back beta, seconds, and the points it was fitted from (bytes, median, p10, p90)."""
     alpha: float
     points: tuple[tuple[float, ...], ...]
-    call: str = ("after a compute block of two model-shaped MLP GEMMs per call, beyond the block at the host's "
-                 "fair share (calibration.insitu)")
+    call: str = "after a compute block of two model-shaped MLP GEMMs per call (calibration.insitu)"
 
 
 @dataclass(frozen=True)
