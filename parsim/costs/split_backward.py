@@ -308,8 +308,17 @@ def split_weight_overhead(model: ModelSpec, cluster, plan: Plan, layers: int) ->
 
     if not cluster.device.tables.split_overhead or layers <= 0:
         return 0.0
-    per_layer, per_layer_squared = split_weight_terms(
-        cluster, sum(op_time(cluster.device, op, "bwd", plan.dtype) for op in layer_ops(model, plan)))
+    return split_chunk_overhead(
+        cluster, sum(op_time(cluster.device, op, "bwd", plan.dtype) for op in layer_ops(model, plan)), layers)
+
+
+def split_chunk_overhead(cluster, layer_bwd_s: float, layers: int) -> float:
+    """``split_weight_overhead`` of a chunk of ``layers`` layers, each one's fused backward
+    priced ``layer_bwd_s`` seconds: B_layer (a L + b L^2), seconds (0 without a measured
+    ``split_overhead`` or layers). The partitioner reads B_layer off its graph's layer nodes."""
+    if layers <= 0:
+        return 0.0
+    per_layer, per_layer_squared = split_weight_terms(cluster, layer_bwd_s)
     return per_layer * layers + per_layer_squared * layers * layers
 
 

@@ -178,14 +178,13 @@ def _split_extra(cluster: ClusterSpec, graph: CostGraph, segments: list[Segment]
     (``costs.split_backward.split_weight_overhead``): L layers (recomputation units), each one's
     fused backward the mean over them of their nodes' backward less its collectives; 0 without
     layers or a measured term."""
-    from parsim.costs.split_backward import split_weight_terms
+    from parsim.costs.split_backward import split_chunk_overhead
 
     nodes = [graph.nodes[i] for seg in segments for i in range(seg.first, seg.end) if graph.nodes[i].unit >= 0]
     layers = len({n.unit for n in nodes})
     if layers == 0:
         return 0.0
-    per_layer, per_layer_squared = split_weight_terms(cluster, sum(n.bwd_s - n.bwd_comm_s for n in nodes) / layers)
-    return per_layer * layers + per_layer_squared * layers * layers
+    return split_chunk_overhead(cluster, sum(n.bwd_s - n.bwd_comm_s for n in nodes) / layers, layers)
 
 
 def _stage_results(graph: CostGraph, segments: list[Segment], coster: StageCoster, bounds: list[int], plan: Plan,

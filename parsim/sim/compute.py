@@ -230,8 +230,8 @@ def action_cost(model: ModelSpec, cluster: ClusterSpec, plan: Plan, shape: Stage
     """Chain(s), placement and duration of action ``kind`` of one virtual stage.
 
     ``tp_time(op, nbytes)`` prices a TP collective for this stage's TP group; ``scale``
-    multiplies compute time (GEMM-like and memory-bound: straggler slowdown, host contention); ``edge_params`` = (embedding, head)
-    parameters this stage holds (0 when it holds neither)."""
+    multiplies compute time (GEMM-like and memory-bound: straggler slowdown, host contention);
+    ``edge_params`` = (embedding, head) parameters this stage holds (0 when it holds neither)."""
     per_layer: dict[tuple[str, int], list[Segment]] = {}
     chains = []
     for h, hp in enumerate(halves(plan)):
