@@ -4,6 +4,8 @@
   shared VM produces; the median is what the simulator uses, the spread is recorded).
 * ``fit_alpha_beta``: time = alpha + beta * nbytes (Hockney 1994, "The communication
   challenge for MPP": the alpha-beta / latency-bandwidth model).
+* ``fit_alpha_beta_knee``: the same line up to a message size where the bytes start to cost
+  more (the buffers no longer fit the last-level cache), another slope beyond it.
 * ``fit_gemm_efficiency``: eff = max_efficiency * prod_d d / (d + half_dim), the curve of
   ``parsim.specs.GemmEfficiency``.
 
@@ -69,9 +71,58 @@ class AlphaBeta:
     rms_rel: float
     bandwidth_points: int = 0
     warning: str | None = None
+    knee: float | None = None           # bytes; None: one line over every size
+    beta_beyond: float | None = None    # seconds per byte beyond ``knee``
 
-    def time(self, nbytes: float) -> float:
-        return self.alpha + self.beta * nbytes
+    def time(self, nbytes):
+        """Seconds for ``nbytes`` (a number or an array)."""
+        if self.knee is None:
+            return self.alpha + self.beta * nbytes
+        x = np.minimum(nbytes, self.knee)
+        return self.alpha + self.beta * x + self.beta_beyond * (np.asarray(nbytes) - x)
+
+
+# A knee is kept only where the bytes beyond it cost at least this much more than below it (a
+# cache level ending: gloo's all-gather on the 2-core Xeon VM of 11-27/28 moved 0.63-0.75 GB/s
+# on 2 ranks up to 16 MiB per rank and 0.32-0.45 beyond, 0.17-0.22 and 0.09-0.12 on 4 ranks
+# past 8 MiB; profiles under studies/validation_cpu/heldout/run_2026112*), where the two lines
+# leave at most ``KNEE_KEEP`` of the one line's rms relative residual, and at ``KNEE_MIN_BYTES``
+# or more: cache levels end at megabytes (2 MiB L2 per core, a last-level cache of tens to
+# hundreds), while what changes below (latency, protocols) is the line's alpha.
+KNEE_SLOWER = 1.25
+KNEE_KEEP = 0.75
+KNEE_MIN_BYTES = 2**20
+
+
+def fit_alpha_beta_knee(nbytes: Sequence[float], seconds: Sequence[float]) -> AlphaBeta:
+    """``fit_alpha_beta`` over the sizes up to a knee, and beyond it a second slope from the
+    line's time at the knee (so the two meet): time = alpha + beta * min(x, knee) +
+    beta_beyond * max(x - knee, 0) [s]. The knee is the measured size (at least three at or
+    below it, two above) whose two lines fit every point best, kept under the ``KNEE_*`` rules;
+    otherwise the one line of ``fit_alpha_beta`` (``knee`` None). beta_beyond is the relative
+    least-squares slope of the sizes above the knee through the line's time there."""
+    line = fit_alpha_beta(nbytes, seconds)
+    x = np.asarray(nbytes, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    order = np.argsort(x, kind="stable")
+    x, t = x[order], t[order]
+    best = None
+    for k in range(2, len(x) - 2):
+        if x[k] < KNEE_MIN_BYTES:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FitWarning)
+            below = fit_alpha_beta(x[:k + 1], t[:k + 1])
+        at_knee, dx, w = below.time(x[k]), x[k + 1:] - x[k], 1.0 / t[k + 1:] ** 2
+        slope = float(np.sum(w * (t[k + 1:] - at_knee) * dx) / np.sum(w * dx * dx))
+        if below.warning or not slope >= KNEE_SLOWER * below.beta:
+            continue
+        fit = AlphaBeta(alpha=below.alpha, beta=below.beta, rms_rel=0.0, bandwidth_points=below.bandwidth_points,
+                        knee=float(x[k]), beta_beyond=slope)
+        rms = float(np.sqrt(np.mean(((fit.time(x) - t) / t) ** 2)))
+        if best is None or rms < best.rms_rel:
+            best = AlphaBeta(**{**fit.__dict__, "rms_rel": rms})
+    return best if best is not None and best.rms_rel <= KNEE_KEEP * line.rms_rel else line
 
 
 def _relative_lstsq(x: np.ndarray, t: np.ndarray) -> tuple[float, float]:

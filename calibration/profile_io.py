@@ -15,10 +15,11 @@ import yaml
 # CPU, ``p2p_send_cpu`` / ``p2p_recv_cpu`` / ``p2p_cpu_per_byte``; 3: the backward split's own
 # cost, ``split_overhead``) or measures one differently (4: the in-situ TP collectives read
 # beyond the compute at the host's fair share, withdrawn; 5: read as in format 3 again,
-# ``calibration.insitu``): a quick profile kept for a host by an older calibration is then
+# ``calibration.insitu``; 6: a collective's bytes cost more past a knee, ``knee`` /
+# ``beta_beyond``, ``calibration.fit.fit_alpha_beta_knee``): a quick profile kept for a host by an older calibration is then
 # measured again, not reused (``parsim.api.hardware.kept_profile_refused``). Profiles without
 # the key are format 1.
-FORMAT = 5
+FORMAT = 6
 
 
 def write_profile(profile: dict[str, Any], path: str | Path) -> Path:

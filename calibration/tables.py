@@ -4,7 +4,7 @@ assembles them, ``layer_terms`` derives the terms that depend on how ops are pri
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -13,7 +13,7 @@ from parsim.specs.collectives import InsituFit
 from parsim.specs.surfaces import LeaveOut
 
 from .comm import CALLS
-from .fit import AlphaBeta, Summary, fit_alpha_beta, summarize
+from .fit import AlphaBeta, Summary, fit_alpha_beta_knee, summarize
 from .shapes import OP_NAME_ALIASES
 from .surface_fit import leave_out
 
@@ -83,14 +83,15 @@ def collective_fits(comm: dict[int, list[dict]]) -> CollectiveTables:
         for op in ranks[0]["collectives"]:
             pts = group_samples(ranks, op)
             sizes = sorted(pts)
-            ab: AlphaBeta = fit_alpha_beta(sizes, [pts[s].median for s in sizes])
+            ab: AlphaBeta = fit_alpha_beta_knee(sizes, [pts[s].median for s in sizes])
             n = 2 if op == "send_recv" else world
-            fit = CollectiveFit(alpha=ab.alpha, beta=ab.beta, call=CALLS.get(op, op),
+            fit = CollectiveFit(alpha=ab.alpha, beta=ab.beta, knee=ab.knee, beta_beyond=ab.beta_beyond,
+                                call=CALLS.get(op, op),
                                 spread=float(np.median([pts[s].rel_spread for s in sizes])), fit_rms_rel=ab.rms_rel,
                                 points=tuple((s, pts[s].median, pts[s].p10, pts[s].p90) for s in sizes))
             insitu = ranks[0].get("insitu", {}).get(op)
             if insitu and n == world:
-                fit = fit.with_insitu(insitu_fit(insitu, ab.beta))
+                fit = fit.with_insitu(insitu_fit(insitu, fit.bytes_seconds))
             table = table.with_fit(op, n, fit)
     # smaller TP groups measured in situ while all ``world`` ranks share the host
     for world, ranks in sorted(comm.items()):
@@ -98,12 +99,14 @@ def collective_fits(comm: dict[int, list[dict]]) -> CollectiveTables:
             for op, samples in per_op.items():
                 fit = (table.ops.get(op) or {}).get(n)
                 if fit is not None:
-                    table = table.with_fit(op, n, fit.with_insitu(insitu_fit(samples, fit.beta), host_ranks=world))
+                    insitu = insitu_fit(samples, fit.bytes_seconds)
+                    table = table.with_fit(op, n, fit.with_insitu(insitu, host_ranks=world))
     return table
 
 
 def collective_leave_out(table: CollectiveTables) -> dict[str, LeaveOut]:
-    """The leave-out error of every collective's alpha + beta x fit over its message sizes
+    """The leave-out error of every collective's alpha + beta x fit (with its knee where the
+    other sizes show one, ``fit.fit_alpha_beta_knee``) over its message sizes
     (``collective.<op>.<group size>``): each size's median predicted by the fit of the other
     sizes (leave-one-out; ``surface_fit.leave_out``), |predicted / measured - 1|. Needs three
     sizes: two to fit, one left out."""
@@ -114,19 +117,20 @@ def collective_leave_out(table: CollectiveTables) -> dict[str, LeaveOut]:
         if len(sizes) < 3:
             continue
         report[f"collective.{op}.{n}"] = leave_out(
-            len(sizes), lambda idx: fit_alpha_beta(sizes[idx], seconds[idx]),
-            lambda ab, idx: ab.alpha + ab.beta * sizes[idx], seconds, folds=len(sizes))
+            len(sizes), lambda idx: fit_alpha_beta_knee(sizes[idx], seconds[idx]),
+            lambda ab, idx: ab.time(sizes[idx]), seconds, folds=len(sizes))
     return report
 
 
-def insitu_fit(samples: dict, beta: float) -> InsituFit:
+def insitu_fit(samples: dict, bytes_seconds: Callable[[float], float]) -> InsituFit:
     """The in-situ latency of one collective and group size from the in-situ samples
     {per-rank bytes: [seconds per collective]} (``insitu.measure_insitu``; every rank holds
-    the same, already reduced over the group): the latency that, with the back-to-back
-    ``beta`` (the bytes cost the same), gives the in-situ time, alpha_insitu + beta * x [s].
-    The median over every sample of (t - beta * x), so a few slow samples do not move it."""
+    the same, already reduced over the group): the latency that, with the back-to-back fit's
+    bytes time ``bytes_seconds(x)`` (the bytes cost the same; ``CollectiveFit.bytes_seconds``),
+    gives the in-situ time, alpha_insitu + bytes_seconds(x) [s]. The median over every sample
+    of (t - bytes_seconds(x)), so a few slow samples do not move it."""
     pts = {int(x): summarize(v) for x, v in samples.items()}
-    alpha = float(np.median([t - beta * int(x) for x, v in samples.items() for t in v]))
+    alpha = float(np.median([t - bytes_seconds(int(x)) for x, v in samples.items() for t in v]))
     return InsituFit(alpha=max(alpha, 0.0),
                      points=tuple((x, pts[x].median, pts[x].p10, pts[x].p90) for x in sorted(pts)))
 

@@ -12,12 +12,12 @@ def test_in_situ_alpha_is_the_median_latency_over_the_back_to_back_bandwidth_ter
     from parsim.calibration.tables import insitu_fit
     beta = 1e-9
     samples = {262144: [3.0e-3, 3.4e-3, 2.6e-3], 524288: [3.3e-3, 3.1e-3, 9.0e-3]}   # one slow sample
-    fit = insitu_fit(samples, beta)
+    fit = insitu_fit(samples, lambda x: beta * x)
     expected = np.median([t - beta * x for x, v in samples.items() for t in v])
     assert fit.alpha == pytest.approx(expected)
     assert [p[0] for p in fit.points] == [262144, 524288]
     assert all(p10 <= med <= p90 for _, med, p10, p90 in fit.points)
-    assert insitu_fit({4096: [1e-6]}, 1e-6).alpha == 0.0       # never a negative latency
+    assert insitu_fit({4096: [1e-6]}, lambda x: 1e-6 * x).alpha == 0.0       # never a negative latency
 
 
 def test_profile_records_alpha_insitu_only_for_the_collectives_measured_in_situ():

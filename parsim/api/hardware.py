@@ -88,7 +88,8 @@ def profile_summary(profile: dict[str, Any]) -> dict[str, Any]:
         "attention_efficiency": dev["attention_efficiency"],
         "contention": tables.contention.to_dict(),
         **layer,
-        "collectives": {op: {str(n): {k: v for k, v in (("alpha", f.alpha), ("beta", f.beta),
+        "collectives": {op: {str(n): {k: v for k, v in (("alpha", f.alpha), ("beta", f.beta), ("knee", f.knee),
+                                                        ("beta_beyond", f.beta_beyond),
                                                         ("alpha_insitu", f.alpha_insitu),
                                                         ("alpha_insitu_shared", f.alpha_insitu_shared and
                                                          f.alpha_insitu_shared.to_dict())) if v is not None}

@@ -109,10 +109,13 @@ def render(profile: dict, path: Path) -> str:
     lines += fit_report_lines(tables.fit_report or {})
     lines.append("")
     rows = [[op, str(n), f"{f.alpha * 1e3:.3f}", f"{f.alpha_insitu * 1e3:.3f}" if f.alpha_insitu is not None else "-",
-             f"{1 / f.beta / 1e9:.3f}" if f.beta > 0 else "inf", f"{f.spread:.2f}", f"{f.fit_rms_rel:.2f}"]
+             f"{1 / f.beta / 1e9:.3f}" if f.beta > 0 else "inf",
+             f"{f.knee / 2**20:g} MiB, {1 / f.beta_beyond / 1e9:.3f}" if f.knee is not None else "-",
+             f"{f.spread:.2f}", f"{f.fit_rms_rel:.2f}"]
             for op, n, f in CollectiveTables.from_dict(profile["network"].get("collectives")).entries()]
     if rows:
-        lines.append(table(rows, ["collective", "ranks", "alpha ms", "in situ ms", "1/beta GB/s", "spread", "fit rms"]))
+        lines.append(table(rows, ["collective", "ranks", "alpha ms", "in situ ms", "1/beta GB/s", "past knee GB/s",
+                                  "spread", "fit rms"]))
     lines.append(f"wrote {path}")
     return "\n".join(lines)
 

@@ -16,8 +16,9 @@
   one channel per NIC and pipelines chunks through the NVLink hops, so a sequential
   intra-RS / inter-AR / intra-AG sum would overstate the time; Jeaugey, "Massively Scale
   Your Deep Learning Training with NCCL 2.4", NVIDIA blog 2019).
-  A calibrated profile's ``collectives`` (alpha + beta*x per op and group size,
-  ``specs.CollectiveTables``) take precedence, where x is the per-rank tensor passed to the
+  A calibrated profile's ``collectives`` (alpha + beta*x per op and group size, with a
+  steeper slope past a ``knee`` where the calibration measured one: a host's buffers leaving
+  its last-level cache; ``specs.CollectiveTables``) take precedence, where x is the per-rank tensor passed to the
   call (input of all_gather, input of reduce_scatter, the buffer of all_reduce, the message
   of send/recv); TP collectives (``in_situ``) take its ``alpha_insitu`` where the profile
   has one.

@@ -1,7 +1,9 @@
 """Calibrated collective fits of a network: alpha + beta * x per op and group size.
 
 A profile YAML keeps them under ``network.collectives``: {op: {group size: entry}} with the
-entry's ``alpha`` (s), ``beta`` (s/byte), the in-situ latency ``alpha_insitu`` (s) and, per
+entry's ``alpha`` (s), ``beta`` (s/byte), where the bytes cost more past a size (a host's
+buffers leaving its last-level cache, ``calibration.fit.fit_alpha_beta_knee``) ``knee`` (bytes)
+and ``beta_beyond`` (s/byte past it), the in-situ latency ``alpha_insitu`` (s) and, per
 count of ranks sharing the host, ``alpha_insitu_shared`` (``calibration.insitu``), next to
 what they were fitted from (``points``, ``spread``, ...). In memory they are one frozen
 ``CollectiveTables`` (``costs.timing.collective_time`` prices with it); only ``from_dict`` /
@@ -31,10 +33,12 @@ class InsituFit:
 @dataclass(frozen=True)
 class CollectiveFit:
     """One collective at one group size: time = alpha + beta * x seconds, x the bytes each
-    rank passes to the call; in situ (called right after compute) ``alpha_insitu``, and
-    ``alpha_insitu_shared`` {ranks on the host: alpha} when more ranks than the group share it."""
+    rank passes to the call (+ (beta_beyond - beta) * (x - knee) past a ``knee``); in situ
+    (called right after compute) ``alpha_insitu``, and ``alpha_insitu_shared`` {ranks on the host: alpha} when more ranks than the group share it."""
     alpha: float
     beta: float
+    knee: float | None = None                        # bytes; None: one slope over every size
+    beta_beyond: float | None = None                 # s/byte past ``knee``
     call: str | None = None                          # the torch call timed
     spread: float | None = None                      # median (p90 - p10) / median over the sizes
     fit_rms_rel: float | None = None
@@ -45,18 +49,24 @@ class CollectiveFit:
     alpha_insitu_shared: RankCurve | None = None
     insitu_shared_points: dict[str, tuple] | None = None     # ranks on the host -> points
 
-    _ORDER = ("alpha", "beta", "call", "spread", "fit_rms_rel", "points", "alpha_insitu", "insitu_call",
-              "insitu_points", "alpha_insitu_shared", "insitu_shared_points")
+    _ORDER = ("alpha", "beta", "knee", "beta_beyond", "call", "spread", "fit_rms_rel", "points", "alpha_insitu",
+              "insitu_call", "insitu_points", "alpha_insitu_shared", "insitu_shared_points")
 
     def seconds(self, x: float, in_situ: bool = False, host_ranks: int | None = None, group: int = 0) -> float:
-        """alpha + beta * x [s]; in situ the in-situ latency where measured, and the one for
+        """alpha + the bytes' time (``bytes_seconds``) [s]; in situ the in-situ latency where measured, and the one for
         ``host_ranks`` ranks on the host where that count (above the ``group`` size) was."""
         alpha = self.alpha
         if in_situ:
             alpha = self.alpha if self.alpha_insitu is None else self.alpha_insitu
             if host_ranks is not None and host_ranks > group and self.alpha_insitu_shared is not None:
                 alpha = self.alpha_insitu_shared.get(host_ranks, alpha)
-        return float(alpha) + float(self.beta) * x
+        return float(alpha) + self.bytes_seconds(x)
+
+    def bytes_seconds(self, x: float) -> float:
+        """The bytes' part of the time [s]: beta * x, and past the knee beta_beyond per byte."""
+        if self.knee is None or x <= self.knee:
+            return float(self.beta) * x
+        return float(self.beta) * self.knee + float(self.beta_beyond) * (x - self.knee)
 
     def with_insitu(self, insitu: InsituFit, host_ranks: int | None = None) -> "CollectiveFit":
         """This fit with an in-situ latency: its own group's (``host_ranks`` None), or the one
@@ -77,9 +87,21 @@ class CollectiveFit:
             if k not in d:
                 raise SpecError(f"{where}.{k}", None, "required key missing in the collective fit")
 
+        if ("knee" in d) != ("beta_beyond" in d):
+            have, lack = ("knee", "beta_beyond") if "knee" in d else ("beta_beyond", "knee")
+            raise SpecError(f"{where}.{lack}", None, f"required with {have}: the slope past the knee and "
+                                                     "where it starts come together")
+
         def opt(k, read):
             return read(f"{where}.{k}", d[k]) if k in d else None
-        return cls(alpha=_time(f"{where}.alpha", d["alpha"]), beta=_time(f"{where}.beta", d["beta"]),
+        beta = _time(f"{where}.beta", d["beta"])
+        knee, beyond = opt("knee", number), opt("beta_beyond", _time)
+        if knee is not None and not knee > 0:
+            raise SpecError(f"{where}.knee", d["knee"], "a message size > 0 (bytes)")
+        if beyond is not None and beyond < beta:
+            raise SpecError(f"{where}.beta_beyond", d["beta_beyond"],
+                            f"a number >= beta ({beta:g} s/byte): past the knee the bytes cost more, not less")
+        return cls(alpha=_time(f"{where}.alpha", d["alpha"]), beta=beta, knee=knee, beta_beyond=beyond,
                    call=opt("call", lambda w, v: str(v)), spread=opt("spread", number),
                    fit_rms_rel=opt("fit_rms_rel", number), points=opt("points", _points),
                    alpha_insitu=opt("alpha_insitu", _time), insitu_call=opt("insitu_call", lambda w, v: str(v)),

@@ -205,7 +205,7 @@ def probe(profile: dict, worlds=(2, 4), repeats: int = 10) -> dict:
 
 def merge_insitu(profile: dict, measured: dict) -> dict:
     """A copy of ``profile`` with the in-situ keys fitted from ``probe`` results against the
-    profile's own back-to-back beta (``calibration.tables.insitu_fit``)."""
+    profile's own back-to-back bytes time (``calibration.tables.insitu_fit``)."""
     from parsim.calibration.tables import insitu_fit
     from parsim.specs import CollectiveTables
 
@@ -216,11 +216,11 @@ def merge_insitu(profile: dict, measured: dict) -> dict:
     for world, ranks in sorted(measured.items()):
         for op, samples in ranks[0]["insitu"].items():
             fit = table.ops[op][world]
-            table = table.with_fit(op, world, fit.with_insitu(insitu_fit(samples, fit.beta)))
+            table = table.with_fit(op, world, fit.with_insitu(insitu_fit(samples, fit.bytes_seconds)))
         for n, per in ranks[0]["insitu_groups"].items():
             for op, samples in per.items():
                 fit = table.ops[op][n]
-                table = table.with_fit(op, n, fit.with_insitu(insitu_fit(samples, fit.beta), host_ranks=world))
+                table = table.with_fit(op, n, fit.with_insitu(insitu_fit(samples, fit.bytes_seconds), host_ranks=world))
     prof["network"]["collectives"] = table.to_dict()
     import datetime as dt
     prof.setdefault("provenance", {})["insitu"] = {
