@@ -156,9 +156,9 @@ def test_simulator_timing_reads_the_fitted_surfaces(quick_profile):
             assert op_time(dev, op, "bwd_weight", "fp32") == pytest.approx(
                 fit.seconds("fwd", op.bwd_bytes) * composed.bwd)
             assert op_time(dev, op, "bwd_input", "fp32") == 0.0
-        elif op.kind == "membound" and op.name != "attn_dropout":
-            assert tables.membound_fit(op.impl or {"attn_residual": "residual_add",
-                                                   "mlp_residual": "residual_add"}.get(op.name, op.name)), op.name
+        elif op.kind == "membound":
+            from parsim.costs.timing import SURFACE_OPS
+            assert tables.membound_fit(op.impl or SURFACE_OPS.get(op.name, op.name)), op.name
     ab = cluster.network.collectives.fit("all_reduce", 2)
     assert collective_time(cluster, "all_reduce", 2**20, [0, 1]) == pytest.approx(ab.alpha + ab.beta * 2**20)
     assert membound_time(dev, 1e6, "adamw") > membound_time(dev, 1e3, "adamw")

@@ -41,6 +41,28 @@ def test_megatron_lm_2021_runs_unfused_attention_and_reduces_gradients_after_the
     assert c.device.gemm.max_efficiency == pytest.approx(0.86 * c.device.stack.gemm_efficiency)
 
 
+def test_eager_unfused_attention_pays_its_scale_and_mask_passes_and_a_fused_softmax_does_not():
+    from parsim.costs.ops import layer_ops
+    from parsim.costs.timing import op_time
+    m = load_model("studies/validation_cpu/heldout/model_deep.yaml")      # unfused attention
+    plan = Plan(mbs=2, dtype="fp32")
+    ops = {op.name: op for op in layer_ops(m, plan)}
+    scores = 2 * (m.heads * m.seq_len ** 2) * 4 * 2.0                      # b a s^2 fp32, read + write
+    assert ops["attn_scale"].fwd_bytes == ops["attn_mask"].bwd_bytes == pytest.approx(scores)
+    assert ops["attn_scale"].attention_core                                 # selective recompute drops it
+    assert not {"attn_scale", "attn_mask"} & {op.name for op in layer_ops(m, replace(plan, stack="megatron-lm"))}
+    assert not {"attn_scale", "attn_mask"} & {op.name for op in layer_ops(replace(m, flash_attention=True), plan)}
+    # the gradient's pass streams the same bytes through the same kind of kernel as the forward:
+    # the residual add's forward fit, not its backward (which only passes a gradient on)
+    from parsim.specs.surfaces import MemboundFit
+    dev = load_cluster("cpu:2").device
+    add = MemboundFit(fwd=(5e-6, 1e-10), bwd=(2e-5, 0.0))
+    dev = replace(dev, tables=dev.tables.replace(membound_surface={"residual_add": add}, layer_composition=None))
+    assert op_time(dev, ops["attn_mask"], "bwd", "fp32") == op_time(dev, ops["attn_mask"], "fwd", "fp32")
+    assert op_time(dev, ops["attn_mask"], "fwd", "fp32") == pytest.approx(5e-6 + 1e-10 * scores)
+    assert op_time(dev, ops["attn_residual"], "bwd", "fp32") == pytest.approx(2e-5)
+
+
 def test_deepspeed_pipeline_sends_the_whole_activation_from_every_tp_rank():
     m = load_model("gpt3-13b")
     megatron, deepspeed = Plan(tp=4, pp=2, stack="megatron-lm"), Plan(tp=4, pp=2, stack="megatron-deepspeed")

@@ -84,6 +84,12 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
                       batch=b * heads, attention_core=True))
     else:
         ops.append(_gemm("attn_scores", s, s, d, batch=b * heads, has_weight=False, core=True))
+        # eager PyTorch scales and masks the scores in kernels of their own (``Stack``'s
+        # attention_eager_passes; Megatron's fused scale-mask-softmax: none): each reads and writes
+        # the scores forward, and its backward reads and writes their gradient (the same bytes)
+        for name in ("attn_scale", "attn_mask")[:plan_stack(plan).attention_eager_passes]:
+            scores = b * heads * s * s * e * 2.0
+            ops.append(Op(name, "membound", 0.0, 0.0, 0.0, fwd_bytes=scores, bwd_bytes=scores, attention_core=True))
         ops.append(_membound("softmax", b * heads * s * s, e, core=True))
         if model.dropout:
             ops.append(_membound("attn_dropout", b * heads * s * s, e, core=True))

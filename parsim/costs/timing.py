@@ -96,7 +96,12 @@ def membound_time(device: DeviceProfile, nbytes: float, op_name: str = "", pass_
 
 # ``costs.ops`` op names -> the benchmark standing for them in a fitted membound surface
 # (norms go by ``Op.impl``: layernorm / rmsnorm)
-SURFACE_OPS = {"attn_residual": "residual_add", "mlp_residual": "residual_add", "attn_dropout": "residual_add"}
+SURFACE_OPS = {"attn_residual": "residual_add", "mlp_residual": "residual_add", "attn_dropout": "residual_add",
+               "attn_scale": "residual_add", "attn_mask": "residual_add"}
+# ops whose backward is another streaming elementwise kernel over the same bytes (a scalar
+# multiply, a masked_fill of the gradient): both passes take the benchmark's forward fit (the
+# residual add's backward only passes its gradient on, a fixed cost whatever the bytes)
+STREAMING_BACKWARD = frozenset({"attn_scale", "attn_mask"})
 
 
 def _membound_name(device: DeviceProfile, op: Op) -> str:
@@ -138,7 +143,7 @@ def _op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
             return 0.0
         fwd = pass_ == "fwd"
         return membound_time(device, op.fwd_bytes if fwd else op.bwd_bytes, _membound_name(device, op),
-                             "fwd" if fwd else "bwd")
+                             "fwd" if fwd or op.name in STREAMING_BACKWARD else "bwd")
     flops = {"fwd": op.fwd_flops, "bwd_input": op.bwd_input_flops, "bwd_weight": op.bwd_weight_flops}[pass_]
     if flops <= 0:
         return 0.0

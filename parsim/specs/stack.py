@@ -48,6 +48,7 @@ class Stack:
     zero3_max_live_params: float = 1e30      # ZeRO-3: cap on gathered parameters alive at once
     fp32_shards: bool = False                # ZeRO-3 shard kept in fp32 as the master weight (FSDP mixed precision)
     attention_mask_bytes: float = 1.0        # unfused attention: per (s x s) element of the causal mask a layer keeps
+    attention_eager_passes: int = 2          # unfused attention: passes over the scores beside softmax (scale, mask)
     softmax_grad_in_place: bool = False      # unfused attention: softmax backward overwrites its incoming gradient
     eager_rmsnorm: bool = True               # RMSNorm in eager fp32 ops: keeps x and x*rstd in fp32 (fused: x)
     eager_swiglu: bool = True                # SwiGLU in eager ops: keeps silu(gate) too (fused: gate and up)
@@ -108,8 +109,11 @@ MEGATRON_LOSS = dict(loss_logits_bytes=4.0, loss_grad_bytes=2.0)
 # backwards. Megatron's fused scale-mask-softmax kernel (``scaled_upper_triang_masked_softmax``,
 # megatron/core/fusions/fused_softmax.py) builds the causal mask inside the kernel (nothing kept)
 # and its backward writes the input gradient over the incoming one (the CUDA extension returns
-# ``output_grads`` modified in place).
-FUSED_SOFTMAX = dict(attention_mask_bytes=0.0, softmax_grad_in_place=True)
+# ``output_grads`` modified in place). Eager PyTorch also runs the 1/sqrt(d) scale and the
+# masked_fill as kernels of their own, each a pass over the (b, a, s, s) scores forward and one
+# over their gradient backward (``costs.ops``: ``attn_scale``, ``attn_mask``); the fused kernel
+# does both inside the softmax's pass.
+FUSED_SOFTMAX = dict(attention_mask_bytes=0.0, softmax_grad_in_place=True, attention_eager_passes=0)
 # Llama-style layers in eager PyTorch (the executor, ``executor/model.py``; torchtitan's
 # ``FeedForward``: ``w2(F.silu(w1(x)) * w3(x))``) keep more than fused kernels do: the product's
 # backward needs silu(gate) beside gate (for silu's backward) and up; an RMSNorm written as
