@@ -158,7 +158,8 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
             if rank == 0:
                 progress.report(f"{op} {job.world} ranks")
         if job.insitu_sizes and job.insitu_block(job.world) and job.device_type == "cpu":
-            from .insitu import measure_insitu, measure_subgroups
+            from .insitu import INSITU_MIN_SAMPLES, measure_insitu, measure_subgroups
+            samples = max(job.repeats, INSITU_MIN_SAMPLES)
 
             def block_for(n: int):
                 shape = job.insitu_block(n)
@@ -167,8 +168,8 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
             with torch.no_grad():
                 out["insitu"] = measure_insitu(block_for(job.world),
                                                lambda op, x: _collective(op, x, rank, device, dist, torch),
-                                               job.insitu_sizes, job.repeats, clock, dist, torch, device)
-                out["insitu_groups"] = measure_subgroups(block_for, job.insitu_sizes, job.repeats, clock, dist,
+                                               job.insitu_sizes, samples, clock, dist, torch, device)
+                out["insitu_groups"] = measure_subgroups(block_for, job.insitu_sizes, samples, clock, dist,
                                                          torch, device)
             if rank == 0:
                 progress.report(f"in-situ TP collectives {job.world} ranks")

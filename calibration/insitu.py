@@ -48,6 +48,12 @@ from typing import Callable
 INSITU_GEMMS = 2
 # collectives per sample (a sample lasts about INSITU_ITERS x (block + collective), ~0.1 s)
 INSITU_ITERS = 8
+# samples per (op, size) at least, whatever the calibration's repeats: the in-situ latency has a
+# second mode of 2-5 ms (above), so a median of the quick calibration's 3 samples swung with it:
+# the 2-rank all-gather read 0.46 ms in a quick profile against 0.91-1.16 ms in three full ones
+# (10 samples) on the same VM within 2 hours (2026-11-28), and the demo's tp=2 SP plan read
+# 18 % fast with it. Ten samples at 2 ranks add about a second to a quick calibration.
+INSITU_MIN_SAMPLES = 10
 # the TP collectives, by the keys parsim.costs.timing reads (tensor forms, comm.CALLS)
 INSITU_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
