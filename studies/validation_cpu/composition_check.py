@@ -46,7 +46,9 @@ def fit(form: str, priced: np.ndarray, ops: np.ndarray, measured: np.ndarray) ->
     return float(c), max(float(tau), 0.0)
 
 
-def main() -> None:
+def stage_setup():
+    """(arguments --profile and --rounds, the profile's device, the same without its composition
+    terms), with the executor's host-memory policy and one thread, as the calibration times stages."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", required=True)
     ap.add_argument("--rounds", type=int, default=3)
@@ -56,7 +58,11 @@ def main() -> None:
     apply_host_memory_policy()
     torch.set_num_threads(1)
     device = load_cluster("cpu:1", profile=args.profile).device
-    raw = replace(device, tables=device.tables.replace(layer_composition=None))
+    return args, device, replace(device, tables=device.tables.replace(layer_composition=None))
+
+
+def main() -> None:
+    args, device, raw = stage_setup()
     rows = []       # name, role, {pass: (priced s, ops, measured s)}
     for s in device.tables.stage_probes.stages:
         spec = model_from_dict(s.spec)

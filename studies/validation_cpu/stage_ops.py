@@ -11,19 +11,16 @@ P: a profile of this machine from ``parsim calibrate``. A timing script: run it 
 """
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
-from dataclasses import replace
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from composition_check import TESTS, WIDE
+from composition_check import TESTS, WIDE, stage_setup
 from parsim.calibration.layer_terms import stage_prices
 from parsim.calibration.stages import bench_stage, stage_step
 from parsim.calibration.timer import Clock
-from parsim.specs import load_cluster, model_from_dict
+from parsim.specs import model_from_dict
 
 
 class CountOps(TorchDispatchMode):
@@ -45,16 +42,7 @@ def counted(fn) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--profile", required=True)
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
-    os.environ.setdefault("PARSIM_HOST_MEMORY", "keep")
-    from parsim.executor.host_alloc import apply_host_memory_policy
-    apply_host_memory_policy()
-    torch.set_num_threads(1)
-    device = load_cluster("cpu:1", profile=args.profile).device
-    raw = replace(device, tables=device.tables.replace(layer_composition=None))
+    args, device, raw = stage_setup()
     stages = [(model_from_dict(s.spec), int(s.mbs)) for s in device.tables.stage_probes.stages] + [WIDE, *TESTS]
     clock = Clock(torch.device("cpu"))
     ops = {}
