@@ -84,3 +84,20 @@ def test_plot_needs_a_chart_name(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["plot", "--out", "x.png"])
     assert exc.value.code == 2
+
+
+def test_parsims_own_warnings_print_as_one_line_and_others_as_python_does(capsys, monkeypatch):
+    import warnings
+
+    import parsim.cli.simulate as simulate_command
+    from parsim.calibration.fit import fit_alpha_beta
+
+    def warn(args):
+        fit_alpha_beta([1e3, 2e3, 4e3], [3e-3, 2e-3, 1e-3])       # no positive slope: a FitWarning
+        warnings.warn("from another library", DeprecationWarning)
+        return 0
+    monkeypatch.setattr(simulate_command, "run", warn)
+    assert main(["simulate", "--model", "tiny", "--cluster", "cpu:2", "--plan", "dp=2"]) == 0
+    err = capsys.readouterr().err
+    assert "parsim: warning: non-positive slope" in err and "fit.py" not in err
+    assert "DeprecationWarning: from another library" in err

@@ -78,12 +78,27 @@ def _sigterm_as_exception(wanted: bool):
         signal.signal(signal.SIGTERM, previous)
 
 
+OWN_WARNINGS = ("parsim", "calibration")     # modules whose warning categories are parsim's
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """parsim's own warnings (a calibration fit kept as a bound, a busy machine, a profile
+    measured under another memory policy) as one line, ``parsim: warning: ...``, without
+    Python's file, line and source excerpt; any other library's as Python prints them."""
+    stream = sys.stderr if file is None else file
+    if category.__module__.split(".")[0] in OWN_WARNINGS:
+        print(f"parsim: warning: {message}", file=stream)
+    else:
+        stream.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         with warnings.catch_warnings(), _sigterm_as_exception(args.command in SIGTERM_AS_EXCEPTION):
             warnings.simplefilter("default")
+            warnings.showwarning = _show_warning       # catch_warnings puts Python's back
             return int(args._run(args) or 0)
     except Terminated:
         print("parsim: terminated (SIGTERM)", file=sys.stderr)
