@@ -20,6 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
+from parsim.specs.collectives import bytes_time
+
 
 @dataclass(frozen=True)
 class Summary:
@@ -75,11 +77,8 @@ class AlphaBeta:
     beta_beyond: float | None = None    # seconds per byte beyond ``knee``
 
     def time(self, nbytes):
-        """Seconds for ``nbytes`` (a number or an array)."""
-        if self.knee is None:
-            return self.alpha + self.beta * nbytes
-        x = np.minimum(nbytes, self.knee)
-        return self.alpha + self.beta * x + self.beta_beyond * (np.asarray(nbytes) - x)
+        """Seconds for ``nbytes`` (a number or an array; ``specs.collectives.bytes_time``)."""
+        return self.alpha + bytes_time(nbytes, self.beta, self.knee, self.beta_beyond)
 
 
 # A knee is kept only where the bytes beyond it cost at least this much more than below it (a

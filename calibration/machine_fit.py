@@ -15,8 +15,8 @@ from parsim.costs.timing import OPTIMIZER_WORKING_SET_BYTES
 from parsim.specs.surfaces import LeaveOut, MemboundFit, RooflineFit
 from parsim.specs.tables import OptimizerLevels
 
-from .surface_fit import (FOLDS, Points, _nnls, fit_membound, fit_optimizer, fit_optimizer_levels, leave_out,
-                          roofline_params, roofline_with_report)
+from .surface_fit import (FOLDS, Points, fit_membound, fit_optimizer, fit_optimizer_levels, leave_out,
+                          nonnegative_lstsq, roofline_params, roofline_with_report)
 
 # costs.ops: fused attention's backward counts 2.5x its forward FLOPs (Dao 2022, Sec. 3.1)
 ATTENTION_BWD_FACTOR = 2.5
@@ -98,7 +98,7 @@ def batched_on_linear(points: Points, linear: RooflineFit, folds: int = FOLDS) -
 
     def fit(idx: np.ndarray) -> np.ndarray:
         t = points.seconds[idx]
-        return _nnls(design[idx] / t[:, None], 1.0 - busy[idx] / t)
+        return nonnegative_lstsq(design[idx] / t[:, None], 1.0 - busy[idx] / t)
 
     report = leave_out(len(points), fit, lambda c, idx: busy[idx] + design[idx] @ c, points.seconds,
                        min(folds, len(points)))

@@ -17,9 +17,9 @@ import yaml
 # beyond the compute at the host's fair share, withdrawn; 5: read as in format 3 again,
 # ``calibration.insitu``; 6: a collective's bytes cost more past a knee, ``knee`` /
 # ``beta_beyond``, ``calibration.fit.fit_alpha_beta_knee``; 7: the in-situ latencies over at
-# least ``insitu.INSITU_MIN_SAMPLES`` samples, a quick calibration's too): a quick profile kept for a host by an older calibration is then
-# measured again, not reused (``parsim.api.hardware.kept_profile_refused``). Profiles without
-# the key are format 1.
+# least ``insitu.INSITU_MIN_SAMPLES`` samples, a quick calibration's too): a quick profile kept
+# for a host by an older calibration is then measured again, not reused
+# (``parsim.api.hardware.kept_profile_refused``). Profiles without the key are format 1.
 FORMAT = 7
 
 

@@ -264,7 +264,7 @@ class OptimizerLevelsFit:
     report: LeaveOut
 
 
-def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """min |a c - b| subject to c >= 0, exactly, by trying every subset of free columns (the
     optimizer fit has at most 1 + levels of them)."""
     n = a.shape[1]
@@ -295,7 +295,7 @@ def _level_design(steps: Sequence[Sequence[float]], capacities: Sequence[float],
 
 def _fit_levels(x: np.ndarray, y: np.ndarray, idx: np.ndarray, cols: list[int]) -> np.ndarray:
     w = 1.0 / y[idx]
-    return _nnls(x[np.ix_(idx, cols)] * w[:, None], np.ones(len(idx)))
+    return nonnegative_lstsq(x[np.ix_(idx, cols)] * w[:, None], np.ones(len(idx)))
 
 
 def fit_optimizer_levels(steps: Sequence[Sequence[float]], seconds: Sequence[float], overhead: float,

@@ -91,13 +91,14 @@ def test_a_bad_knee_in_a_profile_exits_2_on_the_cli(capsys, tmp_path):
 
 def test_the_calibration_writes_the_knee_and_reads_in_situ_latency_past_its_bytes_time():
     times = knee_times()
+    measured_bytes = BETA * KNEE + BEYOND * 16 * 2 ** 20       # the probe's bytes time at 32 MiB, as generated
     rank = {"collectives": {"all_gather": {s: [t] * 3 for s, t in zip(SIZES, times)}},
-            "insitu": {"all_gather": {32 * 2 ** 20: [1e-2 + BETA * KNEE + BEYOND * 16 * 2 ** 20] * 3}}}
-    fit = collective_fits({2: [rank, rank]}).ops["all_gather"][2]
+            "insitu": {"all_gather": {32 * 2 ** 20: [1e-2 + measured_bytes] * 3}}}
+    table = collective_fits({2: [rank, rank]})
+    fit = table.ops["all_gather"][2]
     assert fit.knee == KNEE and fit.beta_beyond == pytest.approx(BEYOND, rel=0.05)
-    assert fit.alpha_insitu == pytest.approx(1e-2 + (BETA * KNEE + BEYOND * 16 * 2 ** 20) - fit.bytes_seconds(32 * 2 ** 20),
-                                             abs=1e-4)
-    report = collective_leave_out(collective_fits({2: [rank, rank]}))["collective.all_gather.2"]
+    assert fit.alpha_insitu == pytest.approx(1e-2 + measured_bytes - fit.bytes_seconds(32 * 2 ** 20), abs=1e-4)
+    report = collective_leave_out(table)["collective.all_gather.2"]
     line_errors = [abs(fit_alpha_beta(np.delete(SIZES, i), np.delete(times, i)).time(SIZES[i]) / times[i] - 1)
                    for i in range(len(SIZES))]
     assert report.median < 0.05 < float(np.median(line_errors))      # one line leaves the knee out

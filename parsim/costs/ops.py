@@ -54,11 +54,13 @@ def _gemm(name: str, m: int, n: int, k: int, batch: int = 1, has_weight: bool = 
 
 
 def _membound(name: str, elements: float, act_bytes: int, reads: float = 1.0, writes: float = 1.0,
-              core: bool = False, impl: str = "") -> Op:
+              core: bool = False, impl: str = "", bwd_factor: float = 1.5) -> Op:
     # Elementwise: read `reads` tensors and write `writes` tensors of `elements` each;
-    # backward reads the output grad and the saved input and writes the input grad (~1.5x).
+    # backward reads the output grad and the saved input and writes the input grad (~1.5x;
+    # ``bwd_factor`` 1 where it only reads and writes the gradient).
     fwd = elements * act_bytes * (reads + writes)
-    return Op(name, "membound", 0.0, 0.0, 0.0, fwd_bytes=fwd, bwd_bytes=1.5 * fwd, attention_core=core, impl=impl)
+    return Op(name, "membound", 0.0, 0.0, 0.0, fwd_bytes=fwd, bwd_bytes=bwd_factor * fwd, attention_core=core,
+              impl=impl)
 
 
 def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
@@ -88,8 +90,7 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
         # attention_eager_passes; Megatron's fused scale-mask-softmax: none): each reads and writes
         # the scores forward, and its backward reads and writes their gradient (the same bytes)
         for name in ("attn_scale", "attn_mask")[:plan_stack(plan).attention_eager_passes]:
-            scores = b * heads * s * s * e * 2.0
-            ops.append(Op(name, "membound", 0.0, 0.0, 0.0, fwd_bytes=scores, bwd_bytes=scores, attention_core=True))
+            ops.append(_membound(name, b * heads * s * s, e, core=True, bwd_factor=1.0))
         ops.append(_membound("softmax", b * heads * s * s, e, core=True))
         if model.dropout:
             ops.append(_membound("attn_dropout", b * heads * s * s, e, core=True))

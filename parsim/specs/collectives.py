@@ -15,10 +15,21 @@ import bisect
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from .errors import SpecError
 from .tables import RankCurve, mapping, number, rows
 
 COLLECTIVES = "profile.network.collectives"
+
+
+def bytes_time(x, beta: float, knee: float | None = None, beta_beyond: float | None = None):
+    """The bytes' part of a collective's time [s] for ``x`` bytes (a number or an array):
+    beta * x, and past ``knee`` beta_beyond per byte (``calibration.fit.fit_alpha_beta_knee``)."""
+    if knee is None:
+        return beta * x
+    below = np.minimum(x, knee)
+    return beta * below + beta_beyond * (x - below)
 
 
 @dataclass(frozen=True)
@@ -34,7 +45,8 @@ class InsituFit:
 class CollectiveFit:
     """One collective at one group size: time = alpha + beta * x seconds, x the bytes each
     rank passes to the call (+ (beta_beyond - beta) * (x - knee) past a ``knee``); in situ
-    (called right after compute) ``alpha_insitu``, and ``alpha_insitu_shared`` {ranks on the host: alpha} when more ranks than the group share it."""
+    (called right after compute) ``alpha_insitu``, and ``alpha_insitu_shared`` {ranks on the
+    host: alpha} when more ranks than the group share it."""
     alpha: float
     beta: float
     knee: float | None = None                        # bytes; None: one slope over every size
@@ -53,8 +65,9 @@ class CollectiveFit:
               "insitu_call", "insitu_points", "alpha_insitu_shared", "insitu_shared_points")
 
     def seconds(self, x: float, in_situ: bool = False, host_ranks: int | None = None, group: int = 0) -> float:
-        """alpha + the bytes' time (``bytes_seconds``) [s]; in situ the in-situ latency where measured, and the one for
-        ``host_ranks`` ranks on the host where that count (above the ``group`` size) was."""
+        """alpha + the bytes' time (``bytes_seconds``) [s]; in situ the in-situ latency where
+        measured, and the one for ``host_ranks`` ranks on the host where that count (above the
+        ``group`` size) was."""
         alpha = self.alpha
         if in_situ:
             alpha = self.alpha if self.alpha_insitu is None else self.alpha_insitu
@@ -63,10 +76,8 @@ class CollectiveFit:
         return float(alpha) + self.bytes_seconds(x)
 
     def bytes_seconds(self, x: float) -> float:
-        """The bytes' part of the time [s]: beta * x, and past the knee beta_beyond per byte."""
-        if self.knee is None or x <= self.knee:
-            return float(self.beta) * x
-        return float(self.beta) * self.knee + float(self.beta_beyond) * (x - self.knee)
+        """The bytes' part of the time [s] (``bytes_time``)."""
+        return float(bytes_time(x, self.beta, self.knee, self.beta_beyond))
 
     def with_insitu(self, insitu: InsituFit, host_ranks: int | None = None) -> "CollectiveFit":
         """This fit with an in-situ latency: its own group's (``host_ranks`` None), or the one

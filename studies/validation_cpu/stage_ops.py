@@ -64,8 +64,9 @@ def main() -> None:
         prices = stage_prices(raw, "fp32", spec, mbs)
         for i, pass_ in enumerate(("fwd", "bwd")):
             alone, priced, n = statistics.median(samples[spec.name][i]), prices[pass_][0], ops[spec.name][i]
+            extra = alone - priced
             print(f"{spec.name:16} {spec.layers:2d} {spec.hidden:5d} {spec.seq_len:4d} {mbs:3d} | {pass_}  {n:5d} "
-                  f"{priced * 1e3:9.1f} {alone * 1e3:8.1f} {(alone - priced) * 1e3:8.1f} {(alone - priced) / n * 1e6:7.1f}")
+                  f"{priced * 1e3:9.1f} {alone * 1e3:8.1f} {extra * 1e3:8.1f} {extra / n * 1e6:7.1f}")
 
 
 if __name__ == "__main__":
