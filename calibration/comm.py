@@ -288,15 +288,17 @@ def _interference(gemm: Callable[[], object], job: CommJob, clock, dist, torch, 
 def _collective(op: str, nbytes: int, rank: int, device, dist, torch) -> Callable[[], object]:
     world = dist.get_world_size()
     numel = nbytes // 4
+    from parsim.executor.tp_communications import tensor_forms
+    gather, scatter = tensor_forms(dist)
     x = torch.zeros(numel, dtype=torch.float32, device=device)   # zeros: repeated sums stay finite
     if op == "all_reduce":
         return lambda: dist.all_reduce(x)
     if op == "all_gather":     # x is this rank's shard; the output holds world shards
         out = torch.empty(numel * world, dtype=torch.float32, device=device)
-        return lambda: dist.all_gather_into_tensor(out, x)
+        return lambda: gather(out, x)
     if op == "reduce_scatter":  # x is the full buffer; each rank keeps 1/world of the sum
         out = torch.empty(numel // world, dtype=torch.float32, device=device)
-        return lambda: dist.reduce_scatter_tensor(out, x)
+        return lambda: scatter(out, x)
     if op == "all_gather_list":
         parts = [torch.empty(numel, dtype=torch.float32, device=device) for _ in range(world)]
         return lambda: dist.all_gather(parts, x)

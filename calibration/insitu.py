@@ -66,15 +66,17 @@ def per_rank_bytes(op: str, full_bytes: int, world: int) -> int:
 
 def group_call(op: str, nbytes: int, group, n: int, device, dist, torch) -> Callable[[], object]:
     """The collective ``op`` of ``nbytes`` per rank (``comm.CALLS`` forms) over ``group`` of ``n``."""
+    from parsim.executor.tp_communications import tensor_forms
+    gather, scatter = tensor_forms(dist)
     x = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)    # zeros: sums stay finite
     if op == "all_reduce":
         return lambda: dist.all_reduce(x, group=group)
     if op == "all_gather":
         out = torch.empty(x.numel() * n, dtype=torch.float32, device=device)
-        return lambda: dist.all_gather_into_tensor(out, x, group=group)
+        return lambda: gather(out, x, group=group)
     if op == "reduce_scatter":
         out = torch.empty(x.numel() // n, dtype=torch.float32, device=device)
-        return lambda: dist.reduce_scatter_tensor(out, x, group=group)
+        return lambda: scatter(out, x, group=group)
     raise ValueError(f"not a TP collective: {op!r}")
 
 
