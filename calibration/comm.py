@@ -158,7 +158,7 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
             if rank == 0:
                 progress.report(f"{op} {job.world} ranks")
         if job.insitu_sizes and job.insitu_block(job.world) and job.device_type == "cpu":
-            from .insitu import INSITU_MIN_SAMPLES, measure_insitu, measure_subgroups
+            from .insitu import INSITU_MIN_SAMPLES, measure_insitu, measure_subgroups, solo_block_seconds
             samples = max(job.repeats, INSITU_MIN_SAMPLES)
 
             def block_for(n: int):
@@ -171,6 +171,8 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
                                                job.insitu_sizes, samples, clock, dist, torch, device)
                 out["insitu_groups"] = measure_subgroups(block_for, job.insitu_sizes, samples, clock, dist,
                                                          torch, device)
+                out["insitu_group_blocks"] = {n: solo_block_seconds(block_for(n), clock, dist, torch, device)
+                                              for n in sorted(out["insitu_groups"])}
             if rank == 0:
                 progress.report(f"in-situ TP collectives {job.world} ranks")
         if job.line_bytes and job.device_type == "cpu":

@@ -37,7 +37,10 @@ A job of ``world`` ranks also measures every smaller TP group size n dividing ``
 ranks split into world/n groups of n consecutive ranks (TP is the fastest-varying coordinate
 of the rank layout), all computing and calling their group's collective at once, as the TP
 groups of a dp x tp or tp x pp plan do; with more ranks than cores this costs more than n
-ranks alone (``measure_subgroups``).
+ranks alone (``measure_subgroups``), and the more so the longer the compute before each call:
+the scheduler time-slices it, and a peer arrives late. The group's block is then timed alone
+(``solo_block_seconds``): the simulator prices a call after less compute with a share of the
+premium (``CollectiveFit.shared_alpha``; ``studies/validation_cpu/tp_gap.py``).
 """
 from __future__ import annotations
 
@@ -96,6 +99,26 @@ def measure_subgroups(block_for: Callable[[int], Callable[[], object] | None], s
         out[n] = measure_insitu(block, lambda op, x: group_call(op, x, mine, n, device, dist, torch), sizes,
                                 samples, clock, dist, torch, device, n=n)
     return out
+
+
+def solo_block_seconds(gemm: Callable[[], object], clock, dist, torch, device, reps: int = 7,
+                       gemms: int = INSITU_GEMMS) -> float:
+    """Seconds of one compute block (``gemms`` calls of ``gemm``) on rank 0 alone, the other
+    ranks waiting in a barrier: the median of ``reps``, the same on every rank. The shared
+    probe's latency is priced against it (``CollectiveFit.insitu_block_s``): a call after
+    less compute waits less for peers the host's scheduler time-sliced."""
+    times = torch.zeros(reps, dtype=torch.float64, device=device)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        gemm()
+        for i in range(reps):
+            t0 = time.perf_counter()
+            for _ in range(gemms):
+                gemm()
+            clock.sync()
+            times[i] = time.perf_counter() - t0
+    dist.all_reduce(times)          # rank 0's times; the others add zeros
+    return float(times.median())
 
 
 def measure_insitu(gemm: Callable[[], object], collective: Callable[[str, int], Callable[[], object]],

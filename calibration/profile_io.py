@@ -17,10 +17,11 @@ import yaml
 # beyond the compute at the host's fair share, withdrawn; 5: read as in format 3 again,
 # ``calibration.insitu``; 6: a collective's bytes cost more past a knee, ``knee`` /
 # ``beta_beyond``, ``calibration.fit.fit_alpha_beta_knee``; 7: the in-situ latencies over at
-# least ``insitu.INSITU_MIN_SAMPLES`` samples, a quick calibration's too): a quick profile kept
+# least ``insitu.INSITU_MIN_SAMPLES`` samples, a quick calibration's too; 8: the shared probe's
+# compute block timed alone, ``insitu_block_s``, ``CollectiveFit.shared_alpha``): a quick profile kept
 # for a host by an older calibration is then measured again, not reused
 # (``parsim.api.hardware.kept_profile_refused``). Profiles without the key are format 1.
-FORMAT = 7
+FORMAT = 8
 
 
 def write_profile(profile: dict[str, Any], path: str | Path) -> Path:

@@ -95,12 +95,13 @@ def collective_fits(comm: dict[int, list[dict]]) -> CollectiveTables:
             table = table.with_fit(op, n, fit)
     # smaller TP groups measured in situ while all ``world`` ranks share the host
     for world, ranks in sorted(comm.items()):
+        blocks = ranks[0].get("insitu_group_blocks", {})
         for n, per_op in sorted(ranks[0].get("insitu_groups", {}).items()):
             for op, samples in per_op.items():
                 fit = (table.ops.get(op) or {}).get(n)
                 if fit is not None:
                     insitu = insitu_fit(samples, fit.bytes_seconds)
-                    table = table.with_fit(op, n, fit.with_insitu(insitu, host_ranks=world))
+                    table = table.with_fit(op, n, fit.with_insitu(insitu, host_ranks=world, block_s=blocks.get(n)))
     return table
 
 

@@ -91,6 +91,10 @@ def test_in_situ_probe_measures_smaller_tp_groups_sharing_the_host():
     entry = collective_fits({2: two, 4: ranks}).ops["all_reduce"][2]
     assert [n for n, _ in entry.alpha_insitu_shared.values] == [4] and entry.alpha_insitu_shared.get(4) >= 0
     assert entry.alpha_insitu is None                  # the 2-rank job measured no in-situ here
+    # the group's compute block timed alone, the same on every rank, kept beside the shared latency
+    blocks = [r["insitu_group_blocks"] for r in ranks]
+    assert all(b == blocks[0] for b in blocks) and set(blocks[0]) == {2} and blocks[0][2] > 0
+    assert entry.insitu_block_s == blocks[0][2]
 
 
 def test_fused_attention_is_priced_from_the_row_of_its_own_batch_heads_and_pass():

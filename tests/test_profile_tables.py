@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from parsim.costs.host import ComputeLedger, ComputeScale, HostModel
-from parsim.specs import (CalibratedTables, CollectiveTables, RankCurve, SpecError, load_cluster, load_profile_dict,
-                          profile_tables)
+from parsim.specs import (CalibratedTables, CollectiveTables, RankCurve, SpecError, load_cluster, load_model,
+                          load_profile_dict, parse_plan, profile_tables)
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = sorted(p for p in [*ROOT.glob("calibration/profiles/*.yaml"), *ROOT.glob("studies/**/*.yaml")]
@@ -59,6 +59,44 @@ def test_in_situ_latency_replaces_alpha_and_the_shared_one_applies_only_beyond_t
     assert fit.seconds(x, in_situ=True, host_ranks=4, group=2) == pytest.approx(5e-3 + 1e-9 * x)
     assert fit.seconds(x, in_situ=True, host_ranks=2, group=2) == pytest.approx(2e-3 + 1e-9 * x)
     assert fit.seconds(x, in_situ=True, host_ranks=8, group=2) == pytest.approx(2e-3 + 1e-9 * x)   # not measured
+
+
+def test_the_shared_latency_scales_with_the_compute_before_the_call_against_the_probes_block():
+    entry = {"alpha": 1e-3, "beta": 1e-9, "alpha_insitu": 2e-3, "alpha_insitu_shared": {"4": 5e-3},
+             "insitu_block_s": 4e-3}
+    fit = CollectiveTables.from_dict({"all_reduce": {"2": entry}}).fit("all_reduce", 2)
+    x = 1e6
+
+    def shared(block):
+        return fit.seconds(x, in_situ=True, host_ranks=4, group=2, block_s=block) - 1e-9 * x
+    # none after no compute, the probe's whole premium (3 ms) at its block and beyond, linear between
+    assert [shared(b) for b in (0.0, 1e-3, 4e-3, 40e-3)] == pytest.approx([2e-3, 2.75e-3, 5e-3, 5e-3])
+    assert shared(None) == pytest.approx(5e-3)                             # no block given: as measured
+    assert fit.seconds(x, in_situ=True, block_s=1e-3) == pytest.approx(2e-3 + 1e-9 * x)   # the group alone
+    assert CollectiveTables.from_dict({"all_reduce": {"2": entry}}).to_dict()["all_reduce"]["2"] == entry
+
+
+@pytest.mark.parametrize("bad", [0, -1e-3, "fast"])
+def test_a_probe_block_that_is_not_a_positive_number_of_seconds_is_a_spec_error_naming_it(bad):
+    entry = {"alpha": 1e-3, "beta": 1e-9, "alpha_insitu_shared": {"4": 5e-3}, "insitu_block_s": bad}
+    with pytest.raises(SpecError, match=r"all_reduce\.2\.insitu_block_s"):
+        CollectiveTables.from_dict({"all_reduce": {"2": entry}}, where="profile.network.collectives")
+
+
+def test_compute_before_each_collective_is_the_ops_since_the_previous_one():
+    from parsim.costs import layer_ops, tp_collectives_per_layer
+    from parsim.costs.timing import compute_before, op_time
+    model, plan, dev = load_model("cpu-small"), parse_plan("tp=2 sp=true dtype=fp32"), load_cluster("cpu:2").device
+    ops, colls = layer_ops(model, plan), tp_collectives_per_layer(model, plan, "fwd")
+    blocks = compute_before(dev, ops, colls, "fwd", "fp32")
+    names = [o.name for o in ops]
+    cuts = [names.index(c.after) for c in colls]
+    starts = [0] + [i + 1 for i in cuts[:-1]]
+    assert blocks == pytest.approx([sum(op_time(dev, o, "fwd", "fp32") for o in ops[a:b + 1])
+                                    for a, b in zip(starts, cuts)])
+    # a collective right after another one (two after one op, or one at the chain's start) has none
+    doubled = [colls[0], colls[0]]
+    assert compute_before(dev, ops, doubled, "fwd", "fp32")[1] == 0.0
 
 
 def _cpu_host(n: int) -> HostModel:

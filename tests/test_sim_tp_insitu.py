@@ -13,7 +13,7 @@ EXTRA = 1e-3      # seconds of in-situ latency added to every calibrated entry
 CPU_CALIBRATED = str(Path(__file__).resolve().parent / "fixtures" / "cpu-calibrated.yaml")   # frozen measured profile
 
 
-def _clusters(world: int, shared: dict | None = None, host_contention: bool = True):
+def _clusters(world: int, shared: dict | None = None, host_contention: bool = True, block_s: float | None = None):
     """The shipped CPU profile without in-situ keys, and with alpha_insitu = alpha + EXTRA
     everywhere (and ``shared``: {ranks on the host: extra seconds} as alpha_insitu_shared).
     ``host_contention=False`` drops the measured compute contention, so ranks do not slow each
@@ -32,6 +32,8 @@ def _clusters(world: int, shared: dict | None = None, host_contention: bool = Tr
             entry["alpha_insitu"] = entry["alpha"] + EXTRA
             if shared:
                 entry["alpha_insitu_shared"] = {k: entry["alpha"] + v for k, v in shared.items()}
+                if block_s is not None:
+                    entry["insitu_block_s"] = block_s
     return cluster_from_dict(base, num_devices=world), cluster_from_dict(insitu, num_devices=world)
 
 
@@ -68,6 +70,27 @@ def test_tp_groups_sharing_a_host_with_more_ranks_take_the_shared_in_situ_latenc
     # a host count that was not measured: alpha_insitu
     sim, fast = _step_times(model, plan, _clusters(4, shared={"8": 3 * EXTRA}, host_contention=False))
     assert sim[1] - sim[0] == pytest.approx(collectives * EXTRA, rel=2e-2)
+
+
+def test_the_shared_premium_grows_with_the_compute_before_each_call_in_both_engines():
+    # CollectiveFit.shared_alpha: the premium over the group's own in-situ latency (here 2 x EXTRA)
+    # is the probe's times min(compute before the call / the probe's block, 1)
+    model, plan = load_model("cpu-small"), parse_plan("dp=2 tp=2 gbs=8 dtype=fp32")
+    collectives = 4 * (8 * 4 + 4)
+    base = _step_times(model, plan, _clusters(4, shared={"4": 3 * EXTRA}, host_contention=False))
+    extra = {}
+    for block in (1e3, 1e-2, 1e-12):
+        sim, fast = _step_times(model, plan, _clusters(4, shared={"4": 3 * EXTRA}, host_contention=False,
+                                                       block_s=block))
+        extra[block] = (sim[1] - sim[0]) / (collectives * EXTRA)
+        assert fast[1] - fast[0] == pytest.approx(sim[1] - sim[0], rel=1e-6)      # the engines agree
+    # a block far longer than any layer's compute: the own latency; far shorter: the probe's whole
+    # premium (every call of these chains follows some compute); between: part of it
+    assert extra[1e3] == pytest.approx(1.0, abs=1e-3)
+    assert extra[1e-12] == pytest.approx(3.0, abs=1e-3)
+    assert 1.1 < extra[1e-2] < 2.9
+    # without the probe's block in the profile: the shared latency as measured, as before
+    assert base[0][1] - base[0][0] == pytest.approx(collectives * 3 * EXTRA, rel=2e-2)
 
 
 def test_dp_collectives_are_not_priced_in_situ():

@@ -200,6 +200,25 @@ def _attention_rate(table: AttentionTable, op: Op, pass_: str = "fwd") -> float:
     return flops_per_fwd * row_flops / (sum(float(r[column]) for r in rows) / len(rows))
 
 
+def compute_before(device: DeviceProfile, ops: Sequence[Op], collectives: Sequence, pass_: str,
+                   dtype: str) -> list[float]:
+    """Per collective of ``collectives`` (``costs.comm.Collective``: ``after`` names the op it
+    follows, "" the chain's start), the solo seconds [s] of the ``ops`` (in the order they run)
+    since the previous collective of the chain: the compute block before the call, which a
+    host's time-slicing stretches into a wait for peers (``CollectiveFit.shared_alpha``). A
+    collective right after another one has none."""
+    at: dict[str, list[int]] = {}
+    for i, c in enumerate(collectives):
+        at.setdefault(c.after, []).append(i)
+    blocks = [0.0] * len(collectives)
+    run = 0.0
+    for op in ops:
+        run += op_time(device, op, pass_, dtype)
+        if op.name in at:
+            blocks[at[op.name][0]], run = run, 0.0
+    return blocks
+
+
 # ------------------------------------------------------------------------ communication
 
 _CAL_KEYS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
@@ -207,15 +226,15 @@ _CAL_KEYS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_sca
 
 
 def _calibrated(cluster: ClusterSpec, op: str, n: int, x: float, in_situ: bool = False,
-                host_ranks: int | None = None) -> float | None:
+                host_ranks: int | None = None, block_s: float | None = None) -> float | None:
     fit = cluster.network.collectives.fit(_CAL_KEYS.get(op, op), n)
     if fit is None:
         return None
-    return fit.seconds(x, in_situ, host_ranks, group=n)
+    return fit.seconds(x, in_situ, host_ranks, group=n, block_s=block_s)
 
 
 def collective_time(cluster: ClusterSpec, op: str, nbytes: float, group: list[int], in_situ: bool = False,
-                    host_ranks: int | None = None) -> float:
+                    host_ranks: int | None = None, block_s: float | None = None) -> float:
     """Seconds for one collective over ``group`` (global ranks) with full buffer ``nbytes``.
 
     ``in_situ``: the collective is called synchronously right after compute, as Megatron's
@@ -224,13 +243,15 @@ def collective_time(cluster: ClusterSpec, op: str, nbytes: float, group: list[in
     calibrated host, the wait for the slowest peer included, less beta * x) then replaces
     its back-to-back ``alpha``: time = alpha_insitu + beta * x [s]; and where ``host_ranks``
     ranks share the host (more than the group: several TP groups at once) and the entry
-    measured that count (``alpha_insitu_shared``), that latency. Entries without the keys,
+    measured that count (``alpha_insitu_shared``), that latency, scaled by ``block_s``, the
+    solo-priced compute the rank ran since its previous TP collective, against the probe's
+    (``CollectiveFit.shared_alpha``; None: as measured). Entries without the keys,
     and the analytic ring/tree model, price in-situ and back-to-back calls alike."""
     n = len(group)
     if n <= 1 or nbytes <= 0:
         return 0.0
     x = nbytes / n if op == "all_gather" else nbytes
-    cal = _calibrated(cluster, op, n, x, in_situ, host_ranks)
+    cal = _calibrated(cluster, op, n, x, in_situ, host_ranks, block_s)
     if cal is not None:
         return cal
     net = cluster.network

@@ -31,14 +31,14 @@ Everything here is a pure function of (model, cluster, plan); the engine prices 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from parsim.costs import (embedding_ops, head_ops, layer_ops, rerun, stage_recompute, tp_collectives_edge,
                           tp_collectives_per_layer)
 from parsim.costs.host import ComputeScale
 from parsim.costs.split_backward import overlapped_time, split_weight_overhead, w_recomputes
 from parsim.costs.stack import tp_covered
-from parsim.costs.timing import op_time
+from parsim.costs.timing import compute_before, op_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, stage_layers
 
 from .streams import Placed, Segment, layer_groups, place, uncovered
@@ -90,9 +90,10 @@ def _chain(ops, pass_: str, kind: str, layer: int, collectives, device, dtype: s
     each op's time times ``scale`` (one factor, or one per op kind: ``ComputeScale``)."""
     if not isinstance(scale, ComputeScale):
         scale = ComputeScale(scale, scale)
+    blocks = compute_before(device, ops, collectives, pass_, dtype)
     after: dict[str, list] = {}
-    for c in collectives:
-        after.setdefault(c.after, []).append(c)
+    for c, block in zip(collectives, blocks):
+        after.setdefault(c.after, []).append((c, block))
     out: list[Segment] = []
     run_t, run_f, names = 0.0, 0.0, []
 
@@ -102,8 +103,8 @@ def _chain(ops, pass_: str, kind: str, layer: int, collectives, device, dtype: s
             out.append(Segment("compute", kind, layer, run_t, run_f, name="+".join(names)))
         run_t, run_f, names = 0.0, 0.0, []
 
-    for c in after.get("", []):
-        out.append(_tp_segment(c, layer))
+    for c, block in after.get("", []):
+        out.append(_tp_segment(c, layer, block=block))
     flop_of = {"fwd": lambda o: o.fwd_flops, "bwd": lambda o: o.bwd_flops,
                "bwd_input": lambda o: o.bwd_input_flops, "bwd_weight": lambda o: o.bwd_weight_flops}[pass_]
     for op in ops:
@@ -116,14 +117,15 @@ def _chain(ops, pass_: str, kind: str, layer: int, collectives, device, dtype: s
             # whole TP group, so every member calls the collective (a straggler crediting its
             # slower GEMM could drop a call the others wait for: a deadlock)
             hidden = tp_covered(device, ops, op.name, pass_, dtype)
-            out.extend(_tp_segment(c, layer, hidden) for c in after[op.name])
+            out.extend(_tp_segment(c, layer, hidden, block) for c, block in after[op.name])
     flush()
     return out
 
 
-def _tp_segment(c, layer: int, covered: float = 0.0) -> Segment:
+def _tp_segment(c, layer: int, covered: float = 0.0, block: float = 0.0) -> Segment:
     # duration is filled in by the caller, which knows the TP group (collective_time needs ranks)
-    return Segment("tp", TP_KINDS[c.op], layer, 0.0, nbytes=c.nbytes, op=c.op, name=c.name, covered=covered)
+    return Segment("tp", TP_KINDS[c.op], layer, 0.0, nbytes=c.nbytes, op=c.op, name=c.name, covered=covered,
+                   block=block)
 
 
 def layer_chain(model: ModelSpec, cluster: ClusterSpec, plan: Plan, kind: str, policy: str, layer: int,
@@ -166,13 +168,13 @@ def _edge_chain(model: ModelSpec, ops, kind: str, action: str, cluster: ClusterS
 
 
 def with_tp_times(chain: list[Segment], tp_time) -> list[Segment]:
-    """Price the TP segments with ``tp_time(op, nbytes)`` (less what the stack hides behind
-    compute: ``Segment.covered``) and drop zero-length segments."""
+    """Price the TP segments with ``tp_time(op, nbytes, block)`` (``block``: the compute before
+    the call, ``Segment.block``; less what the stack hides behind compute: ``Segment.covered``)
+    and drop zero-length segments."""
     out = []
     for s in chain:
         if s.stream == "tp":
-            s = Segment(s.stream, s.kind, s.layer, max(tp_time(s.op, s.nbytes) - s.covered, 0.0), s.flops, s.nbytes,
-                        s.op, s.name, s.covered)
+            s = replace(s, duration=max(tp_time(s.op, s.nbytes, s.block) - s.covered, 0.0))
         if s.duration > 0:
             out.append(s)
     return _merge_compute(out)
@@ -242,8 +244,7 @@ def action_cost(model: ModelSpec, cluster: ClusterSpec, plan: Plan, shape: Stage
             key = (policy, h)
             if key not in per_layer:      # identical layers: price once, relabel per layer
                 per_layer[key] = layer_chain(model, cluster, hp, kind, policy, 0, scale)
-            chain += [Segment(s.stream, s.kind, shape.first_layer + i, s.duration, s.flops, s.nbytes, s.op, s.name,
-                              s.covered) for s in per_layer[key]]
+            chain += [replace(s, layer=shape.first_layer + i) for s in per_layer[key]]
         chains.append(with_tp_times(chain, tp_time))
     first, last = [], []
     if shape.is_first:

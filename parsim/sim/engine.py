@@ -277,7 +277,8 @@ class Simulation:
             return replace(full, kind="I", prologue=(), halves=((),), layers=(), epilogue=(), placed=(),
                            duration=0.0, exposed_tp=0.0, flops=0.0, grads_ready=())
         return action_cost(self.model, self.cluster, self.plan, self.shapes[stage], kind,
-                           lambda op, nbytes: self.comm_time(dev.tp, op, nbytes, in_situ=True), self.layer_params,
+                           lambda op, nbytes, block=None: self.comm_time(dev.tp, op, nbytes, in_situ=True,
+                                                                         block_s=block), self.layer_params,
                            self.edge_params[stage], scale)
 
     def solo_seconds(self, dev: Device, stage: int, kind: str) -> tuple[float, float, float]:
@@ -296,14 +297,15 @@ class Simulation:
             out = self._solo[key] = (max(base - gemm - membound, 0.0), gemm + messages, membound)
         return out
 
-    def comm_time(self, comm: Communicator, op: str, nbytes: float, in_situ: bool = False) -> float:
+    def comm_time(self, comm: Communicator, op: str, nbytes: float, in_situ: bool = False,
+                  block_s: float | None = None) -> float:
         """``collective_time`` memoised; ``in_situ`` for the synchronous TP collectives (with
-        the plan's ranks per node sharing the host)."""
-        key = (comm.shape, op, nbytes, in_situ, comm.link_factor)
+        the plan's ranks per node sharing the host, after ``block_s`` of compute)."""
+        key = (comm.shape, op, nbytes, in_situ, comm.link_factor, block_s)
         t = self._comm.get(key)
         if t is None:
             host = self.host.ranks_on_host if in_situ else None
-            t = collective_time(self.cluster, op, nbytes, list(comm.ranks), in_situ, host)
+            t = collective_time(self.cluster, op, nbytes, list(comm.ranks), in_situ, host, block_s)
             t = self._comm[key] = t * comm.link_factor if comm.link_factor != 1.0 else t
         return t
 

@@ -26,6 +26,7 @@ class Segment:
     op: str = ""            # collective op (tp segments)
     name: str = ""          # op names it covers / the collective's name
     covered: float = 0.0    # tp segments: seconds of it the stack hides behind compute (``costs.stack.tp_covered``)
+    block: float | None = None  # tp segments: solo seconds of compute since the chain's previous collective
 
 
 @dataclass(frozen=True)

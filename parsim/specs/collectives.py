@@ -5,7 +5,8 @@ entry's ``alpha`` (s), ``beta`` (s/byte), where the bytes cost more past a size 
 buffers leaving its last-level cache, ``calibration.fit.fit_alpha_beta_knee``) ``knee`` (bytes)
 and ``beta_beyond`` (s/byte past it), the in-situ latency ``alpha_insitu`` (s) and, per
 count of ranks sharing the host, ``alpha_insitu_shared`` (``calibration.insitu``), next to
-what they were fitted from (``points``, ``spread``, ...). In memory they are one frozen
+what they were fitted from (``points``, ``spread``, ...), and ``insitu_block_s`` (s), the
+compute the shared probe ran before each call, alone on the host. In memory they are one frozen
 ``CollectiveTables`` (``costs.timing.collective_time`` prices with it); only ``from_dict`` /
 ``to_dict`` know the YAML keys, and a profile read and written back gives the same mapping.
 """
@@ -46,7 +47,8 @@ class CollectiveFit:
     """One collective at one group size: time = alpha + beta * x seconds, x the bytes each
     rank passes to the call (+ (beta_beyond - beta) * (x - knee) past a ``knee``); in situ
     (called right after compute) ``alpha_insitu``, and ``alpha_insitu_shared`` {ranks on the
-    host: alpha} when more ranks than the group share it."""
+    host: alpha} when more ranks than the group share it, measured after a compute block of
+    ``insitu_block_s`` seconds (alone on the host) before each call."""
     alpha: float
     beta: float
     knee: float | None = None                        # bytes; None: one slope over every size
@@ -60,33 +62,53 @@ class CollectiveFit:
     insitu_points: tuple[tuple[float, ...], ...] | None = None
     alpha_insitu_shared: RankCurve | None = None
     insitu_shared_points: dict[str, tuple] | None = None     # ranks on the host -> points
+    insitu_block_s: float | None = None              # s: the shared probe's compute per call, alone
 
     _ORDER = ("alpha", "beta", "knee", "beta_beyond", "call", "spread", "fit_rms_rel", "points", "alpha_insitu",
-              "insitu_call", "insitu_points", "alpha_insitu_shared", "insitu_shared_points")
+              "insitu_call", "insitu_points", "alpha_insitu_shared", "insitu_shared_points", "insitu_block_s")
 
-    def seconds(self, x: float, in_situ: bool = False, host_ranks: int | None = None, group: int = 0) -> float:
+    def seconds(self, x: float, in_situ: bool = False, host_ranks: int | None = None, group: int = 0,
+                block_s: float | None = None) -> float:
         """alpha + the bytes' time (``bytes_seconds``) [s]; in situ the in-situ latency where
         measured, and the one for ``host_ranks`` ranks on the host where that count (above the
-        ``group`` size) was."""
+        ``group`` size) was: ``shared_alpha``, by the compute ``block_s`` before the call."""
         alpha = self.alpha
         if in_situ:
             alpha = self.alpha if self.alpha_insitu is None else self.alpha_insitu
             if host_ranks is not None and host_ranks > group and self.alpha_insitu_shared is not None:
-                alpha = self.alpha_insitu_shared.get(host_ranks, alpha)
+                alpha = self.shared_alpha(host_ranks, alpha, block_s)
         return float(alpha) + self.bytes_seconds(x)
+
+    def shared_alpha(self, host_ranks: int, own: float, block_s: float | None) -> float:
+        """In-situ latency [s] of a call after ``block_s`` seconds of compute (solo-priced) while
+        ``host_ranks`` ranks share the host. What the shared probe adds over the group's own
+        latency ``own`` is the wait for a peer the scheduler time-sliced during the block:
+        it grows with the block (``studies/validation_cpu/tp_gap.py``: on 4 ranks over 2 cores
+        the 2-rank all-gathers that follow a layernorm, gap < 0.3 ms, cost 1.08 ms median against
+        2.3 ms after 1.2-2.5 ms of compute; ``insitu_block.txt``: 2.5 -> 5.1 ms over blocks of
+        1-8 GEMMs). Priced linearly from none at no compute to the probe's premium at its block
+        ``insitu_block_s``, held beyond. ``block_s`` None, or a profile without the block: the
+        probe's latency as measured."""
+        shared = float(self.alpha_insitu_shared.get(host_ranks, own))
+        if block_s is None or not self.insitu_block_s:
+            return shared
+        return own + (shared - own) * min(max(block_s, 0.0) / self.insitu_block_s, 1.0)
 
     def bytes_seconds(self, x: float) -> float:
         """The bytes' part of the time [s] (``bytes_time``)."""
         return float(bytes_time(x, self.beta, self.knee, self.beta_beyond))
 
-    def with_insitu(self, insitu: InsituFit, host_ranks: int | None = None) -> "CollectiveFit":
+    def with_insitu(self, insitu: InsituFit, host_ranks: int | None = None,
+                    block_s: float | None = None) -> "CollectiveFit":
         """This fit with an in-situ latency: its own group's (``host_ranks`` None), or the one
-        measured while ``host_ranks`` ranks share the host (``alpha_insitu_shared``)."""
+        measured while ``host_ranks`` ranks share the host (``alpha_insitu_shared``) after
+        ``block_s`` seconds of compute alone (``insitu_block_s``; None: kept as it was)."""
         if host_ranks is None:
             return replace(self, alpha_insitu=insitu.alpha, insitu_call=insitu.call, insitu_points=insitu.points)
         shared = (self.alpha_insitu_shared or RankCurve()).with_value(host_ranks, insitu.alpha)
         points = {**(self.insitu_shared_points or {}), str(host_ranks): insitu.points}
-        return replace(self, alpha_insitu_shared=shared, insitu_shared_points=points)
+        block = self.insitu_block_s if block_s is None or not block_s > 0 else float(block_s)
+        return replace(self, alpha_insitu_shared=shared, insitu_shared_points=points, insitu_block_s=block)
 
     @classmethod
     def from_dict(cls, where: str, raw: Any) -> "CollectiveFit":
@@ -119,7 +141,8 @@ class CollectiveFit:
                    insitu_points=opt("insitu_points", _points),
                    alpha_insitu_shared=opt("alpha_insitu_shared", RankCurve.from_dict),
                    insitu_shared_points=opt("insitu_shared_points", lambda w, v: {
-                       str(n): _points(f"{w}.{n}", p) for n, p in mapping(w, v).items()}))
+                       str(n): _points(f"{w}.{n}", p) for n, p in mapping(w, v).items()}),
+                   insitu_block_s=opt("insitu_block_s", _block))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -142,6 +165,14 @@ def _time(where: str, raw: Any) -> float:
     value = number(where, raw)
     if value < 0:
         raise SpecError(where, raw, "a finite number >= 0 (seconds, or seconds per byte)")
+    return value
+
+
+def _block(where: str, raw: Any) -> float:
+    """``insitu_block_s`` [s]: the shared probe's compute before each call; it divides."""
+    value = number(where, raw)
+    if not value > 0:
+        raise SpecError(where, raw, "a number > 0 (seconds of compute before each call)")
     return value
 
 

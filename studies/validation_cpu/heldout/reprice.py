@@ -1,11 +1,12 @@
 """Re-price a run of record with today's simulator: each row's plan simulated with the run's
 profile, against the step time and peak memory the executor measured then (no executor run).
 
-    .venv/bin/python studies/validation_cpu/heldout/reprice.py [RUN_DIR] [--without-messages]   # ~2 s
+    .venv/bin/python studies/validation_cpu/heldout/reprice.py [RUN_DIR] [--without-messages] [--profile P]  # ~2 s
 
 RUN_DIR defaults to run_20261127/; prints one line per plan and a summary per model.
 ``--without-messages`` prices without the profile's pipeline-message CPU curves
-(``costs.host.message_cpu``), to see what they change on the same measurements."""
+(``costs.host.message_cpu``), to see what they change on the same measurements; ``--profile P``
+prices with profile P instead of the run's own (e.g. the run's with a key added or removed)."""
 from __future__ import annotations
 
 import csv
@@ -28,8 +29,8 @@ def _cluster(world: int, profile: Path, messages: bool):
     return dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, tables=tables))
 
 
-def main(run: Path, messages: bool = True) -> None:
-    profile = run / "profile.yaml"
+def main(run: Path, messages: bool = True, profile: Path | None = None) -> None:
+    profile = profile or run / "profile.yaml"
     for table in sorted(run.glob("*/validation.csv")):
         model = load_model(HERE / f"model_{table.parent.name}.yaml")
         steps, peaks = [], []
@@ -49,5 +50,11 @@ def main(run: Path, messages: bool = True) -> None:
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--without-messages"]
-    main(Path(args[0]) if args else HERE / "run_20261127", "--without-messages" not in sys.argv)
+    argv = sys.argv[1:]
+    other = None
+    if "--profile" in argv:
+        i = argv.index("--profile")
+        other = Path(argv[i + 1])
+        del argv[i:i + 2]
+    args = [a for a in argv if a != "--without-messages"]
+    main(Path(args[0]) if args else HERE / "run_20261127", "--without-messages" not in argv, other)
