@@ -39,9 +39,6 @@ from typing import Any, Callable
 from .fit import sampling_plan
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
-# The list forms executor/tp_communications.py calls (``dist.all_gather(parts, x)``,
-# ``dist.reduce_scatter(out, parts)``); gloo implements them apart from the tensor forms.
-LIST_VARIANTS = ("all_gather_list", "reduce_scatter_list")
 # The torch call behind each key; x = the per-rank tensor passed in (shard for all-gather,
 # full buffer for reduce-scatter), as parsim.costs.timing reads alpha + beta * x.
 CALLS = {
@@ -49,8 +46,6 @@ CALLS = {
     "all_gather": "dist.all_gather_into_tensor(out, x)",
     "reduce_scatter": "dist.reduce_scatter_tensor(out, x)",
     "send_recv": "dist.send(x) / dist.recv(x), ping-pong, half the round trip",
-    "all_gather_list": "dist.all_gather(parts, x)",
-    "reduce_scatter_list": "dist.reduce_scatter(out, list(x.chunk(world)))",
 }
 
 
@@ -301,13 +296,6 @@ def _collective(op: str, nbytes: int, rank: int, device, dist, torch) -> Callabl
     if op == "reduce_scatter":  # x is the full buffer; each rank keeps 1/world of the sum
         out = torch.empty(numel // world, dtype=torch.float32, device=device)
         return lambda: scatter(out, x)
-    if op == "all_gather_list":
-        parts = [torch.empty(numel, dtype=torch.float32, device=device) for _ in range(world)]
-        return lambda: dist.all_gather(parts, x)
-    if op == "reduce_scatter_list":
-        out = torch.empty(numel // world, dtype=torch.float32, device=device)
-        chunks = [c.contiguous() for c in x.chunk(world)]
-        return lambda: dist.reduce_scatter(out, chunks)
     if op == "send_recv":       # ping-pong 0 <-> 1; a call is one message each way
         peer = 1 - rank
 

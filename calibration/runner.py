@@ -42,15 +42,14 @@ class Settings:
     comm_min_sample_s: float
     contention_s: float
     host_sizes: tuple[int, ...]
-    list_variants: bool           # also time the list forms of all-gather / reduce-scatter
 
 
 QUICK = Settings(mbs=(1,), repeats=3, gemm_budget_s=0.15, op_budget_s=0.1,
                  comm_sizes=tuple(log_spaced_sizes(4096, 4 * 2**20, 4)), comm_budget_s=0.3, comm_min_sample_s=5e-3,
-                 contention_s=0.3, host_sizes=(4096, 2**20), list_variants=False)
+                 contention_s=0.3, host_sizes=(4096, 2**20))
 FULL = Settings(mbs=(1, 2, 4), repeats=10, gemm_budget_s=1.0, op_budget_s=0.4,
                 comm_sizes=tuple(log_spaced_sizes(4096, 64 * 2**20, 2)), comm_budget_s=2.0, comm_min_sample_s=2e-2,
-                contention_s=2.0, host_sizes=tuple(log_spaced_sizes(4096, 64 * 2**20, 16)), list_variants=True)
+                contention_s=2.0, host_sizes=tuple(log_spaced_sizes(4096, 64 * 2**20, 16)))
 
 
 @dataclass(frozen=True)
@@ -149,7 +148,7 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     from parsim.executor.host_alloc import apply_host_memory_policy
 
     from .cache import cache_levels
-    from .comm import COLLECTIVES, LIST_VARIANTS
+    from .comm import COLLECTIVES
     from .machine_bench import steps_of
     from .machine import cpu_model, cpu_seconds, default_profile_name, load_average, other_work, warn_if_busy
     from .profile import Measurements, build_profile
@@ -160,9 +159,8 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     device = torch.device(opts.device)
     host_memory = apply_host_memory_policy() if device.type == "cpu" else None   # as the executor's ranks
     worlds = sorted({r for r in opts.ranks if r >= 2})
-    all_ops = COLLECTIVES + (LIST_VARIANTS if s.list_variants else ())
     # point-to-point is timed once, in the smallest group
-    ops = {w: tuple(op for op in all_ops if op != "send_recv" or w == worlds[0]) for w in worlds}
+    ops = {w: tuple(op for op in COLLECTIVES if op != "send_recv" or w == worlds[0]) for w in worlds}
     exact = opts.exact
     gemms = gemm_points(spec, list(opts.tps), list(s.mbs), opts.dtype) if exact else []
     attns = attention_points(spec, list(opts.tps), list(s.mbs)) if exact else []

@@ -350,13 +350,21 @@ class CompositionFit:
     report: LeaveOut
 
 
+# the smallest composition factor a two-term fit may keep: below it the stages' ops would run at
+# under half their time alone, a fit of the machine's noise (a calibration whose layer drifted 30-40 %
+# over the run fitted 0.005 and 0.58 with a large per-op term, 2026-11-28, and priced the held-out
+# models at half their time), not of composing ops. Below it the one-term fit is used.
+COMPOSITION_MIN_FACTOR = 0.5
+
+
 def _nonnegative_fit(priced: np.ndarray, ops: np.ndarray, measured: np.ndarray, two_terms: bool) -> tuple[float, float]:
-    """Least squares on relative residuals of measured = c priced (+ tau ops), c > 0, tau >= 0."""
+    """Least squares on relative residuals of measured = c priced (+ tau ops), c > 0, tau >= 0
+    (and c >= ``COMPOSITION_MIN_FACTOR`` with the per-op term)."""
     w = 1.0 / measured
     if two_terms:
         a = np.stack([priced * w, ops * w], axis=1)
         (c, tau), *_ = np.linalg.lstsq(a, np.ones_like(measured), rcond=None)
-        if tau >= 0 and c > 0:
+        if tau >= 0 and c >= COMPOSITION_MIN_FACTOR:
             return float(c), float(tau)
     c = float(np.sum(priced * w) / np.sum((priced * w) ** 2))
     return c, 0.0

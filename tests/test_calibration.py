@@ -189,11 +189,12 @@ def test_quick_profile_records_provenance_and_contention(quick_profile):
 
 @ALONE
 @pytest.mark.slow
-def test_list_forms_the_executor_calls_run_on_a_real_gloo_group():
+def test_the_sequence_parallel_collectives_the_executor_calls_run_on_a_real_gloo_group():
     pytest.importorskip("torch")
-    from parsim.calibration.comm import LIST_VARIANTS, CommJob, run_comm_job
+    from parsim.calibration.comm import CommJob, run_comm_job
 
-    job = CommJob(world=2, device_type="cpu", sizes=(4096, 2**18), ops=LIST_VARIANTS, repeats=3,
+    tp_forms = ("all_gather", "reduce_scatter")        # the tensor forms (executor.tp_communications)
+    job = CommJob(world=2, device_type="cpu", sizes=(4096, 2**18), ops=tp_forms, repeats=3,
                   point_budget_s=0.05, min_sample_s=1e-3, contention_gemm=(64, 64, 64),
                   contention_dtype="fp32", contention_s=0.05)
     ranks = run_comm_job(job)
@@ -203,7 +204,7 @@ def test_list_forms_the_executor_calls_run_on_a_real_gloo_group():
     # timing: another process's burst inside the overlapped window breaks the bound, hence `alone`)
     assert all(len(r["interference"]) == 3 and all(0 <= x < 10 for x in r["interference"]) for r in ranks)
     for r in ranks:
-        for op in LIST_VARIANTS:
+        for op in tp_forms:
             assert set(r["collectives"][op]) == {4096, 2**18}
             assert all(len(v) >= 3 and min(v) > 0 for v in r["collectives"][op].values())
 

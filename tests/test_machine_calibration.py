@@ -112,6 +112,20 @@ def test_composition_fit_keeps_the_per_op_term_only_where_it_predicts_left_out_s
     assert fit.report.points == 5 and fit.report.max < 1e-6
 
 
+def test_a_composition_fit_never_keeps_a_factor_that_prices_the_ops_at_under_half_their_time():
+    # stages whose measured time follows their op counts, not their ops' prices (a noisy machine):
+    # the free two-term fit would price every op at ~0 and all of the stage per op
+    priced = np.array([0.02, 0.05, 0.01, 0.08])
+    ops = np.array([150, 120, 400, 90])
+    measured = 3e-4 * ops
+    from parsim.calibration.surface_fit import COMPOSITION_MIN_FACTOR, _nonnegative_fit
+    free = np.linalg.lstsq(np.stack([priced / measured, ops / measured], axis=1), np.ones(4), rcond=None)[0]
+    assert free[0] < COMPOSITION_MIN_FACTOR and free[1] > 0
+    assert _nonnegative_fit(priced, ops, measured, True)[1] == 0.0          # the one-term fit instead
+    fit = fit_composition(priced, ops, measured)
+    assert fit.per_op_s == 0.0 and fit.factor == pytest.approx(_nonnegative_fit(priced, ops, measured, False)[0])
+
+
 # ----------------------------------------------------------------------------- real grids
 
 def test_h100_grid_peaks_are_physical_and_fp16_is_no_longer_a_launch_bound_probe():
