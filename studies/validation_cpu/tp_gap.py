@@ -2,6 +2,9 @@
 
     .venv/bin/python studies/validation_cpu/tp_gap.py TRACE.measured.json --profile P.yaml [...]
 
+tp_gap.txt: the cpu-small tp=2 pp=2 SP 1F1B trace kept in
+../zero_bubble/validation_intel_split_i/traces/ with that run's profile.
+
 For every TP collective in measured executor traces (``parsim validate``'s traces/), the call's
 length against (a) the compute its rank ran since its previous TP collective ended (the
 "gap") and (b) the share of the other pipeline stage's ranks computing over the call (inside
