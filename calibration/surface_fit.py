@@ -357,14 +357,15 @@ class CompositionFit:
 COMPOSITION_MIN_FACTOR = 0.5
 
 
-def _nonnegative_fit(priced: np.ndarray, ops: np.ndarray, measured: np.ndarray, two_terms: bool) -> tuple[float, float]:
+def _nonnegative_fit(priced: np.ndarray, ops: np.ndarray, measured: np.ndarray, two_terms: bool,
+                     min_c: float = 0.0) -> tuple[float, float]:
     """Least squares on relative residuals of measured = c priced (+ tau ops), c > 0, tau >= 0
-    (and c >= ``COMPOSITION_MIN_FACTOR`` with the per-op term)."""
+    (and c >= ``min_c`` with the second term)."""
     w = 1.0 / measured
     if two_terms:
         a = np.stack([priced * w, ops * w], axis=1)
         (c, tau), *_ = np.linalg.lstsq(a, np.ones_like(measured), rcond=None)
-        if tau >= 0 and c >= COMPOSITION_MIN_FACTOR:
+        if tau >= 0 and c > 0 and c >= min_c:
             return float(c), float(tau)
     c = float(np.sum(priced * w) / np.sum((priced * w) ** 2))
     return c, 0.0
@@ -388,12 +389,12 @@ def fit_composition(priced: Sequence[float], ops: Sequence[float], measured: Seq
             errors = []
             for i in range(n):
                 keep = np.arange(n) != i
-                c, tau = _nonnegative_fit(p[keep], o[keep], m[keep], two)
+                c, tau = _nonnegative_fit(p[keep], o[keep], m[keep], two, COMPOSITION_MIN_FACTOR)
                 errors.append((c * p[i] + tau * o[i]) / m[i] - 1.0)
             report = summarize_errors(errors, n)
         else:
             report = summarize_errors([0.0], 1)
-        c, tau = _nonnegative_fit(p, o, m, two)
+        c, tau = _nonnegative_fit(p, o, m, two, COMPOSITION_MIN_FACTOR)
         if best is None or report.median < best.report.median * (1.0 - COMPOSITION_MARGIN):
             best = CompositionFit(c, tau, report)
     return best

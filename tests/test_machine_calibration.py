@@ -121,7 +121,7 @@ def test_a_composition_fit_never_keeps_a_factor_that_prices_the_ops_at_under_hal
     from parsim.calibration.surface_fit import COMPOSITION_MIN_FACTOR, _nonnegative_fit
     free = np.linalg.lstsq(np.stack([priced / measured, ops / measured], axis=1), np.ones(4), rcond=None)[0]
     assert free[0] < COMPOSITION_MIN_FACTOR and free[1] > 0
-    assert _nonnegative_fit(priced, ops, measured, True)[1] == 0.0          # the one-term fit instead
+    assert _nonnegative_fit(priced, ops, measured, True, COMPOSITION_MIN_FACTOR)[1] == 0.0   # one term instead
     fit = fit_composition(priced, ops, measured)
     assert fit.per_op_s == 0.0 and fit.factor == pytest.approx(_nonnegative_fit(priced, ops, measured, False)[0])
 
