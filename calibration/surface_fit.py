@@ -351,9 +351,9 @@ class CompositionFit:
 
 
 # the smallest composition factor a two-term fit may keep: below it the stages' ops would run at
-# under half their time alone, a fit of the machine's noise (a calibration whose layer drifted 30-40 %
-# over the run fitted 0.005 and 0.58 with a large per-op term, 2026-11-28, and priced the held-out
-# models at half their time), not of composing ops. Below it the one-term fit is used.
+# under half their time alone, a fit of the machine's noise (a calibration whose layer drifted 40 %
+# over the run fitted 0.005 with a large per-op term, 2026-11-28, and priced the held-out models at
+# half their time), not of composing ops. Below it the one-term fit is used.
 COMPOSITION_MIN_FACTOR = 0.5
 
 
