@@ -47,6 +47,10 @@ def tensor_forms(dist_module=dist):
     return gather, scatter
 
 
+# this torch's tensor forms, resolved once (every TP layer calls them)
+ALL_GATHER, REDUCE_SCATTER = tensor_forms()
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -85,14 +89,14 @@ def _scatter_buffers(x: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Te
 def all_gather_sequence(x: torch.Tensor, region: "TensorParallelRegion") -> torch.Tensor:
     x, buf = _gather_buffers(x, region.size)
     with region.recorder.comm("tp", "tp_allgather", _nbytes(x) * region.size, layer=region.layer):
-        tensor_forms()[0](buf, x, group=region.group)
+        ALL_GATHER(buf, x, group=region.group)
     return _gathered(buf, region.size)
 
 
 def reduce_scatter_sequence(x: torch.Tensor, region: "TensorParallelRegion") -> torch.Tensor:
     blocks, out = _scatter_buffers(x, region.size)
     with region.recorder.comm("tp", "tp_reducescatter", _nbytes(x), layer=region.layer):
-        tensor_forms()[1](out, blocks, group=region.group)
+        REDUCE_SCATTER(out, blocks, group=region.group)
     return out
 
 
@@ -186,14 +190,14 @@ class AsyncCollective:
                 return buf
         elif op == "all_gather":
             x, buf = _gather_buffers(x, region.size)
-            work = tensor_forms()[0](buf, x, group=region.group, async_op=True)
+            work = ALL_GATHER(buf, x, group=region.group, async_op=True)
             kind, nbytes, inputs = "tp_allgather", _nbytes(x) * region.size, x
 
             def finish():
                 return _gathered(buf, region.size)
         else:
             blocks, out = _scatter_buffers(x, region.size)
-            work = tensor_forms()[1](out, blocks, group=region.group, async_op=True)
+            work = REDUCE_SCATTER(out, blocks, group=region.group, async_op=True)
             kind, nbytes, inputs = "tp_reducescatter", _nbytes(x), blocks
 
             def finish():

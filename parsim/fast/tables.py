@@ -141,7 +141,6 @@ def _tp_seconds(cluster: ClusterSpec, model: ModelSpec, plan: Plan, phase: str, 
     ops = layer_ops(model, plan) if part is None else (embedding_ops if part == "embedding" else head_ops)(model, plan)
     # the compute before each call, as the engine's chains run the ops (``sim.compute._chain``)
     blocks = timing.compute_before(cluster.device, ops if phase == "fwd" else ops[::-1], colls, phase, plan.dtype)
-    ops = [] if part == "embedding" else ops      # the lookup's collectives hide behind no weight-gradient GEMM
     return sum(max(timing.collective_time(cluster, c.op, c.nbytes, group, True, host_ranks, block)
                    - (tp_covered(cluster.device, ops, c.after, phase, plan.dtype) if cover else 0.0), 0.0)
                for c, block in zip(colls, blocks))
