@@ -135,9 +135,9 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
             stream, _ = stream_callable(2**22, "fp32", device)
             out["stream_rounds"] = _alternating_rounds(stream, job.contention_s / 2, clock, dist, torch, device)
             out["interference"] = _interference(fn, job, clock, dist, torch, device)
-        if job.world == 2:      # a DP pair: FSDP2's sharded parameters under the optimizer
-            from .sharded import measure_dtensor_optimizer
-            out["dtensor_optimizer"] = measure_dtensor_optimizer(job.world, device, dist, torch)
+        if job.world == 2:      # a DP pair: FSDP2's sharded parameters under the optimizer, its units
+            from .sharded import measure_fsdp2
+            out.update(measure_fsdp2(job.world, device, dist, torch))
         if job.layer_model is not None:
             forward, backward, _ = layer_step(job.layer_model, job.layer_mbs, job.contention_dtype, device)
             out["layer_rounds"] = _alternating_rounds(lambda: (forward(), backward()), job.contention_s, clock, dist,

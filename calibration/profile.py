@@ -22,7 +22,7 @@ from .fit import Summary, fit_alpha_beta, fit_gemm_efficiency
 from .layer_terms import fit_layer_terms, layer_probe_tables
 from .machine_fit import device_numbers, fit_surfaces
 from .shapes import AttentionPoint, GemmPoint, MemboundPoint
-from .sharded import dtensor_per_tensor_s
+from .sharded import dtensor_per_tensor_s, fsdp_unit_host_s
 from .tables import (attention_efficiency, attention_table, collective_fits, collective_leave_out, contention_curve,
                      interference_curve, membound_table, message_cpu_curves, spreads)
 
@@ -127,6 +127,7 @@ def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
     gemm_rows = [(*p.key, p.flops / s.median, s.rel_spread) for p, s in m.gemm]
     rates = {**(surfaces.rates if surfaces else {}), **(membound["table"] if membound else {})}
     per_tensor = surfaces.optimizer_per_tensor_s if surfaces else None
+    fsdp_host = next((x for x in (fsdp_unit_host_s(r) for _, r in sorted(m.comm.items())) if x is not None), None)
     if per_tensor is not None:   # a --model's own AdamW rate holds its loop's cost: keep the grid's bytes term
         rates["adamw"] = surfaces.rates["adamw"]
     messages = message_cpu_curves(m.comm)     # (send, receive, per byte) CPU of a pipeline message
@@ -165,7 +166,9 @@ def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
         optimizer_levels=surfaces.optimizer_levels if surfaces else None,
         split_overhead=split_overhead(m.split_extra),
         optimizer_sharded_per_tensor_s=next((x for x in (dtensor_per_tensor_s(r) for _, r in sorted(m.comm.items()))
-                                             if x is not None), None))
+                                             if x is not None), None),
+        fsdp_gather_host_s=fsdp_host[0] if fsdp_host else None,
+        fsdp_scatter_host_s=fsdp_host[1] if fsdp_host else None)
 
 
 def split_overhead(extra: dict[str, float] | None) -> dict[str, float] | None:

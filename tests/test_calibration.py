@@ -102,6 +102,8 @@ def test_quick_profile_loads_as_a_cluster_with_positive_numbers(quick_profile):
         assert all(0 < f.efficiency((256, 256, 256)) <= 1.0 for f in fits.values()), dtype
     # AdamW: time per tensor, more for FSDP2's DTensors; rates per cache level never rise with it
     assert dev.tables.optimizer_per_tensor_s > 0 and dev.tables.optimizer_sharded_per_tensor_s > 0
+    # FSDP2's host work per unit around an all-gather (calibration.sharded.measure_fsdp_units)
+    assert dev.tables.fsdp_gather_host_s > 0 and dev.tables.fsdp_scatter_host_s >= 0
     levels = dev.tables.optimizer_levels
     assert levels is None or list(levels.bandwidths) == sorted(levels.bandwidths, reverse=True)
 

@@ -318,9 +318,10 @@ def test_blocking_zero_collectives_never_overlap_compute():
     assert blocking.step_time_s > overlapped.step_time_s
 
 
-def test_fsdp_copies_add_one_streaming_pass_per_collective_when_blocking():
-    """zero_copies=fsdp2: each all-gather is followed and each reduce-scatter preceded by a
-    copy of 2 x its bytes at the streaming bandwidth; with blocking collectives they add up."""
+def test_fsdp_copies_add_their_streaming_passes_per_collective_when_blocking():
+    """zero_copies=fsdp2: each all-gather is preceded by the copy-in of the rank's 1/dp shard
+    and followed by the copy-out of its output, each reduce-scatter preceded by the copy-in of
+    its input: 2 x those bytes at the streaming bandwidth; with blocking collectives they add up."""
     from parsim.costs.timing import membound_time
     from parsim.specs import load_model, parse_plan
 
@@ -329,11 +330,30 @@ def test_fsdp_copies_add_one_streaming_pass_per_collective_when_blocking():
     cluster = _cpu_with(zero_overlap=False, zero_copies="fsdp2")
     copied = simulate(model, cluster, plan)
     dp = [e for e in plain.trace.events if e.rank == 0 and e.stream == "dp"]
-    expect = sum(membound_time(cluster.device, 2 * e.bytes, "fsdp_copy") for e in dp)
-    assert len(dp) > 10
+    shard_in = [e.bytes / plan.dp for e in dp if e.kind == "zero_allgather"]
+    expect = sum(membound_time(cluster.device, 2 * x, "fsdp_copy") for x in [e.bytes for e in dp] + shard_in)
+    assert len(dp) > 10 and shard_in
     assert copied.step_time_s - plain.step_time_s == pytest.approx(expect, rel=1e-6)
     kinds = {e.kind for e in copied.trace.events if e.rank == 0 and e.stream == "compute"}
     assert {"fsdp_copy_in", "fsdp_copy_out"} <= kinds
+
+
+def test_fsdp_host_work_is_charged_once_per_unit_and_collective():
+    """The calibrated FSDP2 host seconds per unit (``fsdp_gather_host_s`` /
+    ``fsdp_scatter_host_s``) add once per all-gather and per reduce-scatter of a blocking ZeRO-3
+    step, and nothing where the profile has none."""
+    from parsim.specs import load_model, parse_plan
+
+    model, plan = load_model("cpu-small"), parse_plan("dp=2 gbs=4 mbs=1 zero=3 dtype=fp32")
+    base = dict(zero_overlap=False, zero_copies="fsdp2")
+    without = simulate(model, _cpu_with(**base), plan)
+    gather, scatter = 3e-4, 1e-4
+    hosted = simulate(model, _cpu_with(**base, fsdp_gather_host_s=gather, fsdp_scatter_host_s=scatter), plan)
+    dp = [e for e in without.trace.events if e.rank == 0 and e.stream == "dp"]
+    gathers = sum(e.kind == "zero_allgather" for e in dp)
+    scatters = sum(e.kind == "zero_reducescatter" for e in dp)
+    assert gathers > scatters > 0
+    assert hosted.step_time_s - without.step_time_s == pytest.approx(gathers * gather + scatters * scatter, rel=1e-6)
 
 
 def test_sub_pipelined_tp_collectives_under_compute_take_interference_on_a_cpu_host():
@@ -351,3 +371,21 @@ def test_sub_pipelined_tp_collectives_under_compute_take_interference_on_a_cpu_h
     flat = parse_plan("tp=2 mbs=2 gbs=4 dtype=fp32")
     assert simulate(model, _with_interference(base, 0.5), flat).step_time_s == pytest.approx(
         simulate(model, _with_interference(base, None), flat).step_time_s, rel=1e-9)
+
+
+def test_zero2_as_fsdp2_gathers_unit_by_unit_once_a_step():
+    """ZeRO-2 run as FSDP2 (zero_copies=fsdp2): the parameters are all-gathered once a step, one
+    collective per layer and one for the stage's root unit, each with its copies; without FSDP2,
+    in the DP buckets after the optimizer step."""
+    from parsim.specs import load_model, parse_plan
+
+    model, plan = load_model("cpu-small"), parse_plan("dp=2 gbs=4 mbs=1 zero=2 dtype=fp32")
+    for copies in ("fsdp2", "none"):
+        res = simulate(model, _cpu_with(zero_overlap=False, zero_copies=copies), plan)
+        r0 = [e for e in res.trace.events if e.rank == 0]
+        kinds = [e.kind for e in r0 if e.stream == "dp" and "allgather" in e.kind]
+        if copies == "fsdp2":
+            assert kinds == ["zero_allgather"] * (model.layers + 1)
+            assert sum(e.kind == "fsdp_copy_out" for e in r0) == model.layers + 1
+        else:
+            assert kinds and set(kinds) == {"dp_allgather"}

@@ -104,6 +104,30 @@ SURFACE_OPS = {"attn_residual": "residual_add", "mlp_residual": "residual_add", 
 STREAMING_BACKWARD = frozenset({"attn_scale", "attn_mask"})
 
 
+def fsdp_unit_time(device: DeviceProfile, op: str, unit_bytes: float, dp: int) -> tuple[float, float]:
+    """(seconds before, seconds after) FSDP2's collective ``op`` of one unit of ``unit_bytes``
+    (its full parameters or gradients, bytes) over ``dp`` ranks, beside the collective itself
+    (PyTorch FSDP2, ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``, torch 2.13):
+
+    * all-gather: copy-in, the rank's shards into the flat input (``all_gather_copy_in``:
+      ``unit_bytes`` / dp read and written), and copy-out of the flat output into the
+      unsharded parameters (``split_with_sizes_copy``: ``unit_bytes`` read and written);
+    * reduce-scatter: copy-in of the unsharded gradients into the flat input (``chunk_cat``:
+      ``unit_bytes`` read and written);
+
+    each a memory-bound pass at the device's streaming rate (``membound_time``, op
+    "fsdp_copy"), plus the host work FSDP2 does per unit around each (unsharding and
+    resharding the parameters, its hooks, the gradient's DTensor), measured by ``parsim
+    calibrate`` (``tables.fsdp_gather_host_s`` / ``fsdp_scatter_host_s``,
+    ``calibration.sharded.fsdp_unit_host_s``; absent: 0), charged before the call."""
+    t = device.tables
+    if op == "all_gather":
+        host = t.fsdp_gather_host_s or 0.0
+        return host + membound_time(device, 2 * unit_bytes / dp, "fsdp_copy"), \
+            membound_time(device, 2 * unit_bytes, "fsdp_copy")
+    return (t.fsdp_scatter_host_s or 0.0) + membound_time(device, 2 * unit_bytes, "fsdp_copy"), 0.0
+
+
 def _membound_name(device: DeviceProfile, op: Op) -> str:
     """The name ``membound_time`` looks ``op`` up by: with a fitted surface its benchmark's
     (``SURFACE_OPS``, the norm's implementation), else the op's own (the tables' aliases)."""

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from parsim.costs.timing import membound_time
+from parsim.costs.placement import stages_of_rank
+from parsim.costs.timing import fsdp_unit_time
+from parsim.specs import stage_layers
 
 from .compute import ActionCost, Segment, segment_key, uncovered
 from .network import collective, transfer, until
@@ -199,26 +201,28 @@ def zero3_collective(env: simpy.Environment, sim: "Simulation", dev: "Device", o
         if h2d > 0:
             start = yield from transfer(env, dev.ports.pcie, h2d)
             rec.event(dev.rank, stage, "host", "offload_h2d", mb, layer, start, env.now, nbytes=sim.param_shard_bytes)
-        if sim.zero_copies and op == "reduce_scatter":
-            yield from fsdp_copy(env, sim, dev, nbytes, "fsdp_copy_in", stage, mb, layer)
+        # FSDP2's copies and host work around the call (``costs.timing.fsdp_unit_time``)
+        before, after = fsdp_unit_time(sim.cluster.device, op, nbytes, sim.plan.dp) if sim.zero_copies else (0, 0)
+        if before:
+            yield from fsdp_copy(env, sim, dev, before, nbytes, "fsdp_copy_in", stage, mb, layer)
         # blocking (no side stream): called right after compute, priced in situ like TP's
         seconds = sim.comm_time(dev.dp, op, nbytes, in_situ=sim.zero_blocking) * sim.zero_comm_factor
         start = yield from collective(env, dev.dp, dev.rank, seconds)
         rec.event(dev.rank, stage, "dp", kind, mb, layer, start, env.now, nbytes=nbytes)
         dev.ledger.collective(start, env.now)
-        if sim.zero_copies and op == "all_gather":
-            yield from fsdp_copy(env, sim, dev, nbytes, "fsdp_copy_out", stage, mb, layer)
+        if after:
+            yield from fsdp_copy(env, sim, dev, after, nbytes, "fsdp_copy_out", stage, mb, layer)
 
 
-def fsdp_copy(env: simpy.Environment, sim: "Simulation", dev: "Device", nbytes: float, kind: str,
+def fsdp_copy(env: simpy.Environment, sim: "Simulation", dev: "Device", seconds: float, nbytes: float, kind: str,
               stage: int, mb: int, layer: int):
-    """FSDP2's copy of a unit's tensors into its flat reduce-scatter input (``copy-in``) or out
-    of the gathered flat buffer into the unsharded parameters (``copy-out``): ``nbytes`` read
-    and written once, a memory-bound op at the device's streaming bandwidth (PyTorch FSDP2
-    ``foreach_reduce`` / ``foreach_all_gather_copy_out``; Zhao et al. 2023, Sec. 4.2 on the
-    flat-parameter layout), then the collective (copy-in) or the layer (copy-out) goes on.
-    With side streams (GPUs) the copy is compute the device owes (``Device.ledger``)."""
-    seconds = membound_time(sim.cluster.device, 2 * nbytes, "fsdp_copy") * dev.scale.membound
+    """FSDP2's work before (``copy-in``) or after (``copy-out``) a unit's collective of
+    ``nbytes``: its copies into and out of the flat buffers and its host work, ``seconds`` as
+    ``costs.timing.fsdp_unit_time`` prices them solo (Zhao et al. 2023, Sec. 4.2 on the
+    flat-parameter layout), at the device's memory-bound slowdown; then the collective
+    (copy-in) or the layer (copy-out) goes on. With side streams (GPUs) it is compute the
+    device owes (``Device.ledger``)."""
+    seconds *= dev.scale.membound
     if not sim.zero_blocking:       # a side stream runs the collective: the compute pays later
         dev.ledger.owe(seconds)
         return
@@ -240,3 +244,18 @@ def zero2_scatters(env: simpy.Environment, sim: "Simulation", dev: "Device", sta
         layer = gp.key if isinstance(gp.key, int) else -1
         yield from zero3_collective(env, sim, dev, "reduce_scatter", gp.params * grad, "zero_reducescatter",
                                     stage, mb, layer)
+
+
+def fsdp2_gathers(env: simpy.Environment, sim: "Simulation", dev: "Device"):
+    """ZeRO-2 run as FSDP2 (the reference executor, ``executor.zero``:
+    ``reshard_after_forward=False``): the step's first forward all-gathers the parameters unit
+    by unit -- every layer of the rank's stages, then each stage's root unit (its embedding and
+    / or final norm + head) -- in situ, with FSDP2's copies and host work (``zero3_collective``),
+    once a step. Priced after the optimizer step, where a DeepSpeed-style ZeRO-2 gathers its
+    buckets: one step among many pays the same seconds."""
+    layers = stage_layers(sim.model, sim.plan)
+    for stage in stages_of_rank(sim.plan, dev.pp_rank):
+        root = sum(sim.edge_params[stage]) * sim.state.param
+        units = [(layer, sim.zero3_gather_bytes) for layer in range(layers[stage])] + ([(-1, root)] if root else [])
+        for layer, nbytes in units:
+            yield from zero3_collective(env, sim, dev, "all_gather", nbytes, "zero_allgather", stage, -1, layer)

@@ -34,6 +34,7 @@ from parsim.costs import dp_buckets
 from parsim.costs.optimizer import bucket_to_host, optimizer_step
 from parsim.costs.zero import gathers_after_step, reduce_scatters_buckets
 
+from .actions import fsdp2_gathers
 from .memory import OTHER, PARAMS
 from .network import collective, issue, transfer, until
 
@@ -148,6 +149,8 @@ def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     if plan.dp > 1 and plan.dp_impl == "ps":
         nbytes = n * sb.param
         yield from until(env, issue(env, dev.dp, rank, sim.ps_time(dev.dp, nbytes), log("ps_broadcast", nbytes)))
+    elif plan.dp > 1 and plan.zero == 2 and sim.zero_copies:
+        yield from fsdp2_gathers(env, sim, dev)      # FSDP2: unit by unit, as its first forward does
     elif plan.dp > 1 and gathers_after_step(plan.zero):
         # this device's pipeline sends are over: nothing else can ask for its link, so the
         # buckets can be queued at once

@@ -266,6 +266,8 @@ class CalibratedTables:
     optimizer_per_tensor_s: float | None = None                       # AdamW's loop: seconds per tensor
     optimizer_levels: OptimizerLevels | None = None                   # AdamW's rate by cache level
     optimizer_sharded_per_tensor_s: float | None = None               # + per FSDP2 (DTensor) tensor
+    fsdp_gather_host_s: float | None = None           # FSDP2's host work per unit around an all-gather
+    fsdp_scatter_host_s: float | None = None          # ... and around a reduce-scatter
     split_overhead: dict[str, float] | None = None    # W's own cost: per_layer, per_layer_squared (x a layer's B)
 
     # ------------------------------------------------------------------ reading
@@ -374,6 +376,8 @@ _KEYS: dict[str, tuple[str, Callable, Callable]] = {
     "optimizer_per_tensor_s": ("optimizer_per_tensor_s", number, _same),
     "optimizer_levels": ("optimizer_levels", OptimizerLevels.from_dict, OptimizerLevels.to_dict),
     "optimizer_sharded_per_tensor_s": ("optimizer_sharded_per_tensor_s", number, _same),
+    "fsdp_gather_host_s": ("fsdp_gather_host_s", number, _same),
+    "fsdp_scatter_host_s": ("fsdp_scatter_host_s", number, _same),
     "split_overhead": ("split_overhead", _split_overhead, dict),
 }
 assert {a for a, _, _ in _KEYS.values()} == {f.name for f in fields(CalibratedTables)}
