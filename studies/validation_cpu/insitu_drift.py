@@ -8,7 +8,8 @@ block of two 128 x 512 x 1024 GEMMs, ~2 ms) every ``--every`` seconds for ``--mi
 prints each point's median and the spread over the run, next to what the held-out runs'
 calibrations read.
 
-    .venv/bin/python studies/validation_cpu/insitu_drift.py [--minutes 5] [--every 10] | tee studies/validation_cpu/insitu_drift.txt
+    .venv/bin/python studies/validation_cpu/insitu_drift.py [--minutes 6] [--every 10] \
+        | tee studies/validation_cpu/insitu_drift.txt
 """
 from __future__ import annotations
 
@@ -61,15 +62,16 @@ def rank_main(rank: int, port: int, minutes: float, every: float) -> list[tuple[
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=5.0)
+    ap.add_argument("--minutes", type=float, default=6.0)
     ap.add_argument("--every", type=float, default=10.0)
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("PARSIM_HOST_MEMORY", "keep")
     from parsim.executor.processes import free_port, run_ranks
 
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"in-situ 2-rank all-reduce of {BYTES // 1024} KiB after two 128x512x1024 GEMMs "
-          f"(calibration.insitu.measure_insitu, 10 samples a point), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+          f"(calibration.insitu.measure_insitu, 10 samples a point), {when}")
     points = run_ranks(rank_main, (free_port(), args.minutes, args.every), 2)[0]
     for start, median in points:
         print(f"  {start:6.0f} s  {median * 1e3:5.2f} ms")
