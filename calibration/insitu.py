@@ -55,8 +55,11 @@ INSITU_ITERS = 8
 # second mode of 2-5 ms (above), so a median of the quick calibration's 3 samples swung with it:
 # the 2-rank all-gather read 0.46 ms in a quick profile against 0.91-1.16 ms in three full ones
 # (10 samples) on the same VM within 2 hours (2026-11-28), and the demo's tp=2 SP plan read
-# 18 % fast with it. Ten samples at 2 ranks add about a second to a quick calibration.
-INSITU_MIN_SAMPLES = 10
+# 18 % fast with it. A median of 10 still varies 15 % (1 sigma) from one probe to the next on an
+# idle VM, independently (lag-1 autocorrelation -0.10 over 35 probes in 6 minutes, means of three
+# 9.5 %: studies/validation_cpu/insitu_drift.txt), and a 2-rank TP plan makes ~200 calls a step
+# (10 % of the deep held-out model's step per 0.5 ms): 30 samples, ~9 %, a few seconds more.
+INSITU_MIN_SAMPLES = 30
 # the TP collectives, by the keys parsim.costs.timing reads (tensor forms, comm.CALLS)
 INSITU_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
