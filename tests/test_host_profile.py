@@ -94,3 +94,16 @@ def test_a_kept_profile_written_by_an_older_calibration_is_measured_again(tmp_pa
             data["provenance"]["format"] = old
         assert "older calibration" in kept_profile_refused(data, host_id())
     assert "another host" in kept_profile_refused(data, "another-host-0000")      # checked first
+
+
+def test_the_demo_says_when_the_machine_no_longer_runs_at_its_profiles_speed():
+    """``parsim demo`` adds one line when the plans' median drift leaves 1 +- STALE_DRIFT: with a
+    kept profile it points at --recalibrate, with one taken just now at the machine itself."""
+    from parsim.cli.demo import STALE_DRIFT, drift_hint
+
+    inside = [1.0, 1 + STALE_DRIFT * 0.9, 1 / (1 + STALE_DRIFT * 0.9)]
+    assert drift_hint(inside, calibrated_now=False) is None and drift_hint([], calibrated_now=True) is None
+    kept = drift_hint([0.79, 0.76, 0.95], calibrated_now=False)
+    assert "0.79x" in kept and "--recalibrate" in kept
+    fresh = drift_hint([1.28, 1.24, 1.08], calibrated_now=True)
+    assert "1.24x" in fresh and "unsteady" in fresh and "--recalibrate" not in fresh
