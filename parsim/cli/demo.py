@@ -148,8 +148,9 @@ def execute_locally(out: Path, steps: int, recalibrate: bool = False) -> None:
 
 
 # The median drift beyond which the demo says the profile no longer times this machine as it runs
-# now: on this project's 2-vCPU VM the layer read 0.76-1.28x its profile's time in seven demos
-# within minutes of calibrating (2026-11-28), and the profile's predictions moved with it.
+# now: on this project's 2-vCPU VM the layer read 0.73-1.28x its profile's time over eight demos
+# in two hours (2026-11-28), 0.77-1.28x in the three that had just calibrated, and the profile's
+# predictions moved with it.
 STALE_DRIFT = 0.15
 
 
