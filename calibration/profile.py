@@ -127,7 +127,7 @@ def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
     gemm_rows = [(*p.key, p.flops / s.median, s.rel_spread) for p, s in m.gemm]
     rates = {**(surfaces.rates if surfaces else {}), **(membound["table"] if membound else {})}
     per_tensor = surfaces.optimizer_per_tensor_s if surfaces else None
-    fsdp_host = next((x for x in (fsdp_unit_host_s(r) for _, r in sorted(m.comm.items())) if x is not None), None)
+    fsdp_host = _first_measured(fsdp_unit_host_s, m.comm)
     if per_tensor is not None:   # a --model's own AdamW rate holds its loop's cost: keep the grid's bytes term
         rates["adamw"] = surfaces.rates["adamw"]
     messages = message_cpu_curves(m.comm)     # (send, receive, per byte) CPU of a pipeline message
@@ -165,10 +165,15 @@ def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
         optimizer_per_tensor_s=per_tensor,
         optimizer_levels=surfaces.optimizer_levels if surfaces else None,
         split_overhead=split_overhead(m.split_extra),
-        optimizer_sharded_per_tensor_s=next((x for x in (dtensor_per_tensor_s(r) for _, r in sorted(m.comm.items()))
-                                             if x is not None), None),
+        optimizer_sharded_per_tensor_s=_first_measured(dtensor_per_tensor_s, m.comm),
         fsdp_gather_host_s=fsdp_host[0] if fsdp_host else None,
         fsdp_scatter_host_s=fsdp_host[1] if fsdp_host else None)
+
+
+def _first_measured(reduce, comm: dict) -> Any:
+    """``reduce(rank results)`` of the first communication job (by world size) it gives a value
+    for; None where none measured it."""
+    return next((x for x in (reduce(r) for _, r in sorted(comm.items())) if x is not None), None)
 
 
 def split_overhead(extra: dict[str, float] | None) -> dict[str, float] | None:

@@ -81,11 +81,11 @@ FSDP_SAMPLES = 7
 
 
 def _timed_comms(walls: list[float]):
-    """FSDP2's default all-gather and reduce-scatter (its comm-hook API), each call's wall time
-    (the wait for its peers included) appended to ``walls``."""
-    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+    """FSDP2's default all-gather and reduce-scatter (``executor.zero.fsdp_comm_hooks``), each
+    call's wall time (the wait for its peers included) appended to ``walls``."""
+    from parsim.executor.zero import fsdp_comm_hooks
 
-    def timed(launch):
+    def timed(_kind, _tensor, _async_op, launch):
         t0 = time.perf_counter()
         work = launch()
         if work is not None:
@@ -93,16 +93,7 @@ def _timed_comms(walls: list[float]):
         walls.append(time.perf_counter() - t0)
         return work
 
-    class AllGather(DefaultAllGather):
-        def __call__(self, output_tensor, input_tensor, group, async_op=False):
-            return timed(lambda: super(AllGather, self).__call__(output_tensor, input_tensor, group, async_op))
-
-    class ReduceScatter(DefaultReduceScatter):
-        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-            return timed(lambda: super(ReduceScatter, self).__call__(output_tensor, input_tensor, group, op,
-                                                                     async_op))
-
-    return AllGather(), ReduceScatter()
+    return fsdp_comm_hooks(timed)
 
 
 def measure_fsdp_units(world: int, device, dist, torch) -> list[tuple[float, float, float, float]]:
@@ -121,10 +112,11 @@ def measure_fsdp_units(world: int, device, dist, torch) -> list[tuple[float, flo
         torch.manual_seed(0)
         model = torch.nn.Sequential(*[torch.nn.Linear(FSDP_WIDTH, FSDP_WIDTH) for _ in range(FSDP_UNITS)]).to(device)
         if sharded:
+            gather, scatter = _timed_comms(walls)
             for unit in model:
                 fully_shard(unit, mesh=mesh, reshard_after_forward=True)
-                unit.set_custom_all_gather(_timed_comms(walls)[0])
-                unit.set_custom_reduce_scatter(_timed_comms(walls)[1])
+                unit.set_custom_all_gather(gather)
+                unit.set_custom_reduce_scatter(scatter)
             fully_shard(model, mesh=mesh, reshard_after_forward=True)
         models.append(model)
     x = torch.randn(FSDP_ROWS, FSDP_WIDTH, device=device)
@@ -152,7 +144,7 @@ def measure_fsdp_units(world: int, device, dist, torch) -> list[tuple[float, flo
 
 def fsdp_unit_host_s(rank_results: list[dict]) -> tuple[float, float] | None:
     """(seconds FSDP2 adds per unit around an all-gather, around a reduce-scatter) beyond the
-    collectives and the bytes its copies move (``costs.timing.fsdp_host_time``): the forward's
+    collectives and the bytes its copies move (``costs.timing.fsdp_unit_time``): the forward's
     extra per unit (one all-gather each: copy-in and copy-out of tiny shards, unsharding and
     resharding the parameters, its hooks), and the backward's extra per unit (one all-gather
     and one reduce-scatter each) less the forward's. Medians over ranks and samples, >= 0;

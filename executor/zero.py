@@ -99,8 +99,6 @@ def apply_fsdp(chunk: StageModule, dp_mesh, reshard_after_forward: bool, recorde
 
 def recorded_fsdp_comms(recorder, layer: int):
     """FSDP2's default collectives, timed into the step recorder (FSDP's comm-hook API)."""
-    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
-
     def timed(kind: str, output: torch.Tensor, async_op: bool, launch):
         nbytes = output.numel() * output.element_size()
         if not async_op:
@@ -110,15 +108,27 @@ def recorded_fsdp_comms(recorder, layer: int):
         recorder.async_comm("dp", kind, nbytes, work, name=kind, layer=layer, watch=False)
         return work
 
-    class RecordedAllGather(DefaultAllGather):
+    return fsdp_comm_hooks(timed)
+
+
+def fsdp_comm_hooks(timed):
+    """FSDP2's default all-gather and reduce-scatter (its comm-hook API: ``set_custom_all_gather``
+    / ``set_custom_reduce_scatter``), each call passed through ``timed(kind, tensor, async_op,
+    launch)``: ``kind`` "zero_allgather" or "zero_reducescatter", the tensor whose bytes it
+    moves (the gathered output, the scattered input), ``launch()`` the default call; returns
+    what ``timed`` returns. The executor records them (``recorded_fsdp_comms``), the
+    calibration times them (``calibration.sharded``)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+    class TimedAllGather(DefaultAllGather):
         def __call__(self, output_tensor, input_tensor, group, async_op=False):
             return timed("zero_allgather", output_tensor, async_op,
-                         lambda: super(RecordedAllGather, self).__call__(output_tensor, input_tensor, group, async_op))
+                         lambda: super(TimedAllGather, self).__call__(output_tensor, input_tensor, group, async_op))
 
-    class RecordedReduceScatter(DefaultReduceScatter):
+    class TimedReduceScatter(DefaultReduceScatter):
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
             return timed("zero_reducescatter", input_tensor, async_op,
-                         lambda: super(RecordedReduceScatter, self).__call__(output_tensor, input_tensor, group, op,
-                                                                             async_op))
+                         lambda: super(TimedReduceScatter, self).__call__(output_tensor, input_tensor, group, op,
+                                                                          async_op))
 
-    return RecordedAllGather(), RecordedReduceScatter()
+    return TimedAllGather(), TimedReduceScatter()
