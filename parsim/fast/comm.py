@@ -22,6 +22,15 @@ Per rank, in seconds (buckets back to back on one DP stream, ``costs.dp_buckets`
     node, or both the NIC): then their transfers queue for one port, as in the SimPy engine
     compute seconds lost per second of these collectives overlapping compute (NCCL on the
     SMs: ``costs.stack.comm_compute_slowdown``, the SimPy engine's ``Device.ledger``)
+    whether the ZeRO collectives block the rank (``C_ZERO_BLOCKING``: 0 on a side stream, 1
+    blocking, 2 blocking as FSDP2 runs them, unit by unit with its copies)
+
+Where ZeRO collectives block (a profile whose ``zero_overlap`` is false: gloo on the host's own
+cores, the reference executor's FSDP2), the ZeRO-2/3 columns are what the rank waits, as the
+SimPy engine's ``actions.zero3_collective`` charges it: the collective priced in situ (called
+right after compute, on the plan's ranks sharing the host) and, under FSDP2, its copies and host
+work per unit (``costs.timing.fsdp_unit_time``; the engine also slows those by the host's
+memory-bound contention, which the fast path leaves out as it does for compute).
 """
 from __future__ import annotations
 
@@ -34,17 +43,18 @@ from parsim.costs import (embedding_params, head_params, state_bytes, zero3_gath
                           zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs import timing
 from parsim.costs.comm import bucket_split
+from parsim.costs.host import HostModel
 from parsim.costs.links import group_link
 from parsim.costs.optimizer import tied_embedding_sync
 from parsim.costs.stack import comm_compute_slowdown, zero_comm_factor
-from parsim.costs.timing import parameter_server_time
+from parsim.costs.timing import fsdp_unit_time, parameter_server_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
 
 from .plans import WORDS
 
 (C_AR_ALL, C_AR_LAST, C_RS_ALL, C_RS_LAST, C_AG_ALL, C_PS_ALL, C_PS_LAST, C_PS_BCAST, C_Z3_GATHER, C_Z3_SCATTER,
  C_SHARED_LINK, C_Z2_EMB, C_Z2_HEAD, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER, C_COMM_SLOWDOWN, C_TIED, C_TIED_SHARD,
- C_WIDTH) = range(19)
+ C_ZERO_BLOCKING, C_WIDTH) = range(20)
 
 
 def dp_group_ranks(dp: int, tp: int, pp: int, pp_rank: int = 0) -> list[int]:
@@ -71,11 +81,12 @@ class CollectivePricer:
         self._price = lru_cache(maxsize=None)(self._uncached)
         self._shapes: dict[tuple[int, int, int], tuple[int, ...]] = {}
 
-    def _uncached(self, op: str, nbytes: float, group: tuple[int, ...]) -> float:
-        return timing.collective_time(self.cluster, op, nbytes, list(group))
+    def _uncached(self, op: str, nbytes: float, group: tuple[int, ...], host: int | None) -> float:
+        return timing.collective_time(self.cluster, op, nbytes, list(group), host is not None, host)
 
-    def __call__(self, op: str, nbytes: float, group: tuple[int, ...]) -> float:
-        return self._price(op, float(nbytes), group)
+    def __call__(self, op: str, nbytes: float, group: tuple[int, ...], host: int | None = None) -> float:
+        """Seconds; ``host``: priced in situ with that many ranks sharing the host (None: back to back)."""
+        return self._price(op, float(nbytes), group, host)
 
     def dp_group(self, dp: int, tp: int, pp: int, pp_rank: int) -> tuple[int, ...]:
         """A representative of the DP communicator of ``pp_rank``: the first group seen with
@@ -123,6 +134,7 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
     cluster = pricer.cluster
     tp_link = group_link(cluster, tp_group_ranks(dp, tp, pp))
     zero_factor = zero_comm_factor(cluster)
+    blocking = cluster.device.tables.zero_blocking
     for r in range(pp):
         group = pricer.dp_group(dp, tp, pp, r)
         n = rank_params[r]
@@ -152,10 +164,38 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
             row[C_Z3_ROOT_GATHER] = pricer("all_gather", (emb + head) * sb.param, group)
             row[C_Z3_ROOT_SCATTER] = pricer("reduce_scatter", (emb + head) * sb.grad, group)
         row[[C_Z3_GATHER, C_Z3_SCATTER, C_Z2_EMB, C_Z2_HEAD, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER]] *= zero_factor
+        if blocking:
+            row[C_ZERO_BLOCKING] = 2.0 if cluster.device.tables.fsdp2_copies else 1.0
+            _blocking_zero(row, pricer, group, dp * tp * pp, (z3_gather, z3_scatter, emb, head), sb, zero_factor)
         row[C_SHARED_LINK] = float(tp > 1 and group_link(cluster, list(group)) == tp_link)
         row[C_COMM_SLOWDOWN] = comm_compute_slowdown(cluster)
         done[key] = row.copy()
     return out
+
+
+def _blocking_zero(row: np.ndarray, pricer: CollectivePricer, group: tuple[int, ...], world: int,
+                   sizes: tuple[float, float, float, float], sb, zero_factor: float) -> None:
+    """The ZeRO-2/3 columns of ``row`` where the collectives block the rank (``C_ZERO_BLOCKING``):
+    each collective in situ, and under FSDP2 with its copies and host work around it. ``sizes``:
+    a layer's gathered and scattered bytes, the rank's embedding and head parameters."""
+    cluster = pricer.cluster
+    host = HostModel(cluster, world).ranks_on_host
+    copies = cluster.device.tables.fsdp2_copies
+    gather_b, scatter_b, emb, head = sizes
+    dp = len(group)
+
+    def waited(op: str, nbytes: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        extra = sum(fsdp_unit_time(cluster.device, op, nbytes, dp)) if copies else 0.0
+        return pricer(op, nbytes, group, host) * zero_factor + extra
+
+    row[C_Z3_GATHER] = waited("all_gather", gather_b)
+    row[C_Z3_SCATTER] = waited("reduce_scatter", scatter_b)
+    row[C_Z2_EMB] = waited("reduce_scatter", emb * sb.grad)
+    row[C_Z2_HEAD] = waited("reduce_scatter", head * sb.grad)
+    row[C_Z3_ROOT_GATHER] = waited("all_gather", (emb + head) * sb.param)
+    row[C_Z3_ROOT_SCATTER] = waited("reduce_scatter", (emb + head) * sb.grad)
 
 
 def _tied_columns(out: np.ndarray, model: ModelSpec, pricer: CollectivePricer, plan: Plan, grad_bytes: float) -> None:

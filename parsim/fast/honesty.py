@@ -14,11 +14,11 @@ fixed, every plan over 2 % had one of them):
   ``dp``, ``tp``, ``pp`` above 1): the engine queues them on the same ports (``sim.network``),
   the closed form overlaps them freely;
 * ``shared host``: the plan's ranks share a calibrated CPU host's cores
-  (``costs.host.HostModel.shared``). The engine plays them out under processor sharing (and
-  blocking ZeRO collectives where the profile has no side streams); the closed form prices
-  each rank alone, at its solo speed. On the frozen CPU fixture, over the 3,376 plans of the
-  CPU matrix and its model's sweep space on 2 and 4 ranks, the fast path was median 26 % fast,
-  up to 66 %, and never slower (``studies/validation_cpu/fast_vs_sim.txt``).
+  (``costs.host.HostModel.shared``). The engine plays them out under processor sharing; the
+  closed form prices each rank alone, at its solo speed (both wait for blocking ZeRO
+  collectives in line, ``fast.comm``). On the frozen CPU fixture, over the 3,376 plans of the
+  CPU matrix and its model's sweep space on 2 and 4 ranks, the fast path was median 22 % fast,
+  up to 65 %, and at most 0.2 % slower (``studies/validation_cpu/fast_vs_sim.txt``).
 
 Such rows are ``approximate``; a sweep re-simulates every approximate row that could reach its
 shown top before ranking (``parsim.study.sweep``). ``PESSIMISM`` bounds how much slower than

@@ -15,7 +15,7 @@ F + B), and for looped BFS sum_c (max_r F_rc + max_r B_rc) (each chunk's forward
 backwards, pace at the slowest stage). ZeRO-3's waits inside the actions follow ``fast.timing``.
 
 End of the step, per rank: each chunk's gradients are complete when its last B or W ends (the
-graph gives when); DP buckets of the chunks go out in that order (``fast.timing._sync_end``'s rule
+graph gives when); DP buckets of the chunks go out in that order (``fast.dp_end._sync_end``'s rule
 with the graph's times), then the optimizer and the parameter traffic as in ``fast.timing`` (the
 rank rows' optimizer block, ``fast.ranks``).
 """
@@ -25,15 +25,16 @@ import numba
 import numpy as np
 
 from .codes import DUALPIPEV, LOOPED_BFS, O_BUBBLE, O_DP, O_PIPE, O_PP, O_STEP, O_TP, OFF_NONE
-from .comm import C_AG_ALL, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER
+from .comm import C_AG_ALL, C_Z2_EMB, C_Z2_HEAD, C_Z3_GATHER, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER
 from .dag import K_B, K_F, K_FB, K_I, K_W, N_CHUNK, N_CHUNK_B, N_DEP0, N_DEP1, N_KIND, N_KIND_B, N_RANK
-from .ranks import (R_CHUNK, R_COMM, R_LAST, R_PARAMS, R_STEP, S_GRADS_DOWN, S_OPT_STEP, S_PARAMS_UP,
+from .ranks import (R_CHUNK, R_COMM, R_LAST, R_LAYERS, R_PARAMS, R_STEP, S_GRADS_DOWN, S_OPT_STEP, S_PARAMS_UP,
                     send_between)
 from .rules import overlapped_time
 from .tables import (H_EMB_BWD, H_EMB_FWD, H_HEAD_BWD, H_HEAD_BWD_W, H_HEAD_FWD, H_HEAD_TP_COVER, L_BWD, L_BWD_I,
                      L_BWD_W, L_FWD, L_RECOMPUTE, L_SPLIT_W, L_SPLIT_W2, L_TP_BWD, L_TP_COVER, L_TP_RECOMPUTE,
                      L_TP_W_RECOMPUTE, L_W_RECOMPUTE)
-from .timing import _chained, _plan_terms, _scatter_end, _sync_rounds, tie_embedding
+from .dp_end import _scatter_end, _sync_rounds, blocked_edges, tie_embedding
+from .timing import _chained, _plan_terms
 
 # per (rank, chunk): one microbatch's pass times and the communication inside them (seconds)
 P_F, P_B, P_I, P_W, P_F_COMM, P_B_COMM, P_I_COMM, P_WIDTH = range(8)
@@ -59,17 +60,18 @@ def pass_times(plan, t, lrow, hrow, ranks):
                 p[P_F] = _chained(L, 1, t.f_wait, t.f_layer, max(t.gather, t.gather - t.h2d + t.tp_f))
                 p[P_B] = _chained(L, 1, t.b_wait, t.b_layer, max(t.gather + t.scatter, t.gather - t.h2d + t.scatter
                                                                  + t.tp_b))
-                p[P_I] = _chained(L, 1, t.b_wait, i_layer, t.gather)
-                p[P_W] = _chained(L, 1, 0.0, w_layer, t.scatter)
-            else:
-                p[P_F], p[P_B], p[P_I], p[P_W] = L * t.f_layer, L * t.b_layer, L * i_layer, L * w_layer
+                p[P_I] = _chained(L, 1, t.b_wait, i_layer + t.block_gather, t.gather)
+                p[P_W] = _chained(L, 1, 0.0, w_layer + t.block_scatter, t.scatter)
+            else:       # blocking ZeRO-2: W completes a layer's gradients and reduce-scatters them
+                p[P_F], p[P_B] = L * t.f_layer, L * t.b_layer
+                p[P_I], p[P_W] = L * i_layer, L * (w_layer + t.block_scatter)
             # W run apart from its I costs more than its ops (``split_weight_overhead``)
             p[P_W] += L * lrow[L_SPLIT_W] + L * L * lrow[L_SPLIT_W2]
             # what is not the layers' compute: TP collectives, ZeRO-3 waits (an overlapped slot
-            # hides them behind the other pass's compute)
-            p[P_F_COMM] = p[P_F] - L * lrow[L_FWD]
-            p[P_B_COMM] = p[P_B] - L * (lrow[L_BWD] + lrow[L_RECOMPUTE])
-            p[P_I_COMM] = p[P_I] - L * (lrow[L_BWD_I] + lrow[L_RECOMPUTE])
+            # hides them behind the other pass's compute), but for ZeRO collectives that block the rank
+            p[P_F_COMM] = p[P_F] - L * (lrow[L_FWD] + t.block_gather)
+            p[P_B_COMM] = p[P_B] - L * (lrow[L_BWD] + lrow[L_RECOMPUTE] + t.block_gather + t.block_scatter)
+            p[P_I_COMM] = p[P_I] - L * (lrow[L_BWD_I] + lrow[L_RECOMPUTE] + t.block_gather)
             if first or last:
                 p[P_F] += root
                 p[P_B] += root_b
@@ -81,6 +83,10 @@ def pass_times(plan, t, lrow, hrow, ranks):
                 p[P_B] += hrow[H_HEAD_BWD]
                 p[P_I] += hrow[H_HEAD_BWD] - hrow[H_HEAD_BWD_W] + hrow[H_HEAD_TP_COVER]
                 p[P_W] += hrow[H_HEAD_BWD_W]
+            if t.zero2 and t.block_scatter > 0.0:   # blocking ZeRO-2: the edges' scatters after their W
+                edge = (ranks[r, R_COMM + C_Z2_EMB] if first else 0.0) + (ranks[r, R_COMM + C_Z2_HEAD] if last else 0.0)
+                p[P_B] += edge
+                p[P_W] += edge
             if first:
                 # no input gradient: the first stage's I runs nothing, its W the whole backward
                 p[P_I], p[P_I_COMM], p[P_W] = 0.0, 0.0, p[P_B]
@@ -187,6 +193,9 @@ def plan_time_split(out, plan, lrow, hrow, ranks, send, sync, nodes, m_played):
             busy_all += opt
         step = max(step, ready[r] + opt + post[r])
         exposed_dp += ready[r] - end_r + post[r]
+        if t.block_scatter > 0.0:     # blocking ZeRO: every layer's collectives, in line
+            exposed_dp += plan.m * (ranks[r, R_LAYERS] * (2.0 * t.block_gather + t.block_scatter)
+                                    + blocked_edges(t, ranks[r, R_COMM:R_STEP]))
         busy_all += busy[r] + extra * work[r]
         for c in range(plan.vpp):
             tp_total += passes[r, c, P_F_COMM] + passes[r, c, P_I_COMM]
@@ -207,6 +216,9 @@ def _ready(plan, ranks, t, sync, r, grad, passes, slope):
     last gradient passes ending at ``grad[c, 0]`` after ``grad[c, 1]`` seconds (``fast.timing.
     _gradients_ready`` with the graph's times)."""
     end_r = grad[:, 0].max()
+    if t.zero2 and t.block_scatter > 0.0:       # blocking: as ``fast.dp_end._gradients_ready``
+        c = ranks[r, R_COMM:R_STEP]
+        return end_r, (ranks[r, R_LAYERS] * c[C_Z3_GATHER] + c[C_Z3_ROOT_GATHER] if t.fsdp2 else c[C_AG_ALL])
     if t.zero2:
         last = 0
         for c in range(plan.vpp):

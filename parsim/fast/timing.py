@@ -40,12 +40,11 @@ import numpy as np
 
 from .codes import (GPIPE, INTERLEAVED, NAIVE, O_BUBBLE, O_DP, O_PIPE, O_PP, O_STEP, O_TP, OFF_NONE, ONE_F_ONE_B,
                     PS)
-from .comm import (C_AG_ALL, C_AR_ALL, C_AR_LAST, C_COMM_SLOWDOWN, C_PS_ALL, C_PS_BCAST, C_PS_LAST, C_RS_ALL,
-                   C_RS_LAST, C_SHARED_LINK, C_TIED, C_TIED_SHARD, C_Z2_EMB, C_Z2_HEAD, C_Z3_GATHER, C_Z3_ROOT_GATHER,
-                   C_Z3_ROOT_SCATTER, C_Z3_SCATTER)
-from .ranks import (R_CHUNK, R_COMM, R_LAYERS, R_PARAMS, R_STEP, S_BUCKET_DOWN, S_BUCKETS_DOWN, S_GRADS_DOWN,
-                    S_LAYER_UP, S_OPT_STEP, S_PARAMS_UP, step_block)
-from .rules import gathers_layers, reduce_scatters_buckets, scatters_every_backward
+from .comm import (C_COMM_SLOWDOWN, C_SHARED_LINK, C_Z3_GATHER, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER, C_Z3_SCATTER,
+                   C_ZERO_BLOCKING)
+from .dp_end import _gradients_ready, blocked_edges, tie_embedding
+from .ranks import R_COMM, R_LAYERS, R_STEP, S_GRADS_DOWN, S_LAYER_UP, S_OPT_STEP, S_PARAMS_UP, step_block
+from .rules import gathers_layers, scatters_every_backward
 from .tables import (H_EMB_BWD, H_EMB_FWD, H_EMB_PARAMS, H_HEAD_BWD, H_HEAD_FWD, H_HEAD_PARAMS_PP1,
                      H_HEAD_PARAMS_PPN, L_BWD, L_FWD, L_PARAMS, L_PRE_BWD, L_PRE_FWD, L_RECOMPUTE, L_TP_BWD, L_TP_FWD,
                      L_TP_RECOMPUTE)
@@ -81,26 +80,17 @@ def _chained(layers: float, chunks: int, first_wait: float, per_layer: float, st
     return chunks * (first_wait + per_layer) + (layers - chunks) * max(per_layer, stream)
 
 
-@numba.njit(cache=True)
-def _sync_rounds(c, zero, dp_impl):
-    """(gradient reduction of all buckets, of the last bucket, post-step parameter traffic)."""
-    if dp_impl == PS:
-        return c[C_PS_ALL], c[C_PS_LAST], c[C_PS_BCAST]
-    if not reduce_scatters_buckets(zero):
-        return c[C_AR_ALL], c[C_AR_LAST], 0.0
-    return c[C_RS_ALL], c[C_RS_LAST], c[C_AG_ALL]     # ZeRO-1: reduce-scatter, then all-gather
-
-
-# What ``plan_time`` reads of one plan (numba-compatible records: plain tuples with names).
-# The plan's integer knobs (codes: ``fast.codes``; ``m`` the microbatches per step):
 PlanKnobs = namedtuple("PlanKnobs", "dp tp pp vpp m schedule zero offload dp_impl")
 # the sweep's DP bucketing: bucket bytes, and whether buckets overlap the last backward
 DPSync = namedtuple("DPSync", "bucket_bytes overlap")
 # the plan's terms shared by the pipeline and the end of the step (seconds, parameters, bytes;
 # flags), read once from its rows so the per-rank steps take scalars
+# ``block_gather`` / ``block_scatter``: a layer's ZeRO collectives where they block the rank
+# (``fast.comm.C_ZERO_BLOCKING``), already in ``f_layer`` / ``b_layer``; ``fsdp2``: ZeRO-2 gathers
+# unit by unit after the step (the SimPy engine's ``actions.fsdp2_gathers``)
 PlanTerms = namedtuple("PlanTerms", "f_layer b_layer tp_layer tp_f tp_b gather scatter f_wait b_wait h2d zf zb "
                                     "zero3 zero2 shared tp_last_layer layer_params emb_bwd head_bwd "
-                                    "emb_params head_params opt_block")
+                                    "emb_params head_params opt_block block_gather block_scatter fsdp2")
 
 
 @numba.njit(cache=True)
@@ -163,10 +153,21 @@ def _plan_terms(plan, lrow, hrow, ranks):
         slowdown = ranks[0, R_COMM + C_COMM_SLOWDOWN]
         zf = slowdown * min(f_layer, gather)
         zb = slowdown * min(b_layer, gather + scatter)
+    # ZeRO collectives that block the rank (no side stream: ``fast.comm``): a layer's run in line
+    # with its compute, the gather before it, the reduce-scatter after its backward (``sim.actions``)
+    blocking = ranks[0, R_COMM + C_ZERO_BLOCKING]
+    block_gather, block_scatter = 0.0, 0.0
+    if blocking > 0 and (zero3 or zero2):
+        block_scatter = ranks[0, R_COMM + C_Z3_SCATTER]
+        block_gather = gather if zero3 else 0.0
+        f_layer += block_gather
+        b_layer += block_gather + block_scatter
+        gather, scatter, f_wait, b_wait, zf, zb = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     head_params = hrow[H_HEAD_PARAMS_PP1] if plan.pp == 1 else hrow[H_HEAD_PARAMS_PPN]
     return PlanTerms(f_layer, b_layer, tp_layer, tp_f, tp_b, gather, scatter, f_wait, b_wait, h2d, zf, zb, zero3,
                      zero2, shared, lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE], lrow[L_PARAMS], hrow[H_EMB_BWD],
-                     hrow[H_HEAD_BWD], hrow[H_EMB_PARAMS], head_params, opt_block)
+                     hrow[H_HEAD_BWD], hrow[H_EMB_PARAMS], head_params, opt_block, block_gather, block_scatter,
+                     blocking == 2.0)
 
 
 @numba.njit(cache=True, inline="always")
@@ -225,6 +226,7 @@ def _pipeline(plan, hrow, ranks, send, t):
         # a blocking stack's sends hold the rank in its steady state (``_held``)
         held_r = _held(plan, send, r)
         held += held_r
+        root_b += blocked_edges(t, ranks[r, R_COMM:R_STEP])
         x += _edges(r, last, hrow) + _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], True) + root_b + held_r
         max_b = max(max_b, L * t.b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0)
                     + (hrow[H_HEAD_BWD] if r == last else 0.0) + root_b)
@@ -260,7 +262,8 @@ def _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x)
             b_rank += hrow[H_EMB_BWD]
         if r == last:
             b_rank += hrow[H_HEAD_BWD]
-        b_rank += _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False)
+        b_rank += (_root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False)
+                   + blocked_edges(t, ranks[r, R_COMM:R_STEP]))
         if r > 0:
             end_r -= b_rank / vpp + send[r - 1]
         # a blocking stack's rank is done when its last backward's send is through
@@ -282,108 +285,12 @@ def _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x)
         if t.zero3:
             # inside the actions: the waits for gathers that compute did not hide
             exposed += m * (rank_x[r] - held - ranks[r, R_LAYERS] * (t.f_layer + t.b_layer) - _edges(r, last, hrow))
+        if t.block_scatter > 0.0:     # blocking: every layer's collectives, in line (``_plan_terms``)
+            exposed += m * (ranks[r, R_LAYERS] * (2.0 * t.block_gather + t.block_scatter)
+                            + blocked_edges(t, ranks[r, R_COMM:R_STEP]))
         step = max(step, ready[r] + opt + post[r])
         exposed_dp += exposed
         busy += m * (rank_x[r] - held)              # whole actions, waits inside them included
     return step, exposed_dp, busy
 
 
-@numba.njit(cache=True, inline="always")
-def tie_embedding(plan, ranks, ready):
-    """The tied embedding's gradient all-reduce (``fast.comm`` C_TIED / C_TIED_SHARD, non-zero
-    on the first and the last pipeline rank only): both start it when the later of the two has
-    its gradients reduced, and end it together (``sim.dp.finish_step``). ``ready`` in place."""
-    column = R_COMM + (C_TIED_SHARD if plan.zero >= 2 else C_TIED)
-    meet, seconds = -1e300, 0.0
-    for r in range(plan.pp):
-        if ranks[r, column] > 0:
-            meet, seconds = max(meet, ready[r]), ranks[r, column]
-    if seconds > 0:
-        for r in range(plan.pp):
-            if ranks[r, column] > 0:
-                ready[r] = meet + seconds
-
-
-@numba.njit(cache=True, inline="always")
-def _gradients_ready(plan, ranks, t, sync, r, end_r, b_rank, t_pipe, max_b, max_x):
-    """(when rank r's gradients are reduced and on their way to the optimizer, the DP
-    parameter traffic after its step) for a rank whose last backward ends at ``end_r``."""
-    L = ranks[r, R_LAYERS]
-    m, vpp, dp = plan.m, plan.vpp, plan.dp
-    ready, post = end_r, 0.0
-    if t.zero2:
-        # from the rank's first backward to its last one's end: m backwards at the pipeline's pace
-        pace = t_pipe / m if plan.schedule == NAIVE else (max_b if plan.schedule == GPIPE else max_x)
-        window = (m - 1.0 / vpp) * pace + b_rank / vpp
-        ready = _scatter_end(plan, ranks, t, r, L if vpp == 1 else ranks[r, R_CHUNK], end_r, window)
-        post = ranks[r, R_COMM + C_AG_ALL]
-    elif dp > 1 and not t.zero3:
-        sync_all, sync_last, post = _sync_rounds(ranks[r, R_COMM:R_STEP], plan.zero, plan.dp_impl)
-        ready = _sync_end(plan, ranks, t, r, end_r, b_rank, sync_all, sync_last, sync.overlap)
-        if t.shared and sync.overlap:
-            # the buckets and the last backward's TP collectives take turns on the port
-            tp_last = L * t.tp_last_layer / vpp
-            ready = max(ready, end_r - b_rank / vpp + t.b_layer + sync_all + tp_last)
-        if plan.offload != OFF_NONE:
-            # each reduced bucket's shard goes down over PCIe as it is done
-            one, every = ranks[r, t.opt_block + S_BUCKET_DOWN], ranks[r, t.opt_block + S_BUCKETS_DOWN]
-            ready = max(ready + one, ready - sync_all + every)
-    elif t.zero3:
-        ready = end_r + t.scatter                   # the last layer's gradient reduce-scatter
-    return ready, post
-
-
-@numba.njit(cache=True, inline="always")
-def _scatter_end(plan, ranks, t, r, layers, end_r, window):
-    """ZeRO-2: when the reduce-scatters of the rank's last backward (model chunk 0: ``layers``
-    layers, the embedding on rank 0, the head on the last rank without interleaving) are
-    through, each starting when backward completes its gradients and the one before it is done;
-    and no earlier than the step's whole DP stream work (m backwards of the rank's layers and
-    edges) fits after the rank's first backward, ``window`` before ``end_r``."""
-    c = ranks[r, R_COMM:R_STEP]
-    last, vpp, L = plan.pp - 1, plan.vpp, ranks[r, R_LAYERS]
-    emb = t.emb_bwd if r == 0 else 0.0
-    head = t.head_bwd if r == last and vpp == 1 else 0.0
-    t_ = end_r - layers * t.b_layer - emb - head          # the last backward's start
-    end = -1e300
-    if r == last and vpp == 1:
-        t_ += head
-        end = t_ + c[C_Z2_HEAD]
-    for _ in range(int(layers)):
-        t_ += t.b_layer
-        end = max(end, t_) + c[C_Z3_SCATTER]
-    if r == 0:
-        end = max(end, end_r) + c[C_Z2_EMB]
-    per_microbatch = L * c[C_Z3_SCATTER] + (c[C_Z2_EMB] if r == 0 else 0.0) + (c[C_Z2_HEAD] if r == last else 0.0)
-    return max(max(end, end_r), end_r - window + plan.m * per_microbatch)
-
-
-@numba.njit(cache=True, inline="always")
-def _sync_end(plan, ranks, t, r, end_r, b_rank, sync_all, sync_last, overlap):
-    """When the rank's gradient buckets are all reduced: chunk by chunk (last chunk first),
-    each starting when its first bucket is complete in its last backward and never ending
-    before its last bucket, produced at the end of that backward, is through. The output
-    head's gradients come first, the embedding's last."""
-    if not overlap:
-        return end_r + sync_all
-    pp, vpp = plan.pp, plan.vpp
-    last, L, n, lp = pp - 1, ranks[r, R_LAYERS], ranks[r, R_PARAMS], t.layer_params
-    b_chunk = b_rank / vpp
-    emb = t.emb_params if r == 0 else 0.0
-    head = t.head_params if r == last else 0.0
-    t_ = -1e300
-    for i in range(vpp):
-        c = vpp - 1 - i
-        chunk_end = end_r - c * pp * b_chunk
-        chunk_start = chunk_end - b_chunk
-        share = (ranks[r, R_CHUNK + c] if vpp > 1 else L) * lp
-        first, tail = t.b_layer, sync_last
-        if c == vpp - 1 and head > 0:
-            share += head
-            first = t.head_bwd
-        if c == 0 and emb > 0:
-            share += emb
-            tail = max(sync_last, sync_all * emb / n)
-        duration = sync_all * share / n if n > 0 else 0.0
-        t_ = max(max(t_, chunk_start + first) + duration, chunk_end + tail)
-    return t_

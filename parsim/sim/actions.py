@@ -89,7 +89,9 @@ def run_stepped(env: simpy.Environment, run: ActionRun):
                                                "zero_reducescatter", cost.stage, run.microbatch, -1))
         run.dev.pending_dp.append(scatter)
         if run.sim.zero_blocking:
+            waited = env.now
             yield scatter
+            run.sim.recorder.expose(run.dev.rank, "dp", env.now - waited)
     run.sim.recorder.expose(run.dev.rank, "tp", uncovered(run.comm, run.cover))
 
 
@@ -134,7 +136,9 @@ def _walk(env: simpy.Environment, run: ActionRun, chain: tuple[Segment, ...], ha
                 rec.event(dev.rank, stage, "compute", s.kind, mb, s.layer, start, env.now, flops=s.flops, name=s.name)
             scatter = _segment_done(env, run, s)
             if scatter is not None and sim.zero_blocking:
+                waited = env.now
                 yield scatter               # no side stream: the layer's reduce-scatter runs in place
+                rec.expose(dev.rank, "dp", env.now - waited)
         else:
             req = dev.tp_stream.request() if half is not None else None
             if req is not None:
