@@ -81,26 +81,33 @@ def test_a_plan_the_fast_path_says_fits_fits_in_the_simpy_engine():
 
 
 BLOCKING_ZERO = ["dp=2 gbs=8 zero=3", "dp=2 gbs=8 mbs=2 zero=3 recompute=full", "dp=2 gbs=8 zero=2",
-                 "dp=2 gbs=16 mbs=2 zero=2"]
+                 "dp=2 gbs=16 mbs=2 zero=2",
+                 # 4 ranks: the closed form's pipeline and the split schedules' graph (``fast.split_timing``)
+                 "dp=2 pp=2 gbs=8 zero=3", "dp=2 pp=2 gbs=8 zero=2 schedule=gpipe",
+                 "dp=2 pp=2 gbs=8 zero=2 schedule=zb-h1", "dp=2 pp=2 vpp=2 gbs=8 zero=2 schedule=dualpipev"]
 
 
 @pytest.mark.parametrize("plan", BLOCKING_ZERO)
 def test_blocking_zero_collectives_agree_within_2_percent(plan):
     """A profile whose ZeRO collectives block the rank (gloo on the host's cores; FSDP2 with its
     copies and host work per unit: the frozen CPU fixture, its host-sharing curves left out, which
-    the fast path does not model): both engines wait for each collective in line, priced in situ
-    (before, the fast path overlapped them and read ZeRO-3 half the engine's step), and count the
-    waits as exposed DP time (the engine's root-unit gathers aside: 5 %)."""
+    the fast path does not model; 2 and 4 ranks): both engines wait for each collective in line,
+    priced in situ (before, the fast path overlapped them and read ZeRO-3 half the engine's step),
+    and count the waits as exposed DP time (ZeRO-3's root-unit gathers aside, which the engine
+    leaves out of it: 10 %)."""
     from dataclasses import replace
     from pathlib import Path
-    base = load_cluster("cpu:2", profile=str(Path(__file__).parent / "fixtures" / "cpu-calibrated.yaml"))
+    p = parse_plan(plan + " dtype=fp32")
+    fixture = Path(__file__).parent / "fixtures" / "cpu-calibrated.yaml"
+    base = load_cluster(f"cpu:{p.dp * p.pp}", profile=str(fixture))
     tables = base.device.tables
     assert tables.zero_blocking and tables.fsdp2_copies
-    tables = tables.replace(contention=None, contention_membound=None, contention_layer=None,
+    # a core per rank (``cores`` None): no message CPU taken from computing ranks either
+    tables = tables.replace(contention=None, contention_membound=None, contention_layer=None, cores=None,
                             fsdp_gather_host_s=5e-4, fsdp_scatter_host_s=2e-4)
     cluster = replace(base, device=replace(base.device, tables=tables))
-    model, p = load_model("cpu-small"), parse_plan(plan + " dtype=fp32")
+    model = load_model("cpu-small")
     fast = evaluate(model, cluster, PlanTable.from_plans([p]))
     sim = simulate(model, cluster, p, record_events=False)
     assert fast.step_time_s[0] == pytest.approx(sim.step_time_s, rel=0.02)
-    assert fast.exposed_dp_s[0] == pytest.approx(sim.exposed_comm_s["dp"], rel=0.05)
+    assert fast.exposed_dp_s[0] == pytest.approx(sim.exposed_comm_s["dp"], rel=0.1)

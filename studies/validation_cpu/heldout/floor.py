@@ -17,13 +17,13 @@ quarter hour to the next. Its |error| median and max are set beside issue 20's t
 
 ``--runs DIR ...`` reads other runs of ``parsim validate`` (each DIR's ``validation.csv`` or its
 models' ``*/validation.csv``); ``--exclude WORD`` leaves out plans whose string contains it (a
-plan the executor ran differently in some of the runs). The zero-bubble matrix's ten full runs
-(``studies/zero_bubble/``, 11-27 21:41 to 11-28 20:37), its SP plans left out (the executor's SP
+plan the executor ran differently in some of the runs). The zero-bubble matrix's eleven full runs
+(``studies/zero_bubble/``, 11-27 21:41 to 11-28 21:50), its SP plans left out (the executor's SP
 collectives changed at d177c15, between them):
 
     Z=studies/zero_bubble
     .venv/bin/python studies/validation_cpu/heldout/floor.py --exclude sp=true --runs \\
-        $Z/validation_intel_final $Z/validation_intel_split{,_b,_d,_e,_f,_g,_h,_i,_j} > $Z/floor.txt
+        $Z/validation_intel_final $Z/validation_intel_split{,_b,_d,_e,_f,_g,_h,_i,_j,_k} > $Z/floor.txt
 """
 from __future__ import annotations
 
