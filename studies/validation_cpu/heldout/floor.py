@@ -1,6 +1,6 @@
 """How close can any prediction come on this VM? The held-out plans measured again and again.
 
-Runs e-j of the held-out matrix (`run_20261128{e..j}/`, 2026-11-28 05:11-19:45 UTC) ran the same
+Runs e-k of the held-out matrix (`run_20261128{e..k}/`, 2026-11-28 05:11-22:14 UTC) ran the same
 15 plans with the same executor (its behaviour unchanged since d177c15; later commits touched the
 calibration, the simulator and the demo). Their measured step times are therefore repeated
 measurements of one thing, and their scatter bounds what any prediction made once can reach.
@@ -34,7 +34,7 @@ import statistics
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RUNS = [HERE / f"run_20261128{r}" for r in "efghij"]
+RUNS = [HERE / f"run_20261128{r}" for r in "efghijk"]
 
 
 def load(run: Path, exclude: list[str]) -> dict[tuple[str, str], dict]:
