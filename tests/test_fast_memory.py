@@ -35,7 +35,6 @@ def test_fast_peak_memory_equals_memory_by_stage(model_name, cluster_name, space
             assert getattr(fast, f"peak_{cat}_bytes")[i] == pytest.approx(getattr(peak, cat), rel=1e-12, abs=1e-6)
 
 
-
 @pytest.mark.parametrize("model_name, cluster_name, space", [CASES[1], CASES[3]], ids=["llama3-70b", "tiny"])
 def test_a_plans_numbers_do_not_depend_on_the_table_it_is_evaluated_in(model_name, cluster_name, space):
     """The fast path shares cost rows between plans with equal keys (``fast.tables``): a plan

@@ -133,8 +133,7 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
     done: dict[tuple[float, tuple[int, ...]], np.ndarray] = {}
     cluster = pricer.cluster
     tp_link = group_link(cluster, tp_group_ranks(dp, tp, pp))
-    zero_factor = zero_comm_factor(cluster)
-    blocking = cluster.device.tables.zero_blocking
+    zero_price = _zero_pricer(pricer, dp * tp * pp)
     for r in range(pp):
         group = pricer.dp_group(dp, tp, pp, r)
         n = rank_params[r]
@@ -150,52 +149,51 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
             row[C_PS_ALL], row[C_PS_LAST] = bucketed(lambda x: parameter_server_time(cluster, x, list(group)),
                                                      n * sb.grad, bucket_bytes)
             row[C_PS_BCAST] = parameter_server_time(cluster, n * sb.param, list(group))
-        row[C_Z3_GATHER] = pricer("all_gather", z3_gather, group)
-        row[C_Z3_SCATTER] = pricer("reduce_scatter", z3_scatter, group)
+        row[C_Z3_GATHER] = zero_price("all_gather", z3_gather, group)
+        row[C_Z3_SCATTER] = zero_price("reduce_scatter", z3_scatter, group)
         emb = embedding_params(model, plan) if r == 0 else 0.0
         head = head_params(model, plan) if r == head_rank else 0.0
         if emb:
-            row[C_Z2_EMB] = pricer("reduce_scatter", emb * sb.grad, group)
+            row[C_Z2_EMB] = zero_price("reduce_scatter", emb * sb.grad, group)
         if head:
-            row[C_Z2_HEAD] = pricer("reduce_scatter", head * sb.grad, group)
+            row[C_Z2_HEAD] = zero_price("reduce_scatter", head * sb.grad, group)
         if emb + head:
             # ZeRO-3: the rank's root unit (embedding and / or final norm + head), gathered before
             # every forward and backward, reduce-scattered after every backward (sim.actions)
-            row[C_Z3_ROOT_GATHER] = pricer("all_gather", (emb + head) * sb.param, group)
-            row[C_Z3_ROOT_SCATTER] = pricer("reduce_scatter", (emb + head) * sb.grad, group)
-        row[[C_Z3_GATHER, C_Z3_SCATTER, C_Z2_EMB, C_Z2_HEAD, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER]] *= zero_factor
-        if blocking:
-            row[C_ZERO_BLOCKING] = 2.0 if cluster.device.tables.fsdp2_copies else 1.0
-            _blocking_zero(row, pricer, group, dp * tp * pp, (z3_gather, z3_scatter, emb, head), sb, zero_factor)
+            row[C_Z3_ROOT_GATHER] = zero_price("all_gather", (emb + head) * sb.param, group)
+            row[C_Z3_ROOT_SCATTER] = zero_price("reduce_scatter", (emb + head) * sb.grad, group)
+        row[C_ZERO_BLOCKING] = _blocking_code(cluster)
         row[C_SHARED_LINK] = float(tp > 1 and group_link(cluster, list(group)) == tp_link)
         row[C_COMM_SLOWDOWN] = comm_compute_slowdown(cluster)
         done[key] = row.copy()
     return out
 
 
-def _blocking_zero(row: np.ndarray, pricer: CollectivePricer, group: tuple[int, ...], world: int,
-                   sizes: tuple[float, float, float, float], sb, zero_factor: float) -> None:
-    """The ZeRO-2/3 columns of ``row`` where the collectives block the rank (``C_ZERO_BLOCKING``):
-    each collective in situ, and under FSDP2 with its copies and host work around it. ``sizes``:
-    a layer's gathered and scattered bytes, the rank's embedding and head parameters."""
+def _blocking_code(cluster: ClusterSpec) -> float:
+    """``C_ZERO_BLOCKING``: 0 where ZeRO collectives run on a side stream, 1 where they block the
+    rank, 2 where they block it as FSDP2 runs them (unit by unit, with its copies)."""
+    tables = cluster.device.tables
+    return (2.0 if tables.fsdp2_copies else 1.0) if tables.zero_blocking else 0.0
+
+
+def _zero_pricer(pricer: CollectivePricer, world: int):
+    """Seconds of one ZeRO collective of a unit of ``nbytes`` over ``group``, as the SimPy engine's
+    ``actions.zero3_collective`` charges it: at the stack's share of the bandwidth
+    (``costs.stack.zero_comm_factor``); where ZeRO collectives block the rank, priced in situ on
+    the plan's ``world`` ranks sharing the host and, under FSDP2, with its copies and host work
+    around it (``costs.timing.fsdp_unit_time``)."""
     cluster = pricer.cluster
-    host = HostModel(cluster, world).ranks_on_host
-    copies = cluster.device.tables.fsdp2_copies
-    gather_b, scatter_b, emb, head = sizes
-    dp = len(group)
+    tables = cluster.device.tables
+    factor = zero_comm_factor(cluster)
+    host = HostModel(cluster, world).ranks_on_host if tables.zero_blocking else None
+    copies = tables.zero_blocking and tables.fsdp2_copies
 
-    def waited(op: str, nbytes: float) -> float:
-        if nbytes <= 0:
-            return 0.0
-        extra = sum(fsdp_unit_time(cluster.device, op, nbytes, dp)) if copies else 0.0
-        return pricer(op, nbytes, group, host) * zero_factor + extra
-
-    row[C_Z3_GATHER] = waited("all_gather", gather_b)
-    row[C_Z3_SCATTER] = waited("reduce_scatter", scatter_b)
-    row[C_Z2_EMB] = waited("reduce_scatter", emb * sb.grad)
-    row[C_Z2_HEAD] = waited("reduce_scatter", head * sb.grad)
-    row[C_Z3_ROOT_GATHER] = waited("all_gather", (emb + head) * sb.param)
-    row[C_Z3_ROOT_SCATTER] = waited("reduce_scatter", (emb + head) * sb.grad)
+    def price(op: str, nbytes: float, group: tuple[int, ...]) -> float:
+        seconds = pricer(op, nbytes, group, host) * factor
+        if copies and nbytes > 0:
+            seconds += sum(fsdp_unit_time(cluster.device, op, nbytes, len(group)))
+        return seconds
+    return price
 
 
 def _tied_columns(out: np.ndarray, model: ModelSpec, pricer: CollectivePricer, plan: Plan, grad_bytes: float) -> None:

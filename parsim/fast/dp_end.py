@@ -38,6 +38,26 @@ def blocked_edges(t, c) -> float:
 
 
 @numba.njit(cache=True)
+def blocked_exposed(plan, ranks, t, r) -> float:
+    """Seconds rank r waits a step for ZeRO collectives that block it (``fast.timing._plan_terms``
+    puts them in line): every layer's gather in forward and backward and its reduce-scatter, and
+    ZeRO-2's edge reduce-scatters, every microbatch; 0 where they do not block."""
+    if not t.block_scatter > 0.0:
+        return 0.0
+    return plan.m * (ranks[r, R_LAYERS] * (2.0 * t.block_gather + t.block_scatter)
+                     + blocked_edges(t, ranks[r, R_COMM:R_STEP]))
+
+
+@numba.njit(cache=True)
+def blocked_zero2_post(ranks, t, r) -> float:
+    """ZeRO-2 with blocking collectives: the parameter all-gathers after rank r's step, unit by
+    unit under FSDP2 (its layers, then its root unit: ``sim.actions.fsdp2_gathers``), else in
+    DDP-sized buckets."""
+    c = ranks[r, R_COMM:R_STEP]
+    return ranks[r, R_LAYERS] * c[C_Z3_GATHER] + c[C_Z3_ROOT_GATHER] if t.fsdp2 else c[C_AG_ALL]
+
+
+@numba.njit(cache=True)
 def _sync_rounds(c, zero, dp_impl):
     """(gradient reduction of all buckets, of the last bucket, post-step parameter traffic)."""
     if dp_impl == PS:
@@ -75,10 +95,7 @@ def _gradients_ready(plan, ranks, t, sync, r, end_r, b_rank, t_pipe, max_b, max_
     m, vpp, dp = plan.m, plan.vpp, plan.dp
     ready, post = end_r, 0.0
     if t.zero2 and t.block_scatter > 0.0:
-        # blocking: each backward's reduce-scatters ran in line; the parameters are gathered after
-        # the step, unit by unit under FSDP2 (``sim.actions.fsdp2_gathers``), else in buckets
-        c = ranks[r, R_COMM:R_STEP]
-        post = L * c[C_Z3_GATHER] + c[C_Z3_ROOT_GATHER] if t.fsdp2 else c[C_AG_ALL]
+        post = blocked_zero2_post(ranks, t, r)      # each backward's reduce-scatters ran in line
     elif t.zero2:
         # from the rank's first backward to its last one's end: m backwards at the pipeline's pace
         pace = t_pipe / m if plan.schedule == NAIVE else (max_b if plan.schedule == GPIPE else max_x)

@@ -25,15 +25,15 @@ import numba
 import numpy as np
 
 from .codes import DUALPIPEV, LOOPED_BFS, O_BUBBLE, O_DP, O_PIPE, O_PP, O_STEP, O_TP, OFF_NONE
-from .comm import C_AG_ALL, C_Z2_EMB, C_Z2_HEAD, C_Z3_GATHER, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER
+from .comm import C_AG_ALL, C_Z2_EMB, C_Z2_HEAD, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER
 from .dag import K_B, K_F, K_FB, K_I, K_W, N_CHUNK, N_CHUNK_B, N_DEP0, N_DEP1, N_KIND, N_KIND_B, N_RANK
-from .ranks import (R_CHUNK, R_COMM, R_LAST, R_LAYERS, R_PARAMS, R_STEP, S_GRADS_DOWN, S_OPT_STEP, S_PARAMS_UP,
+from .ranks import (R_CHUNK, R_COMM, R_LAST, R_PARAMS, R_STEP, S_GRADS_DOWN, S_OPT_STEP, S_PARAMS_UP,
                     send_between)
 from .rules import overlapped_time
 from .tables import (H_EMB_BWD, H_EMB_FWD, H_HEAD_BWD, H_HEAD_BWD_W, H_HEAD_FWD, H_HEAD_TP_COVER, L_BWD, L_BWD_I,
                      L_BWD_W, L_FWD, L_RECOMPUTE, L_SPLIT_W, L_SPLIT_W2, L_TP_BWD, L_TP_COVER, L_TP_RECOMPUTE,
                      L_TP_W_RECOMPUTE, L_W_RECOMPUTE)
-from .dp_end import _scatter_end, _sync_rounds, blocked_edges, tie_embedding
+from .dp_end import _scatter_end, _sync_rounds, blocked_exposed, blocked_zero2_post, tie_embedding
 from .timing import _chained, _plan_terms
 
 # per (rank, chunk): one microbatch's pass times and the communication inside them (seconds)
@@ -192,10 +192,7 @@ def plan_time_split(out, plan, lrow, hrow, ranks, send, sync, nodes, m_played):
         else:
             busy_all += opt
         step = max(step, ready[r] + opt + post[r])
-        exposed_dp += ready[r] - end_r + post[r]
-        if t.block_scatter > 0.0:     # blocking ZeRO: every layer's collectives, in line
-            exposed_dp += plan.m * (ranks[r, R_LAYERS] * (2.0 * t.block_gather + t.block_scatter)
-                                    + blocked_edges(t, ranks[r, R_COMM:R_STEP]))
+        exposed_dp += ready[r] - end_r + post[r] + blocked_exposed(plan, ranks, t, r)
         busy_all += busy[r] + extra * work[r]
         for c in range(plan.vpp):
             tp_total += passes[r, c, P_F_COMM] + passes[r, c, P_I_COMM]
@@ -217,8 +214,7 @@ def _ready(plan, ranks, t, sync, r, grad, passes, slope):
     _gradients_ready`` with the graph's times)."""
     end_r = grad[:, 0].max()
     if t.zero2 and t.block_scatter > 0.0:       # blocking: as ``fast.dp_end._gradients_ready``
-        c = ranks[r, R_COMM:R_STEP]
-        return end_r, (ranks[r, R_LAYERS] * c[C_Z3_GATHER] + c[C_Z3_ROOT_GATHER] if t.fsdp2 else c[C_AG_ALL])
+        return end_r, blocked_zero2_post(ranks, t, r)
     if t.zero2:
         last = 0
         for c in range(plan.vpp):

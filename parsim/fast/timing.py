@@ -42,7 +42,7 @@ from .codes import (GPIPE, INTERLEAVED, NAIVE, O_BUBBLE, O_DP, O_PIPE, O_PP, O_S
                     PS)
 from .comm import (C_COMM_SLOWDOWN, C_SHARED_LINK, C_Z3_GATHER, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER, C_Z3_SCATTER,
                    C_ZERO_BLOCKING)
-from .dp_end import _gradients_ready, blocked_edges, tie_embedding
+from .dp_end import _gradients_ready, blocked_edges, blocked_exposed, tie_embedding
 from .ranks import R_COMM, R_LAYERS, R_STEP, S_GRADS_DOWN, S_LAYER_UP, S_OPT_STEP, S_PARAMS_UP, step_block
 from .rules import gathers_layers, scatters_every_backward
 from .tables import (H_EMB_BWD, H_EMB_FWD, H_EMB_PARAMS, H_HEAD_BWD, H_HEAD_FWD, H_HEAD_PARAMS_PP1,
@@ -80,6 +80,8 @@ def _chained(layers: float, chunks: int, first_wait: float, per_layer: float, st
     return chunks * (first_wait + per_layer) + (layers - chunks) * max(per_layer, stream)
 
 
+# What ``plan_time`` reads of one plan (numba-compatible records: plain tuples with names).
+# The plan's integer knobs (codes: ``fast.codes``; ``m`` the microbatches per step):
 PlanKnobs = namedtuple("PlanKnobs", "dp tp pp vpp m schedule zero offload dp_impl")
 # the sweep's DP bucketing: bucket bytes, and whether buckets overlap the last backward
 DPSync = namedtuple("DPSync", "bucket_bytes overlap")
@@ -285,9 +287,7 @@ def _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x)
         if t.zero3:
             # inside the actions: the waits for gathers that compute did not hide
             exposed += m * (rank_x[r] - held - ranks[r, R_LAYERS] * (t.f_layer + t.b_layer) - _edges(r, last, hrow))
-        if t.block_scatter > 0.0:     # blocking: every layer's collectives, in line (``_plan_terms``)
-            exposed += m * (ranks[r, R_LAYERS] * (2.0 * t.block_gather + t.block_scatter)
-                            + blocked_edges(t, ranks[r, R_COMM:R_STEP]))
+        exposed += blocked_exposed(plan, ranks, t, r)
         step = max(step, ready[r] + opt + post[r])
         exposed_dp += exposed
         busy += m * (rank_x[r] - held)              # whole actions, waits inside them included
