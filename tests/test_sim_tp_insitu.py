@@ -98,3 +98,31 @@ def test_dp_collectives_are_not_priced_in_situ():
     b2b, insitu = _clusters(2)
     assert simulate(model, insitu, plan, record_events=False).step_time_s == \
         simulate(model, b2b, plan, record_events=False).step_time_s
+
+
+def test_the_shared_premium_scales_with_the_share_of_time_the_other_ranks_compute():
+    # CollectiveFit.shared_alpha: a peer waits for a core only while the others compute
+    from parsim.specs.collectives import CollectiveFit
+    from parsim.specs.tables import RankCurve
+    fit = CollectiveFit(alpha=1e-4, beta=0.0, alpha_insitu=1e-3, alpha_insitu_shared=RankCurve(((4, 3e-3),)),
+                        insitu_block_s=2e-3)
+    own, premium = 1e-3, 2e-3
+    assert fit.shared_alpha(4, own, None) == pytest.approx(own + premium)            # as the probe measured
+    assert fit.shared_alpha(4, own, None, busy=0.25) == pytest.approx(own + 0.25 * premium)
+    assert fit.shared_alpha(4, own, 1e-3, busy=0.5) == pytest.approx(own + 0.5 * 0.5 * premium)
+    assert fit.shared_alpha(4, own, 1e-3, busy=0.0) == pytest.approx(own)
+    assert fit.shared_alpha(4, own, 5e-3, busy=7.0) == pytest.approx(own + premium)  # clamped to [0, 1]
+    # the group alone on its host: no premium, whatever the share
+    assert fit.seconds(0.0, in_situ=True, host_ranks=2, group=2, busy=1.0) == pytest.approx(own)
+
+
+def test_the_engine_prices_a_shared_premium_by_the_share_its_ranks_compute():
+    # tp=2 pp=2 on one 4-rank host: the pipeline's ranks sit in bubbles and wait for messages, so
+    # the host's other ranks compute part of the step and the premium is paid in part
+    model, plan = load_model("cpu-small"), parse_plan("tp=2 pp=2 gbs=8 sp=true dtype=fp32")
+    own = _clusters(4, shared={"4": EXTRA})[1]                   # the shared latency = the own one
+    shared = _clusters(4, shared={"4": 3 * EXTRA})[1]            # a premium of 2 x EXTRA a call
+    collectives = 8 * (4 * 8 + 4)            # microbatches x (4 layers a stage x 8 + the edges' few)
+    t_own, t_shared = (simulate(model, c, plan, record_events=False).step_time_s for c in (own, shared))
+    paid = (t_shared - t_own) / (collectives * 2 * EXTRA)
+    assert 0.1 < paid < 0.95

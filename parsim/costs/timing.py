@@ -250,15 +250,17 @@ _CAL_KEYS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_sca
 
 
 def _calibrated(cluster: ClusterSpec, op: str, n: int, x: float, in_situ: bool = False,
-                host_ranks: int | None = None, block_s: float | None = None) -> float | None:
+                host_ranks: int | None = None, block_s: float | None = None,
+                busy: float | None = None) -> float | None:
     fit = cluster.network.collectives.fit(_CAL_KEYS.get(op, op), n)
     if fit is None:
         return None
-    return fit.seconds(x, in_situ, host_ranks, group=n, block_s=block_s)
+    return fit.seconds(x, in_situ, host_ranks, group=n, block_s=block_s, busy=busy)
 
 
 def collective_time(cluster: ClusterSpec, op: str, nbytes: float, group: list[int], in_situ: bool = False,
-                    host_ranks: int | None = None, block_s: float | None = None) -> float:
+                    host_ranks: int | None = None, block_s: float | None = None,
+                    busy: float | None = None) -> float:
     """Seconds for one collective over ``group`` (global ranks) with full buffer ``nbytes``.
 
     ``in_situ``: the collective is called synchronously right after compute, as Megatron's
@@ -268,14 +270,15 @@ def collective_time(cluster: ClusterSpec, op: str, nbytes: float, group: list[in
     its back-to-back ``alpha``: time = alpha_insitu + beta * x [s]; and where ``host_ranks``
     ranks share the host (more than the group: several TP groups at once) and the entry
     measured that count (``alpha_insitu_shared``), that latency, scaled by ``block_s``, the
-    solo-priced compute the rank ran since its previous TP collective, against the probe's
+    solo-priced compute the rank ran since its previous TP collective, against the probe's,
+    and by ``busy``, the share of the step the host's other ranks compute
     (``CollectiveFit.shared_alpha``; None: as measured). Entries without the keys,
     and the analytic ring/tree model, price in-situ and back-to-back calls alike."""
     n = len(group)
     if n <= 1 or nbytes <= 0:
         return 0.0
     x = nbytes / n if op == "all_gather" else nbytes
-    cal = _calibrated(cluster, op, n, x, in_situ, host_ranks, block_s)
+    cal = _calibrated(cluster, op, n, x, in_situ, host_ranks, block_s, busy)
     if cal is not None:
         return cal
     net = cluster.network

@@ -96,8 +96,12 @@ class Simulation:
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule, mode: str,
                  slowdown: dict[int, float], recorder: Recorder, contention: ComputeScale | None = None,
-                 link_slowdown: dict[int, float] | None = None, symmetric: bool = True):
+                 link_slowdown: dict[int, float] | None = None, symmetric: bool = True,
+                 host_busy: float | None = None):
         self.link_slowdown = dict(link_slowdown or {})      # rank -> factor on its NIC transfers
+        # share of the step the host's ranks compute (the mean-field iteration's; None: always),
+        # which scales a shared host's in-situ TP premium (``CollectiveFit.shared_alpha``)
+        self.host_busy = host_busy
         self.env = simpy.Environment(initial_time=0.0)
         # ranks sharing a host's cores (calibrated CPU profiles) compute slower; GPUs: identity
         self.host = HostModel(cluster, plan.world_size)
@@ -305,7 +309,8 @@ class Simulation:
         t = self._comm.get(key)
         if t is None:
             host = self.host.ranks_on_host if in_situ else None
-            t = collective_time(self.cluster, op, nbytes, list(comm.ranks), in_situ, host, block_s)
+            t = collective_time(self.cluster, op, nbytes, list(comm.ranks), in_situ, host, block_s,
+                                self.host_busy if in_situ else None)
             t = self._comm[key] = t * comm.link_factor if comm.link_factor != 1.0 else t
         return t
 

@@ -19,9 +19,9 @@ from .result import SimResult, assemble
 
 def _run(model: ModelSpec, cluster: ClusterSpec, plan: Plan, schedule: Schedule, mode: str, slowdown: dict,
          record_events: bool, detail: bool, contention: ComputeScale | None, links: dict,
-         symmetric: bool = True) -> "Simulation":
+         symmetric: bool = True, host_busy: float | None = None) -> "Simulation":
     sim = Simulation(model, cluster, plan, schedule, mode, slowdown, Recorder(record_events, detail), contention,
-                     links, symmetric)
+                     links, symmetric, host_busy)
     sim.start()
     # A step allocates ~10 short-lived objects per SimPy event; the cyclic collector would
     # re-scan the growing trace again and again, so it waits until the run is over.
@@ -79,15 +79,33 @@ def simulate(model: ModelSpec | str, cluster: ClusterSpec | str, plan: Plan | st
     sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, None, links, symmetric)
     if sim.sharing is None and sim.host.shared:
         # stepped actions on a shared host: a pipeline rank idle in a bubble leaves its core to
-        # the others, so iterate the mean-field slowdown (``HostModel.settle``) over whole runs
+        # the others, so iterate the mean-field slowdown (``HostModel.settle``) over whole runs;
+        # with it the share of the step the ranks compute, where it prices TP collectives
+        priced_by_share = plan.tp > 1 and cluster.network.collectives.prices_by_host_ranks
+        share = None
         for _ in range(6):
+            step = max(sim.recorder.finish.values(), default=0.0)
             busy = sum(sim.recorder.busy[r] for r in sim.devices) * plan.world_size / len(sim.devices)
-            scale = sim.host.settle(busy, max(sim.recorder.finish.values(), default=0.0), sim.contention)
-            if scale is None:
+            scale = sim.host.settle(busy, step, sim.contention)
+            now = computing_share(sim, step) if priced_by_share else None
+            moved = now is not None and (share is None or abs(now - share) > 0.01)
+            if scale is None and not moved:
                 break
-            sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, scale, links,
-                       symmetric)
+            share = now
+            sim = _run(model, cluster, plan, schedule, mode, slowdown, record_events, detail, scale or sim.contention,
+                       links, symmetric, share)
     return assemble(sim, warnings, wall, asked)
+
+
+def computing_share(sim: "Simulation", step_s: float) -> float | None:
+    """Share of the step [0, 1] a simulated rank computes, TP collectives inside its actions
+    left out (``Recorder.busy`` less ``exposed['tp']``), the mean over the simulated ranks: how
+    often a shared host's other ranks want their cores (``CollectiveFit.shared_alpha``)."""
+    if step_s <= 0 or not sim.devices:
+        return None
+    rec = sim.recorder
+    computing = sum(max(rec.busy[r] - rec.exposed[r]["tp"], 0.0) for r in sim.devices)
+    return min(computing / (len(sim.devices) * step_s), 1.0)
 
 
 def _factors(name: str, given: dict[int, float] | None, world: int) -> dict[int, float]:

@@ -68,18 +68,19 @@ class CollectiveFit:
               "insitu_call", "insitu_points", "alpha_insitu_shared", "insitu_shared_points", "insitu_block_s")
 
     def seconds(self, x: float, in_situ: bool = False, host_ranks: int | None = None, group: int = 0,
-                block_s: float | None = None) -> float:
+                block_s: float | None = None, busy: float | None = None) -> float:
         """alpha + the bytes' time (``bytes_seconds``) [s]; in situ the in-situ latency where
         measured, and the one for ``host_ranks`` ranks on the host where that count (above the
-        ``group`` size) was: ``shared_alpha``, by the compute ``block_s`` before the call."""
+        ``group`` size) was: ``shared_alpha``, by the compute ``block_s`` before the call and the
+        share ``busy`` of the time the host's other ranks compute."""
         alpha = self.alpha
         if in_situ:
             alpha = self.alpha if self.alpha_insitu is None else self.alpha_insitu
             if host_ranks is not None and host_ranks > group and self.alpha_insitu_shared is not None:
-                alpha = self.shared_alpha(host_ranks, alpha, block_s)
+                alpha = self.shared_alpha(host_ranks, alpha, block_s, busy)
         return float(alpha) + self.bytes_seconds(x)
 
-    def shared_alpha(self, host_ranks: int, own: float, block_s: float | None) -> float:
+    def shared_alpha(self, host_ranks: int, own: float, block_s: float | None, busy: float | None = None) -> float:
         """In-situ latency [s] of a call after ``block_s`` seconds of compute (solo-priced) while
         ``host_ranks`` ranks share the host. What the shared probe adds over the group's own
         latency ``own`` is the wait for a peer the scheduler time-sliced during the block:
@@ -88,11 +89,21 @@ class CollectiveFit:
         2.3 ms after 1.2-2.5 ms of compute; ``insitu_block.txt``: 2.5 -> 5.1 ms over blocks of
         1-8 GEMMs). Priced linearly from none at no compute to the probe's premium at its block
         ``insitu_block_s``, held beyond. ``block_s`` None, or a profile without the block: the
-        probe's latency as measured."""
+        probe's latency as measured.
+
+        A peer is time-sliced only while the host's other ranks want its core: the probe's
+        premium is measured with them computing between all their calls, a plan's ranks also
+        sit in bubbles and wait for messages. So the premium is further scaled by ``busy``, the
+        share of the step the other ranks compute (the engine's mean field, ``sim.run``; None:
+        always, as the probe). Checked on the two 4-rank tp=2 pp=2 SP traces kept
+        (``tp_gap.py``): the reduce-scatters after long compute paid 0.42 of the probe's premium
+        with the other stage computing 0.44 of the time (Intel VM, 2026-11-28), 0.18 after half
+        the probe's block with it computing 0.31 (AMD EPYC VM, 2026-11-29)."""
         shared = float(self.alpha_insitu_shared.get(host_ranks, own))
+        share = 1.0 if busy is None else min(max(float(busy), 0.0), 1.0)
         if block_s is None or not self.insitu_block_s:
-            return shared
-        return own + (shared - own) * min(max(block_s, 0.0) / self.insitu_block_s, 1.0)
+            return own + (shared - own) * share
+        return own + (shared - own) * min(max(block_s, 0.0) / self.insitu_block_s, 1.0) * share
 
     def bytes_seconds(self, x: float) -> float:
         """The bytes' part of the time [s] (``bytes_time``)."""
