@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from parsim.fast import PlanTable, evaluate
+from parsim.fast.honesty import PESSIMISM
 from parsim.sim import simulate
 from parsim.specs import load_cluster, load_model, parse_plan
 from parsim.study.enumerate import enumerate_plans
@@ -56,6 +57,24 @@ def test_zero2_plans_agree_within_2_percent(plan):
 @pytest.mark.parametrize("plan", DATA_PARALLEL)
 def test_data_parallel_plans_agree_within_2_percent(plan):
     _agree([plan])
+
+
+# V placement (ZBV, DualPipeV): rank 0 holds the first stage and the last in two chunks; under
+# ZeRO-3 each chunk gathers its own end (embedding, or final norm + head), as the engine does.
+# Both ends around both chunks read these 11-13 % slower than the engine; now -0.4, +3.3 and
+# +3.7 %: inside ``fast.honesty.PESSIMISM`` (5 %), the most a sweep lets the fast path over-price
+# a plan it may leave out of what it re-simulates.
+V_ZERO3 = ["dp=4 pp=2 vpp=2 gbs=64 schedule=dualpipev zero=3", "dp=4 pp=2 vpp=2 gbs=64 schedule=zbv zero=3",
+           "dp=2 pp=4 vpp=2 gbs=64 schedule=zbv zero=3"]
+
+
+@pytest.mark.parametrize("plan", V_ZERO3)
+def test_v_placed_zero3_plans_agree_within_the_sweeps_5_percent(plan):
+    model, cluster = load_model("gpt3-1.3b"), load_cluster("h100-sxm:8")
+    p = parse_plan(plan)
+    fast = evaluate(model, cluster, PlanTable.from_plans([p]))
+    sim = simulate(model, cluster, p, record_events=False)
+    assert fast.step_time_s[0] == pytest.approx(sim.step_time_s, rel=PESSIMISM)
 
 
 def test_pipeline_across_nodes_agrees_within_2_percent():

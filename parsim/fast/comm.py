@@ -10,7 +10,8 @@ Per rank, in seconds (buckets back to back on one DP stream, ``costs.dp_buckets`
     reduce-scatter of the gradients (all, last)                ZeRO-1
     all-gather of the parameters (all buckets)                 ZeRO-1/2 after the step
     ZeRO-3 per-layer all-gather / reduce-scatter               (Rajbhandari et al. 2020 Sec. 7)
-    ZeRO-3 root unit (embedding / head) gather and scatter     per forward / backward
+    ZeRO-3 root unit (embedding / head) gather and scatter     per forward / backward (both
+                                                               ends, and each end alone)
     (the ZeRO collectives of every layer at the stack's share of NCCL bandwidth,
     ``costs.stack.zero_comm_factor``, as the SimPy engine's ``actions.zero3_collective``)
     reduce-scatter of the embedding's / the head's gradients   ZeRO-2, every backward (with the
@@ -54,7 +55,7 @@ from .plans import WORDS
 
 (C_AR_ALL, C_AR_LAST, C_RS_ALL, C_RS_LAST, C_AG_ALL, C_PS_ALL, C_PS_LAST, C_PS_BCAST, C_Z3_GATHER, C_Z3_SCATTER,
  C_SHARED_LINK, C_Z2_EMB, C_Z2_HEAD, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER, C_COMM_SLOWDOWN, C_TIED, C_TIED_SHARD,
- C_ZERO_BLOCKING, C_WIDTH) = range(20)
+ C_ZERO_BLOCKING, C_Z3_EMB_GATHER, C_Z3_EMB_SCATTER, C_Z3_HEAD_GATHER, C_Z3_HEAD_SCATTER, C_WIDTH) = range(24)
 
 
 def dp_group_ranks(dp: int, tp: int, pp: int, pp_rank: int = 0) -> list[int]:
@@ -162,6 +163,12 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
             # every forward and backward, reduce-scattered after every backward (sim.actions)
             row[C_Z3_ROOT_GATHER] = zero_price("all_gather", (emb + head) * sb.param, group)
             row[C_Z3_ROOT_SCATTER] = zero_price("reduce_scatter", (emb + head) * sb.grad, group)
+            # each end alone: V placement puts the first stage and the last on rank 0 in two
+            # chunks, and the engine gathers each stage's own edge parameters around it
+            row[C_Z3_EMB_GATHER] = zero_price("all_gather", emb * sb.param, group)
+            row[C_Z3_EMB_SCATTER] = zero_price("reduce_scatter", emb * sb.grad, group)
+            row[C_Z3_HEAD_GATHER] = zero_price("all_gather", head * sb.param, group)
+            row[C_Z3_HEAD_SCATTER] = zero_price("reduce_scatter", head * sb.grad, group)
         row[C_ZERO_BLOCKING] = _blocking_code(cluster)
         row[C_SHARED_LINK] = float(tp > 1 and group_link(cluster, list(group)) == tp_link)
         row[C_COMM_SLOWDOWN] = comm_compute_slowdown(cluster)

@@ -25,7 +25,8 @@ import numba
 import numpy as np
 
 from .codes import DUALPIPEV, LOOPED_BFS, O_BUBBLE, O_DP, O_PIPE, O_PP, O_STEP, O_TP, OFF_NONE
-from .comm import C_AG_ALL, C_Z2_EMB, C_Z2_HEAD, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER
+from .comm import (C_AG_ALL, C_Z2_EMB, C_Z2_HEAD, C_Z3_EMB_GATHER, C_Z3_EMB_SCATTER, C_Z3_HEAD_GATHER,
+                   C_Z3_HEAD_SCATTER, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER)
 from .dag import K_B, K_F, K_FB, K_I, K_W, N_CHUNK, N_CHUNK_B, N_DEP0, N_DEP1, N_KIND, N_KIND_B, N_RANK
 from .ranks import (R_CHUNK, R_COMM, R_LAST, R_PARAMS, R_STEP, S_GRADS_DOWN, S_OPT_STEP, S_PARAMS_UP,
                     send_between)
@@ -49,8 +50,6 @@ def pass_times(plan, t, lrow, hrow, ranks):
     i_layer = lrow[L_BWD_I] + (lrow[L_TP_BWD] + lrow[L_TP_COVER]) + lrow[L_RECOMPUTE] + lrow[L_TP_RECOMPUTE]
     w_layer = lrow[L_BWD_W] + lrow[L_W_RECOMPUTE] + lrow[L_TP_W_RECOMPUTE]
     for r in range(plan.pp):
-        root = ranks[r, R_COMM + C_Z3_ROOT_GATHER] if t.zero3 else 0.0
-        root_b = root + (ranks[r, R_COMM + C_Z3_ROOT_SCATTER] if t.zero3 else 0.0)
         for c in range(plan.vpp):
             L = ranks[r, R_CHUNK + c]
             first = r == 0 and c == 0
@@ -72,9 +71,13 @@ def pass_times(plan, t, lrow, hrow, ranks):
             p[P_F_COMM] = p[P_F] - L * (lrow[L_FWD] + t.block_gather)
             p[P_B_COMM] = p[P_B] - L * (lrow[L_BWD] + lrow[L_RECOMPUTE] + t.block_gather + t.block_scatter)
             p[P_I_COMM] = p[P_I] - L * (lrow[L_BWD_I] + lrow[L_RECOMPUTE] + t.block_gather)
-            if first or last:
-                p[P_F] += root
-                p[P_B] += root_b
+            if t.zero3 and (first or last):
+                # the chunk's own root unit: both ends where one chunk holds both (pp = 1), else
+                # its end alone (V placement holds the first stage and the last in two chunks)
+                g, s = (C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER) if first and last else \
+                    ((C_Z3_EMB_GATHER, C_Z3_EMB_SCATTER) if first else (C_Z3_HEAD_GATHER, C_Z3_HEAD_SCATTER))
+                p[P_F] += ranks[r, R_COMM + g]
+                p[P_B] += ranks[r, R_COMM + g] + ranks[r, R_COMM + s]
             if first:
                 p[P_F] += hrow[H_EMB_FWD]
                 p[P_B] += hrow[H_EMB_BWD]
