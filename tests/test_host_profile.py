@@ -107,3 +107,7 @@ def test_the_demo_says_when_the_machine_no_longer_runs_at_its_profiles_speed():
     assert "0.79x" in kept and "--recalibrate" in kept
     fresh = drift_hint([1.28, 1.24, 1.08], calibrated_now=True)
     assert "1.24x" in fresh and "unsteady" in fresh and "--recalibrate" not in fresh
+    # the layer alone on time, but anchoring moves the predictions: the contention was off
+    assert drift_hint([0.99, 1.07, 1.04], calibrated_now=True, shifts=[0.97, 1.02, 1.05]) is None
+    contention = drift_hint([0.99, 1.07, 1.04], calibrated_now=True, shifts=[0.78, 0.74, 0.85])
+    assert "-22%" in contention and "contention" in contention and "--recalibrate" in contention
