@@ -282,7 +282,7 @@ class Simulation:
                            duration=0.0, exposed_tp=0.0, flops=0.0, grads_ready=())
         return action_cost(self.model, self.cluster, self.plan, self.shapes[stage], kind,
                            lambda op, nbytes, block=None: self.comm_time(dev.tp, op, nbytes, in_situ=True,
-                                                                         block_s=block), self.layer_params,
+                                                                         block_s=block, tp=True), self.layer_params,
                            self.edge_params[stage], scale)
 
     def solo_seconds(self, dev: Device, stage: int, kind: str) -> tuple[float, float, float]:
@@ -302,15 +302,17 @@ class Simulation:
         return out
 
     def comm_time(self, comm: Communicator, op: str, nbytes: float, in_situ: bool = False,
-                  block_s: float | None = None) -> float:
+                  block_s: float | None = None, tp: bool = False) -> float:
         """``collective_time`` memoised; ``in_situ`` for the synchronous TP collectives (with
-        the plan's ranks per node sharing the host, after ``block_s`` of compute)."""
-        key = (comm.shape, op, nbytes, in_situ, comm.link_factor, block_s)
+        the plan's ranks per node sharing the host, after ``block_s`` of compute; ``tp``: a TP
+        collective, whose shared premium follows the step's computing share, ``host_busy``) and
+        blocking ZeRO ones."""
+        key = (comm.shape, op, nbytes, in_situ, comm.link_factor, block_s, tp)
         t = self._comm.get(key)
         if t is None:
             host = self.host.ranks_on_host if in_situ else None
             t = collective_time(self.cluster, op, nbytes, list(comm.ranks), in_situ, host, block_s,
-                                self.host_busy if in_situ else None)
+                                self.host_busy if in_situ and tp else None)
             t = self._comm[key] = t * comm.link_factor if comm.link_factor != 1.0 else t
         return t
 
