@@ -33,8 +33,10 @@ from dataclasses import replace
 from parsim.specs import ClusterSpec, DeviceProfile, ModelSpec, Plan
 from parsim.specs.stack import AUTO, Stack, get_stack
 
+from typing import Callable
+
 from .ops import Op
-from .timing import op_time
+from .timing import fsdp_unit_time, op_time
 
 
 def stack_name(cluster: ClusterSpec | None, requested: str) -> str:
@@ -127,3 +129,19 @@ def zero_comm_factor(cluster: ClusterSpec) -> float:
     stack = cluster.device.stack
     eff = stack.zero_comm_efficiency if stack is not None else 1.0
     return 1.0 / eff if eff > 0 else 1.0
+
+
+def zero_unit_time(cluster: ClusterSpec, op: str, nbytes: float, dp: int,
+                   collective: Callable[[bool], float]) -> tuple[float, float, float]:
+    """(seconds before, the collective's seconds, seconds after) of one ZeRO-2/3 unit's
+    collective ``op`` of ``nbytes`` (the unit's full parameters or gradients) over ``dp`` ranks,
+    the one rule both engines price a ZeRO unit by: the collective at the share of NCCL
+    bandwidth the stack's ZeRO collectives reach (``zero_comm_factor``), priced in situ where
+    ZeRO collectives block the rank (``tables.zero_blocking``: gloo on the host's own cores,
+    FSDP2 without side streams); ``collective(in_situ)`` prices the bare call, memoised by the
+    caller. Around it, where the profile runs ZeRO as FSDP2 (``tables.fsdp2_copies``), FSDP2's
+    copies and host work (``timing.fsdp_unit_time``): compute the rank runs before and after the
+    call where collectives block it, and owes beside a side stream."""
+    tables = cluster.device.tables
+    copies = fsdp_unit_time(cluster.device, op, nbytes, dp) if tables.fsdp2_copies and nbytes > 0 else (0.0, 0.0)
+    return copies[0], collective(bool(tables.zero_blocking)) * zero_comm_factor(cluster), copies[1]

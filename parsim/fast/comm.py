@@ -47,8 +47,8 @@ from parsim.costs.comm import bucket_split
 from parsim.costs.host import HostModel
 from parsim.costs.links import group_link
 from parsim.costs.optimizer import tied_embedding_sync
-from parsim.costs.stack import comm_compute_slowdown, zero_comm_factor
-from parsim.costs.timing import fsdp_unit_time, parameter_server_time
+from parsim.costs.stack import comm_compute_slowdown, zero_unit_time
+from parsim.costs.timing import parameter_server_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
 
 from .plans import WORDS
@@ -184,22 +184,20 @@ def _blocking_code(cluster: ClusterSpec) -> float:
 
 
 def _zero_pricer(pricer: CollectivePricer, world: int):
-    """Seconds of one ZeRO collective of a unit of ``nbytes`` over ``group``, as the SimPy engine's
-    ``actions.zero3_collective`` charges it: at the stack's share of the bandwidth
-    (``costs.stack.zero_comm_factor``); where ZeRO collectives block the rank, priced in situ on
-    the plan's ``world`` ranks sharing the host and, under FSDP2, with its copies and host work
-    around it (``costs.timing.fsdp_unit_time``)."""
+    """Seconds of one ZeRO collective of a unit of ``nbytes`` over ``group`` by the rule the SimPy
+    engine's ``actions.zero3_collective`` charges too (``costs.stack.zero_unit_time``): at the
+    stack's share of the bandwidth; where ZeRO collectives block the rank, priced in situ on the
+    plan's ``world`` ranks sharing the host and, under FSDP2, with its copies and host work
+    around it (beside a side stream the fast path leaves the copies out)."""
     cluster = pricer.cluster
-    tables = cluster.device.tables
-    factor = zero_comm_factor(cluster)
-    host = HostModel(cluster, world).ranks_on_host if tables.zero_blocking else None
-    copies = tables.zero_blocking and tables.fsdp2_copies
+    blocking = cluster.device.tables.zero_blocking
+    host = HostModel(cluster, world).ranks_on_host
 
     def price(op: str, nbytes: float, group: tuple[int, ...]) -> float:
-        seconds = pricer(op, nbytes, group, host) * factor
-        if copies and nbytes > 0:
-            seconds += sum(fsdp_unit_time(cluster.device, op, nbytes, len(group)))
-        return seconds
+        # the unit's rule (``costs.stack.zero_unit_time``); its copies count where they block
+        before, seconds, after = zero_unit_time(cluster, op, nbytes, len(group),
+                                                lambda in_situ: pricer(op, nbytes, group, host if in_situ else None))
+        return seconds + (before + after if blocking else 0.0)
     return price
 
 

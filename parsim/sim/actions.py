@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 import simpy
 
 from parsim.costs.placement import stages_of_rank
-from parsim.costs.timing import fsdp_unit_time
 from parsim.specs import stage_layers
 
 from .compute import ActionCost, Segment, segment_key, uncovered
@@ -205,12 +204,11 @@ def zero3_collective(env: simpy.Environment, sim: "Simulation", dev: "Device", o
         if h2d > 0:
             start = yield from transfer(env, dev.ports.pcie, h2d)
             rec.event(dev.rank, stage, "host", "offload_h2d", mb, layer, start, env.now, nbytes=sim.param_shard_bytes)
-        # FSDP2's copies and host work around the call (``costs.timing.fsdp_unit_time``)
-        before, after = fsdp_unit_time(sim.cluster.device, op, nbytes, sim.plan.dp) if sim.zero_copies else (0, 0)
+        # the unit's rule (``costs.stack.zero_unit_time``): FSDP2's copies and host work around
+        # the call; blocking (no side stream), the call priced in situ like TP's
+        before, seconds, after = sim.zero_unit(dev.dp, op, nbytes)
         if before:
             yield from fsdp_copy(env, sim, dev, before, nbytes, "fsdp_copy_in", stage, mb, layer)
-        # blocking (no side stream): called right after compute, priced in situ like TP's
-        seconds = sim.comm_time(dev.dp, op, nbytes, in_situ=sim.zero_blocking) * sim.zero_comm_factor
         start = yield from collective(env, dev.dp, dev.rank, seconds)
         rec.event(dev.rank, stage, "dp", kind, mb, layer, start, env.now, nbytes=nbytes)
         dev.ledger.collective(start, env.now)

@@ -44,7 +44,7 @@ from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorS
 from parsim.costs.optimizer import (layer_from_host_s, layer_shard_bytes, rank_tensor_sizes, rank_tensors,
                                    tied_embedding_sync)
 from parsim.costs.placement import loop_placed, rank_of_stage, stages_of_rank
-from parsim.costs.stack import zero_comm_factor
+from parsim.costs.stack import zero_unit_time
 from parsim.costs.timing import collective_time, p2p_time
 from parsim.costs.zero import gathers_layers, scatters_every_backward
 from parsim.schedules import OVERLAP_F_B, Action, Schedule
@@ -128,7 +128,6 @@ class Simulation:
         self.zero3_gathers = gathers_layers(plan.zero, plan.dp)
         # ZeRO-2: every backward reduce-scatters its gradients part by part (``actions.zero2_scatters``)
         self.zero2_scatters = scatters_every_backward(plan.zero, plan.dp, plan.dp_impl == "ps")
-        self.zero_comm_factor = zero_comm_factor(cluster)     # the stack's ZeRO collectives (``costs.stack``)
         self.zero3_gather_bytes = zero3_gather_bytes_per_layer(model, plan)
         self.zero3_scatter_bytes = zero3_reduce_scatter_bytes_per_layer(model, plan)
         # ZeRO-2/3 as the reference executor runs them (FSDP2, profile keys; ``actions``):
@@ -142,6 +141,7 @@ class Simulation:
         self.deliveries: dict[tuple, Arrival | tuple[float, float]] = {}   # sent, not yet received
         self._costs: dict[tuple, ActionCost] = {}
         self._comm: dict[tuple, float] = {}
+        self._zero_units: dict[tuple, tuple[float, float, float]] = {}
         self._solo: dict[tuple, tuple[float, float, float]] = {}
         self._overlapped: dict[int, float] = {}
         # a given scale (the mean-field iteration's), else decided by ``_share_host``; GPUs: identity
@@ -315,6 +315,16 @@ class Simulation:
                                 self.host_busy if in_situ and tp else None)
             t = self._comm[key] = t * comm.link_factor if comm.link_factor != 1.0 else t
         return t
+
+    def zero_unit(self, comm: Communicator, op: str, nbytes: float) -> tuple[float, float, float]:
+        """``costs.stack.zero_unit_time`` of one ZeRO unit's collective over ``comm``, memoised
+        (every layer of every action asks it)."""
+        key = (comm.shape, op, nbytes, comm.link_factor)
+        out = self._zero_units.get(key)
+        if out is None:
+            out = self._zero_units[key] = zero_unit_time(
+                self.cluster, op, nbytes, self.plan.dp, lambda in_situ: self.comm_time(comm, op, nbytes, in_situ=in_situ))
+        return out
 
     def ps_time(self, comm: Communicator, nbytes: float) -> float:
         t = ps_time(self.cluster, nbytes, list(comm.ranks))
