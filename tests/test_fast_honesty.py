@@ -78,17 +78,19 @@ def test_the_approximate_rows_are_where_the_fast_path_is_off_by_more_than_2_perc
 
 def test_on_a_shared_cpu_host_the_sweeps_top_is_the_engines():
     """Ranks sharing a calibrated CPU host's cores: the fast path prices each alone (up to 65 %
-    fast, never slower: studies/validation_cpu/fast_vs_sim.txt), so every such row is
-    approximate ('shared host') and the sweep re-simulates what could reach its top. A GPU
-    cluster's rows never are (each rank owns its device)."""
+    fast) and a TP group's shared premium whole (the engine by the share the ranks compute: up
+    to 42 % slower; studies/validation_cpu/fast_vs_sim.txt), so every such row is approximate
+    ('shared host') and the sweep re-simulates what could reach its top, a TP row by its price
+    without the premium. A GPU cluster's rows never are approximate for it (each rank owns its
+    device)."""
     from pathlib import Path
 
     from parsim.fast.honesty import approximate_reasons
 
     fixture = Path(__file__).parent / "fixtures" / "cpu-calibrated.yaml"
     model, cluster = load_model("tiny"), load_cluster(f"{fixture}:4")
-    space = SweepSpace(gbs=(8,), offload=("none",), recompute=("none",), sp=(False,), dtype=("fp32",), vpp=(1,),
-                       schedule=("1f1b", "gpipe"))
+    space = SweepSpace(gbs=(8,), offload=("none",), recompute=("none",), sp=(False, True), dtype=("fp32",),
+                       vpp=(1,), schedule=("1f1b", "gpipe"))
     table = enumerate_plans(model, cluster, space)
     assert approximate_reasons(model.layers, table.cols, cluster)["shared host"].all()
     gpu = load_cluster("a100-80g:4")
@@ -102,3 +104,25 @@ def test_on_a_shared_cpu_host_the_sweeps_top_is_the_engines():
     assert all(by_plan[p] >= third * 0.999 for p in ranked["plan"].head(3))
     # the rows the engine did not run are shown as the fast path's approximate numbers ("fast~")
     assert ranked.loc[ranked["source"] == "fast", "approximate"].all()
+
+
+def test_a_shared_hosts_tp_rows_reach_the_top_by_their_price_without_the_premium():
+    """The engine pays a shared host's TP premium by the share of the step the ranks compute
+    (``CollectiveFit.shared_alpha``), the fast path all of it: a TP row's reach is its fast
+    price without the premium, which bounds the engine's from above; rows without TP keep theirs."""
+    from pathlib import Path
+
+    from parsim.sim import simulate
+
+    fixture = Path(__file__).parent / "fixtures" / "cpu-calibrated.yaml"
+    model, cluster = load_model("cpu-small"), load_cluster(f"{fixture}:4")
+    plans = [parse_plan(p) for p in ("tp=2 pp=2 gbs=8 sp=true dtype=fp32", "dp=2 tp=2 gbs=8 dtype=fp32",
+                                     "pp=4 gbs=8 dtype=fp32", "dp=2 pp=2 gbs=8 dtype=fp32")]
+    from parsim.fast import PlanTable
+    df = fast_frame(model, cluster, PlanTable.from_plans(plans), HEADROOM)
+    tp = df["tp"] > 1
+    assert (df.loc[tp, "reach_tokens_per_s"] > df.loc[tp, "tokens_per_s"] * 1.05).all()
+    assert (df.loc[~tp, "reach_tokens_per_s"] == df.loc[~tp, "tokens_per_s"]).all()
+    for i, p in enumerate(plans):
+        engine = simulate(model, cluster, p, record_events=False).tokens_per_s
+        assert engine <= df.at[i, "reach_tokens_per_s"] * (1 + PESSIMISM), p.to_string()

@@ -16,9 +16,12 @@ fixed, every plan over 2 % had one of them):
 * ``shared host``: the plan's ranks share a calibrated CPU host's cores
   (``costs.host.HostModel.shared``). The engine plays them out under processor sharing; the
   closed form prices each rank alone, at its solo speed (both wait for blocking ZeRO
-  collectives in line, ``fast.comm``). On the frozen CPU fixture, over the 3,376 plans of the
-  CPU matrix and its model's sweep space on 2 and 4 ranks, the fast path was median 22 % fast,
-  up to 65 %, and at most 0.2 % slower (``studies/validation_cpu/fast_vs_sim.txt``).
+  collectives in line, ``fast.comm``), and a TP group's shared in-situ premium whole where the
+  engine pays it by the share of the step the ranks compute (``CollectiveFit.shared_alpha``).
+  On the frozen CPU fixture, over the 3,376 plans of the CPU matrix and its model's sweep space
+  on 2 and 4 ranks, the fast path was median 16 % fast, up to 65 %, and up to 42 % slower on
+  127 TP plans (``studies/validation_cpu/fast_vs_sim.txt``); the sweep gives those rows their
+  price without the premium as their reach (``parsim.study.sweep.fast_frame``).
 
 Such rows are ``approximate``; a sweep re-simulates every approximate row that could reach its
 shown top before ranking (``parsim.study.sweep``). ``PESSIMISM`` bounds how much slower than

@@ -210,6 +210,15 @@ class CollectiveTables:
     def __bool__(self) -> bool:
         return bool(self.ops)
 
+    def without_shared_premium(self) -> "CollectiveTables":
+        """These tables with no in-situ price that depends on the ranks sharing the host
+        (``alpha_insitu_shared`` dropped): every TP call at its group's own in-situ latency, the
+        least the shared host's engine price can come to (``CollectiveFit.shared_alpha`` at a
+        computing share of 0)."""
+        return CollectiveTables({op: {n: replace(f, alpha_insitu_shared=None, insitu_shared_points=None,
+                                                 insitu_block_s=None)
+                                      for n, f in per.items()} for op, per in (self.ops or {}).items()})
+
     @property
     def prices_by_host_ranks(self) -> bool:
         """Does some in-situ price depend on the ranks sharing the host (``alpha_insitu_shared``)?"""
