@@ -162,7 +162,7 @@ def drift_hint(drifts: list[float], calibrated_now: bool, shifts: list[float] = 
     once) moves the plans' predictions that far (``shifts``: anchored over profile prediction,
     per plan) although the layer alone kept its speed: the profile's contention then is off
     (a quick calibration on the AMD EPYC VM, 2026-11-29, read the real layer 1.59x slower with
-    2 ranks at once, 1.02-1.07x in the eight others that hour, and priced the demo's plans
+    2 ranks at once, 1.02-1.07x in the nine others that hour, and priced the demo's plans
     31-58 % slow; anchored +2 / +3 / +34 %). None otherwise. A profile kept from an earlier run
     can be measured again; one taken just now means the machine itself moved (busy or unsteady)."""
     if not drifts:
