@@ -29,11 +29,10 @@ term 0.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 from parsim.specs import ClusterSpec, DeviceProfile, ModelSpec, Plan
 from parsim.specs.stack import AUTO, Stack, get_stack
-
-from typing import Callable
 
 from .ops import Op
 from .timing import fsdp_unit_time, op_time

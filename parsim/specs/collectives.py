@@ -100,10 +100,10 @@ class CollectiveFit:
         with the other stage computing 0.44 of the time (Intel VM, 2026-11-28), 0.18 after half
         the probe's block with it computing 0.31 (AMD EPYC VM, 2026-11-29)."""
         shared = float(self.alpha_insitu_shared.get(host_ranks, own))
-        share = 1.0 if busy is None else min(max(float(busy), 0.0), 1.0)
-        if block_s is None or not self.insitu_block_s:
-            return own + (shared - own) * share
-        return own + (shared - own) * min(max(block_s, 0.0) / self.insitu_block_s, 1.0) * share
+        paid = 1.0 if busy is None else min(max(float(busy), 0.0), 1.0)
+        if block_s is not None and self.insitu_block_s:
+            paid *= min(max(block_s, 0.0) / self.insitu_block_s, 1.0)
+        return own + (shared - own) * paid
 
     def bytes_seconds(self, x: float) -> float:
         """The bytes' part of the time [s] (``bytes_time``)."""
@@ -215,8 +215,7 @@ class CollectiveTables:
         (``alpha_insitu_shared`` dropped): every TP call at its group's own in-situ latency, the
         least the shared host's engine price can come to (``CollectiveFit.shared_alpha`` at a
         computing share of 0)."""
-        return CollectiveTables({op: {n: replace(f, alpha_insitu_shared=None, insitu_shared_points=None,
-                                                 insitu_block_s=None)
+        return CollectiveTables({op: {n: replace(f, alpha_insitu_shared=None, insitu_shared_points=None)
                                       for n, f in per.items()} for op, per in (self.ops or {}).items()})
 
     @property

@@ -172,7 +172,8 @@ def rank_with_resimulation(model: ModelSpec, cluster: ClusterSpec, df: pd.DataFr
                            address: str | None = None, capacity: float | None = None) -> tuple[pd.DataFrame, int]:
     """Rank ``df`` (``fast_frame``'s rows) and re-run through the SimPy engine the ``top`` best
     fitting plans and every approximate row (``fast.honesty``) that could reach the top: an
-    approximate row whose fast throughput, allowed ``PESSIMISM`` of error, reaches the
+    approximate row whose fast throughput (``reach_tokens_per_s``: on a shared CPU host, the
+    better of its price with and without the TP premium), allowed ``PESSIMISM`` of error, reaches the
     ``top``-th fitting row's. Repeated until the top holds no approximate row the engine has not
     run, at most ``MAX_RESIM_FACTOR x top`` plans in all. ``approximate`` stays a property of
     the plan (the fast path's numbers for it are approximate); ``source`` says whose numbers a
@@ -213,7 +214,6 @@ def _to_resimulate(df: pd.DataFrame, top: int, done: set[str]) -> list[int]:
     fresh = ~df["plan"].isin(done)
     head = [i for i in fitting[:top] if fresh[i]]
     threshold = df.at[fitting[min(top, len(fitting)) - 1], "tokens_per_s"]
-    reach_tps = df["reach_tokens_per_s"] if "reach_tokens_per_s" in df else df["tokens_per_s"]
-    reach = df["fits"] & df["approximate"] & fresh & (reach_tps * (1.0 + PESSIMISM) >= threshold)
+    reach = df["fits"] & df["approximate"] & fresh & (df["reach_tokens_per_s"] * (1.0 + PESSIMISM) >= threshold)
     chosen = set(head)
     return head + [i for i in df.index[reach] if i not in chosen]
