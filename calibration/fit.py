@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from parsim.specs.collectives import bytes_time
+from parsim.specs.surfaces import bytes_time
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class AlphaBeta:
     beta_beyond: float | None = None    # seconds per byte beyond ``knee``
 
     def time(self, nbytes):
-        """Seconds for ``nbytes`` (a number or an array; ``specs.collectives.bytes_time``)."""
+        """Seconds for ``nbytes`` (a number or an array; ``specs.surfaces.bytes_time``)."""
         return self.alpha + bytes_time(nbytes, self.beta, self.knee, self.beta_beyond)
 
 

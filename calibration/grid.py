@@ -150,7 +150,7 @@ def membound_grid(device_type: str, dtype: str, count: int, seed: int = 0) -> li
 # AdamW over 1 .. 2^8 tensors: the executor's optimizer loops over parameter tensors in Python
 ADAMW_MAX_TENSORS_LOG2 = 8
 # AdamW steps per memory-bound size of the grid: its fit has a per-tensor term and a rate per
-# cache level (``surface_fit.fit_optimizer_levels``), so it needs a few points in each level
+# cache level (``optimizer_fit.fit_optimizer_levels``), so it needs a few points in each level
 ADAMW_POINTS_PER_COUNT = 3
 # a CPU step's parameters in all, in max_elements: a rank steps its whole model at once, several
 # tensors of the largest sizes (a GPU's steps stay at max_elements); 2 x, not more: a quick

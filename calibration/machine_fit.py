@@ -15,7 +15,8 @@ from parsim.costs.timing import OPTIMIZER_WORKING_SET_BYTES
 from parsim.specs.surfaces import LeaveOut, MemboundFit, RooflineFit
 from parsim.specs.tables import OptimizerLevels
 
-from .surface_fit import (FOLDS, Points, fit_membound, fit_optimizer, fit_optimizer_levels, leave_out,
+from .optimizer_fit import fit_optimizer, fit_optimizer_levels
+from .surface_fit import (FOLDS, Points, fit_membound, leave_out,
                           nonnegative_lstsq, roofline_params, roofline_with_report)
 
 # costs.ops: fused attention's backward counts 2.5x its forward FLOPs (Dao 2022, Sec. 3.1)
@@ -120,8 +121,9 @@ def attention_surfaces(results: list, dtype: str, overlap: bool, out: Surfaces) 
 
 
 def membound_surfaces(results: list, out: Surfaces, overhead: float = 0.0, caches: tuple[int, ...] = ()) -> None:
-    """alpha + beta x bytes per op and pass over the grid's sizes (ops with at least 3 sizes);
-    AdamW: bytes / bandwidth + seconds per parameter tensor (``surface_fit.fit_optimizer``), or
+    """alpha + beta x bytes per op and pass over the grid's sizes (ops with at least 3 sizes), at
+    a second rate past the last of ``caches`` (the last-level cache) where the sizes cross it;
+    AdamW: bytes / bandwidth + seconds per parameter tensor (``optimizer_fit.fit_optimizer``), or
     with one bandwidth per cache level of ``caches`` (``fit_optimizer_levels``) where that
     predicts the left-out steps better."""
     names = sorted({p.name for p, _, _ in results})
@@ -135,8 +137,10 @@ def membound_surfaces(results: list, out: Surfaces, overhead: float = 0.0, cache
         with_bwd = all(b is not None for _, _, b in sel)
         fit, report = fit_membound([p.fwd_bytes for p, _, _ in sel], [f.median for _, f, _ in sel],
                                    [p.bwd_bytes for p, _, _ in sel] if with_bwd else None,
-                                   [b.median for _, _, b in sel] if with_bwd else None)
-        out.rates[name] = fit.bandwidth
+                                   [b.median for _, _, b in sel] if with_bwd else None,
+                                   knee=float(caches[-1]) if caches else None)
+        if math.isfinite(fit.bandwidth):       # a forward whose time does not grow with bytes has no rate
+            out.rates[name] = fit.bandwidth
         out.report[f"membound.{name}"] = report
         if name not in RATE_ONLY:
             out.membound[name] = fit

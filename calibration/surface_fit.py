@@ -6,26 +6,26 @@ and each fit's leave-out error.
   10-microsecond GEMM to a 30-millisecond one) by Levenberg-Marquardt (Marquardt 1963) over the
   logarithms of the parameters, so each stays positive; on a GPU the output tile of the wave
   quantisation is chosen among 64/128/256 by the same residual.
-* ``fit_membound``: alpha + beta x bytes per pass (``fit.fit_alpha_beta``).
+* ``fit_membound``: alpha + beta x bytes per pass, a second rate past the last-level cache
+  (non-negative least squares on relative residuals).
 * ``leave_out``: k-fold cross-validation: every point predicted by the fit of the other folds,
   |predicted / measured - 1| summarised (``specs.surfaces.LeaveOut``).
 * ``fit_composition``: a pass's measured seconds = c x its ops' priced sum + tau x its op count,
   over the synthetic stages, with leave-one-out.
+* ``nonnegative_lstsq``, ``nonnegative_fit``: the non-negative least squares these and the
+  optimizer's fits (``optimizer_fit``) share.
 
 No torch, no I/O: numbers in, fits out.
 """
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
 from parsim.specs.surfaces import LeaveOut, MemboundFit, RooflineFit
-
-from .fit import FitWarning, fit_alpha_beta
 
 FOLDS = 5
 GPU_TILES = (64, 128, 256)        # square output tiles cuBLAS / CUTLASS kernels use
@@ -208,60 +208,48 @@ def roofline_with_report(points: Points, per_batch: bool = False, sms: int | Non
     return fit_roofline(points, *args), report
 
 
+def _membound_pass(x: np.ndarray, t: np.ndarray, knee: float | None) -> tuple[float, ...]:
+    """(alpha s, beta s/byte[, beta_beyond s/byte]) of one pass: non-negative least squares on
+    relative residuals (a 3-microsecond op weighs as much as a 3-millisecond one), with a second
+    rate for the bytes past ``knee`` where at least two points lie past it (one would set the
+    second rate alone, noise and all) and one within it, and it is slower than the first
+    (streaming past the last-level cache is never faster than within it; one as fast is the one
+    line)."""
+    w = 1.0 / t
+    line = nonnegative_lstsq(np.stack([np.ones_like(x), x], axis=1) * w[:, None], np.ones(len(x)))
+    if knee is None or int(np.sum(x > knee)) < 2 or not np.any(x <= knee):
+        return tuple(float(c) for c in line)
+    below = np.minimum(x, knee)
+    two = nonnegative_lstsq(np.stack([np.ones_like(x), below, x - below], axis=1) * w[:, None], np.ones(len(x)))
+    return tuple(float(c) for c in (two if two[2] > two[1] else line))
+
+
 def fit_membound(fwd_bytes: Sequence[float], fwd_s: Sequence[float], bwd_bytes: Sequence[float] | None = None,
-                 bwd_s: Sequence[float] | None = None, folds: int = FOLDS) -> tuple[MemboundFit, LeaveOut]:
-    """alpha + beta x bytes for each pass, and the leave-out error over both passes' points."""
+                 bwd_s: Sequence[float] | None = None, folds: int = FOLDS,
+                 knee: float | None = None) -> tuple[MemboundFit, LeaveOut]:
+    """alpha + beta x bytes for each pass, past ``knee`` bytes (the host's last-level cache;
+    None: one rate) at a second rate (``_membound_pass``), and the leave-out error over both
+    passes' points. Not ``fit.fit_alpha_beta``: that one keeps a message's bandwidth from its
+    largest sizes, while an op's small sizes are as much its use as its large ones (a layer
+    norm over a microbatch's tokens), and an op whose time does not grow with its bytes (a
+    residual add's backward passes its gradient on) gets beta = 0, not a bound."""
     passes = [(np.asarray(fwd_bytes, float), np.asarray(fwd_s, float))]
     if bwd_bytes is not None and bwd_s is not None:
         passes.append((np.asarray(bwd_bytes, float), np.asarray(bwd_s, float)))
+
+    def fit(idx: np.ndarray | None) -> MemboundFit:
+        terms = [_membound_pass(x if idx is None else x[idx], t if idx is None else t[idx], knee)
+                 for x, t in passes]
+        return MemboundFit(fwd=terms[0], bwd=terms[1] if len(terms) > 1 else None, points=len(passes[0][0]),
+                           knee=knee if any(len(c) == 3 for c in terms) else None)
+
     errors: list[float] = []
-    with warnings.catch_warnings():   # a left-out fold's bound says nothing of the profile; the fit
-        warnings.simplefilter("ignore", FitWarning)   # on all points below still warns
-        for x, t in passes:
-            for test in folds_of(len(x), folds):
-                train = np.setdiff1d(np.arange(len(x)), test)
-                ab = fit_alpha_beta(x[train], t[train])
-                errors.extend((ab.alpha + ab.beta * x[test]) / t[test] - 1.0)
-    fits = [fit_alpha_beta(x, t) for x, t in passes]
-    fit = MemboundFit(fwd=(fits[0].alpha, fits[0].beta),
-                      bwd=(fits[1].alpha, fits[1].beta) if len(fits) > 1 else None, points=len(passes[0][0]))
-    return fit, summarize_errors(errors, min(folds, len(passes[0][0])))
-
-
-@dataclass(frozen=True)
-class OptimizerFit:
-    """seconds = overhead + per_tensor_s x tensors + bytes / bandwidth for one optimizer step
-    (``costs.timing.optimizer_time``)."""
-    bandwidth: float        # bytes/s
-    per_tensor_s: float     # s per parameter tensor
-    report: LeaveOut
-
-
-def fit_optimizer(tensors: Sequence[float], nbytes: Sequence[float], seconds: Sequence[float], overhead: float,
-                  folds: int = FOLDS) -> OptimizerFit:
-    """The optimizer's two terms over its measured steps (non-negative, relative residuals), and
-    their k-fold leave-out error on the full seconds (overhead included)."""
-    n_t, x, t = (np.asarray(v, dtype=float) for v in (tensors, nbytes, seconds))
-    y = np.maximum(t - overhead, 0.05 * t)
-
-    def fit(idx: np.ndarray) -> tuple[float, float]:
-        return _nonnegative_fit(x[idx], n_t[idx], y[idx], two_terms=True)
-
-    report = leave_out(len(t), fit, lambda bt, idx: overhead + bt[0] * x[idx] + bt[1] * n_t[idx], t,
-                       min(folds, len(t)))
-    beta, tau = fit(np.arange(len(t)))
-    return OptimizerFit(bandwidth=1.0 / beta, per_tensor_s=tau, report=report)
-
-
-@dataclass(frozen=True)
-class OptimizerLevelsFit:
-    """seconds = overhead + per_tensor_s x tensors + sum over tensors of bytes / bandwidth of the
-    cache level the tensor's working set fits (``costs.timing.optimizer_time`` with
-    ``tables.optimizer_levels``)."""
-    capacities: tuple[float, ...]     # bytes, smallest first (the last: as fitted)
-    bandwidths: tuple[float, ...]     # bytes/s per level, the last main memory's
-    per_tensor_s: float
-    report: LeaveOut
+    for test in folds_of(len(passes[0][0]), folds):
+        train = np.setdiff1d(np.arange(len(passes[0][0])), test)
+        left = fit(train)
+        for pass_, (x, t) in zip(("fwd", "bwd"), passes):
+            errors.extend(left.seconds(pass_, float(b)) / s - 1.0 for b, s in zip(x[test], t[test]))
+    return fit(None), summarize_errors(errors, min(folds, len(passes[0][0])))
 
 
 def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -280,68 +268,6 @@ def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best
 
 
-def _level_design(steps: Sequence[Sequence[float]], capacities: Sequence[float], bytes_per_element: float,
-                  ws_per_element: float) -> np.ndarray:
-    """Columns: tensors, then bytes streamed at each level (the last: memory)."""
-    levels = len(capacities) + 1
-    x = np.zeros((len(steps), 1 + levels))
-    for i, sizes in enumerate(steps):
-        x[i, 0] = len(sizes)
-        for e in sizes:
-            lv = next((j for j, c in enumerate(capacities) if ws_per_element * e <= c), levels - 1)
-            x[i, 1 + lv] += bytes_per_element * e
-    return x
-
-
-def _fit_levels(x: np.ndarray, y: np.ndarray, idx: np.ndarray, cols: list[int]) -> np.ndarray:
-    w = 1.0 / y[idx]
-    return nonnegative_lstsq(x[np.ix_(idx, cols)] * w[:, None], np.ones(len(idx)))
-
-
-def fit_optimizer_levels(steps: Sequence[Sequence[float]], seconds: Sequence[float], overhead: float,
-                         capacities: Sequence[float], bytes_per_element: float, working_set_per_element: float,
-                         folds: int = FOLDS) -> OptimizerLevelsFit | None:
-    """The optimizer's per-tensor cost and one rate per cache level from measured steps, each
-    over tensors of the given element counts (``steps``): non-negative least squares on relative
-    residuals of ``seconds - overhead`` against (tensors, bytes at each level). The last level's
-    capacity is the one, among sysfs's and the measured tensors' working sets between it and the
-    level below, with the smallest k-fold leave-out median (a VM gets a share of its socket's
-    last-level cache, and neighbours contend for it). A level no measured tensor falls in takes
-    the rate of the next larger level that has one (a cache the grid never filled is not assumed
-    faster), memory that of the largest measured; a larger level is never faster than a smaller
-    one. None where fewer than two levels hold measured tensors (then the single-rate
-    ``fit_optimizer`` is the form to use)."""
-    t = np.asarray(seconds, dtype=float)
-    y = np.maximum(t - overhead, 0.05 * t)
-    levels = len(capacities) + 1
-    below = capacities[-2] if len(capacities) > 1 else 0.0
-    sets = sorted({working_set_per_element * e for s in steps for e in s})
-    lasts = [c for c in sets if below < c < capacities[-1]] + [capacities[-1]] if capacities else [None]
-    best = None
-    for last in lasts:
-        caps = [*capacities[:-1], last] if capacities else []
-        x = _level_design(steps, caps, bytes_per_element, working_set_per_element)
-        used = [lv for lv in range(levels) if x[:, 1 + lv].any()]
-        if len(used) < 2:
-            continue
-        cols = [0] + [1 + lv for lv in used]
-        report = leave_out(len(t), lambda idx: _fit_levels(x, y, idx, cols),
-                           lambda c, idx: overhead + x[np.ix_(idx, cols)] @ c, t, min(folds, len(t)))
-        if best is None or report.median < best[0].median:
-            best = (report, caps, used, _fit_levels(x, y, np.arange(len(t)), cols))
-    if best is None:
-        return None
-    report, caps, used, coef = best
-    per_byte = dict(zip(used, coef[1:]))
-    measured = [lv for lv in used if per_byte[lv] > 0]
-    if not measured:
-        return None
-    out = [1.0 / per_byte[next((m for m in measured if m >= lv), measured[-1])] for lv in range(levels)]
-    for lv in range(1, levels):
-        out[lv] = min(out[lv], out[lv - 1])
-    return OptimizerLevelsFit(tuple(float(c) for c in caps), tuple(out), float(coef[0]), report)
-
-
 @dataclass(frozen=True)
 class CompositionFit:
     """measured = factor x priced + per_op_s x ops for one pass, over the synthetic stages."""
@@ -357,7 +283,7 @@ class CompositionFit:
 COMPOSITION_MIN_FACTOR = 0.5
 
 
-def _nonnegative_fit(priced: np.ndarray, ops: np.ndarray, measured: np.ndarray, two_terms: bool,
+def nonnegative_fit(priced: np.ndarray, ops: np.ndarray, measured: np.ndarray, two_terms: bool,
                      min_c: float = 0.0) -> tuple[float, float]:
     """Least squares on relative residuals of measured = c priced (+ tau ops), c > 0, tau >= 0
     (and c >= ``min_c`` with the second term)."""
@@ -389,12 +315,12 @@ def fit_composition(priced: Sequence[float], ops: Sequence[float], measured: Seq
             errors = []
             for i in range(n):
                 keep = np.arange(n) != i
-                c, tau = _nonnegative_fit(p[keep], o[keep], m[keep], two, COMPOSITION_MIN_FACTOR)
+                c, tau = nonnegative_fit(p[keep], o[keep], m[keep], two, COMPOSITION_MIN_FACTOR)
                 errors.append((c * p[i] + tau * o[i]) / m[i] - 1.0)
             report = summarize_errors(errors, n)
         else:
             report = summarize_errors([0.0], 1)
-        c, tau = _nonnegative_fit(p, o, m, two, COMPOSITION_MIN_FACTOR)
+        c, tau = nonnegative_fit(p, o, m, two, COMPOSITION_MIN_FACTOR)
         if best is None or report.median < best.report.median * (1.0 - COMPOSITION_MARGIN):
             best = CompositionFit(c, tau, report)
     return best

@@ -102,6 +102,46 @@ def test_membound_fit_recovers_latency_and_bandwidth_per_pass():
     assert fit.seconds("bwd", 1e6) == pytest.approx(8e-6 + 1e-4) and report.max < 1e-6
 
 
+def test_membound_fit_takes_a_second_rate_past_the_last_level_cache():
+    """An op streaming more than the cache holds runs at the memory's rate past it: the fit
+    recovers both rates and the knee, and says the same of left-out sizes."""
+    llc, x = 32e6, np.logspace(5, 8.3, 16)
+    truth = MemboundFit(fwd=(4e-6, 1 / 1.2e11, 1 / 7e10), knee=llc)
+    t = np.array([truth.seconds("fwd", b) for b in x])
+    fit, report = fit_membound(x, t, knee=llc)
+    assert fit.knee == llc and fit.fwd == pytest.approx(truth.fwd, rel=1e-6) and report.max < 1e-6
+    line, line_report = fit_membound(x, t)                # no knee: one rate, which misses
+    assert line.knee is None and len(line.fwd) == 2 and line_report.median > 0.05
+    # all sizes in the cache: nothing to fit a second rate on, one rate, no knee
+    inside, _ = fit_membound(x[x < llc], t[x < llc], knee=llc)
+    assert inside.knee is None and inside.fwd == pytest.approx(truth.fwd[:2], rel=1e-6)
+    # one size past it would set the second rate alone: one rate
+    one_past = np.append(x[x < llc], x[-1])
+    single, _ = fit_membound(one_past, [truth.seconds("fwd", b) for b in one_past], knee=llc)
+    assert single.knee is None and len(single.fwd) == 2
+
+
+def test_membound_fit_never_prices_past_the_cache_faster_and_keeps_a_flat_pass_flat():
+    x = np.logspace(5, 8.3, 10)
+    faster_beyond = MemboundFit(fwd=(4e-6, 1 / 7e10, 1 / 1.2e11), knee=32e6)     # not physical
+    fit, _ = fit_membound(x, [faster_beyond.seconds("fwd", b) for b in x], knee=32e6)
+    assert fit.knee is None and len(fit.fwd) == 2
+    # a residual add's backward passes its gradient on: its time does not grow with its bytes
+    fit, report = fit_membound(x, 1e-6 + x / 5e10, 1.5 * x, np.full(len(x), 1.2e-5), knee=32e6)
+    assert fit.bwd == pytest.approx((1.2e-5, 0.0), abs=1e-12) and report.max < 1e-6
+
+
+def test_a_membound_fit_round_trips_its_knee_and_refuses_a_third_number_without_one():
+    fit = MemboundFit(fwd=(4e-6, 1e-11, 2e-11), bwd=(1e-5, 3e-11), points=8, knee=3.2e7)
+    assert MemboundFit.from_dict("m", fit.to_dict()) == fit
+    with pytest.raises(SpecError, match=r"m\.knee"):
+        MemboundFit.from_dict("m", {"fwd": [4e-6, 1e-11, 2e-11]})
+    with pytest.raises(SpecError, match=r"m\.knee"):
+        MemboundFit.from_dict("m", {"fwd": [4e-6, 1e-11, 2e-11], "knee": -1})
+    with pytest.raises(SpecError, match=r"m\.fwd"):
+        MemboundFit.from_dict("m", {"fwd": [4e-6, 1e-11, 2e-11, 1.0], "knee": 3.2e7})
+
+
 @pytest.mark.parametrize("per_op_s, two_terms", [(0.0, False), (40e-6, True)])
 def test_composition_fit_keeps_the_per_op_term_only_where_it_predicts_left_out_stages(per_op_s, two_terms):
     priced = np.array([0.02, 0.05, 0.01, 0.08, 0.03])
@@ -118,12 +158,12 @@ def test_a_composition_fit_never_keeps_a_factor_that_prices_the_ops_at_under_hal
     priced = np.array([0.02, 0.05, 0.01, 0.08])
     ops = np.array([150, 120, 400, 90])
     measured = 3e-4 * ops
-    from parsim.calibration.surface_fit import COMPOSITION_MIN_FACTOR, _nonnegative_fit
+    from parsim.calibration.surface_fit import COMPOSITION_MIN_FACTOR, nonnegative_fit
     free = np.linalg.lstsq(np.stack([priced / measured, ops / measured], axis=1), np.ones(4), rcond=None)[0]
     assert free[0] < COMPOSITION_MIN_FACTOR and free[1] > 0
-    assert _nonnegative_fit(priced, ops, measured, True, COMPOSITION_MIN_FACTOR)[1] == 0.0   # one term instead
+    assert nonnegative_fit(priced, ops, measured, True, COMPOSITION_MIN_FACTOR)[1] == 0.0   # one term instead
     fit = fit_composition(priced, ops, measured)
-    assert fit.per_op_s == 0.0 and fit.factor == pytest.approx(_nonnegative_fit(priced, ops, measured, False)[0])
+    assert fit.per_op_s == 0.0 and fit.factor == pytest.approx(nonnegative_fit(priced, ops, measured, False)[0])
 
 
 # ----------------------------------------------------------------------------- real grids

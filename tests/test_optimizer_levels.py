@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from parsim.calibration.grid import adamw_grid
-from parsim.calibration.surface_fit import fit_optimizer_levels
+from parsim.calibration.optimizer_fit import fit_optimizer_levels
 from parsim.costs import optimizer_tensor_sizes
 from parsim.costs.timing import OPTIMIZER_WORKING_SET_BYTES, optimizer_time
 from parsim.fast import PlanTable, evaluate

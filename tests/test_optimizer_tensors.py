@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from parsim.calibration.surface_fit import fit_optimizer
+from parsim.calibration.optimizer_fit import fit_optimizer
 from parsim.costs import optimizer_tensors, stage_params, stage_tensors
 from parsim.costs.timing import optimizer_time
 from parsim.fast import PlanTable, evaluate

@@ -16,21 +16,11 @@ import bisect
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
 from .errors import SpecError
+from .surfaces import bytes_time
 from .tables import RankCurve, mapping, number, rows
 
 COLLECTIVES = "profile.network.collectives"
-
-
-def bytes_time(x, beta: float, knee: float | None = None, beta_beyond: float | None = None):
-    """The bytes' part of a collective's time [s] for ``x`` bytes (a number or an array):
-    beta * x, and past ``knee`` beta_beyond per byte (``calibration.fit.fit_alpha_beta_knee``)."""
-    if knee is None:
-        return beta * x
-    below = np.minimum(x, knee)
-    return beta * below + beta_beyond * (x - below)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,9 @@ any shape with them. A profile YAML keeps them under ``device.extra`` (``Calibra
   Multiplication Background User's Guide", Sec. "Wave Quantization"). Every factor is <= 1,
   so the efficiency is <= 1 by construction and ``peak`` is the fitted asymptote.
 * ``MemboundFit``: seconds = alpha + beta x bytes per pass (Hockney 1994's latency-bandwidth
-  model; 1 / beta is the op's achieved bandwidth).
+  model; 1 / beta is the op's achieved bandwidth), and past a knee (the host's last-level
+  cache) a second, slower rate per byte: an op that streams more than the cache holds runs at
+  the memory's rate, one that streams less at the cache's (``bytes_time``).
 
 SI units: seconds, FLOP, FLOP/s, bytes.
 """
@@ -25,8 +27,21 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .errors import SpecError
 from .readers import known, mapping, number, plain, row
+
+
+def bytes_time(x, beta: float, knee: float | None = None, beta_beyond: float | None = None):
+    """The bytes' part of a time [s] for ``x`` bytes (a number or a numpy array): beta * x, and
+    past ``knee`` beta_beyond per byte, continuous at the knee (a collective's protocol or
+    buffer switch, ``calibration.fit.fit_alpha_beta_knee``; a memory-bound op outgrowing the
+    last-level cache, ``calibration.surface_fit.fit_membound``)."""
+    if knee is None:
+        return beta * x
+    below = np.minimum(x, knee)
+    return beta * below + beta_beyond * (x - below)
 
 
 def saturation(d: float, half: float) -> float:
@@ -101,16 +116,21 @@ class RooflineFit:
 @dataclass(frozen=True)
 class MemboundFit:
     """A memory-bound op: seconds = alpha + beta * bytes, per pass (bytes as ``costs.ops``
-    counts them); ``bwd`` None for ops without a backward (AdamW, gradient accumulation)."""
-    fwd: tuple[float, float]             # (alpha s, beta s/byte)
-    bwd: tuple[float, float] | None = None
+    counts them), and past ``knee`` bytes beta_beyond per byte (a pass's third number; a pass
+    with two streams at one rate whatever its size); ``bwd`` None for ops without a backward
+    (AdamW, gradient accumulation)."""
+    fwd: tuple[float, ...]               # (alpha s, beta s/byte[, beta_beyond s/byte])
+    bwd: tuple[float, ...] | None = None
     points: int | None = None
+    knee: float | None = None            # bytes: the last-level cache the fit found
 
     def seconds(self, pass_: str, nbytes: float) -> float:
         if nbytes <= 0:
             return 0.0
-        alpha, beta = self.fwd if pass_ == "fwd" or self.bwd is None else self.bwd
-        return float(alpha) + float(beta) * nbytes
+        alpha, beta, *beyond = self.fwd if pass_ == "fwd" or self.bwd is None else self.bwd
+        if not beyond or self.knee is None:
+            return float(alpha) + float(beta) * nbytes
+        return float(alpha) + float(bytes_time(nbytes, float(beta), float(self.knee), float(beyond[0])))
 
     @property
     def bandwidth(self) -> float:
@@ -120,12 +140,19 @@ class MemboundFit:
     @classmethod
     def from_dict(cls, where: str, raw: Any) -> "MemboundFit":
         d = mapping(where, raw)
-        known(where, d, ("fwd", "bwd", "points"))
+        known(where, d, ("fwd", "bwd", "points", "knee"))
         if "fwd" not in d:
             raise SpecError(f"{where}.fwd", None, "required key missing: [alpha s, beta s/byte]")
-        return cls(fwd=row(f"{where}.fwd", d["fwd"], (2,)),
-                   bwd=row(f"{where}.bwd", d["bwd"], (2,)) if d.get("bwd") is not None else None,
-                   points=number(f"{where}.points", d["points"]) if "points" in d else None)
+        fit = cls(fwd=row(f"{where}.fwd", d["fwd"], (2, 3)),
+                  bwd=row(f"{where}.bwd", d["bwd"], (2, 3)) if d.get("bwd") is not None else None,
+                  points=number(f"{where}.points", d["points"]) if "points" in d else None,
+                  knee=number(f"{where}.knee", d["knee"]) if d.get("knee") is not None else None)
+        if fit.knee is None and (len(fit.fwd) == 3 or (fit.bwd is not None and len(fit.bwd) == 3)):
+            raise SpecError(f"{where}.knee", None, "required with a pass's third number (s/byte past the knee): "
+                            "bytes > 0")
+        if fit.knee is not None and not fit.knee > 0:
+            raise SpecError(f"{where}.knee", fit.knee, "bytes > 0")
+        return fit
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"fwd": list(self.fwd)}
@@ -133,6 +160,8 @@ class MemboundFit:
             out["bwd"] = list(self.bwd)
         if self.points is not None:
             out["points"] = self.points
+        if self.knee is not None:
+            out["knee"] = self.knee
         return out
 
 
@@ -240,7 +269,7 @@ class OptimizerLevels:
     AdamW bytes / s) per level plus one for main memory (``len(bandwidths) == len(capacities) +
     1``). A tensor whose working set fits a cache is streamed from memory once per step while
     the update's ~9 elementwise ops re-read it from that cache; a larger one is streamed from
-    memory by every op (``calibration.surface_fit.fit_optimizer_levels``)."""
+    memory by every op (``calibration.optimizer_fit.fit_optimizer_levels``)."""
     capacities: tuple[float, ...]
     bandwidths: tuple[float, ...]
 
