@@ -78,7 +78,10 @@ def main() -> None:
     from parsim.calibration.timer import Clock
     from parsim.specs import DTYPES
 
+    from parsim.executor.host_alloc import apply_host_memory_policy
+
     torch.set_num_threads(1)
+    apply_host_memory_policy()      # as ``parsim calibrate`` measures (PARSIM_HOST_MEMORY)
     device, clock, settings = torch.device("cpu"), Clock(torch.device("cpu")), QUICK if args.quick else FULL
     rates = {dt: estimate_rate(dt, clock) for dt in DTYPES}
     plan = plan_grid("cpu", "fp32", QUICK_GRID if args.quick else FULL_GRID, rates, args.quick)
