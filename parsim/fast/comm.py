@@ -25,13 +25,20 @@ Per rank, in seconds (buckets back to back on one DP stream, ``costs.dp_buckets`
     SMs: ``costs.stack.comm_compute_slowdown``, the SimPy engine's ``Device.ledger``)
     whether the ZeRO collectives block the rank (``C_ZERO_BLOCKING``: 0 on a side stream, 1
     blocking, 2 blocking as FSDP2 runs them, unit by unit with its copies)
+    beside a side stream, the compute FSDP2's copies and host work leave the rank per layer
+    unit's gather and reduce-scatter, and per microbatch for ZeRO-2's embedding and head
+    reduce-scatters (``C_OWED_*``; the SimPy engine's ``Device.ledger``, paid before the next
+    compute)
 
 Where ZeRO collectives block (a profile whose ``zero_overlap`` is false: gloo on the host's own
 cores, the reference executor's FSDP2), the ZeRO-2/3 columns are what the rank waits, as the
 SimPy engine's ``actions.zero3_collective`` charges it: the collective priced in situ (called
 right after compute, on the plan's ranks sharing the host) and, under FSDP2, its copies and host
 work per unit (``costs.timing.fsdp_unit_time``; the engine also slows those by the host's
-memory-bound contention, which the fast path leaves out as it does for compute).
+memory-bound contention, which the fast path leaves out as it does for compute). Beside a side
+stream (a GPU's FSDP2) those copies are compute the rank owes: the layer units' in ``C_OWED_*``,
+which ``fast.timing`` adds to the layers' compute, the root units' in their own columns (the
+action waits for its root unit's gather and reduce-scatter either way).
 """
 from __future__ import annotations
 
@@ -55,7 +62,8 @@ from .plans import WORDS
 
 (C_AR_ALL, C_AR_LAST, C_RS_ALL, C_RS_LAST, C_AG_ALL, C_PS_ALL, C_PS_LAST, C_PS_BCAST, C_Z3_GATHER, C_Z3_SCATTER,
  C_SHARED_LINK, C_Z2_EMB, C_Z2_HEAD, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER, C_COMM_SLOWDOWN, C_TIED, C_TIED_SHARD,
- C_ZERO_BLOCKING, C_Z3_EMB_GATHER, C_Z3_EMB_SCATTER, C_Z3_HEAD_GATHER, C_Z3_HEAD_SCATTER, C_WIDTH) = range(24)
+ C_ZERO_BLOCKING, C_Z3_EMB_GATHER, C_Z3_EMB_SCATTER, C_Z3_HEAD_GATHER, C_Z3_HEAD_SCATTER, C_OWED_GATHER,
+ C_OWED_SCATTER, C_OWED_EMB, C_OWED_HEAD, C_WIDTH) = range(28)
 
 
 def dp_group_ranks(dp: int, tp: int, pp: int, pp_rank: int = 0) -> list[int]:
@@ -134,7 +142,7 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
     done: dict[tuple[float, tuple[int, ...]], np.ndarray] = {}
     cluster = pricer.cluster
     tp_link = group_link(cluster, tp_group_ranks(dp, tp, pp))
-    zero_price = _zero_pricer(pricer, dp * tp * pp)
+    zero_price = _ZeroPricer(pricer, dp * tp * pp)
     for r in range(pp):
         group = pricer.dp_group(dp, tp, pp, r)
         n = rank_params[r]
@@ -150,14 +158,14 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
             row[C_PS_ALL], row[C_PS_LAST] = bucketed(lambda x: parameter_server_time(cluster, x, list(group)),
                                                      n * sb.grad, bucket_bytes)
             row[C_PS_BCAST] = parameter_server_time(cluster, n * sb.param, list(group))
-        row[C_Z3_GATHER] = zero_price("all_gather", z3_gather, group)
-        row[C_Z3_SCATTER] = zero_price("reduce_scatter", z3_scatter, group)
+        row[C_Z3_GATHER], row[C_OWED_GATHER] = zero_price.split("all_gather", z3_gather, group)
+        row[C_Z3_SCATTER], row[C_OWED_SCATTER] = zero_price.split("reduce_scatter", z3_scatter, group)
         emb = embedding_params(model, plan) if r == 0 else 0.0
         head = head_params(model, plan) if r == head_rank else 0.0
         if emb:
-            row[C_Z2_EMB] = zero_price("reduce_scatter", emb * sb.grad, group)
+            row[C_Z2_EMB], row[C_OWED_EMB] = zero_price.split("reduce_scatter", emb * sb.grad, group)
         if head:
-            row[C_Z2_HEAD] = zero_price("reduce_scatter", head * sb.grad, group)
+            row[C_Z2_HEAD], row[C_OWED_HEAD] = zero_price.split("reduce_scatter", head * sb.grad, group)
         if emb + head:
             # ZeRO-3: the rank's root unit (embedding and / or final norm + head), gathered before
             # every forward and backward, reduce-scattered after every backward (sim.actions)
@@ -183,22 +191,28 @@ def _blocking_code(cluster: ClusterSpec) -> float:
     return (2.0 if tables.fsdp2_copies else 1.0) if tables.zero_blocking else 0.0
 
 
-def _zero_pricer(pricer: CollectivePricer, world: int):
-    """Seconds of one ZeRO collective of a unit of ``nbytes`` over ``group`` by the rule the SimPy
-    engine's ``actions.zero3_collective`` charges too (``costs.stack.zero_unit_time``): at the
-    stack's share of the bandwidth; where ZeRO collectives block the rank, priced in situ on the
-    plan's ``world`` ranks sharing the host and, under FSDP2, with its copies and host work
-    around it (beside a side stream the fast path leaves the copies out)."""
-    cluster = pricer.cluster
-    blocking = cluster.device.tables.zero_blocking
-    host = HostModel(cluster, world).ranks_on_host
+class _ZeroPricer:
+    """One ZeRO collective of a unit of ``nbytes`` over ``group`` by the rule the SimPy engine's
+    ``actions.zero3_collective`` charges too (``costs.stack.zero_unit_time``): at the stack's
+    share of the bandwidth; where ZeRO collectives block the rank, priced in situ on the plan's
+    ``world`` ranks sharing the host. Under FSDP2 its copies and host work go around it: in line
+    where the collectives block, owed to the compute beside a side stream."""
 
-    def price(op: str, nbytes: float, group: tuple[int, ...]) -> float:
-        # the unit's rule (``costs.stack.zero_unit_time``); its copies count where they block
-        before, seconds, after = zero_unit_time(cluster, op, nbytes, len(group),
-                                                lambda in_situ: pricer(op, nbytes, group, host if in_situ else None))
-        return seconds + (before + after if blocking else 0.0)
-    return price
+    def __init__(self, pricer: CollectivePricer, world: int):
+        self.pricer = pricer
+        self.blocking = bool(pricer.cluster.device.tables.zero_blocking)
+        self.host = HostModel(pricer.cluster, world).ranks_on_host
+
+    def split(self, op: str, nbytes: float, group: tuple[int, ...]) -> tuple[float, float]:
+        """(seconds the rank's DP stream spends on it, compute seconds the rank owes for it)."""
+        before, seconds, after = zero_unit_time(
+            self.pricer.cluster, op, nbytes, len(group),
+            lambda in_situ: self.pricer(op, nbytes, group, self.host if in_situ else None))
+        return (seconds + (before + after), 0.0) if self.blocking else (seconds, before + after)
+
+    def __call__(self, op: str, nbytes: float, group: tuple[int, ...]) -> float:
+        """A unit the action waits for whole (a root unit): the collective and its copies."""
+        return sum(self.split(op, nbytes, group))
 
 
 def _tied_columns(out: np.ndarray, model: ModelSpec, pricer: CollectivePricer, plan: Plan, grad_bytes: float) -> None:

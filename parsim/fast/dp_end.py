@@ -21,8 +21,8 @@ import numba
 import numpy as np
 
 from .codes import GPIPE, NAIVE, OFF_NONE, PS
-from .comm import (C_AG_ALL, C_AR_ALL, C_AR_LAST, C_PS_ALL, C_PS_BCAST, C_PS_LAST, C_RS_ALL, C_RS_LAST, C_TIED,
-                   C_TIED_SHARD, C_Z2_EMB, C_Z2_HEAD, C_Z3_GATHER, C_Z3_ROOT_GATHER, C_Z3_SCATTER)
+from .comm import (C_AG_ALL, C_AR_ALL, C_AR_LAST, C_OWED_EMB, C_OWED_HEAD, C_PS_ALL, C_PS_BCAST, C_PS_LAST, C_RS_ALL,
+                   C_RS_LAST, C_TIED, C_TIED_SHARD, C_Z2_EMB, C_Z2_HEAD, C_Z3_GATHER, C_Z3_ROOT_GATHER, C_Z3_SCATTER)
 from .ranks import R_CHUNK, R_COMM, R_LAYERS, R_PARAMS, R_STEP, S_BUCKET_DOWN, S_BUCKETS_DOWN
 from .rules import reduce_scatters_buckets
 
@@ -35,6 +35,14 @@ def blocked_edges(t, c) -> float:
     if not (t.zero2 and t.block_scatter > 0.0):
         return 0.0
     return c[C_Z2_EMB] + c[C_Z2_HEAD]
+
+
+@numba.njit(cache=True)
+def owed_edges(t, c) -> float:
+    """ZeRO-2 beside a side stream: the compute FSDP2's copies around the embedding's and the
+    head's gradient reduce-scatters leave the rank every backward (``fast.comm.C_OWED_EMB`` /
+    ``C_OWED_HEAD``; 0 elsewhere)."""
+    return c[C_OWED_EMB] + c[C_OWED_HEAD] if t.zero2 else 0.0
 
 
 @numba.njit(cache=True)

@@ -25,8 +25,8 @@ import numba
 import numpy as np
 
 from .codes import DUALPIPEV, LOOPED_BFS, O_BUBBLE, O_DP, O_PIPE, O_PP, O_STEP, O_TP, OFF_NONE
-from .comm import (C_AG_ALL, C_Z2_EMB, C_Z2_HEAD, C_Z3_EMB_GATHER, C_Z3_EMB_SCATTER, C_Z3_HEAD_GATHER,
-                   C_Z3_HEAD_SCATTER, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER)
+from .comm import (C_AG_ALL, C_OWED_EMB, C_OWED_HEAD, C_Z2_EMB, C_Z2_HEAD, C_Z3_EMB_GATHER, C_Z3_EMB_SCATTER,
+                   C_Z3_HEAD_GATHER, C_Z3_HEAD_SCATTER, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER)
 from .dag import K_B, K_F, K_FB, K_I, K_W, N_CHUNK, N_CHUNK_B, N_DEP0, N_DEP1, N_KIND, N_KIND_B, N_RANK
 from .ranks import (R_CHUNK, R_COMM, R_LAST, R_PARAMS, R_STEP, S_GRADS_DOWN, S_OPT_STEP, S_PARAMS_UP,
                     send_between)
@@ -59,18 +59,19 @@ def pass_times(plan, t, lrow, hrow, ranks):
                 p[P_F] = _chained(L, 1, t.f_wait, t.f_layer, max(t.gather, t.gather - t.h2d + t.tp_f))
                 p[P_B] = _chained(L, 1, t.b_wait, t.b_layer, max(t.gather + t.scatter, t.gather - t.h2d + t.scatter
                                                                  + t.tp_b))
-                p[P_I] = _chained(L, 1, t.b_wait, i_layer + t.block_gather, t.gather)
-                p[P_W] = _chained(L, 1, 0.0, w_layer + t.block_scatter, t.scatter)
-            else:       # blocking ZeRO-2: W completes a layer's gradients and reduce-scatters them
+                p[P_I] = _chained(L, 1, t.b_wait, i_layer + t.block_gather + t.owed_gather, t.gather)
+                p[P_W] = _chained(L, 1, 0.0, w_layer + t.block_scatter + t.owed_scatter, t.scatter)
+            else:       # ZeRO-2: W completes a layer's gradients and reduce-scatters them
                 p[P_F], p[P_B] = L * t.f_layer, L * t.b_layer
-                p[P_I], p[P_W] = L * i_layer, L * (w_layer + t.block_scatter)
+                p[P_I], p[P_W] = L * i_layer, L * (w_layer + t.block_scatter + t.owed_scatter)
             # W run apart from its I costs more than its ops (``split_weight_overhead``)
             p[P_W] += L * lrow[L_SPLIT_W] + L * L * lrow[L_SPLIT_W2]
             # what is not the layers' compute: TP collectives, ZeRO-3 waits (an overlapped slot
             # hides them behind the other pass's compute), but for ZeRO collectives that block the rank
-            p[P_F_COMM] = p[P_F] - L * (lrow[L_FWD] + t.block_gather)
-            p[P_B_COMM] = p[P_B] - L * (lrow[L_BWD] + lrow[L_RECOMPUTE] + t.block_gather + t.block_scatter)
-            p[P_I_COMM] = p[P_I] - L * (lrow[L_BWD_I] + lrow[L_RECOMPUTE] + t.block_gather)
+            p[P_F_COMM] = p[P_F] - L * (lrow[L_FWD] + t.block_gather + t.owed_gather)
+            p[P_B_COMM] = p[P_B] - L * (lrow[L_BWD] + lrow[L_RECOMPUTE] + t.block_gather + t.block_scatter
+                                        + t.owed_gather + t.owed_scatter)
+            p[P_I_COMM] = p[P_I] - L * (lrow[L_BWD_I] + lrow[L_RECOMPUTE] + t.block_gather + t.owed_gather)
             if t.zero3 and (first or last):
                 # the chunk's own root unit: both ends where one chunk holds both (pp = 1), else
                 # its end alone (V placement holds the first stage and the last in two chunks)
@@ -86,8 +87,9 @@ def pass_times(plan, t, lrow, hrow, ranks):
                 p[P_B] += hrow[H_HEAD_BWD]
                 p[P_I] += hrow[H_HEAD_BWD] - hrow[H_HEAD_BWD_W] + hrow[H_HEAD_TP_COVER]
                 p[P_W] += hrow[H_HEAD_BWD_W]
-            if t.zero2 and t.block_scatter > 0.0:   # blocking ZeRO-2: the edges' scatters after their W
-                edge = (ranks[r, R_COMM + C_Z2_EMB] if first else 0.0) + (ranks[r, R_COMM + C_Z2_HEAD] if last else 0.0)
+            if t.zero2:     # the edges' scatters after their W: blocking in line, beside a side stream their copies
+                emb, head = (C_Z2_EMB, C_Z2_HEAD) if t.block_scatter > 0.0 else (C_OWED_EMB, C_OWED_HEAD)
+                edge = (ranks[r, R_COMM + emb] if first else 0.0) + (ranks[r, R_COMM + head] if last else 0.0)
                 p[P_B] += edge
                 p[P_W] += edge
             if first:

@@ -40,9 +40,9 @@ import numpy as np
 
 from .codes import (GPIPE, INTERLEAVED, NAIVE, O_BUBBLE, O_DP, O_PIPE, O_PP, O_STEP, O_TP, OFF_NONE, ONE_F_ONE_B,
                     PS)
-from .comm import (C_COMM_SLOWDOWN, C_SHARED_LINK, C_Z3_GATHER, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER, C_Z3_SCATTER,
-                   C_ZERO_BLOCKING)
-from .dp_end import _gradients_ready, blocked_edges, blocked_exposed, tie_embedding
+from .comm import (C_COMM_SLOWDOWN, C_OWED_GATHER, C_OWED_SCATTER, C_SHARED_LINK, C_Z3_GATHER, C_Z3_ROOT_GATHER,
+                   C_Z3_ROOT_SCATTER, C_Z3_SCATTER, C_ZERO_BLOCKING)
+from .dp_end import _gradients_ready, blocked_edges, blocked_exposed, owed_edges, tie_embedding
 from .ranks import R_COMM, R_LAYERS, R_STEP, S_GRADS_DOWN, S_LAYER_UP, S_OPT_STEP, S_PARAMS_UP, step_block
 from .rules import gathers_layers, scatters_every_backward
 from .tables import (H_EMB_BWD, H_EMB_FWD, H_EMB_PARAMS, H_HEAD_BWD, H_HEAD_FWD, H_HEAD_PARAMS_PP1,
@@ -89,10 +89,13 @@ DPSync = namedtuple("DPSync", "bucket_bytes overlap")
 # flags), read once from its rows so the per-rank steps take scalars
 # ``block_gather`` / ``block_scatter``: a layer's ZeRO collectives where they block the rank
 # (``fast.comm.C_ZERO_BLOCKING``), already in ``f_layer`` / ``b_layer``; ``fsdp2``: ZeRO-2 gathers
-# unit by unit after the step (the SimPy engine's ``actions.fsdp2_gathers``)
+# unit by unit after the step (the SimPy engine's ``actions.fsdp2_gathers``); ``owed_gather`` /
+# ``owed_scatter``: FSDP2's copies a layer's collectives leave to the compute beside a side
+# stream (``fast.comm.C_OWED_*``), also already in ``f_layer`` / ``b_layer``
 PlanTerms = namedtuple("PlanTerms", "f_layer b_layer tp_layer tp_f tp_b gather scatter f_wait b_wait h2d zf zb "
                                     "zero3 zero2 shared tp_last_layer layer_params emb_bwd head_bwd "
-                                    "emb_params head_params opt_block block_gather block_scatter fsdp2")
+                                    "emb_params head_params opt_block block_gather block_scatter fsdp2 "
+                                    "owed_gather owed_scatter")
 
 
 @numba.njit(cache=True)
@@ -130,6 +133,12 @@ def _plan_terms(plan, lrow, hrow, ranks):
     opt_block = step_block(plan.zero, plan.offload)   # the plan's optimizer columns in the rank rows (fast.ranks)
     zero3 = gathers_layers(plan.zero, plan.dp)
     zero2 = scatters_every_backward(plan.zero, plan.dp, plan.dp_impl == PS)
+    # beside a side stream, FSDP2's copies around a layer's gather and reduce-scatter are
+    # compute the rank owes (``fast.comm.C_OWED_*``; 0 elsewhere): in the layer's compute
+    owed_gather = ranks[0, R_COMM + C_OWED_GATHER] if zero3 else 0.0
+    owed_scatter = ranks[0, R_COMM + C_OWED_SCATTER] if zero3 or zero2 else 0.0
+    f_layer += owed_gather
+    b_layer += owed_gather + owed_scatter
     # TP and DP on one port: the DP stream's transfers queue with the TP collectives
     shared = ranks[0, R_COMM + C_SHARED_LINK] > 0
     # a layer's first TP collective queues behind the DP transfers issued at its start, so on
@@ -169,7 +178,7 @@ def _plan_terms(plan, lrow, hrow, ranks):
     return PlanTerms(f_layer, b_layer, tp_layer, tp_f, tp_b, gather, scatter, f_wait, b_wait, h2d, zf, zb, zero3,
                      zero2, shared, lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE], lrow[L_PARAMS], hrow[H_EMB_BWD],
                      hrow[H_HEAD_BWD], hrow[H_EMB_PARAMS], head_params, opt_block, block_gather, block_scatter,
-                     blocking == 2.0)
+                     blocking == 2.0, owed_gather, owed_scatter)
 
 
 @numba.njit(cache=True, inline="always")
@@ -228,7 +237,7 @@ def _pipeline(plan, hrow, ranks, send, t):
         # a blocking stack's sends hold the rank in its steady state (``_held``)
         held_r = _held(plan, send, r)
         held += held_r
-        root_b += blocked_edges(t, ranks[r, R_COMM:R_STEP])
+        root_b += blocked_edges(t, ranks[r, R_COMM:R_STEP]) + owed_edges(t, ranks[r, R_COMM:R_STEP])
         x += _edges(r, last, hrow) + _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], True) + root_b + held_r
         max_b = max(max_b, L * t.b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0)
                     + (hrow[H_HEAD_BWD] if r == last else 0.0) + root_b)
@@ -265,7 +274,7 @@ def _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x)
         if r == last:
             b_rank += hrow[H_HEAD_BWD]
         b_rank += (_root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False)
-                   + blocked_edges(t, ranks[r, R_COMM:R_STEP]))
+                   + blocked_edges(t, ranks[r, R_COMM:R_STEP]) + owed_edges(t, ranks[r, R_COMM:R_STEP]))
         if r > 0:
             end_r -= b_rank / vpp + send[r - 1]
         # a blocking stack's rank is done when its last backward's send is through
