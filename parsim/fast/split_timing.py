@@ -79,6 +79,10 @@ def pass_times(plan, t, lrow, hrow, ranks):
                     ((C_Z3_EMB_GATHER, C_Z3_EMB_SCATTER) if first else (C_Z3_HEAD_GATHER, C_Z3_HEAD_SCATTER))
                 p[P_F] += ranks[r, R_COMM + g]
                 p[P_B] += ranks[r, R_COMM + g] + ranks[r, R_COMM + s]
+                # split: I gathers it (the head's input gradient needs its weight), W scatters
+                # its gradients (the first stage's W, the whole backward, is P_B below)
+                p[P_I] += ranks[r, R_COMM + g]
+                p[P_W] += ranks[r, R_COMM + s]
             if first:
                 p[P_F] += hrow[H_EMB_FWD]
                 p[P_B] += hrow[H_EMB_BWD]

@@ -98,22 +98,37 @@ def _root_unit_params(run: ActionRun, backward_only: bool = False) -> float:
     """ZeRO-3: parameters of the stage's root unit (its embedding and / or final norm + head;
     0 on a stage with neither) that a forward or backward gathers (``backward_only``: that a
     backward reduce-scatters after it); an overlapped F&B slot gathers both stages' and
-    scatters its backward's. 0 without ZeRO-3."""
+    scatters its backward's. A split backward: I gathers the unit (the head's input gradient
+    needs its weight), W reduce-scatters its gradients after it; on the first stage I runs
+    nothing and W is the whole backward, so W does both (``_first_stage_split``). 0 without
+    ZeRO-3."""
     kind, sim = run.cost.kind, run.sim
     if not sim.zero3_gathers:
         return 0.0
+    own = float(sum(sim.edge_params[run.cost.stage]))
     if kind in ("F", "B"):
-        return 0.0 if backward_only and kind == "F" else float(sum(sim.edge_params[run.cost.stage]))
+        return 0.0 if backward_only and kind == "F" else own
     if kind == "F&B":
-        own = float(sum(sim.edge_params[run.cost.stage]))
         return own if backward_only else own + float(sum(sim.edge_params[run.cost.f_stage]))
+    if kind == "I":
+        return 0.0 if backward_only or _first_stage_split(run) else own
+    if kind == "W":
+        return own if backward_only or _first_stage_split(run) else 0.0
     return 0.0
+
+
+def _first_stage_split(run: ActionRun) -> bool:
+    """A split backward's action on the first stage: no input gradient there, so its I runs
+    nothing and its W the whole backward (``engine.Simulation._price``, torch 2.13's
+    PipelineStage)."""
+    return run.cost.stage == 0 and run.cost.kind in ("I", "W")
 
 
 def _walk(env: simpy.Environment, run: ActionRun, chain: tuple[Segment, ...], half: int | None):
     sim, dev, rec = run.sim, run.dev, run.sim.recorder
     stage, mb = run.cost.stage, run.microbatch
-    zero3 = sim.zero3_gathers and run.cost.kind != "W"
+    # a weight-gradient pass needs no weights but the first stage's, which is the whole backward
+    zero3 = sim.zero3_gathers and (run.cost.kind != "W" or _first_stage_split(run))
     layer = None
     for s in chain:
         if zero3 and s.layer >= 0 and s.layer != layer:
