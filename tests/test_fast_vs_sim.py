@@ -136,7 +136,7 @@ SIDE_STREAM_FSDP2 = ["dp=8 gbs=32 zero=3", "dp=4 tp=2 gbs=16 zero=3 recompute=fu
                      "dp=4 pp=2 gbs=32 zero=3 schedule=gpipe", "dp=8 gbs=32 zero=2", "dp=2 pp=4 gbs=32 zero=2",
                      "dp=4 pp=2 vpp=2 gbs=32 zero=2 schedule=interleaved", "dp=4 pp=2 gbs=32 zero=2 schedule=zb-h1",
                      "dp=2 pp=4 gbs=32 zero=2 schedule=zbv", "dp=4 pp=2 gbs=32 zero=3 schedule=zb-h1",
-                     "dp=4 pp=2 gbs=32 zero=3 schedule=zbv"]
+                     "dp=4 pp=2 gbs=32 zero=3 schedule=zbv", "dp=2 pp=4 gbs=32 zero=3 schedule=dualpipev"]
 
 
 @pytest.mark.parametrize("plan", SIDE_STREAM_FSDP2)

@@ -134,24 +134,40 @@ def test_every_new_schedule_runs_on_a_host_whose_cores_the_ranks_share(schedule,
     assert result.step_time_s == pytest.approx(one.step_time_s, rel=0.1)
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "zbv"])
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "zbv", "dualpipev"])
 def test_zero3_gathers_and_scatters_every_unit_alike_whether_the_backward_is_split(schedule):
     """ZeRO-3 under a split backward: I gathers its layers and its root unit (the head's input
     gradient needs its weight), W reduce-scatters them; the first stage's W is its whole
-    backward, so it gathers too. Per microbatch every rank gathers each of its layers twice
-    (forward and backward) and its root unit twice, and reduce-scatters each once, as 1F1B
-    does (before, a split backward skipped the first stage's gathers and every root unit's
-    backward gather and reduce-scatter)."""
+    backward, so it gathers too; an overlapped slot (DualPipeV) gathers both passes' units and
+    reduce-scatters its backward's layers. Per microbatch every rank gathers each of its layers
+    twice (forward and backward) and its root units' bytes twice, and reduce-scatters each
+    once, as 1F1B does (before, a split backward skipped the first stage's gathers and every
+    root unit's backward gather and reduce-scatter, and DualPipeV's overlapped slots two
+    thirds of the layers' reduce-scatters)."""
     model, cluster = load_model("gpt3-1.3b"), load_cluster("a100-80g:8")
     m = 8
-    r = simulate(model, cluster, parse_plan(f"dp=4 pp=2 gbs={4 * m} zero=3 schedule={schedule}"))
-    for rank in (0, 4):            # dp rank 0 of each pipeline rank
+    plan = parse_plan(f"dp=2 pp=4 gbs={2 * m} zero=3 schedule={schedule}")
+    r = simulate(model, cluster, plan)
+    per_rank = model.layers // plan.pp
+    for rank in (0, 2, 4, 6):            # dp rank 0 of each pipeline rank
         events = [e for e in r.trace.events if e.rank == rank and e.stream == "dp"]
-        layers = sum(1 for e in events if e.kind == "zero_allgather" and e.layer >= 0)
-        roots = sum(1 for e in events if e.kind == "zero_allgather" and e.layer < 0)
-        scatters = sum(1 for e in events if e.kind == "zero_reducescatter" and e.layer >= 0)
-        root_scatters = sum(1 for e in events if e.kind == "zero_reducescatter" and e.layer < 0)
-        assert layers == 2 * m * model.layers // 2, (schedule, rank)
-        assert scatters == m * model.layers // 2, (schedule, rank)
-        own_roots = 2 if schedule == "zbv" and rank == 0 else 1 if schedule != "zbv" else 0
-        assert roots == 2 * m * own_roots and root_scatters == m * own_roots, (schedule, rank, roots, root_scatters)
+
+        def count(kind, root):
+            return sum(1 for e in events if e.kind == kind and (e.layer < 0) == root)
+
+        def nbytes(kind):
+            return sum(e.bytes for e in events if e.kind == kind and e.layer < 0)
+        assert count("zero_allgather", False) == 2 * m * per_rank, (schedule, rank)
+        assert count("zero_reducescatter", False) == m * per_rank, (schedule, rank)
+        # the root units' bytes (one collective may carry an overlapped slot's two units)
+        assert nbytes("zero_allgather") == pytest.approx(2 * nbytes("zero_reducescatter")
+                                                         * r_param_over_grad(plan)), (schedule, rank)
+        assert (nbytes("zero_reducescatter") > 0) == (rank == 0 or (rank == 6 and schedule not in ("zbv", "dualpipev"))), \
+            (schedule, rank)
+
+
+def r_param_over_grad(plan) -> float:
+    """Bytes of a parameter over bytes of its gradient in the plan's dtype (both 2 in bf16)."""
+    from parsim.costs import state_bytes
+    sb = state_bytes(plan.dtype)
+    return sb.param / sb.grad

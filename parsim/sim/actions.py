@@ -97,8 +97,8 @@ def run_stepped(env: simpy.Environment, run: ActionRun):
 def _root_unit_params(run: ActionRun, backward_only: bool = False) -> float:
     """ZeRO-3: parameters of the stage's root unit (its embedding and / or final norm + head;
     0 on a stage with neither) that a forward or backward gathers (``backward_only``: that a
-    backward reduce-scatters after it); an overlapped F&B slot gathers both stages' and
-    scatters its backward's. A split backward: I gathers the unit (the head's input gradient
+    backward reduce-scatters after it); an overlapped slot gathers both stages' and scatters
+    its backward's (but an I's). A split backward: I gathers the unit (the head's input gradient
     needs its weight), W reduce-scatters its gradients after it; on the first stage I runs
     nothing and W is the whole backward, so W does both (``_first_stage_split``). 0 without
     ZeRO-3."""
@@ -108,8 +108,13 @@ def _root_unit_params(run: ActionRun, backward_only: bool = False) -> float:
     own = float(sum(sim.edge_params[run.cost.stage]))
     if kind in ("F", "B"):
         return 0.0 if backward_only and kind == "F" else own
-    if kind == "F&B":
-        return own if backward_only else own + float(sum(sim.edge_params[run.cost.f_stage]))
+    if kind.startswith("F&"):       # overlapped: the forward's unit and the backward's, as alone
+        b_kind = kind[2:]
+        if b_kind == "I" and run.cost.stage == 0:      # the first stage's I runs nothing
+            own = 0.0
+        if backward_only:
+            return own if b_kind != "I" else 0.0
+        return own + float(sum(sim.edge_params[run.cost.f_stage]))
     if kind == "I":
         return 0.0 if backward_only or _first_stage_split(run) else own
     if kind == "W":
@@ -181,8 +186,10 @@ def _segment_done(env: simpy.Environment, run: ActionRun, s: Segment):
             ev.succeed()
         else:
             run.final.append(ev)
-    if run.sim.zero3_gathers and s.layer >= 0 and run.cost.kind in ("B", "W"):
-        # the layer's weight gradients are complete: reduce-scatter them over DP
+    if run.sim.zero3_gathers and s.layer >= 0 and (run.cost.kind in ("B", "W")
+                                                   or run.cost.kind == "F&B" and s.kind != "F"):
+        # the layer's weight gradients are complete (in an overlapped slot, its backward's
+        # layers): reduce-scatter them over DP
         nbytes = run.sim.zero3_scatter_bytes
         scatter = env.process(zero3_collective(
             env, run.sim, run.dev, "reduce_scatter", nbytes, "zero_reducescatter", run.cost.stage, run.microbatch, s.layer))
