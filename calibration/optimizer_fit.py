@@ -13,7 +13,7 @@ import numpy as np
 
 from parsim.specs.surfaces import LeaveOut
 
-from .surface_fit import FOLDS, nonnegative_fit, leave_out, nonnegative_lstsq
+from .surface_fit import FOLDS, leave_out, nonnegative_fit, nonnegative_lstsq
 
 
 @dataclass(frozen=True)

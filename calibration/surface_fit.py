@@ -237,19 +237,19 @@ def fit_membound(fwd_bytes: Sequence[float], fwd_s: Sequence[float], bwd_bytes: 
     if bwd_bytes is not None and bwd_s is not None:
         passes.append((np.asarray(bwd_bytes, float), np.asarray(bwd_s, float)))
 
-    def fit(idx: np.ndarray | None) -> MemboundFit:
-        terms = [_membound_pass(x if idx is None else x[idx], t if idx is None else t[idx], knee)
-                 for x, t in passes]
-        return MemboundFit(fwd=terms[0], bwd=terms[1] if len(terms) > 1 else None, points=len(passes[0][0]),
+    n = len(passes[0][0])
+
+    def fit(idx: np.ndarray) -> MemboundFit:
+        terms = [_membound_pass(x[idx], t[idx], knee) for x, t in passes]
+        return MemboundFit(fwd=terms[0], bwd=terms[1] if len(terms) > 1 else None, points=n,
                            knee=knee if any(len(c) == 3 for c in terms) else None)
 
     errors: list[float] = []
-    for test in folds_of(len(passes[0][0]), folds):
-        train = np.setdiff1d(np.arange(len(passes[0][0])), test)
-        left = fit(train)
+    for test in folds_of(n, folds):
+        left = fit(np.setdiff1d(np.arange(n), test))
         for pass_, (x, t) in zip(("fwd", "bwd"), passes):
             errors.extend(left.seconds(pass_, float(b)) / s - 1.0 for b, s in zip(x[test], t[test]))
-    return fit(None), summarize_errors(errors, min(folds, len(passes[0][0])))
+    return fit(np.arange(n)), summarize_errors(errors, min(folds, n))
 
 
 def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -284,7 +284,7 @@ COMPOSITION_MIN_FACTOR = 0.5
 
 
 def nonnegative_fit(priced: np.ndarray, ops: np.ndarray, measured: np.ndarray, two_terms: bool,
-                     min_c: float = 0.0) -> tuple[float, float]:
+                    min_c: float = 0.0) -> tuple[float, float]:
     """Least squares on relative residuals of measured = c priced (+ tau ops), c > 0, tau >= 0
     (and c >= ``min_c`` with the second term)."""
     w = 1.0 / measured

@@ -38,11 +38,12 @@ def blocked_edges(t, c) -> float:
 
 
 @numba.njit(cache=True)
-def owed_edges(t, c) -> float:
-    """ZeRO-2 beside a side stream: the compute FSDP2's copies around the embedding's and the
-    head's gradient reduce-scatters leave the rank every backward (``fast.comm.C_OWED_EMB`` /
-    ``C_OWED_HEAD``; 0 elsewhere)."""
-    return c[C_OWED_EMB] + c[C_OWED_HEAD] if t.zero2 else 0.0
+def edges_in_line(t, c) -> float:
+    """ZeRO-2: what the embedding's and the head's gradient reduce-scatters add to every
+    backward of the ranks holding them: the blocking collectives (``blocked_edges``), or beside
+    a side stream the compute FSDP2's copies around them leave the rank (``fast.comm.C_OWED_EMB``
+    / ``C_OWED_HEAD``; 0 elsewhere)."""
+    return blocked_edges(t, c) + (c[C_OWED_EMB] + c[C_OWED_HEAD] if t.zero2 else 0.0)
 
 
 @numba.njit(cache=True)

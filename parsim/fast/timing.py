@@ -42,7 +42,7 @@ from .codes import (GPIPE, INTERLEAVED, NAIVE, O_BUBBLE, O_DP, O_PIPE, O_PP, O_S
                     PS)
 from .comm import (C_COMM_SLOWDOWN, C_OWED_GATHER, C_OWED_SCATTER, C_SHARED_LINK, C_Z3_GATHER, C_Z3_ROOT_GATHER,
                    C_Z3_ROOT_SCATTER, C_Z3_SCATTER, C_ZERO_BLOCKING)
-from .dp_end import _gradients_ready, blocked_edges, blocked_exposed, owed_edges, tie_embedding
+from .dp_end import _gradients_ready, blocked_exposed, edges_in_line, tie_embedding
 from .ranks import R_COMM, R_LAYERS, R_STEP, S_GRADS_DOWN, S_LAYER_UP, S_OPT_STEP, S_PARAMS_UP, step_block
 from .rules import gathers_layers, scatters_every_backward
 from .tables import (H_EMB_BWD, H_EMB_FWD, H_EMB_PARAMS, H_HEAD_BWD, H_HEAD_FWD, H_HEAD_PARAMS_PP1,
@@ -237,7 +237,7 @@ def _pipeline(plan, hrow, ranks, send, t):
         # a blocking stack's sends hold the rank in its steady state (``_held``)
         held_r = _held(plan, send, r)
         held += held_r
-        root_b += blocked_edges(t, ranks[r, R_COMM:R_STEP]) + owed_edges(t, ranks[r, R_COMM:R_STEP])
+        root_b += edges_in_line(t, ranks[r, R_COMM:R_STEP])
         x += _edges(r, last, hrow) + _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], True) + root_b + held_r
         max_b = max(max_b, L * t.b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0)
                     + (hrow[H_HEAD_BWD] if r == last else 0.0) + root_b)
@@ -273,8 +273,7 @@ def _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x)
             b_rank += hrow[H_EMB_BWD]
         if r == last:
             b_rank += hrow[H_HEAD_BWD]
-        b_rank += (_root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False)
-                   + blocked_edges(t, ranks[r, R_COMM:R_STEP]) + owed_edges(t, ranks[r, R_COMM:R_STEP]))
+        b_rank += _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False) + edges_in_line(t, ranks[r, R_COMM:R_STEP])
         if r > 0:
             end_r -= b_rank / vpp + send[r - 1]
         # a blocking stack's rank is done when its last backward's send is through

@@ -186,8 +186,7 @@ def _segment_done(env: simpy.Environment, run: ActionRun, s: Segment):
             ev.succeed()
         else:
             run.final.append(ev)
-    if run.sim.zero3_gathers and s.layer >= 0 and (run.cost.kind in ("B", "W")
-                                                   or run.cost.kind == "F&B" and s.kind != "F"):
+    if run.sim.zero3_gathers and s.layer >= 0 and run.cost.weight_grads and s.kind != "F":
         # the layer's weight gradients are complete (in an overlapped slot, its backward's
         # layers): reduce-scatter them over DP
         nbytes = run.sim.zero3_scatter_bytes

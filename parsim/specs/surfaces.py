@@ -128,9 +128,7 @@ class MemboundFit:
         if nbytes <= 0:
             return 0.0
         alpha, beta, *beyond = self.fwd if pass_ == "fwd" or self.bwd is None else self.bwd
-        if not beyond or self.knee is None:
-            return float(alpha) + float(beta) * nbytes
-        return float(alpha) + float(bytes_time(nbytes, float(beta), float(self.knee), float(beyond[0])))
+        return float(alpha) + float(bytes_time(nbytes, float(beta), self.knee if beyond else None, *beyond))
 
     @property
     def bandwidth(self) -> float:
