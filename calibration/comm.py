@@ -109,7 +109,7 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
     from parsim.executor.host_alloc import apply_host_memory_policy
     from parsim.executor.layer_probe import layer_step
 
-    from .compute import gemm_callable, stream_callable
+    from .compute import gemm_callable
     from .machine import process_cpu_seconds
     from .shapes import GemmPoint
     from .timer import Clock
@@ -127,14 +127,10 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
                             world_size=job.world, timeout=timedelta(seconds=job.timeout_s),
                             **({"device_id": device} if job.device_type == "cuda" else {}))
     try:
-        out: dict = {}
         point = GemmPoint(job.contention_gemm, 1, "linear", "contention")
         with torch.no_grad():
             fn = gemm_callable(point, job.contention_dtype, device)
-            out["gemm_rounds"] = _alternating_rounds(fn, job.contention_s, clock, dist, torch, device)
-            stream, _ = stream_callable(2**22, "fp32", device)
-            out["stream_rounds"] = _alternating_rounds(stream, job.contention_s / 2, clock, dist, torch, device)
-            out["interference"] = _interference(fn, job, clock, dist, torch, device)
+        out: dict = _contention(fn, job, clock, dist, torch, device)
         if job.world == 2:      # a DP pair: FSDP2's sharded parameters under the optimizer, its units
             from .sharded import measure_fsdp2
             out.update(measure_fsdp2(job.world, device, dist, torch))
@@ -184,10 +180,53 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
         dist.destroy_process_group()
 
 
+def _contention(gemm: Callable[[], object], job: CommJob, clock, dist, torch, device) -> dict:
+    """The contention rounds (``_alternating_rounds``) of a GEMM, a streaming add and, on CPU,
+    the optimizer step (a GPU rank steps its optimizer on its own device), and the compute an
+    overlapped all-reduce takes (``_interference``)."""
+    from .compute import stream_callable
+    out = {}
+    with torch.no_grad():
+        out["gemm_rounds"] = _alternating_rounds(gemm, job.contention_s, clock, dist, torch, device)
+        stream, _ = stream_callable(2**22, "fp32", device)
+        out["stream_rounds"] = _alternating_rounds(stream, job.contention_s / 2, clock, dist, torch, device)
+    if job.device_type == "cpu":
+        out["optimizer_rounds"] = _alternating_rounds(optimizer_step_callable(torch, device), job.contention_s / 2,
+                                                      clock, dist, torch, device, min_calls=OPTIMIZER_CALLS)
+    with torch.no_grad():
+        out["interference"] = _interference(gemm, job, clock, dist, torch, device)
+    return out
+
+
 CONTENTION_ROUNDS = 7
+# the optimizer the contention rounds step: the executor's AdamW over OPTIMIZER_TENSORS fp32
+# tensors of OPTIMIZER_ELEMENTS each (8 x 1 Mi parameters: 128 MiB of parameters, gradients and
+# moments, past any last-level cache, as a model's step is)
+OPTIMIZER_TENSORS, OPTIMIZER_ELEMENTS = 8, 2**20
+# calls per phase at least: a step takes ~15 ms alone on a 2-vCPU VM, 2-3x that with 4 ranks on
+# 2 cores; quick mode's budget would give 2, and 4 ranks then read 1.63x (below the 2x that
+# sharing 2 cores takes at least) as the first to finish left the window
+OPTIMIZER_CALLS = 8
 
 
-def _alternating_rounds(step: Callable[[], object], budget_s: float, clock, dist, torch, device) -> list[list]:
+def optimizer_step_callable(torch, device) -> Callable[[], object]:
+    """One step of the executor's AdamW (``parsim.executor.optimizer.make_adamw``, the update a
+    training step runs) over ``OPTIMIZER_TENSORS`` matrices: how much ranks stepping at once slow
+    each other down is measured on the optimizer itself (``contention_optimizer``), not read off
+    the streaming add: its elementwise passes are short enough that a core's own issue rate,
+    not only the shared memory bandwidth, bounds them (``costs.host.optimizer_shares``)."""
+    from parsim.executor.optimizer import make_adamw
+    rows = OPTIMIZER_ELEMENTS // 1024
+    params = [torch.nn.Parameter(torch.full((rows, 1024), 0.5, device=device)) for _ in range(OPTIMIZER_TENSORS)]
+    for p in params:
+        p.grad = torch.full_like(p, 1e-3)
+    opt = make_adamw(params)
+    opt.step()      # allocates the moments
+    return opt.step
+
+
+def _alternating_rounds(step: Callable[[], object], budget_s: float, clock, dist, torch, device,
+                        min_calls: int = 2) -> list[list]:
     """Per round, [seconds per call of rank 0 alone (None on other ranks), seconds per call of
     this rank while every rank calls at once]. Rank 0's solo phase and the concurrent phase
     alternate within each round (the others wait in a barrier, which does not spin), so a slow
@@ -199,14 +238,16 @@ def _alternating_rounds(step: Callable[[], object], budget_s: float, clock, dist
     barrier on, counting the calls it finishes: every rank computes until the window closes,
     so none runs with the host to itself at the end, as ranks that had finished a fixed count
     early would leave the last ones (which read 1.86x for 4 GEMM ranks on 2 cores, below the
-    2x that sharing 2 cores among 4 busy ranks takes at least)."""
+    2x that sharing 2 cores among 4 busy ranks takes at least). Each phase runs at least
+    ``min_calls`` calls: a window that holds only a couple of slowed calls ends as its first
+    ranks finish theirs, and the last ones then have the host to themselves."""
     step()
     clock.sync()
     t0 = time.perf_counter()
     step()
     clock.sync()
     first, = _slowest([time.perf_counter() - t0], dist, torch, device)
-    calls = max(2, math.ceil(budget_s / (2 * CONTENTION_ROUNDS) / max(first, 1e-6)))
+    calls = max(min_calls, math.ceil(budget_s / (2 * CONTENTION_ROUNDS) / max(first, 1e-6)))
 
     def timed() -> float:
         clock.sync()

@@ -146,6 +146,7 @@ def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
         op_overhead_s={k: s.median for k, s in m.op_overhead.items()},
         contention=contention_curve(m.comm, "gemm_rounds"),
         contention_membound=contention_curve(m.comm, "stream_rounds"),
+        contention_optimizer=contention_curve(m.comm, "optimizer_rounds") if m.device_type == "cpu" else None,
         comm_interference=interference_curve(m.comm),
         p2p_send_cpu=messages[0],
         p2p_recv_cpu=messages[1],

@@ -288,7 +288,7 @@ def test_contention_rounds_alternate_rank0_alone_and_all_ranks_on_a_real_gloo_gr
                   contention_dtype="fp32", contention_s=0.05, layer_model=load_model("tiny"), layer_mbs=1)
     ranks = run_comm_job(job)
     for rank, r in enumerate(ranks):
-        for key in ("gemm_rounds", "stream_rounds", "layer_rounds"):
+        for key in ("gemm_rounds", "stream_rounds", "optimizer_rounds", "layer_rounds"):
             rounds = r[key]
             assert len(rounds) == CONTENTION_ROUNDS, key
             for solo, together in rounds:

@@ -115,9 +115,10 @@ def test_host_model_is_the_identity_on_gpus_and_shares_a_calibrated_cpu_host():
     assert gpu.settle(busy_s=64.0, step_s=1.0, now=ComputeScale()) is None
     cpu = _cpu_host(4)
     assert cpu.shared and cpu.interference == pytest.approx(0.6) and cpu.ranks_on_host == 4
-    assert cpu.slowdown(2) == ComputeScale(1.2, 1.5) and cpu.slowdown(3) == ComputeScale(pytest.approx(1.6), 2.0)
+    # the optimizer step without a curve of its own: as the memory-bound ops
+    assert cpu.slowdown(2) == ComputeScale(1.2, 1.5, 1.5) and cpu.slowdown(3) == ComputeScale(pytest.approx(1.6), 2.0, 2.0)
     # the sharing law of jobs standing for 2 ranks each: n jobs -> the slowdown at 2n ranks
-    assert cpu.sharing(2.0)(2) == (2.0, 2.5)
+    assert cpu.sharing(2.0)(2) == (2.0, 2.5, 2.5)
 
 
 def test_mean_field_step_moves_halfway_to_the_slowdown_at_the_ranks_computing_and_stops_within_1_percent():
@@ -146,3 +147,47 @@ def test_rank_curve_keeps_the_measured_order_and_replaces_or_appends_a_count():
     assert curve.with_value(4, 3.0).to_dict() == {"1": 1.0, "4": 3.0}
     assert curve.with_value(2, 1.5).to_dict() == {"1": 1.0, "4": 2.0, "2": 1.5}
     assert curve.get(2) is None and curve.get(4) == 2.0
+
+
+def test_the_optimizer_step_slows_down_by_its_own_measured_curve_else_as_memory_bound_ops():
+    """``contention_optimizer`` (the executor's AdamW stepped by several ranks at once) prices
+    the step on a shared host; a profile measured before it keeps the streaming add's law."""
+    from parsim.costs.host import host_contention
+    host = _cpu_host(4)
+    assert host.slowdown(2) == ComputeScale(1.2, 1.5, 1.5) and host.sharing(1.0)(4) == (2.0, 2.5, 2.5)
+    tables = host.cluster.device.tables.replace(contention_optimizer=RankCurve(((2, 1.3), (4, 2.2))))
+    measured = HostModel(replace(host.cluster, device=replace(host.cluster.device, tables=tables)), 4)
+    assert host_contention(measured.cluster, 3, "optimizer") == pytest.approx(1.75)
+    assert measured.slowdown(2) == ComputeScale(1.2, 1.5, 1.3) and measured.sharing(2.0)(2) == (2.0, 2.5, 2.2)
+    # the mean-field step moves the optimizer's factor halfway too
+    assert measured.settle(busy_s=4.0, step_s=1.0, now=ComputeScale()).optimizer == pytest.approx(0.5 * (1 + 2.2))
+
+
+def test_engine_steps_the_optimizer_at_the_measured_adamw_slowdown_on_a_shared_host():
+    """Two ranks of dp=2 step their optimizers at once (processor sharing): the step's solo
+    seconds times the AdamW curve at 2 ranks, after the compute owed to the last backward's
+    overlapped all-reduce (the same every time); the rest of the step does not move."""
+    from parsim.costs import stage_params
+    from parsim.costs.optimizer import optimizer_step, rank_tensor_sizes, rank_tensors
+    from parsim.sim import simulate
+    from parsim.specs import parse_plan
+    model = load_model("cpu-small")
+    base = load_cluster("cpu:2", profile=str(Path(__file__).resolve().parent / "fixtures" / "cpu-calibrated.yaml"))
+    tables = base.device.tables
+    plan = parse_plan("dp=2 gbs=8 dtype=fp32")
+    solo = optimizer_step(base, plan, stage_params(model, plan)[0], rank_tensors(base, model, plan)[0],
+                          rank_tensor_sizes(base, model, plan)[0]).step_s
+
+    def optimizer_seconds(curve):
+        cluster = replace(base, device=replace(base.device, tables=tables.replace(contention_optimizer=curve)))
+        res = simulate(model, cluster, plan, record_events=True)
+        steps = [e for e in res.trace.events if e.kind == "optimizer"]
+        assert steps                     # one device stands for both DP ranks, a job for two ranks
+        return steps[0].end - steps[0].start, res
+
+    m2 = tables.contention_membound.get(2)
+    as_membound, before = optimizer_seconds(None)
+    for o2 in (1.0, 0.5 * (1.0 + m2), 2.0 * m2):
+        seconds, after = optimizer_seconds(RankCurve(((2, o2),)))
+        assert as_membound - seconds == pytest.approx(solo * (m2 - o2), rel=1e-6)
+        assert after.step_time_s - before.step_time_s == pytest.approx(seconds - as_membound, rel=1e-6)

@@ -256,7 +256,7 @@ def test_processor_sharing_host_slows_jobs_only_while_they_overlap():
     from parsim.costs.host import ProcessorSharing
 
     env = simpy.Environment()
-    host = ProcessorSharing(env, lambda n: (float(n), 1.0))
+    host = ProcessorSharing(env, lambda n: (float(n), 1.0, 1.0))
     ends = {}
 
     def job(name, at, fixed=0.0, gemm=1.0):
@@ -270,7 +270,7 @@ def test_processor_sharing_host_slows_jobs_only_while_they_overlap():
     assert ends["a"] == pytest.approx(1.5) and ends["b"] == pytest.approx(2.0)
     # a fixed (not shared) part is not slowed
     env = simpy.Environment()
-    host = ProcessorSharing(env, lambda n: (float(n), 1.0))
+    host = ProcessorSharing(env, lambda n: (float(n), 1.0, 1.0))
     ends.clear()
     env.process(job("a", 0.0, fixed=1.0, gemm=0.0))
     env.process(job("b", 0.0, fixed=1.0, gemm=0.0))

@@ -35,36 +35,44 @@ from .ops import Op
 from .placement import remote_messages
 from .stack import comm_compute_slowdown
 
-SharingLaw = Callable[[int], tuple[float, float]]     # jobs computing at once -> (g, m) slowdowns
+SharingLaw = Callable[[int], tuple[float, float, float]]   # jobs computing at once -> (g, m, o) slowdowns
 
 
 @dataclass(frozen=True)
 class ComputeScale:
-    """Factors on a rank's compute time: GEMMs and attention, and memory-bound ops (which
-    slow down more when ranks share a host's memory bandwidth than GEMMs do)."""
+    """Factors on a rank's compute time: GEMMs and attention, memory-bound ops (which
+    slow down more when ranks share a host's memory bandwidth than GEMMs do), and the
+    optimizer step (``host_contention``'s "optimizer")."""
     gemm: float = 1.0
     membound: float = 1.0
+    optimizer: float = 1.0
 
     def of(self, op: Op) -> float:
         return self.membound if op.kind == "membound" else self.gemm
 
     def times(self, factor: float) -> "ComputeScale":
-        return ComputeScale(self.gemm * factor, self.membound * factor)
+        return ComputeScale(self.gemm * factor, self.membound * factor, self.optimizer * factor)
 
 
 def host_contention(cluster: ClusterSpec, ranks: float, kind: str = "gemm") -> float:
     """Compute slowdown when ``ranks`` processes of one plan compute at once on a host's cores.
 
     Calibrated CPU profiles carry ``contention``: {concurrent ranks: measured per-rank GEMM
-    slowdown when that many ranks multiply at once} and ``contention_membound`` (the same for
-    a streaming add: memory bandwidth is shared even when cores are not); ``kind`` picks
-    "gemm" or "membound" (which falls back to the GEMM table).
+    slowdown when that many ranks multiply at once}, ``contention_membound`` (the same for
+    a streaming add: memory bandwidth is shared even when cores are not) and
+    ``contention_optimizer`` (the executor's AdamW step, ``calibration.comm.
+    optimizer_step_callable``: its elementwise passes are bounded by a core's own issue rate as
+    much as by the shared bandwidth, so it slows down less than the streaming add: 1.15-1.35x
+    at 2 ranks on this project's 2-vCPU AMD VM where the add read 1.1-1.95x); ``kind`` picks
+    "gemm", "membound" (which falls back to the GEMM table) or "optimizer" (which falls back
+    to the memory-bound one, as profiles measured before it priced the step).
     Between measured counts the slowdown is interpolated linearly (``ranks`` may be a
     fraction: the average number of ranks computing, ``HostModel.settle``); beyond the
     largest it scales with ranks per core (processor sharing). GPUs and uncalibrated
     profiles: 1 (each rank owns its device)."""
     tables = cluster.device.tables
-    curve = (tables.contention_membound if kind == "membound" else None) or tables.contention
+    curve = ((tables.contention_optimizer if kind == "optimizer" else None)
+             or (tables.contention_membound if kind in ("membound", "optimizer") else None) or tables.contention)
     on_host = min(float(ranks), float(cluster.devices_per_node))
     if not curve or on_host <= 1:
         return 1.0
@@ -132,8 +140,7 @@ class HostModel:
 
     def slowdown(self, computing: float) -> ComputeScale:
         """(GEMM, memory-bound) slowdown with ``computing`` ranks computing at once."""
-        return ComputeScale(host_contention(self.cluster, computing, "gemm"),
-                            host_contention(self.cluster, computing, "membound"))
+        return ComputeScale(*(host_contention(self.cluster, computing, kind) for kind in ("gemm", "membound", "optimizer")))
 
     @property
     def shared(self) -> bool:
@@ -179,8 +186,7 @@ class HostModel:
         ranks: n jobs computing at once -> their (GEMM, memory-bound) slowdown at
         n * ranks_per_job ranks."""
         cluster = self.cluster
-        return lambda n: (host_contention(cluster, n * ranks_per_job, "gemm"),
-                          host_contention(cluster, n * ranks_per_job, "membound"))
+        return lambda n: tuple(host_contention(cluster, n * ranks_per_job, kind) for kind in ("gemm", "membound", "optimizer"))
 
     def processor_sharing(self, clock: "Clock", ranks_per_job: float) -> "ProcessorSharing":
         """Jobs on this host played out instant by instant on ``clock`` (a SimPy environment)."""
@@ -197,7 +203,8 @@ class HostModel:
         target = self.slowdown(max(busy_s / step_s, 1.0))
         if abs(target.gemm - now.gemm) <= 0.01 * now.gemm and abs(target.membound - now.membound) <= 0.01 * now.membound:
             return None
-        return ComputeScale(0.5 * (now.gemm + target.gemm), 0.5 * (now.membound + target.membound))
+        return ComputeScale(0.5 * (now.gemm + target.gemm), 0.5 * (now.membound + target.membound),
+                            0.5 * (now.optimizer + target.optimizer))
 
 
 # ----------------------------------------------------------------------------- processor sharing
@@ -214,33 +221,35 @@ class Clock(Protocol):
 @dataclass(eq=False)
 class Job:
     """One action (or optimizer step) split into its solo seconds by kind: ``fixed`` (not
-    slowed: e.g. TP collectives folded into the action), ``gemm`` and ``membound``."""
+    slowed: e.g. TP collectives folded into the action), ``gemm``, ``membound`` and
+    ``optimizer``."""
     fixed: float
     gemm: float
     membound: float
+    optimizer: float
     done: Any                  # the clock's event, fired when the job's work is done
     left: float = 1.0          # fraction of the job still to do
     rate: float = 0.0          # fraction per second at the current sharing
     since: float = 0.0         # time ``left`` was last brought up to date
     token: int = 0             # the completion timeout that is still current
 
-    def seconds(self, gemm_factor: float, membound_factor: float) -> float:
-        return self.fixed + self.gemm * gemm_factor + self.membound * membound_factor
+    def seconds(self, g: float, m: float, o: float) -> float:
+        return self.fixed + self.gemm * g + self.membound * m + self.optimizer * o
 
 
 @dataclass(eq=False)
 class ProcessorSharing:
     """The jobs computing on one host right now and their shared progress: at ``n`` jobs at
-    once a job takes ``fixed + gemm g(n) + membound m(n)`` seconds, so it progresses at the
+    once a job takes ``fixed + gemm g(n) + membound m(n) + optimizer o(n)`` seconds, so it progresses at the
     reciprocal of that per second, re-rated whenever a job starts or ends."""
     clock: Clock
     factors: SharingLaw
     jobs: list[Job] = field(default_factory=list)
 
-    def run(self, fixed: float, gemm: float, membound: float) -> Any:
+    def run(self, fixed: float, gemm: float, membound: float, optimizer: float = 0.0) -> Any:
         """Start a job of these solo seconds now; the event fires when it is done."""
-        job = Job(fixed, gemm, membound, self.clock.event())
-        if job.seconds(1.0, 1.0) <= 0:
+        job = Job(fixed, gemm, membound, optimizer, self.clock.event())
+        if job.seconds(1.0, 1.0, 1.0) <= 0:
             job.done.succeed()
             return job.done
         self._advance()
@@ -251,7 +260,7 @@ class ProcessorSharing:
 
     def estimate(self, fixed: float, gemm: float, membound: float) -> float:
         """Seconds a job would take if the sharing stayed as it is with the job added."""
-        g, m = self.factors(len(self.jobs) + 1)
+        g, m, _ = self.factors(len(self.jobs) + 1)
         return fixed + gemm * g + membound * m
 
     def _advance(self) -> None:
@@ -261,9 +270,9 @@ class ProcessorSharing:
             j.since = now
 
     def _reschedule(self) -> None:
-        g, m = self.factors(len(self.jobs))
+        factors = self.factors(len(self.jobs))
         for j in self.jobs:
-            j.rate = 1.0 / j.seconds(g, m)
+            j.rate = 1.0 / j.seconds(*factors)
             j.token += 1
             ev = self.clock.timeout(max(j.left, 0.0) / j.rate)
             ev.callbacks.append(self._finisher(j, j.token))

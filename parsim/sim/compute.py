@@ -89,7 +89,7 @@ def _chain(ops, pass_: str, kind: str, layer: int, collectives, device, dtype: s
     """Ops in the given order, cut after each op a collective follows (``Collective.after``);
     each op's time times ``scale`` (one factor, or one per op kind: ``ComputeScale``)."""
     if not isinstance(scale, ComputeScale):
-        scale = ComputeScale(scale, scale)
+        scale = ComputeScale(scale, scale, scale)
     blocks = compute_before(device, ops, collectives, pass_, dtype)
     after: dict[str, list] = {}
     for c, block in zip(collectives, blocks):

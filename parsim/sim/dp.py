@@ -132,12 +132,14 @@ def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
         rec.event(rank, -1, "host", "offload_h2d", -1, -1, start, env.now, nbytes=opt.params_from_host_bytes)
     else:
         start = env.now
-        # AdamW is memory-bound: on a shared host it slows down like the other memory-bound ops
-        # (after the compute that collectives overlapping the last backward took: ``ledger``)
+        # on a shared host AdamW slows down as measured for it (``host_contention``'s
+        # "optimizer"; after the compute that collectives overlapping the last backward took:
+        # ``ledger``)
+        seconds = opt.step_s * dev.scale.optimizer
         if sim.sharing is not None:   # a job among the ranks sharing the host's cores
-            yield sim.sharing.run(dev.ledger.pay(), 0.0, opt.step_s * dev.scale.membound)
+            yield sim.sharing.run(dev.ledger.pay(), 0.0, 0.0, seconds)
         else:
-            yield env.timeout(dev.ledger.pay() + opt.step_s * dev.scale.membound)
+            yield env.timeout(dev.ledger.pay() + seconds)
         rec.compute(rank, -1, "optimizer", -1, start, env.now, name="optimizer")
     if temporaries:
         dev.memory.change(env.now, OTHER, -temporaries)

@@ -293,8 +293,8 @@ class Simulation:
         out = self._solo.get(key)
         if out is None:
             base, g, m = self.cost(dev, stage, kind).duration, dev.scale.gemm, dev.scale.membound
-            gemm = self._price(dev, stage, kind, ComputeScale(2 * g, m)).duration - base
-            membound = self._price(dev, stage, kind, ComputeScale(g, 2 * m)).duration - base
+            gemm = self._price(dev, stage, kind, replace(dev.scale, gemm=2 * g)).duration - base
+            membound = self._price(dev, stage, kind, replace(dev.scale, membound=2 * m)).duration - base
             # its pipeline messages' CPU, shared as compute is (``HostModel.message_seconds``)
             halves = tuple(zip(stage, ("F", kind[2:]))) if kind.startswith("F&") else ((stage, kind),)
             messages = self.host.action_message_seconds(self.plan, halves, lambda _: self.p2p_nbytes)

@@ -245,6 +245,7 @@ class CalibratedTables:
     op_overhead_s: dict[str, float] | None = None             # op -> seconds of an empty call
     contention: RankCurve | None = None                       # ranks -> GEMM slowdown
     contention_membound: RankCurve | None = None              # ranks -> streaming slowdown
+    contention_optimizer: RankCurve | None = None             # ranks -> AdamW step slowdown
     comm_interference: RankCurve | None = None                # ranks -> compute s lost per collective s
     p2p_send_cpu: RankCurve | None = None                     # ranks -> CPU s of one pipeline send
     p2p_recv_cpu: RankCurve | None = None                     # ranks -> CPU s of one pipeline receive
@@ -356,6 +357,7 @@ _KEYS: dict[str, tuple[str, Callable, Callable]] = {
     "op_overhead_s": ("op_overhead_s", _numbers, dict),
     "contention": ("contention", RankCurve.from_dict, RankCurve.to_dict),
     "contention_membound": ("contention_membound", RankCurve.from_dict, RankCurve.to_dict),
+    "contention_optimizer": ("contention_optimizer", RankCurve.from_dict, RankCurve.to_dict),
     "comm_interference": ("comm_interference", RankCurve.from_dict, RankCurve.to_dict),
     "p2p_send_cpu": ("p2p_send_cpu", RankCurve.from_dict, RankCurve.to_dict),
     "p2p_recv_cpu": ("p2p_recv_cpu", RankCurve.from_dict, RankCurve.to_dict),
