@@ -184,14 +184,14 @@ def _contention(gemm: Callable[[], object], job: CommJob, clock, dist, torch, de
     """The contention rounds (``_alternating_rounds``) of a GEMM, a streaming add and, on CPU,
     the optimizer step (a GPU rank steps its optimizer on its own device), and the compute an
     overlapped all-reduce takes (``_interference``)."""
-    from .compute import stream_callable
+    from .compute import OPTIMIZER_CALLS, optimizer_step_callable, stream_callable
     out = {}
     with torch.no_grad():
         out["gemm_rounds"] = _alternating_rounds(gemm, job.contention_s, clock, dist, torch, device)
         stream, _ = stream_callable(2**22, "fp32", device)
         out["stream_rounds"] = _alternating_rounds(stream, job.contention_s / 2, clock, dist, torch, device)
     if job.device_type == "cpu":
-        out["optimizer_rounds"] = _alternating_rounds(optimizer_step_callable(torch, device), job.contention_s / 2,
+        out["optimizer_rounds"] = _alternating_rounds(optimizer_step_callable(device), job.contention_s / 2,
                                                       clock, dist, torch, device, min_calls=OPTIMIZER_CALLS)
     with torch.no_grad():
         out["interference"] = _interference(gemm, job, clock, dist, torch, device)
@@ -199,32 +199,6 @@ def _contention(gemm: Callable[[], object], job: CommJob, clock, dist, torch, de
 
 
 CONTENTION_ROUNDS = 7
-# the optimizer the contention rounds step: the executor's AdamW over OPTIMIZER_TENSORS fp32
-# tensors of OPTIMIZER_ELEMENTS each (8 x 1 Mi parameters: 128 MiB of parameters, gradients and
-# moments, past any last-level cache, as a model's step is)
-OPTIMIZER_TENSORS, OPTIMIZER_ELEMENTS = 8, 2**20
-# calls per phase at least: a step takes ~15 ms alone on a 2-vCPU VM, 2-3x that with 4 ranks on
-# 2 cores; quick mode's budget would give 2, and 4 ranks then read 1.63x (below the 2x that
-# sharing 2 cores takes at least) as the first to finish left the window
-OPTIMIZER_CALLS = 8
-
-
-def optimizer_step_callable(torch, device) -> Callable[[], object]:
-    """One step of the executor's AdamW (``parsim.executor.optimizer.make_adamw``, the update a
-    training step runs) over ``OPTIMIZER_TENSORS`` matrices: how much ranks stepping at once slow
-    each other down is measured on the optimizer itself (``contention_optimizer``), not read off
-    the streaming add: its elementwise passes are short enough that a core's own issue rate,
-    not only the shared memory bandwidth, bounds them (``costs.host.optimizer_shares``)."""
-    from parsim.executor.optimizer import make_adamw
-    rows = OPTIMIZER_ELEMENTS // 1024
-    params = [torch.nn.Parameter(torch.full((rows, 1024), 0.5, device=device)) for _ in range(OPTIMIZER_TENSORS)]
-    for p in params:
-        p.grad = torch.full_like(p, 1e-3)
-    opt = make_adamw(params)
-    opt.step()      # allocates the moments
-    return opt.step
-
-
 def _alternating_rounds(step: Callable[[], object], budget_s: float, clock, dist, torch, device,
                         min_calls: int = 2) -> list[list]:
     """Per round, [seconds per call of rank 0 alone (None on other ranks), seconds per call of

@@ -80,6 +80,33 @@ def stream_callable(numel: int, dtype: str, device: torch.device) -> tuple[Calla
     return (lambda: torch.add(a, b, out=c)), 3.0 * numel * a.element_size()
 
 
+# the optimizer the contention rounds step: the executor's AdamW over OPTIMIZER_TENSORS fp32
+# tensors of OPTIMIZER_ELEMENTS each (8 x 1 Mi parameters: 128 MiB of parameters, gradients and
+# moments, past any last-level cache, as a model's step is)
+OPTIMIZER_TENSORS, OPTIMIZER_ELEMENTS = 8, 2**20
+# calls per phase at least: a step takes ~15 ms alone on a 2-vCPU VM, 2-3x that with 4 ranks on
+# 2 cores; quick mode's budget would give 2, and 4 ranks then read 1.63x (below the 2x that
+# sharing 2 cores takes at least) as the first to finish left the window
+OPTIMIZER_CALLS = 8
+
+
+def optimizer_step_callable(device: torch.device) -> Callable[[], object]:
+    """One step of the executor's AdamW (``parsim.executor.optimizer.make_adamw``, the update a
+    training step runs) over ``OPTIMIZER_TENSORS`` matrices: how much ranks stepping at once slow
+    each other down is measured on the optimizer itself (``contention_optimizer``), not read off
+    the streaming add: its elementwise passes are short enough that a core's own issue rate,
+    not only the shared memory bandwidth, bounds them (``costs.host.host_contention``'s
+    "optimizer"; ``calibration.comm._contention``)."""
+    from parsim.executor.optimizer import make_adamw
+    rows = OPTIMIZER_ELEMENTS // 1024
+    params = [torch.nn.Parameter(torch.full((rows, 1024), 0.5, device=device)) for _ in range(OPTIMIZER_TENSORS)]
+    for p in params:
+        p.grad = torch.full_like(p, 1e-3)
+    opt = make_adamw(params)
+    opt.step()      # allocates the moments
+    return opt.step
+
+
 # ----------------------------------------------------------------------------- a whole layer
 # ``layer_step`` (the executor's own layer, forward and backward) lives with the executor's probe
 # that re-takes this measurement inside a launch (``parsim.executor.layer_probe``).
