@@ -180,6 +180,9 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
         dist.destroy_process_group()
 
 
+CONTENTION_ROUNDS = 7
+
+
 def _contention(gemm: Callable[[], object], job: CommJob, clock, dist, torch, device) -> dict:
     """The contention rounds (``_alternating_rounds``) of a GEMM, a streaming add and, on CPU,
     the optimizer step (a GPU rank steps its optimizer on its own device), and the compute an
@@ -198,7 +201,6 @@ def _contention(gemm: Callable[[], object], job: CommJob, clock, dist, torch, de
     return out
 
 
-CONTENTION_ROUNDS = 7
 def _alternating_rounds(step: Callable[[], object], budget_s: float, clock, dist, torch, device,
                         min_calls: int = 2) -> list[list]:
     """Per round, [seconds per call of rank 0 alone (None on other ranks), seconds per call of

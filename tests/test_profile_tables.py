@@ -161,6 +161,10 @@ def test_the_optimizer_step_slows_down_by_its_own_measured_curve_else_as_memory_
     assert measured.slowdown(2) == ComputeScale(1.2, 1.5, 1.3) and measured.sharing(2.0)(2) == (2.0, 2.5, 2.2)
     # the mean-field step moves the optimizer's factor halfway too
     assert measured.settle(busy_s=4.0, step_s=1.0, now=ComputeScale()).optimizer == pytest.approx(0.5 * (1 + 2.2))
+    # ... and keeps the fixed point going while only the optimizer's factor is off
+    settled = measured.slowdown(4.0)
+    assert measured.settle(busy_s=4.0, step_s=1.0, now=settled) is None
+    assert measured.settle(busy_s=4.0, step_s=1.0, now=replace(settled, optimizer=1.0)).optimizer == pytest.approx(1.6)
 
 
 def test_engine_steps_the_optimizer_at_the_measured_adamw_slowdown_on_a_shared_host():

@@ -60,7 +60,7 @@ def host_contention(cluster: ClusterSpec, ranks: float, kind: str = "gemm") -> f
     Calibrated CPU profiles carry ``contention``: {concurrent ranks: measured per-rank GEMM
     slowdown when that many ranks multiply at once}, ``contention_membound`` (the same for
     a streaming add: memory bandwidth is shared even when cores are not) and
-    ``contention_optimizer`` (the executor's AdamW step, ``calibration.comm.
+    ``contention_optimizer`` (the executor's AdamW step, ``calibration.compute.
     optimizer_step_callable``: its elementwise passes are bounded by a core's own issue rate as
     much as by the shared bandwidth, so it slows down less than the streaming add: 1.15-1.35x
     at 2 ranks on this project's 2-vCPU AMD VM where the add read 1.1-1.95x); ``kind`` picks
@@ -139,7 +139,7 @@ class HostModel:
     ranks: int
 
     def slowdown(self, computing: float) -> ComputeScale:
-        """(GEMM, memory-bound) slowdown with ``computing`` ranks computing at once."""
+        """(GEMM, memory-bound, optimizer) slowdown with ``computing`` ranks computing at once."""
         return ComputeScale(*(host_contention(self.cluster, computing, kind) for kind in ("gemm", "membound", "optimizer")))
 
     @property
@@ -183,10 +183,12 @@ class HostModel:
 
     def sharing(self, ranks_per_job: float) -> SharingLaw:
         """The sharing law of a host whose jobs each stand for ``ranks_per_job`` identical
-        ranks: n jobs computing at once -> their (GEMM, memory-bound) slowdown at
-        n * ranks_per_job ranks."""
-        cluster = self.cluster
-        return lambda n: tuple(host_contention(cluster, n * ranks_per_job, kind) for kind in ("gemm", "membound", "optimizer"))
+        ranks: n jobs computing at once -> their (GEMM, memory-bound, optimizer) slowdown at
+        n * ranks_per_job ranks (``slowdown``)."""
+        def law(n: int) -> tuple[float, float, float]:
+            s = self.slowdown(n * ranks_per_job)
+            return s.gemm, s.membound, s.optimizer
+        return law
 
     def processor_sharing(self, clock: "Clock", ranks_per_job: float) -> "ProcessorSharing":
         """Jobs on this host played out instant by instant on ``clock`` (a SimPy environment)."""
@@ -201,7 +203,8 @@ class HostModel:
         if step_s <= 0:
             return None
         target = self.slowdown(max(busy_s / step_s, 1.0))
-        if abs(target.gemm - now.gemm) <= 0.01 * now.gemm and abs(target.membound - now.membound) <= 0.01 * now.membound:
+        if all(abs(t - n) <= 0.01 * n for t, n in ((target.gemm, now.gemm), (target.membound, now.membound),
+                                                     (target.optimizer, now.optimizer))):
             return None
         return ComputeScale(0.5 * (now.gemm + target.gemm), 0.5 * (now.membound + target.membound),
                             0.5 * (now.optimizer + target.optimizer))
@@ -240,8 +243,8 @@ class Job:
 @dataclass(eq=False)
 class ProcessorSharing:
     """The jobs computing on one host right now and their shared progress: at ``n`` jobs at
-    once a job takes ``fixed + gemm g(n) + membound m(n) + optimizer o(n)`` seconds, so it progresses at the
-    reciprocal of that per second, re-rated whenever a job starts or ends."""
+    once a job takes ``fixed + gemm g(n) + membound m(n) + optimizer o(n)`` seconds, so it
+    progresses at the reciprocal of that per second, re-rated whenever a job starts or ends."""
     clock: Clock
     factors: SharingLaw
     jobs: list[Job] = field(default_factory=list)
