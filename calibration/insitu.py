@@ -8,7 +8,9 @@ communication threads busy and the ranks in lock-step. After compute the same ca
 more on gloo/CPU: the ranks' communication threads and the idle waiting rank have to be
 woken again (a second mode of 2-5 ms latencies appears far more often), and the ranks
 arrive skewed by their compute's jitter, so the earlier one waits. What a TP layer pays is
-the sum of both, and that is what is measured here.
+the sum of both, and that is what is measured here. (The wake-up part is the host's: on a KVM
+guest a thread per rank that only wakes every millisecond cuts this probe's calls by 17-31 % and
+the executor's tp=2 steps by 8-10 %, ``studies/validation_cpu/wakeup.txt``.)
 
 One sample (every rank, after a barrier and one untimed [block, collective] that lines the
 ranks up as a layer chain does, so the barrier's own exit skew is left out): ``iters`` times
