@@ -85,7 +85,7 @@ def _timed_comms(walls: list[float]):
     call's wall time (the wait for its peers included) appended to ``walls``."""
     from parsim.executor.zero import fsdp_comm_hooks
 
-    def timed(_kind, _tensor, _async_op, launch):
+    def timed(_kind, _tensor, _async_op, launch, _buffers):
         t0 = time.perf_counter()
         work = launch()
         if work is not None:

@@ -17,12 +17,22 @@ Known limit: FSDP (ZeRO-2/3) all-gathers full parameters inside the actions, so 
 they count as ``activations`` rather than ``params``: one or two layers' worth with ZeRO-3, the
 whole chunk with ZeRO-2 (gathered in the step's first forward, kept to its last backward).
 
+A blocking gloo collective returns to Python when its work is done, but gloo's worker thread drops
+its own references to the work's tensors a moment later: microseconds usually, up to ~15 ms when a
+loaded host deschedules that thread (measured: 15 % of 2,000 back-to-back all-gathers on 2 ranks
+returned with the worker still holding the output). A buffer freed right after the call (FSDP2's
+all-gather output and reduce-scatter input, a TP reduce-scatter's input) then stays alive into the
+next allocations and the peak reads one buffer high, at random. ``comm_buffers`` waits, around such
+a call on a tracked step, until those references are gone, so the peak is the program's and not the
+scheduler's (the ZeRO-3 memory tests once failed in CI by exactly one FSDP unit's buffer).
+
 On CUDA the total peak reported is ``torch.cuda.max_memory_allocated`` (it also sees the
 caching allocator's rounding); the breakdown still comes from this tracker.
 """
 from __future__ import annotations
 
 import contextlib
+import time
 import weakref
 from functools import wraps
 from typing import Iterable
@@ -47,6 +57,12 @@ def get_untyped_storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
         else:
             out.append(x.untyped_storage())
     return out
+
+
+def _reference_counts(t: torch.Tensor) -> tuple[int, int]:
+    """(references to the tensor, references to its storage) held anywhere, C++ included: gloo's
+    work holds the tensor itself or views of it (``_allgather_base`` chunks its output)."""
+    return t._use_count(), torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
 
 def _is_dtensor_type(cls: type) -> bool:
@@ -82,6 +98,18 @@ class MemoryTracker(TorchDispatchMode):
 
     def breakdown(self) -> dict[str, int]:
         return dict(self.peak_breakdown)
+
+    @contextlib.contextmanager
+    def comm_buffers(self, tensors: Iterable[torch.Tensor], patience_s: float = 1.0):
+        """Around a blocking collective on ``tensors``: on leaving, wait (at most ``patience_s``)
+        until the communication backend's worker has dropped the references it took to them."""
+        tensors = [t for t in tensors if t is not None and not is_traceable_wrapper_subclass(t)]
+        before = [_reference_counts(t) for t in tensors]
+        yield
+        deadline = time.perf_counter() + patience_s
+        while (any(_reference_counts(t) > b for t, b in zip(tensors, before))
+               and time.perf_counter() < deadline):
+            time.sleep(1e-4)
 
     # -- bookkeeping -------------------------------------------------------------------
     def _track(self, st: torch.UntypedStorage, category: str, relabel: bool = False) -> None:

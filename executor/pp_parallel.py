@@ -161,5 +161,6 @@ def allreduce_tied_embedding_grads(chunks: dict[int, StageModule], num_stages: i
             grads[1].copy_(grads[0])
         return
     for g in grads:
-        with recorder.comm("dp", "dp_allreduce", g.numel() * g.element_size(), name="tied embedding grads"):
+        with recorder.comm("dp", "dp_allreduce", g.numel() * g.element_size(), name="tied embedding grads",
+                           tensors=(g,)):
             dist.all_reduce(g, group=group)

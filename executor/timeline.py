@@ -58,6 +58,10 @@ class NullMemory:
     def classify(self, tensors, category: str) -> None:
         pass
 
+    @contextlib.contextmanager
+    def comm_buffers(self, tensors):
+        yield
+
 
 class StepRecorder:
     """Collects the events of one step on one rank."""
@@ -122,11 +126,13 @@ class StepRecorder:
             self._add("compute", kind, -1, start, self.clock.mark(), 0, name)
 
     @contextlib.contextmanager
-    def comm(self, stream: str, kind: str, nbytes: int, layer: int = -1, name: str = ""):
-        """A blocking collective or message."""
+    def comm(self, stream: str, kind: str, nbytes: int, layer: int = -1, name: str = "", tensors=()):
+        """A blocking collective or message on ``tensors`` (on a memory-tracked step the block also
+        waits for the backend to release them: ``MemoryTracker.comm_buffers``)."""
         start = self.clock.mark()
         try:
-            yield
+            with self.memory.comm_buffers(tensors):
+                yield
         finally:
             self._add(stream, kind, layer, start, self.clock.mark(), nbytes, name or kind)
 

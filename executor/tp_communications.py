@@ -57,7 +57,7 @@ def _nbytes(t: torch.Tensor) -> int:
 
 def all_reduce(x: torch.Tensor, region: "TensorParallelRegion") -> torch.Tensor:
     x = x.contiguous()
-    with region.recorder.comm("tp", "tp_allreduce", _nbytes(x), layer=region.layer):
+    with region.recorder.comm("tp", "tp_allreduce", _nbytes(x), layer=region.layer, tensors=(x,)):
         dist.all_reduce(x, group=region.group)
     return x
 
@@ -88,14 +88,15 @@ def _scatter_buffers(x: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Te
 
 def all_gather_sequence(x: torch.Tensor, region: "TensorParallelRegion") -> torch.Tensor:
     x, buf = _gather_buffers(x, region.size)
-    with region.recorder.comm("tp", "tp_allgather", _nbytes(x) * region.size, layer=region.layer):
+    with region.recorder.comm("tp", "tp_allgather", _nbytes(x) * region.size, layer=region.layer,
+                               tensors=(x, buf)):
         ALL_GATHER(buf, x, group=region.group)
     return _gathered(buf, region.size)
 
 
 def reduce_scatter_sequence(x: torch.Tensor, region: "TensorParallelRegion") -> torch.Tensor:
     blocks, out = _scatter_buffers(x, region.size)
-    with region.recorder.comm("tp", "tp_reducescatter", _nbytes(x), layer=region.layer):
+    with region.recorder.comm("tp", "tp_reducescatter", _nbytes(x), layer=region.layer, tensors=(blocks, out)):
         REDUCE_SCATTER(out, blocks, group=region.group)
     return out
 
@@ -277,7 +278,8 @@ class _VocabParallelCrossEntropy(Function):
         logits = logits.float()
         vocab_local = logits.shape[-1]
         logits_max = logits.max(dim=-1).values
-        with region.recorder.comm("tp", "tp_allreduce", _nbytes(logits_max), layer=region.layer):
+        with region.recorder.comm("tp", "tp_allreduce", _nbytes(logits_max), layer=region.layer,
+                                    tensors=(logits_max,)):
             dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=region.group)
         logits = logits - logits_max.unsqueeze(-1)
         outside = (target < vocab_start) | (target >= vocab_start + vocab_local)
@@ -286,7 +288,7 @@ class _VocabParallelCrossEntropy(Function):
         exp_logits = logits.exp()
         sum_exp = exp_logits.sum(dim=-1)
         both = torch.stack([target_logit, sum_exp])
-        with region.recorder.comm("tp", "tp_allreduce", _nbytes(both), layer=region.layer):
+        with region.recorder.comm("tp", "tp_allreduce", _nbytes(both), layer=region.layer, tensors=(both,)):
             dist.all_reduce(both, group=region.group)
         target_logit, sum_exp = both[0], both[1]
         loss = torch.log(sum_exp) - target_logit

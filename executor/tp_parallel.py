@@ -168,7 +168,8 @@ def allreduce_sequence_parallel_grads(chunks, group, recorder) -> None:
         return
     with recorder.memory.phase("other"):
         flat = torch.cat([g.reshape(-1) for g in grads])
-    with recorder.comm("tp", "tp_allreduce", flat.numel() * flat.element_size(), name="sequence-parallel grads"):
+    with recorder.comm("tp", "tp_allreduce", flat.numel() * flat.element_size(), name="sequence-parallel grads",
+                       tensors=(flat,)):
         dist.all_reduce(flat, group=group)
     offset = 0
     for g in grads:

@@ -70,7 +70,7 @@ class ZeroOneAdamW:
                 with self.recorder.memory.phase("other"):
                     flat = torch.cat([p.detach().reshape(-1) for p in bucket.params])
                 with self.recorder.comm("dp", "dp_allgather", flat.numel() * flat.element_size(),
-                                        name=f"zero1 params of dp{r}"):
+                                        name=f"zero1 params of dp{r}", tensors=(flat,)):
                     dist.broadcast(flat, src=src, group=self.group)
                 if r != self.dp_rank:
                     offset = 0
@@ -99,10 +99,10 @@ def apply_fsdp(chunk: StageModule, dp_mesh, reshard_after_forward: bool, recorde
 
 def recorded_fsdp_comms(recorder, layer: int):
     """FSDP2's default collectives, timed into the step recorder (FSDP's comm-hook API)."""
-    def timed(kind: str, output: torch.Tensor, async_op: bool, launch):
+    def timed(kind: str, output: torch.Tensor, async_op: bool, launch, buffers):
         nbytes = output.numel() * output.element_size()
         if not async_op:
-            with recorder.comm("dp", kind, nbytes, layer=layer):
+            with recorder.comm("dp", kind, nbytes, layer=layer, tensors=buffers):
                 return launch()
         work = launch()   # FSDP waits for it itself; the event ends when the work completes
         recorder.async_comm("dp", kind, nbytes, work, name=kind, layer=layer, watch=False)
@@ -114,21 +114,23 @@ def recorded_fsdp_comms(recorder, layer: int):
 def fsdp_comm_hooks(timed):
     """FSDP2's default all-gather and reduce-scatter (its comm-hook API: ``set_custom_all_gather``
     / ``set_custom_reduce_scatter``), each call passed through ``timed(kind, tensor, async_op,
-    launch)``: ``kind`` "zero_allgather" or "zero_reducescatter", the tensor whose bytes it
-    moves (the gathered output, the scattered input), ``launch()`` the default call; returns
-    what ``timed`` returns. The executor records them (``recorded_fsdp_comms``), the
-    calibration times them (``calibration.sharded``)."""
+    launch, buffers)``: ``kind`` "zero_allgather" or "zero_reducescatter", the tensor whose bytes
+    it moves (the gathered output, the scattered input), ``launch()`` the default call,
+    ``buffers`` both tensors of the call; returns what ``timed`` returns. The executor records
+    them (``recorded_fsdp_comms``), the calibration times them (``calibration.sharded``)."""
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
     class TimedAllGather(DefaultAllGather):
         def __call__(self, output_tensor, input_tensor, group, async_op=False):
             return timed("zero_allgather", output_tensor, async_op,
-                         lambda: super(TimedAllGather, self).__call__(output_tensor, input_tensor, group, async_op))
+                         lambda: super(TimedAllGather, self).__call__(output_tensor, input_tensor, group, async_op),
+                         (output_tensor, input_tensor))
 
     class TimedReduceScatter(DefaultReduceScatter):
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
             return timed("zero_reducescatter", input_tensor, async_op,
                          lambda: super(TimedReduceScatter, self).__call__(output_tensor, input_tensor, group, op,
-                                                                          async_op))
+                                                                          async_op),
+                         (output_tensor, input_tensor))
 
     return TimedAllGather(), TimedReduceScatter()
