@@ -15,7 +15,7 @@ pay. Two parts, each alternating the two settings so a slow minute hits both:
    mbs 1: 256 KiB) after its block of two MLP-up GEMMs (128 x 1024 x 512), ``--samples`` samples
    of 8 calls per point, the median per setting and repetition;
 2. the executor: ``parsim validate`` of cpu-small tp=2 and tp=2 SP (one round, 4 timed steps),
-   ranks started as fresh interpreters with ``wakeup/sitecustomize.py`` on their path, which
+   ranks started as fresh interpreters with ``hooks/sitecustomize.py`` on their path, which
    starts the same thread when ``PARSIM_STUDY_TICK_S`` is set; the measured step and the mean
    per-call time of each TP collective from the traces.
 
@@ -46,7 +46,7 @@ def _ticking(stop: threading.Event) -> None:
         pass
 
 
-def probe_rank(rank: int, port: int, reps: int, samples: int) -> dict | None:
+def probe_rank(rank: int, port: int, reps: int, samples: int, settings=SETTINGS) -> dict | None:
     """{(setting, op): [median ms per repetition]} on rank 0."""
     import datetime
 
@@ -66,7 +66,7 @@ def probe_rank(rank: int, port: int, reps: int, samples: int) -> dict | None:
     out: dict = {}
     try:
         for _ in range(reps):
-            for setting in SETTINGS:
+            for setting in settings:
                 stop = threading.Event()
                 if setting != "alone":
                     threading.Thread(target=_ticking, args=(stop,), daemon=True).start()
@@ -83,9 +83,9 @@ def probe_rank(rank: int, port: int, reps: int, samples: int) -> dict | None:
     return out if rank == 0 else None
 
 
-def executor_run(tick: bool, out: Path) -> dict[str, tuple[float, dict[str, float]]]:
+def executor_run(tick: bool, out: Path, study_env: dict | None = None) -> dict[str, tuple[float, dict[str, float]]]:
     """{plan: (measured step s, the median of the round's timed steps; {TP event kind: mean ms per
-    call})} of one validate round."""
+    call})} of one validate round; ``study_env`` adds variables for ``hooks/sitecustomize.py``."""
     from parsim.trace.io import load_trace
 
     out.mkdir(parents=True, exist_ok=True)
@@ -93,7 +93,7 @@ def executor_run(tick: bool, out: Path) -> dict[str, tuple[float, dict[str, floa
     matrix.write_text("model: cpu-small\nsteps: 6\nwarmup: 2\nrounds: 1\nplans:\n"
                       + "".join(f'  - "{p}"\n' for p in PLANS))
     env = {**os.environ, "PARSIM_RANK_START": "exec",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent / "wakeup"), str(ROOT)])}
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent / "hooks"), str(ROOT)]), **(study_env or {})}
     env.pop("PARSIM_STUDY_TICK_S", None)
     if tick:
         env["PARSIM_STUDY_TICK_S"] = str(TICK_S)
