@@ -102,8 +102,12 @@ class MemoryTracker(TorchDispatchMode):
     @contextlib.contextmanager
     def comm_buffers(self, tensors: Iterable[torch.Tensor], patience_s: float = 1.0):
         """Around a blocking collective on ``tensors``: on leaving, wait (at most ``patience_s``)
-        until the communication backend's worker has dropped the references it took to them."""
-        tensors = [t for t in tensors if t is not None and not is_traceable_wrapper_subclass(t)]
+        until the communication backend's worker has dropped the references it took to them.
+        CPU tensors only: NCCL's work keeps its tensors until its watchdog thread polls the work
+        done (every ~100 ms), and the CUDA peak is the caching allocator's, which sees the stream
+        order rather than Python's references (module docstring)."""
+        tensors = [t for t in tensors
+                   if t is not None and t.device.type == "cpu" and not is_traceable_wrapper_subclass(t)]
         before = [_reference_counts(t) for t in tensors]
         yield
         deadline = time.perf_counter() + patience_s

@@ -52,3 +52,13 @@ def test_a_reference_kept_elsewhere_waits_only_its_patience():
     with MemoryTracker().comm_buffers((tensor,), patience_s=5.0):
         pass
     assert time.perf_counter() - start < 1.0
+
+
+def test_only_host_tensors_are_waited_for():
+    """NCCL's watchdog holds a work's tensors until it polls it (~100 ms): on a GPU the wait
+    would add that to every collective of the tracked step, so device tensors pass straight."""
+    tensor, keep = torch.zeros(4, device="meta"), []
+    start = time.perf_counter()
+    with MemoryTracker().comm_buffers((tensor,), patience_s=5.0):
+        keep.append(tensor.view(2, 2))
+    assert time.perf_counter() - start < 1.0
