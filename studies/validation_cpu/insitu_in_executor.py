@@ -22,7 +22,6 @@ Nothing in parsim runs the hook; this measures where the probe's premium comes f
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -31,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from wakeup import PLANS, ROOT, executor_run, probe_rank
+from wakeup import PLANS, ROOT, executor_run, probe_rank, study_args
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 KINDS = {"all_reduce": "tp_allreduce", "all_gather": "tp_allgather", "reduce_scatter": "tp_reducescatter"}
@@ -47,12 +46,7 @@ def in_executor(out: Path) -> tuple[dict, dict[str, float]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=3, help="alternations of the three measurements [3]")
-    ap.add_argument("--samples", type=int, default=30, help="samples of the probe alone per repetition [30]")
-    args = ap.parse_args()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("PARSIM_HOST_MEMORY", "keep")
+    args = study_args(__doc__, 3, "alternations of the three measurements", "samples of the probe alone per repetition")
     from parsim.executor.processes import free_port, run_ranks
 
     print(f"in-situ probe alone / inside the executor / the executor's calls, "
@@ -65,8 +59,8 @@ def main() -> int:
             rows.append(({op: alone[("alone", op)][0] for op in OPS}, inside, runs))
     print(f"    {'':22s}" + "".join(f"{'rep ' + str(i + 1):>8s}" for i in range(args.reps)))
     lines = [("probe alone (median)", lambda r, op: r[0][op]), ("probe in executor", lambda r, op: r[1][op])]
-    lines += [(f"executor {'SP' if 'sp=true' in plan else 'tp=2'}", lambda r, op, plan=plan: r[2][plan][1].get(KINDS[op]))
-              for plan in PLANS]
+    lines += [(f"executor {'SP' if 'sp=true' in plan else 'tp=2'}",
+               lambda r, op, plan=plan: r[2][plan][1].get(KINDS[op])) for plan in PLANS]
     for op in OPS:
         print(f"  {op}")
         for label, get in lines:

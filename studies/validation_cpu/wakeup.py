@@ -114,13 +114,20 @@ def executor_run(tick: bool, out: Path, study_env: dict | None = None) -> dict[s
     return result
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=4, help="alternations of the two settings per part [4]")
-    ap.add_argument("--samples", type=int, default=30, help="probe samples per point and setting [30]")
+def study_args(doc: str, reps: int, reps_help: str, samples_help: str) -> argparse.Namespace:
+    """The probe studies' command line (``--reps``, ``--samples``), with the ranks' environment
+    set as the executor's (one thread, the host memory kept)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=reps, help=f"{reps_help} [{reps}]")
+    ap.add_argument("--samples", type=int, default=30, help=f"{samples_help} [30]")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("PARSIM_HOST_MEMORY", "keep")
+    return args
+
+
+def main() -> int:
+    args = study_args(__doc__, 4, "alternations of the two settings per part", "probe samples per point and setting")
     from parsim.executor.processes import free_port, run_ranks
 
     print(f"wake-up A/B, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores; "
