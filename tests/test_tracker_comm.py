@@ -40,25 +40,26 @@ def test_no_collective_buffer_is_still_held_by_gloo_after_comm_buffers():
     assert run_ranks(_gather_rank, (free_port(),), 2) == [0, 0]
 
 
+# The two tests below bound no wall time: a block that waited where it must not would run into a
+# patience of an hour, and pytest-timeout fails the test instead.
+@pytest.mark.timeout(120)
 def test_a_reference_kept_elsewhere_waits_only_its_patience():
     """A reference that is not the backend's (here a list's) is never released: the block gives
-    up after ``patience_s`` instead of hanging."""
+    up after ``patience_s`` (its deadline, so not sooner) instead of hanging; with nothing taken
+    it does not wait at all."""
     tensor, keep = torch.zeros(4), []
     start = time.perf_counter()
     with MemoryTracker().comm_buffers((tensor,), patience_s=0.2):
         keep.append(tensor.view(2, 2))     # a view: one more reference to the storage
-    assert 0.2 <= time.perf_counter() - start < 2.0
-    start = time.perf_counter()
-    with MemoryTracker().comm_buffers((tensor,), patience_s=5.0):
+    assert time.perf_counter() - start >= 0.2
+    with MemoryTracker().comm_buffers((tensor,), patience_s=3600.0):
         pass
-    assert time.perf_counter() - start < 1.0
 
 
+@pytest.mark.timeout(120)
 def test_only_host_tensors_are_waited_for():
     """NCCL's watchdog holds a work's tensors until it polls it (~100 ms): on a GPU the wait
     would add that to every collective of the tracked step, so device tensors pass straight."""
     tensor, keep = torch.zeros(4, device="meta"), []
-    start = time.perf_counter()
-    with MemoryTracker().comm_buffers((tensor,), patience_s=5.0):
+    with MemoryTracker().comm_buffers((tensor,), patience_s=3600.0):
         keep.append(tensor.view(2, 2))
-    assert time.perf_counter() - start < 1.0

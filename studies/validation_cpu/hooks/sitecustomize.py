@@ -24,12 +24,15 @@ if os.environ.get("PARSIM_STUDY_TICK_S"):
 
 if os.environ.get("PARSIM_STUDY_INSITU"):
     import json
+    import sys
     import time
 
     import parsim.executor.layer_probe as _layer_probe   # before the trainer imports its name
 
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from wakeup import BLOCK as _BLOCK, BYTES as _BYTES   # the probe wakeup.py runs alone
+
     _probe_layer = _layer_probe.probe_layer
-    _BLOCK, _BYTES = (128, 1024, 512), 128 * 512 * 4     # as wakeup.py: cpu-small's tp=2 MLP-up, b*s*h
 
     def _probe_with_insitu(*args, **kwargs):
         result = _probe_layer(*args, **kwargs)
