@@ -85,9 +85,13 @@ class AlphaBeta:
 # cache level ending: gloo's all-gather on the 2-core Xeon VM of 11-27/28 moved 0.63-0.75 GB/s
 # on 2 ranks up to 16 MiB per rank and 0.32-0.45 beyond, 0.17-0.22 and 0.09-0.12 on 4 ranks
 # past 8 MiB; profiles under studies/validation_cpu/heldout/run_2026112*), where the two lines
-# leave at most ``KNEE_KEEP`` of the one line's rms relative residual, and at ``KNEE_MIN_BYTES``
-# or more: cache levels end at megabytes (2 MiB L2 per core, a last-level cache of tens to
-# hundreds), while what changes below (latency, protocols) is the line's alpha.
+# leave at most ``KNEE_KEEP`` of the one line's rms relative residual over the sizes of
+# ``KNEE_MIN_BYTES`` or more, and at such a size: cache levels end at megabytes (2 MiB L2 per
+# core, a last-level cache of tens to hundreds), while what changes below (latency, protocols)
+# is the line's alpha. The residuals are compared where a knee can act, not over every size:
+# below a megabyte gloo's latency sways 2-3x from sample to sample on a 2-vCPU VM (p10-p90 of
+# 0.2-1.1 ms at 4-512 KiB, the AMD VM of 11-29), which both fits share and which hid a
+# 2x-per-byte knee at 8-16 MiB on 2 ranks there (``studies/validation_cpu/collective_knee.txt``).
 KNEE_SLOWER = 1.25
 KNEE_KEEP = 0.75
 KNEE_MIN_BYTES = 2**20
@@ -97,15 +101,21 @@ def fit_alpha_beta_knee(nbytes: Sequence[float], seconds: Sequence[float]) -> Al
     """``fit_alpha_beta`` over the sizes up to a knee, and beyond it a second slope from the
     line's time at the knee (so the two meet): time = alpha + beta * min(x, knee) +
     beta_beyond * max(x - knee, 0) [s]. The knee is the measured size (at least three at or
-    below it, two above) whose two lines fit every point best, kept under the ``KNEE_*`` rules;
-    otherwise the one line of ``fit_alpha_beta`` (``knee`` None). beta_beyond is the relative
-    least-squares slope of the sizes above the knee through the line's time there."""
+    below it, two above) whose two lines fit the sizes of ``KNEE_MIN_BYTES`` or more best, kept
+    under the ``KNEE_*`` rules; otherwise the one line of ``fit_alpha_beta`` (``knee`` None).
+    beta_beyond is the relative least-squares slope of the sizes above the knee through the
+    line's time there."""
     line = fit_alpha_beta(nbytes, seconds)
     x = np.asarray(nbytes, dtype=float)
     t = np.asarray(seconds, dtype=float)
     order = np.argsort(x, kind="stable")
     x, t = x[order], t[order]
-    best = None
+    large = x >= KNEE_MIN_BYTES
+
+    def rms_large(fit: AlphaBeta) -> float:
+        return float(np.sqrt(np.mean(((fit.time(x[large]) - t[large]) / t[large]) ** 2)))
+
+    best, best_large = None, None
     for k in range(2, len(x) - 2):
         if x[k] < KNEE_MIN_BYTES:
             continue
@@ -118,10 +128,10 @@ def fit_alpha_beta_knee(nbytes: Sequence[float], seconds: Sequence[float]) -> Al
             continue
         fit = AlphaBeta(alpha=below.alpha, beta=below.beta, rms_rel=0.0, bandwidth_points=below.bandwidth_points,
                         knee=float(x[k]), beta_beyond=slope)
-        rms = float(np.sqrt(np.mean(((fit.time(x) - t) / t) ** 2)))
-        if best is None or rms < best.rms_rel:
-            best = AlphaBeta(**{**fit.__dict__, "rms_rel": rms})
-    return best if best is not None and best.rms_rel <= KNEE_KEEP * line.rms_rel else line
+        if best is None or rms_large(fit) < best_large:
+            rms = float(np.sqrt(np.mean(((fit.time(x) - t) / t) ** 2)))
+            best, best_large = AlphaBeta(**{**fit.__dict__, "rms_rel": rms}), rms_large(fit)
+    return best if best is not None and best_large <= KNEE_KEEP * rms_large(line) else line
 
 
 def _relative_lstsq(x: np.ndarray, t: np.ndarray) -> tuple[float, float]:
