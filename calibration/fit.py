@@ -128,9 +128,10 @@ def fit_alpha_beta_knee(nbytes: Sequence[float], seconds: Sequence[float]) -> Al
             continue
         fit = AlphaBeta(alpha=below.alpha, beta=below.beta, rms_rel=0.0, bandwidth_points=below.bandwidth_points,
                         knee=float(x[k]), beta_beyond=slope)
-        if best is None or rms_large(fit) < best_large:
+        residual = rms_large(fit)
+        if best is None or residual < best_large:
             rms = float(np.sqrt(np.mean(((fit.time(x) - t) / t) ** 2)))
-            best, best_large = AlphaBeta(**{**fit.__dict__, "rms_rel": rms}), rms_large(fit)
+            best, best_large = AlphaBeta(**{**fit.__dict__, "rms_rel": rms}), residual
     return best if best is not None and best_large <= KNEE_KEEP * rms_large(line) else line
 
 
