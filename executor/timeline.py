@@ -208,8 +208,11 @@ class CompletionWaiter:
                 op._stamp()
             except BaseException as err:   # noqa: BLE001 -- re-raised by AsyncOp.wait on the caller
                 op.error = err
-            finally:
-                op.done.set()
+            # Let go of the op before announcing it: a gloo send's Work keeps its tensor until the
+            # Work dies, and a local still bound while this thread blocks on the next ``get`` kept
+            # the last message's buffer alive into the caller's next allocations (stop 47).
+            done, op = op.done, None
+            done.set()
 
 
 def chrome_trace(events: list[Event], meta: dict | None = None) -> dict:
