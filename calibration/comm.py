@@ -169,8 +169,8 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
         if job.line_bytes and job.device_type == "cpu":
             from .p2p_cpu import LINE_MESSAGES, measure_message_cpu
             with torch.no_grad():
-                out["message_cpu"] = measure_message_cpu(fn, job.line_bytes, LINE_MESSAGES, job.repeats, dist, torch,
-                                                         device)
+                out["message_cpu"], out["message_stamps"] = measure_message_cpu(
+                    fn, job.line_bytes, LINE_MESSAGES, job.repeats, dist, torch, device)
             if rank == 0:
                 progress.report(f"pipeline messages {job.world} ranks")
         dist.barrier()

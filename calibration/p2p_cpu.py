@@ -29,6 +29,12 @@ the end ranks' shares at the first size (the first rank only sends, the last onl
 (seconds per byte: the loopback copies) half each, the sender copying into the socket and the
 receiver out of it (``calibration.tables.message_cpu_curves``, the median over samples per rank).
 CPU only: on a GPU a send is a kernel on its own stream and the host's cores are not shared.
+
+The same pass also times, on one clock for every process (``time.monotonic``: CLOCK_MONOTONIC on
+Linux), when each send was called and when each receive was called and returned. A receive
+returns some time after ``max(its call, the matching send's call)``: the transfer, and -- with more
+ranks than cores -- the wait of gloo's thread and then of the woken rank for a core, which costs
+no CPU, only time (``calibration.tables.message_hold_curve`` keeps it as ``p2p_hold``).
 """
 from __future__ import annotations
 
@@ -42,33 +48,39 @@ LINE_MESSAGES = 24
 LARGE_FACTOR = 16
 
 
-def run_line(block: Callable[[], object], messages: int, payload, inbox, dist) -> None:
+def run_line(block: Callable[[], object], messages: int, payload, inbox, dist) -> tuple[list[float], ...]:
     """One pass of the line: ``messages`` times, receive from the previous rank (not on the
     first), compute ``block``, send ``payload`` on to the next (not on the last; non-blocking,
-    all waited at the end)."""
+    all waited at the end). Returns this rank's (send calls, receive calls, receive returns)
+    on ``time.monotonic`` (empty where it sends or receives nothing)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    pending = []
+    pending, sends, calls, returns = [], [], [], []
     for _ in range(messages):
         if rank > 0:
+            calls.append(time.monotonic())
             dist.recv(inbox, rank - 1)
+            returns.append(time.monotonic())
         block()
         if rank < world - 1:
+            sends.append(time.monotonic())
             pending.append(dist.isend(payload, rank + 1))
     for work in pending:
         work.wait()
+    return sends, calls, returns
 
 
 def measure_message_cpu(block: Callable[[], object], nbytes: int, messages: int, repeats: int, dist, torch,
-                        device) -> dict[int, list[float]]:
+                        device) -> tuple[dict[int, list[float]], dict[int, list[tuple[list[float], ...]]]]:
     """Per message size (``nbytes`` and ``LARGE_FACTOR`` x it), per sample, this rank's process
     CPU seconds per message beyond its compute (the module docstring): a send on rank 0, a
-    receive on the last rank, both between."""
+    receive on the last rank, both between; and, per size and sample, ``run_line``'s stamps."""
     block()
     out: dict[int, list[float]] = {}
+    stamps: dict[int, list[tuple[list[float], ...]]] = {}
     for size in (nbytes, LARGE_FACTOR * nbytes):
         payload = torch.zeros(max(size // 4, 1), dtype=torch.float32, device=device)
         inbox = torch.empty_like(payload)
-        out[size] = []
+        out[size], stamps[size] = [], []
         for _ in range(repeats):
             dist.barrier()
             c0 = time.process_time()
@@ -77,7 +89,7 @@ def measure_message_cpu(block: Callable[[], object], nbytes: int, messages: int,
             blocks = time.process_time() - c0
             dist.barrier()
             c0 = time.process_time()
-            run_line(block, messages, payload, inbox, dist)
+            stamps[size].append(run_line(block, messages, payload, inbox, dist))
             out[size].append((time.process_time() - c0 - blocks) / messages)
     dist.barrier()
-    return out
+    return out, stamps

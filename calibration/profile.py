@@ -24,7 +24,8 @@ from .machine_fit import device_numbers, fit_surfaces
 from .shapes import AttentionPoint, GemmPoint, MemboundPoint
 from .sharded import dtensor_per_tensor_s, fsdp_unit_host_s
 from .tables import (attention_efficiency, attention_table, collective_fits, collective_leave_out, contention_curve,
-                     interference_curve, membound_table, message_cpu_curves, spreads)
+                     interference_curve, membound_table, message_cpu_curves, message_hold_curve,
+                     spreads)
 
 
 @dataclass
@@ -151,6 +152,7 @@ def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
         p2p_send_cpu=messages[0],
         p2p_recv_cpu=messages[1],
         p2p_cpu_per_byte=messages[2],
+        p2p_hold=message_hold_curve(m.comm, os.cpu_count() or 1),
         # the executor accumulates microbatch gradients with autograd's separate
         # AccumulateGrad kernel (costs.ops._grad_accumulation)
         grad_accumulation="unfused",

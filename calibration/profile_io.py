@@ -20,10 +20,11 @@ import yaml
 # least ``insitu.INSITU_MIN_SAMPLES`` samples, a quick calibration's too; 8: the shared probe's
 # compute block timed alone, ``insitu_block_s``, ``CollectiveFit.shared_alpha``; 9: FSDP2's host
 # work per unit, ``fsdp_gather_host_s`` / ``fsdp_scatter_host_s``, ``calibration.sharded``, and the
-# in-situ latencies over 30 samples): a quick profile kept for a host by an older calibration is
+# in-situ latencies over 30 samples; 10: the late start of an action on a pipeline message where
+# ranks outnumber cores, ``p2p_hold``, ``calibration.tables.message_hold_curve``): a quick profile kept for a host by an older calibration is
 # then measured again, not reused (``parsim.api.hardware.kept_profile_refused``). Profiles without
 # the key are format 1.
-FORMAT = 9
+FORMAT = 10
 
 
 def write_profile(profile: dict[str, Any], path: str | Path) -> Path:

@@ -180,6 +180,30 @@ def message_cpu_curves(comm: dict[int, list[dict]]) -> tuple[RankCurve | None, .
     return RankCurve(tuple(send)), RankCurve(tuple(recv)), RankCurve(tuple(per_byte))
 
 
+def message_hold_curve(comm: dict[int, list[dict]], cores: int) -> RankCurve | None:
+    """Seconds a pipeline receive returns late, beyond the transfer, where the ranks outnumber the
+    host's ``cores``, per group size (``p2p_cpu``'s stamps at the first message size). Per sample,
+    the mean over every receive of the line of its return less max(its call, the matching send's
+    call) (rank r's k-th receive is rank r - 1's k-th send), the median over samples: H(w). Where
+    the ranks fit on the cores that is the transfer itself, so the hold is H(w) less H at the
+    largest such group (0 there; H(w) whole where no group fits). None where no job measured it."""
+    worlds = {w: ranks for w, ranks in sorted(comm.items())
+              if w > 1 and all(r.get("message_stamps") for r in ranks)}
+    if not worlds:
+        return None
+    late = {}
+    for w, ranks in worlds.items():
+        size = min(ranks[0]["message_stamps"])
+        samples = zip(*(r["message_stamps"][size] for r in ranks))      # per sample: every rank's stamps
+        late[w] = float(np.median([np.mean([ret - max(call, sent)
+                                            for r in range(1, w)
+                                            for sent, call, ret in zip(sample[r - 1][0], sample[r][1], sample[r][2])])
+                                   for sample in samples]))
+    fitting = [w for w in late if w <= cores]
+    base = late[max(fitting)] if fitting else 0.0
+    return RankCurve(tuple((w, 0.0 if w <= cores else max(h - base, 0.0)) for w, h in late.items()))
+
+
 def interference_curve(comm: dict[int, list[dict]]) -> RankCurve:
     """Compute seconds lost per second of overlapped all-reduce (``comm._interference``), per
     group size: the median over ranks and samples."""

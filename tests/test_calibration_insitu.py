@@ -72,6 +72,16 @@ def test_in_situ_probe_runs_on_a_real_gloo_group():
     from parsim.calibration.tables import message_cpu_curves
     curves = message_cpu_curves({2: ranks})
     assert all([w for w, _ in c.values] == [2] and c.values[0][1] >= 0 for c in curves)
+    # and its stamps, on one clock for both processes: rank 0 only sends, rank 1 only receives, and
+    # each receive returns after it was called and after the matching send was (causality)
+    from parsim.calibration.p2p_cpu import LINE_MESSAGES
+    from parsim.calibration.tables import message_hold_curve
+    for size in (8192, 8192 * LARGE_FACTOR):
+        for (sends, no_calls, no_returns), (no_sends, calls, returns) in zip(*(r["message_stamps"][size] for r in ranks)):
+            assert len(sends) == len(calls) == len(returns) == LINE_MESSAGES and not (no_calls or no_returns or no_sends)
+            assert all(max(c, s) <= x for s, c, x in zip(sends, calls, returns))
+    (world, late), = message_hold_curve({2: ranks}, cores=1).values      # more ranks than cores: kept whole
+    assert world == 2 and 0 < late < 0.5
 
 
 @pytest.mark.slow

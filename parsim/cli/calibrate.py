@@ -87,7 +87,9 @@ def render(profile: dict, path: Path) -> str:
         per = ", ".join(f"{k}: {s * 1e3:.2f} / {r * 1e3:.2f} + {per_byte.get(k, 0.0) * 2**20 * 1e3:.2f} a MiB"
                         for (k, s), (_, r) in pairs)
         lines.append(f"pipeline message CPU (ranks: send / receive ms + both sides' copies; counted where ranks "
-                     f"outnumber the {tables.cores} cores) {per}")
+                     f"outnumber the {tables.cores} cores) {per}"
+                     + ("; an action on a message from another rank starts late by " + ", ".join(
+                         f"{k}: {v * 1e3:.2f} ms" for k, v in tables.p2p_hold.values) if tables.p2p_hold else ""))
     if tables.layer_composition is not None:
         probe, comp = tables.layer_probe, tables.layer_composition
         lines.append(f"real layer (mbs={probe.mbs}, tp=1): forward {probe.fwd_s * 1e3:.1f} ms "

@@ -120,6 +120,30 @@ def message_cpu(cluster: ClusterSpec, ranks: float, nbytes: float = 0.0) -> tupl
     return send + copy, recv + copy
 
 
+def message_hold(cluster: ClusterSpec, ranks: float) -> float:
+    """Seconds an action that starts on a pipeline message from another rank starts late, beyond
+    the transfer, when ``ranks`` ranks share the host (wall time, no CPU: the rank is not
+    computing meanwhile, so the others get its core).
+
+    With more ranks than cores a receive completes on gloo's thread, which must first be given a
+    core, and then wakes its rank, which must be given one too; under Linux's fair scheduler
+    (EEVDF since 6.6) each may wait out a running rank's time slice (its base slice, 0.75 ms
+    scaled by 1 + log2(CPUs), per wait).
+    Calibrated CPU profiles carry ``p2p_hold``: {ranks: seconds}, measured on the line of
+    ``calibration.p2p_cpu`` as each receive's return less max(its call, the matching send's call),
+    less the same where the ranks fit on the cores (``calibration.tables.message_hold_curve``).
+    On this project's 2-vCPU AMD VM the executor's 4-rank interleaved pipeline started each such
+    action 1.7-3.2 ms after its input was sent against 0.25 ms on 2 ranks
+    (``studies/validation_cpu/oversubscribed_pipeline.txt``). Counted only where the ranks
+    outnumber the profile's ``cores``; linear between measured counts, held beyond the largest.
+    GPUs and uncalibrated profiles: 0."""
+    tables = cluster.device.tables
+    on_host = min(float(ranks), float(cluster.devices_per_node))
+    if not tables.cores or on_host <= tables.cores or not tables.p2p_hold:
+        return 0.0
+    return max(_per_ranks(tables.p2p_hold, on_host, 0.0, beyond="hold"), 0.0)
+
+
 def _per_ranks(curve: RankCurve, ranks: float, at_one: float, beyond: str) -> float:
     """A per-rank-count curve at ``ranks`` (may be fractional): linear between measured
     counts (``at_one`` at 1 rank); past the largest, ``beyond`` = "scale" (grows with ranks:
@@ -160,6 +184,11 @@ class HostModel:
         peers, ZeRO-3) take the mean-field slowdown instead, which leaves it out."""
         send, recv = message_cpu(self.cluster, self.ranks, nbytes)
         return received * recv + sent * send
+
+    @property
+    def message_hold(self) -> float:
+        """``message_hold`` at the plan's ranks (0 on GPUs and with a core per rank)."""
+        return message_hold(self.cluster, self.ranks)
 
     def action_message_seconds(self, plan: Any, leaves: Any, boundary_bytes: Callable[[int], float]) -> float:
         """``message_seconds`` of one action's passes (``leaves``: (virtual stage, kind) pairs;

@@ -158,11 +158,12 @@ def _hop(send: list[float]):
 
 def _processor_sharing(schedule, job, hop, host: HostModel, ranks_per_job: float) -> list[list[TimedAction]]:
     """``list_schedule`` with every action a job on the host's processor sharing (a SimPy
-    replay: the engine's sharing law, so both price a shared host alike)."""
+    replay: the engine's sharing law, so both price a shared host alike); an action whose input
+    comes from another rank starts ``HostModel.message_hold`` late, as in the engine."""
     import simpy      # only shared CPU hosts replay on an event loop
 
     env = simpy.Environment()
-    sharing = host.processor_sharing(env, ranks_per_job)
+    sharing, late = host.processor_sharing(env, ranks_per_job), host.message_hold
     present = present_actions(schedule)          # leaves: an overlapped slot's forward and backward
     done = {a: env.event() for a in present}
     end: dict = {}
@@ -175,6 +176,7 @@ def _processor_sharing(schedule, job, hop, host: HostModel, ranks_per_job: float
             if needs:
                 yield simpy.AllOf(env, [done[d] for d in needs])
                 ready = max(end[d] + hop(d, rank_of[d], action, rank) for d in needs)
+                ready = max(ready, env.now) + (late if any(rank_of[d] != rank for d in needs) else 0.0)
                 if ready > env.now:
                     yield env.timeout(ready - env.now)
             start = env.now

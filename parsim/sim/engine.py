@@ -125,6 +125,11 @@ class Simulation:
                             for s in range(self.num_stages)]
         self.p2p_nbytes = p2p_bytes(model, plan)
         self.p2p_blocking = p2p_holds_sender(plan)     # a send holds its sender (``Stack.p2p_blocking``)
+        # (stage, the stage its input comes from) -> the late start of a message between ranks on a
+        # host whose cores they outnumber (``costs.host.message_hold``); empty elsewhere
+        hold, n = self.host.message_hold, plan.pp * plan.vpp
+        self.input_hold = {(s, x): hold for s in range(n) for x in (s - 1, s + 1) if 0 <= x < n
+                           and rank_of_stage(plan, x) != rank_of_stage(plan, s)} if hold > 0 else {}
         self.zero3_gathers = gathers_layers(plan.zero, plan.dp)
         # ZeRO-2: every backward reduce-scatters its gradients part by part (``actions.zero2_scatters``)
         self.zero2_scatters = scatters_every_backward(plan.zero, plan.dp, plan.dp_impl == "ps")

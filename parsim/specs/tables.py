@@ -250,6 +250,7 @@ class CalibratedTables:
     p2p_send_cpu: RankCurve | None = None                     # ranks -> CPU s of one pipeline send
     p2p_recv_cpu: RankCurve | None = None                     # ranks -> CPU s of one pipeline receive
     p2p_cpu_per_byte: RankCurve | None = None                 # ranks -> CPU s per byte of one message
+    p2p_hold: RankCurve | None = None                         # ranks -> s a receive waits for a core
     grad_accumulation: str | None = None                      # "fused" (default) | "unfused"
     zero_copies: str | None = None                            # "fsdp2": ZeRO-2/3 flat-buffer copies
     zero_overlap: bool | None = None                          # False: ZeRO collectives block (no side stream)
@@ -362,6 +363,7 @@ _KEYS: dict[str, tuple[str, Callable, Callable]] = {
     "p2p_send_cpu": ("p2p_send_cpu", RankCurve.from_dict, RankCurve.to_dict),
     "p2p_recv_cpu": ("p2p_recv_cpu", RankCurve.from_dict, RankCurve.to_dict),
     "p2p_cpu_per_byte": ("p2p_cpu_per_byte", RankCurve.from_dict, RankCurve.to_dict),
+    "p2p_hold": ("p2p_hold", RankCurve.from_dict, RankCurve.to_dict),
     "grad_accumulation": ("grad_accumulation", _word("fused", "unfused"), _same),
     "zero_copies": ("zero_copies", _word("fsdp2", "none"), _same),
     "zero_overlap": ("zero_overlap", _flag, _same),
