@@ -2,16 +2,18 @@
 held-out run on the AMD VM (issue 20)? Executor traces against the simulator's, and a what-if.
 
 1. Runs ``parsim validate`` on heldout-deep's two 4-rank pipeline plans (interleaved pp=4 vpp=3
-   and 1F1B pp=4) with a kept profile (default: held-out run f's), 2 rounds, traces kept
+   and 1F1B pp=4) with a kept profile (default: held-out run g's, which measured ``p2p_hold``), 2
+   rounds, traces kept
    (``--traces DIR`` reads an earlier output instead).
 2. Per plan, measured and predicted: the mean number of ranks computing at once, each rank's
    busy time, and the mean *start gap* of an action: its start less the moment it could start,
    max(the rank's previous action's end, its input's send) [ms]: what a rank loses at an action
    boundary beyond its compute and its wait for the sender (cross-rank times: every rank's
    ``time.perf_counter``, CLOCK_MONOTONIC, one clock per host).
-3. What-if: the held-out runs' measured plans re-priced (``heldout/reprice.py``'s way) with a hold
-   of H ms added to every action whose input is a remote pipeline message, on hosts with more
-   ranks than cores, for H = 0, 1, 2 ms. Not in the cost model: a probe of the term.
+3. What-if: the held-out runs' measured plans re-priced (``heldout/reprice.py``'s way) with the
+   profile's ``p2p_hold`` (``costs.host.message_hold``: an action whose input is a remote pipeline
+   message starts that much later, on hosts with more ranks than cores) set to H = 0, 1, 1.54 (run
+   g's calibration) and 2 ms at 4 ranks.
 
     .venv/bin/python studies/validation_cpu/oversubscribed_pipeline.py > studies/validation_cpu/oversubscribed_pipeline.txt
 
@@ -33,7 +35,7 @@ import numpy as np
 HERE = Path(__file__).parent
 HELDOUT = HERE / "heldout"
 PLANS = ("pp=4 vpp=3 mbs=1 gbs=8 schedule=interleaved dtype=fp32", "pp=4 mbs=1 gbs=8 schedule=1f1b dtype=fp32")
-RUNS = ("run_20261129c_amd", "run_20261129d_amd", "run_20261129e_amd", "run_20261129f_amd")
+RUNS = ("run_20261129c_amd", "run_20261129d_amd", "run_20261129e_amd", "run_20261129f_amd", "run_20261129g_amd")
 
 
 def events(path: Path) -> list[dict]:
@@ -88,46 +90,34 @@ def describe(traces: Path) -> None:
 
 
 def reprice(runs: list[str], holds: list[float]) -> None:
-    """The runs' plans priced with a hold per remote input on oversubscribed hosts (what-if)."""
-    import parsim.sim.device as device
+    """The runs' plans priced with the profile's ``p2p_hold`` set to H ms at 4 ranks (0 at 2), as
+    ``costs.host.message_hold`` prices it: on hosts with more ranks than cores only."""
+    import dataclasses
+
     from parsim.sim import simulate
     from parsim.specs import load_cluster, load_model, parse_plan
+    from parsim.specs.tables import RankCurve
 
-    original = device.input_start
-    hold = {"s": 0.0}
-
-    def input_start(sim, dev, kind, stage, mb, now, waited=None):
-        start = original(sim, dev, kind, stage, mb, now, waited)
-        needs = kind == "F" and stage > 0 or kind in ("B", "I") and stage < sim.num_stages - 1
-        if start.__class__ is device.Arrival or not needs:
-            return start
-        remote = sim.schedule.rank_of_stage(stage - 1 if kind == "F" else stage + 1) != dev.pp_rank
-        shared = sim.plan.world_size > (sim.cluster.device.tables.cores or sim.plan.world_size)
-        return start + hold["s"] if remote and shared else start
-
-    device.input_start = input_start
-    print("\nwhat-if: each held-out run's plans re-priced with a hold of H ms on every action whose input is a "
-          "remote pipeline message, where the plan's ranks outnumber the host's cores (step error, + = slow):")
-    try:
-        for run in runs:
-            rows = [(t.parent.name, r) for t in sorted((HELDOUT / run).glob("*/validation.csv"))
-                    for r in csv.DictReader(t.open()) if r.get("measured_step_s")]
-            profile = HELDOUT / run / "profile.yaml"
-            for h in holds:
-                hold["s"] = h * 1e-3
-                errors = []
-                for model_name, row in rows:
-                    plan = parse_plan(row["plan"])
-                    res = simulate(load_model(HELDOUT / f"model_{model_name}.yaml"),
-                                   load_cluster(f"cpu:{plan.world_size}", profile=profile), plan, record_events=False)
-                    errors.append(res.step_time_s / float(row["measured_step_s"]) - 1)
-                a = [abs(e) for e in errors]
-                print(f"  {run:18} H={h:3.1f}  median {statistics.median(a):5.1%} max {max(a):5.1%}  "
-                      + " ".join(f"{e:+.1%}" for e in errors))
-        print("  plans, in order: " + " | ".join(f"{m}, {parse_plan(r['plan']).world_size} ranks: {r['plan'][:44]}"
-                                                 for m, r in rows))
-    finally:
-        device.input_start = original
+    print("\nwhat-if: each held-out run's plans re-priced with p2p_hold = H ms at 4 ranks, on every action whose "
+          "input is a remote pipeline message where the plan's ranks outnumber the host's cores (step error, + = slow):")
+    for run in runs:
+        rows = [(t.parent.name, r) for t in sorted((HELDOUT / run).glob("*/validation.csv"))
+                for r in csv.DictReader(t.open()) if r.get("measured_step_s")]
+        profile = HELDOUT / run / "profile.yaml"
+        for h in holds:
+            errors = []
+            for model_name, row in rows:
+                plan = parse_plan(row["plan"])
+                cluster = load_cluster(f"cpu:{plan.world_size}", profile=profile)
+                tables = cluster.device.tables.replace(p2p_hold=RankCurve(((2, 0.0), (4, h * 1e-3))))
+                cluster = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, tables=tables))
+                res = simulate(load_model(HELDOUT / f"model_{model_name}.yaml"), cluster, plan, record_events=False)
+                errors.append(res.step_time_s / float(row["measured_step_s"]) - 1)
+            a = [abs(e) for e in errors]
+            print(f"  {run:18} H={h:4.2f}  median {statistics.median(a):5.1%} max {max(a):5.1%}  "
+                  + " ".join(f"{e:+.1%}" for e in errors))
+    print("  plans, in order: " + " | ".join(f"{m}, {parse_plan(r['plan']).world_size} ranks: {r['plan'][:44]}"
+                                             for m, r in rows))
 
 
 def main() -> None:
@@ -150,7 +140,7 @@ def main() -> None:
         print()
         traces = out / "run" / "traces"
     describe(traces)
-    reprice(list(RUNS), [0.0, 1.0, 2.0])
+    reprice(list(RUNS), [0.0, 1.0, 1.54, 2.0])
 
 
 if __name__ == "__main__":
