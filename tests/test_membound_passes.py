@@ -1,0 +1,39 @@
+"""The memory-bound grid in passes (``machine_bench.measure_grid``, ``MEMBOUND_PASSES``): a slow
+phase of a shared VM moves whole points when a point's samples are taken back to back, so the
+full calibration goes over every memory-bound point three times and keeps each point's median
+of its passes."""
+import pytest
+
+from parsim.calibration.fit import Summary
+from parsim.calibration.machine_bench import FULL_GRID, QUICK_GRID, GridPlan, measure_grid, median_of, steps_of
+
+
+def test_a_points_passes_combine_into_their_median():
+    passes = [Summary(1.0, 0.9, 1.2, 10), Summary(1.3, 1.1, 1.5, 10), Summary(1.1, 1.0, 1.4, 8)]
+    assert median_of(passes) == Summary(1.1, 1.0, 1.4, 28)
+    assert median_of([None, None]) is None                      # no backward pass (AdamW)
+    assert median_of([Summary(2.0, 1.0, 3.0, 5)]) == Summary(2.0, 1.0, 3.0, 5)
+
+
+def test_the_full_grid_takes_three_passes_and_the_quick_one_one():
+    assert FULL_GRID.membound_passes == 3 and QUICK_GRID.membound_passes == 1
+
+
+@pytest.mark.timeout(300)
+def test_measure_grid_goes_over_every_memory_bound_point_once_a_pass():
+    pytest.importorskip("torch")
+    import torch
+
+    from parsim.calibration.grid import membound_grid
+    from parsim.calibration.timer import Clock
+
+    torch.set_num_threads(1)
+    points = [p for p in membound_grid("cpu", "fp32", 1) if p.name in ("residual_add", "gelu")]
+    assert len(points) == 2
+    plan = GridPlan(gemm={}, attention=[], membound=points, stages=[], membound_passes=3)
+    seen: list[str] = []
+    out = measure_grid(plan, "fp32", Clock(torch.device("cpu")), 3, 0.01, 0.02, seen.append)
+    assert len(seen) == steps_of(plan, 3) == 6 and sum("(pass 3)" in s for s in seen) == 2
+    assert [p for p, _, _ in out.membound] == points
+    for _, fwd, bwd in out.membound:
+        assert fwd.n >= 9 and bwd.n >= 9 and 0 < fwd.p10 <= fwd.median <= fwd.p90
