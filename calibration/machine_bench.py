@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from parsim.specs import DTYPES, ModelSpec
 
 from .fit import Summary
@@ -20,16 +22,29 @@ FORMS = ("linear", "grad_input", "grad_weight", "bmm")
 class GridSize:
     """Points per table: GEMMs per form in the calibrated dtype, ``linear`` GEMMs in every other
     dtype, attention points, sizes per memory-bound op; ``call_s`` caps one call's seconds
-    (None: the device kind's, ``grid.Ranges``)."""
+    (None: the device kind's, ``grid.Ranges``); ``membound_passes``: passes over the memory-bound
+    points (``measure_grid``)."""
     gemm: tuple[tuple[str, int], ...]
     other_dtype: int
     attention: int
     membound: int
     call_s: float | None = None
+    membound_passes: int = 1
 
 
-FULL_GRID = GridSize(gemm=(("linear", 48), ("grad_input", 24), ("grad_weight", 24), ("bmm", 24)), other_dtype=12,
-                     attention=24, membound=8)
+# Three passes over the memory-bound points: a point's samples are taken back to back, so a slow
+# phase of a shared VM (seconds long) moved whole points by 2.5-7 % (median; up to 26 %) between
+# passes on the 2-vCPU AMD VM, and the fits' leave-out with them. Over nine passes of the full
+# grid (2026-11-29, ~6 s a pass) the ten memory-bound fits' leave-out medians averaged 7.3 % from
+# one pass and 5.9 % from the median of three (their median over fits 6.7 -> 5.0 %).
+MEMBOUND_PASSES = 3
+# 24 forward GEMMs in each other dtype (12 before): their surface's leave-out on the 2-vCPU AMD VM
+# read 6.4 % (bf16) and 5.8 % (fp16) over three grids of 24, against 10.9 % and 6.6 % over the six
+# halves of 12 of those grids (2026-11-29; ~3 s more a calibration)
+OTHER_DTYPE_GEMMS = 24
+FULL_GRID = GridSize(gemm=(("linear", 48), ("grad_input", 24), ("grad_weight", 24), ("bmm", 24)),
+                     other_dtype=OTHER_DTYPE_GEMMS,
+                     attention=24, membound=8, membound_passes=MEMBOUND_PASSES)
 QUICK_GRID = GridSize(gemm=(("linear", 16), ("grad_input", 8), ("grad_weight", 8), ("bmm", 8)), other_dtype=8,
                       attention=8, membound=4, call_s=0.01)
 
@@ -41,6 +56,7 @@ class GridPlan:
     attention: list[AttentionPoint]
     membound: list[MemboundPoint]
     stages: list[tuple[ModelSpec, int]]
+    membound_passes: int = 1
 
 
 @dataclass
@@ -70,18 +86,20 @@ def plan_grid(device_type: str, dtype: str, size: GridSize, rates: dict[str, flo
             gemm[other] = gemm_grid(device_type, "linear", size.other_dtype, rates[other] * call_s, seed=1)
     return GridPlan(gemm=gemm, attention=attention_grid(device_type, size.attention, rates[dtype] * call_s),
                     membound=membound_grid(device_type, dtype, size.membound),
-                    stages=stages(device_type, quick) + list(extra_stages))
+                    stages=stages(device_type, quick) + list(extra_stages), membound_passes=size.membound_passes)
 
 
 def steps_of(plan: GridPlan, repeats: int) -> int:
     """Progress-bar steps ``measure_grid`` reports."""
-    return repeats * len(plan.gemm) + len(plan.attention) + len(plan.membound) + len(plan.stages)
+    return (repeats * len(plan.gemm) + len(plan.attention) + plan.membound_passes * len(plan.membound)
+            + len(plan.stages))
 
 
 def measure_grid(plan: GridPlan, dtype: str, clock, repeats: int, gemm_budget_s: float, op_budget_s: float,
                  step: Callable[[str], None]) -> GridResults:
     """Every point of ``plan``: GEMMs of a dtype sampled round-robin (``timer.measure_many``),
-    then attention, memory-bound ops and stages one by one."""
+    then attention one by one, the memory-bound ops in ``membound_passes`` passes over all of
+    them (each point the median of its passes: ``median_of``), and the stages one by one."""
     from . import compute
     from .stages import bench_stage
 
@@ -100,10 +118,25 @@ def measure_grid(plan: GridPlan, dtype: str, clock, repeats: int, gemm_budget_s:
     for p in plan.attention:
         out.attention.append((p, *compute.bench_attention(p, dtype, clock, repeats, op_budget_s, "sdpa")))
         step(f"grid attention bh={p.batch_heads} s={p.seq}")
-    for p in plan.membound:
-        out.membound.append((p, *compute.bench_membound(p, dtype, clock, repeats, op_budget_s)))
-        step(f"grid {p.name} {p.source}")
+    passes: list[list[tuple]] = []
+    for k in range(plan.membound_passes):
+        passes.append([])
+        for p in plan.membound:
+            passes[-1].append(compute.bench_membound(p, dtype, clock, repeats, op_budget_s))
+            step(f"grid {p.name} {p.source}" + (f" (pass {k + 1})" if plan.membound_passes > 1 else ""))
+    out.membound = [(p, median_of([r[i][0] for r in passes]), median_of([r[i][1] for r in passes]))
+                    for i, p in enumerate(plan.membound)]
     for spec, mbs in plan.stages:
         out.stages.append((spec, mbs, *bench_stage(spec, mbs, dtype, clock, repeats)))
         step(f"stage {spec.name}")
     return out
+
+
+def median_of(passes: list[Summary | None]) -> Summary | None:
+    """One point's passes as one: the median of their medians (and of their p10 / p90), over all
+    their samples; None where the point has no such pass (AdamW's backward)."""
+    kept = [x for x in passes if x is not None]
+    if not kept:
+        return None
+    return Summary(median=float(np.median([x.median for x in kept])), p10=float(np.median([x.p10 for x in kept])),
+                   p90=float(np.median([x.p90 for x in kept])), n=sum(x.n for x in kept))

@@ -47,7 +47,7 @@ def gemm_surfaces(results: dict[str, list], dtype: str, sms: int | None, overlap
     """One surface per GEMM form of the calibrated ``dtype`` with enough points (more than its
     parameters). Every other dtype's ``linear`` GEMMs: fitted with the calibrated dtype's
     half-saturation sizes held (the same kernel family's tiles: only its peak and overhead
-    are fitted, so a dozen points pin its asymptote), or freely where that predicts the
+    are fitted, so two dozen points pin its asymptote), or freely where that predicts the
     left-out points better (a CPU's bf16 GEMMs may run another kernel)."""
     def points(dt: str, form: str) -> Points | None:
         sel = [(p, s) for p, s in results.get(dt, []) if p.form == form]
