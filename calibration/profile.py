@@ -132,12 +132,12 @@ def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
     if per_tensor is not None:   # a --model's own AdamW rate holds its loop's cost: keep the grid's bytes term
         rates["adamw"] = surfaces.rates["adamw"]
     messages = message_cpu_curves(m.comm)     # (send, receive, per byte) CPU of a pipeline message
-    curve_rms = None
+    curve_rms, cores = None, os.cpu_count() or 1
     if exact and surfaces is None:
         peak = max(r[3] for r in gemm_rows)
         curve_rms = fit_gemm_efficiency([tuple(r[:3]) for r in gemm_rows], [r[3] for r in gemm_rows], peak).rms_log
     return CalibratedTables(
-        cores=os.cpu_count() or 1,
+        cores=cores,
         gemm={m.dtype: GemmTable(tuple(gemm_rows))} if exact else None,
         gemm_fit_rms_log=curve_rms,
         attention={m.dtype: attention_table(m.attention)} if exact else None,
@@ -152,7 +152,7 @@ def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
         p2p_send_cpu=messages[0],
         p2p_recv_cpu=messages[1],
         p2p_cpu_per_byte=messages[2],
-        p2p_hold=message_hold_curve(m.comm, os.cpu_count() or 1),
+        p2p_hold=message_hold_curve(m.comm, cores),
         # the executor accumulates microbatch gradients with autograd's separate
         # AccumulateGrad kernel (costs.ops._grad_accumulation)
         grad_accumulation="unfused",

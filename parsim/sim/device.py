@@ -187,14 +187,13 @@ def input_start(sim: "Simulation", dev: "Device", kind: str, stage: int, mb: int
     the caller folds it into the action's own timeout. Time blocked on a transfer already on
     the wire is exposed PP time; so is, from another rank on a host whose cores the ranks
     outnumber, the wait for a core after the arrival (``Simulation.input_hold``)."""
-    source = stage - 1 if kind == "F" else stage + 1
     if waited is None:
         if kind == "F":
             if stage == 0:
                 return now
-            key = (dev.replica, ("act", source, mb))
+            key = (dev.replica, ("act", stage - 1, mb))
         elif (kind == "B" or kind == "I") and stage < sim.num_stages - 1:
-            key = (dev.replica, ("grad", source, mb))
+            key = (dev.replica, ("grad", stage + 1, mb))
         else:
             return now
         sent = sim.deliveries.pop(key, None)
@@ -206,7 +205,7 @@ def input_start(sim: "Simulation", dev: "Device", kind: str, stage: int, mb: int
         arrival, on_wire = sim.env.now, waited.value
     start, on_wire = max(now, arrival), max(now, on_wire)
     if sim.input_hold:
-        start += sim.input_hold.get((stage, source), 0.0)
+        start += sim.input_hold.get((stage, kind), 0.0)
     if start > on_wire:                    # blocked while the transfer was on the wire
         rec = sim.recorder
         rec.exposed[dev.rank]["pp"] += start - on_wire

@@ -43,7 +43,7 @@ from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes
 from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing
 from parsim.costs.optimizer import (layer_from_host_s, layer_shard_bytes, rank_tensor_sizes, rank_tensors,
                                    tied_embedding_sync)
-from parsim.costs.placement import loop_placed, rank_of_stage, stages_of_rank
+from parsim.costs.placement import loop_placed, rank_of_stage, remote_messages, stages_of_rank
 from parsim.costs.stack import zero_unit_time
 from parsim.costs.timing import collective_time, p2p_time
 from parsim.costs.zero import gathers_layers, scatters_every_backward
@@ -125,11 +125,11 @@ class Simulation:
                             for s in range(self.num_stages)]
         self.p2p_nbytes = p2p_bytes(model, plan)
         self.p2p_blocking = p2p_holds_sender(plan)     # a send holds its sender (``Stack.p2p_blocking``)
-        # (stage, the stage its input comes from) -> the late start of a message between ranks on a
-        # host whose cores they outnumber (``costs.host.message_hold``); empty elsewhere
-        hold, n = self.host.message_hold, plan.pp * plan.vpp
-        self.input_hold = {(s, x): hold for s in range(n) for x in (s - 1, s + 1) if 0 <= x < n
-                           and rank_of_stage(plan, x) != rank_of_stage(plan, s)} if hold > 0 else {}
+        # (stage, kind) of an action whose input crosses ranks (``costs.placement.remote_messages``)
+        # -> its late start on a host whose cores the ranks outnumber (``costs.host.message_hold``)
+        hold = self.host.message_hold
+        self.input_hold = {(s, kind): hold for s in range(plan.pp * plan.vpp) for kind in ("F", "B", "I")
+                           if remote_messages(plan, s, kind)[0]} if hold > 0 else {}
         self.zero3_gathers = gathers_layers(plan.zero, plan.dp)
         # ZeRO-2: every backward reduce-scatters its gradients part by part (``actions.zero2_scatters``)
         self.zero2_scatters = scatters_every_backward(plan.zero, plan.dp, plan.dp_impl == "ps")
