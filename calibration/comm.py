@@ -343,7 +343,11 @@ def _plans(firsts: list[float], job: CommJob, dist, torch, device) -> list[tuple
 
 def _time_sizes(fns: list, job: CommJob, clock, dist, torch, device) -> list[list[float]]:
     """Samples (seconds per call) of each size's collective, sizes sampled round-robin so a
-    slow phase of the machine hits all sizes alike."""
+    slow phase of the machine hits all sizes alike. A sample of several calls starts with one
+    untimed call (OSU's warm-up): each round goes from the largest size back to the smallest,
+    whose first calls after a 64 MiB one ran slower (4 KiB at 1.2-1.6x the next sizes' time on
+    every collective of a 2-core VM calibration, 2026-11-29); where a sample is one call (the
+    largest sizes) it is not repeated."""
     firsts = []
     for fn in fns:
         fn()
@@ -360,6 +364,8 @@ def _time_sizes(fns: list, job: CommJob, clock, dist, torch, device) -> list[lis
         for fn, (inner, count), out in zip(fns, plans, samples):
             if r >= count:
                 continue
+            if inner > 1:
+                fn()
             dist.barrier()
             t0 = time.perf_counter()
             for _ in range(inner):

@@ -25,12 +25,14 @@ from parsim.specs.surfaces import bytes_time
 
 @dataclass(frozen=True)
 class Summary:
-    """Median and spread of repeated measurements of one quantity (seconds)."""
+    """Median, mean and spread of repeated measurements of one quantity (seconds); ``mean``
+    None where only the median was kept (a summary of summaries)."""
 
     median: float
     p10: float
     p90: float
     n: int
+    mean: float | None = None
 
     @property
     def rel_spread(self) -> float:
@@ -43,7 +45,7 @@ def summarize(samples: Sequence[float]) -> Summary:
         raise ValueError("no samples to summarize")
     a = np.asarray(samples, dtype=float)
     p10, med, p90 = np.percentile(a, [10, 50, 90])
-    return Summary(median=float(med), p10=float(p10), p90=float(p90), n=len(a))
+    return Summary(median=float(med), p10=float(p10), p90=float(p90), n=len(a), mean=float(a.mean()))
 
 
 # Fewest samples a median and p10/p90 are taken over.

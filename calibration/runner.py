@@ -42,14 +42,18 @@ class Settings:
     comm_min_sample_s: float
     contention_s: float
     host_sizes: tuple[int, ...]
+    # samples per collective size and of the pipeline-message line: a 2-rank gloo collective's
+    # samples spread x7 on a 2-core VM (0.25-1.8 ms at 16 KiB), so a point's mean over 10 of them
+    # strays ~14 % from its neighbours' (a bootstrap of 316 samples), 10 % over 20
+    comm_repeats: int = 3
 
 
 QUICK = Settings(mbs=(1,), repeats=3, gemm_budget_s=0.15, op_budget_s=0.1,
                  comm_sizes=tuple(log_spaced_sizes(4096, 4 * 2**20, 4)), comm_budget_s=0.3, comm_min_sample_s=5e-3,
-                 contention_s=0.3, host_sizes=(4096, 2**20))
+                 contention_s=0.3, host_sizes=(4096, 2**20), comm_repeats=3)
 FULL = Settings(mbs=(1, 2, 4), repeats=10, gemm_budget_s=1.0, op_budget_s=0.4,
                 comm_sizes=tuple(log_spaced_sizes(4096, 64 * 2**20, 2)), comm_budget_s=2.0, comm_min_sample_s=2e-2,
-                contention_s=2.0, host_sizes=tuple(log_spaced_sizes(4096, 64 * 2**20, 16)))
+                contention_s=2.0, host_sizes=tuple(log_spaced_sizes(4096, 64 * 2**20, 16)), comm_repeats=20)
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,7 @@ def make_options(model: str | ModelSpec | None = None, dtype: str = "fp32", rank
     if repeats is not None:
         if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < MIN_SAMPLES:
             raise SpecError("repeats", repeats, f"an integer >= {MIN_SAMPLES} (the median and p10/p90 need samples)")
-        settings = _replace(settings, repeats=repeats)
+        settings = _replace(settings, repeats=repeats, comm_repeats=repeats)
     if mbs is not None:
         settings = _replace(settings, mbs=parse_int_list("mbs", mbs, "comma-separated micro-batch sizes >= 1"))
     tp_list = tuple(valid_tps(spec, parse_int_list("tp", tps, "comma-separated TP degrees >= 1")))
@@ -327,7 +331,7 @@ def _measure_comm(m, opts: CalibrationOptions, device, ops: dict[int, tuple[str,
 
     s = opts.settings
     for world, world_ops in ops.items():
-        job = CommJob(world=world, device_type=device.type, sizes=s.comm_sizes, ops=world_ops, repeats=s.repeats,
+        job = CommJob(world=world, device_type=device.type, sizes=s.comm_sizes, ops=world_ops, repeats=s.comm_repeats,
                       point_budget_s=s.comm_budget_s, min_sample_s=s.comm_min_sample_s,
                       contention_gemm=contention_shape, contention_dtype=opts.dtype, contention_s=s.contention_s,
                       layer_model=opts.model, layer_mbs=min(s.mbs),

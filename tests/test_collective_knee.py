@@ -123,3 +123,17 @@ def test_a_knee_is_found_under_swaying_small_message_latency():
 def test_swaying_small_messages_alone_make_no_knee():
     fit = fit_alpha_beta_knee(SIZES, knee_times(beyond=BETA, noise=SWAYING))
     assert fit.knee is None
+
+
+def test_a_collective_is_fitted_to_the_mean_of_its_samples():
+    """A step pays the sum of its collectives: each size's time is the mean of its samples, which
+    two groups of samples (a 2-rank gloo call on a shared host: fast and slow) move by their share,
+    where the median would jump to one group; p10 and p90 stay the samples'."""
+    samples = [3e-4] * 4 + [1.5e-3] * 6                 # median 1.5 ms, mean 1.02 ms
+    rank = {"collectives": {"all_reduce": {s: [x + s * 1e-9 for x in samples] for s in SIZES}}}
+    fit = collective_fits({2: [rank, rank]}).ops["all_reduce"][2]
+    mean = float(np.mean(samples))
+    for size, t, p10, p90 in fit.points:
+        assert t == pytest.approx(mean + size * 1e-9)
+        assert p10 < t < p90
+    assert fit.alpha == pytest.approx(mean, rel=0.02)

@@ -46,7 +46,7 @@ class CollectiveFit:
     call: str | None = None                          # the torch call timed
     spread: float | None = None                      # median (p90 - p10) / median over the sizes
     fit_rms_rel: float | None = None
-    points: tuple[tuple[float, ...], ...] | None = None      # (bytes, median s, p10 s, p90 s)
+    points: tuple[tuple[float, ...], ...] | None = None      # (bytes, mean s, p10 s, p90 s); median s before format 11
     alpha_insitu: float | None = None
     insitu_call: str | None = None
     insitu_points: tuple[tuple[float, ...], ...] | None = None

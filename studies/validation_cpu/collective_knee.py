@@ -3,11 +3,12 @@ calibration's knee (``calibration.fit.fit_alpha_beta_knee``) predict the sizes i
 better than one line?
 
 Reads the back-to-back points every kept profile under ``studies/`` recorded
-(``network.collectives.<op>.<ranks>.points``: bytes, median, p10, p90) and, per profile and
-collective, prints the leave-one-size-out median |error| of one line (alpha + beta x) and of the
-knee fit, and the knee it finds on all sizes. With ``--reprice RUN_DIR`` it also prices the
-run's measured plans with its profile as written and with its collectives refitted so (the
-in-situ latencies moved by the bytes time's change at their size), side by side.
+(``network.collectives.<op>.<ranks>.points``: bytes, time -- the median of its samples up to
+profile format 10, their mean from 11 --, p10, p90) and, per profile and collective, prints
+the leave-one-size-out median |error| of one line (alpha + beta x) and of the knee fit, and
+the knee it finds on all sizes. With ``--reprice RUN_DIR`` it also prices the run's measured
+plans with its profile as written and with its collectives refitted so (the in-situ latencies
+moved by the bytes time's change at their size), side by side.
 
     .venv/bin/python studies/validation_cpu/collective_knee.py > collective_knee.txt     # ~2 s
     .venv/bin/python studies/validation_cpu/collective_knee.py --reprice studies/validation_cpu/heldout/run_20261127c
