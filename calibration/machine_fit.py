@@ -7,10 +7,11 @@ Keys of the fit report: ``gemm.<dtype>.<form>``, ``attention.<dtype>.<pass>``,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from parsim.costs.flops import cpu_flash_causal_fraction
 from parsim.costs.timing import OPTIMIZER_WORKING_SET_BYTES
 from parsim.specs.surfaces import LeaveOut, MemboundFit, RooflineFit
 from parsim.specs.tables import OptimizerLevels
@@ -108,15 +109,20 @@ def batched_on_linear(points: Points, linear: RooflineFit, folds: int = FOLDS) -
                        points=len(points)), report
 
 
-def attention_surfaces(results: list, dtype: str, overlap: bool, out: Surfaces) -> None:
-    """Fused causal attention per pass over (seq, head dim, batch x heads) on the counted FLOPs."""
+def attention_surfaces(results: list, dtype: str, overlap: bool, out: Surfaces, cpu_flash: bool = False) -> None:
+    """Fused causal attention per pass over (seq, head dim, batch x heads) on the counted FLOPs,
+    or with ``cpu_flash`` (torch's CPU kernel) on those it executes: it skips no key block up to
+    s = 512 and a quarter at 1024 (``costs.flops.cpu_flash_causal_fraction``), a step a surface
+    smooth in s cannot follow on the counted FLOPs."""
     if len(results) < roofline_params(3, False) + 2:
         return
     dims = [(p.seq, p.head_dim, p.batch_heads) for p, _, _ in results]
+    share = [cpu_flash_causal_fraction(p.seq) if cpu_flash else 1.0 for p, _, _ in results]
     for pass_, column, factor in (("fwd", 1, 1.0), ("bwd", 2, ATTENTION_BWD_FACTOR)):
-        pts = Points.of([factor * p.fwd_flops for p, *_ in results], dims, [r[column].median for r in results])
+        pts = Points.of([factor * p.fwd_flops * f for (p, *_), f in zip(results, share)], dims,
+                        [r[column].median for r in results])
         fit, report = roofline_with_report(pts, overlap=overlap)
-        out.attention.setdefault(dtype, {})[pass_] = fit
+        out.attention.setdefault(dtype, {})[pass_] = replace(fit, executed=cpu_flash)
         out.report[f"attention.{dtype}.{pass_}"] = report
 
 
@@ -162,13 +168,14 @@ def _optimizer_fit(sel: list, out: Surfaces, overhead: float, caches: tuple[int,
 
 
 def fit_surfaces(grid, dtype: str, sms: int | None = None, overlap: bool = False, overhead: float = 0.0,
-                 caches: tuple[int, ...] = ()) -> Surfaces:
+                 caches: tuple[int, ...] = (), cpu_flash: bool = False) -> Surfaces:
     """Every surface of the grid; ``sms`` and ``overlap`` on a GPU (wave quantisation,
     asynchronous launches); ``overhead``: the per-op overhead (s) the optimizer's price adds;
-    ``caches``: the host's cache levels (``cache.cache_levels``) the optimizer's rate may follow."""
+    ``caches``: the host's cache levels (``cache.cache_levels``) the optimizer's rate may follow;
+    ``cpu_flash``: attention ran torch's CPU flash kernel (``attention_surfaces``)."""
     out = Surfaces()
     gemm_surfaces(grid.gemm, dtype, sms, overlap, out)
-    attention_surfaces(grid.attention, dtype, overlap, out)
+    attention_surfaces(grid.attention, dtype, overlap, out, cpu_flash)
     membound_surfaces(grid.membound, out, overhead, caches)
     return out
 

@@ -62,7 +62,7 @@ def build_profile(m: Measurements, name: str) -> dict[str, Any]:
     where a model's own shapes were measured (``--model``), its exact tables beside them."""
     overhead = float(np.median([s.median for s in m.op_overhead.values()]))
     surfaces = (fit_surfaces(m.grid, m.dtype, m.sms, overlap=m.device_type == "cuda", overhead=overhead,
-                             caches=m.caches) if m.grid is not None else None)
+                             caches=m.caches, cpu_flash=m.device_type == "cpu") if m.grid is not None else None)
     membound = membound_table(m.membound, overhead, m.norm) if m.membound else None
     device: dict[str, Any] = {"name": m.device_name, **_compute_numbers(m, surfaces, membound),
                               "memory_bytes": int(m.memory_bytes), "membound_efficiency": 1.0,

@@ -21,10 +21,13 @@ import yaml
 # compute block timed alone, ``insitu_block_s``, ``CollectiveFit.shared_alpha``; 9: FSDP2's host
 # work per unit, ``fsdp_gather_host_s`` / ``fsdp_scatter_host_s``, ``calibration.sharded``, and the
 # in-situ latencies over 30 samples; 10: the late start of an action on a pipeline message where
-# ranks outnumber cores, ``p2p_hold``, ``calibration.tables.message_hold_curve``): a quick profile kept for a host by an older calibration is
-# then measured again, not reused (``parsim.api.hardware.kept_profile_refused``). Profiles without
-# the key are format 1.
-FORMAT = 10
+# ranks outnumber cores, ``p2p_hold``, ``calibration.tables.message_hold_curve``; 11: a
+# collective's points and fit on the mean of its samples, ``calibration.tables.collective_fits``,
+# and a CPU's attention surface on the FLOPs torch's flash kernel executes,
+# ``RooflineFit.executed``): a quick profile kept for a host by an older calibration is then
+# measured again, not reused (``parsim.api.hardware.kept_profile_refused``). Profiles without the
+# key are format 1.
+FORMAT = 11
 
 
 def write_profile(profile: dict[str, Any], path: str | Path) -> Path:

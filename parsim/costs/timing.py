@@ -35,6 +35,7 @@ from typing import Sequence
 
 from parsim.specs import AttentionTable, ClusterSpec, DeviceProfile
 
+from .flops import cpu_flash_causal_fraction
 from .links import group_link, link_between, nic_share
 from .ops import Op
 
@@ -184,10 +185,12 @@ def _op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
 
 def _attention_time(device: DeviceProfile, op: Op, pass_: str, dtype: str, flops: float) -> float:
     """Fused attention: the fitted surface over (seq, head dim, batch x heads) on the counted
-    FLOPs of the pass; else the measured table; else the datasheet peak on the executed half."""
+    FLOPs of the pass (or, fitted so, those torch's CPU flash kernel executes); else the
+    measured table; else the datasheet peak on the executed half."""
     fit = device.tables.attention_fit(dtype, "fwd" if pass_ == "fwd" else "bwd")
     if fit is not None:
-        return fit.seconds(flops, (op.shape[0], op.shape[2], op.batch))
+        work = flops * cpu_flash_causal_fraction(op.shape[0]) if fit.executed else flops
+        return fit.seconds(work, (op.shape[0], op.shape[2], op.batch))
     table = device.tables.attention_table(dtype)
     if table is not None:
         return flops / _attention_rate(table, op, pass_) + device.kernel_overhead_s

@@ -60,7 +60,9 @@ class RooflineFit:
     """seconds = overhead_s + batch * per_batch_s + work / (peak * prod_i s(dims_i, half_i) * waves).
 
     GEMMs: work = 2 b m n k FLOP, dims = (m, n, k); fused attention: work = the counted
-    4 bh s^2 d FLOP (2.5x in backward), dims = (seq, head_dim, batch x heads)."""
+    4 bh s^2 d FLOP (2.5x in backward), dims = (seq, head_dim, batch x heads), or with
+    ``executed`` (a CPU calibration) the part of them torch's CPU flash kernel computes
+    (``costs.flops.cpu_flash_causal_fraction``)."""
     peak: float                          # FLOP/s: the asymptote, never exceeded
     half: tuple[float, ...]              # half-saturation size per dimension
     overhead_s: float                    # seconds per call
@@ -69,8 +71,9 @@ class RooflineFit:
     sms: int | None = None
     overlap: bool = False                # asynchronous launches: the larger of overhead and work, not the sum
     points: int | None = None            # measured points it was fitted on
+    executed: bool = False               # attention: work = the CPU flash kernel's executed FLOPs
 
-    _ORDER = ("peak", "half", "overhead_s", "per_batch_s", "tile", "sms", "overlap", "points")
+    _ORDER = ("peak", "half", "overhead_s", "per_batch_s", "tile", "sms", "overlap", "points", "executed")
 
     def efficiency(self, dims: tuple[float, ...], batch: float = 1) -> float:
         """Achieved fraction of ``peak`` on the work (dimensionless, in (0, 1])."""
@@ -101,14 +104,15 @@ class RooflineFit:
         if peak <= 0 or any(h < 0 for h in half):
             raise SpecError(where, raw, "peak > 0 and half-saturation sizes >= 0")
         opt = {k: number(f"{where}.{k}", d[k]) for k in ("per_batch_s", "tile", "sms", "points") if k in d}
-        if "overlap" in d:
-            if not isinstance(d["overlap"], bool):
-                raise SpecError(f"{where}.overlap", d["overlap"], "true or false")
-            opt["overlap"] = d["overlap"]
+        for flag in ("overlap", "executed"):
+            if flag in d:
+                if not isinstance(d[flag], bool):
+                    raise SpecError(f"{where}.{flag}", d[flag], "true or false")
+                opt[flag] = d[flag]
         return cls(peak=peak, half=half, overhead_s=number(f"{where}.overhead_s", d["overhead_s"]), **opt)
 
     def to_dict(self) -> dict[str, Any]:
-        skip = {"per_batch_s": 0.0, "overlap": False}
+        skip = {"per_batch_s": 0.0, "overlap": False, "executed": False}
         return {k: plain(getattr(self, k)) for k in self._ORDER
                 if getattr(self, k) is not None and not (k in skip and getattr(self, k) == skip[k])}
 

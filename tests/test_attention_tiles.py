@@ -1,0 +1,87 @@
+"""Causal attention on torch's CPU flash kernel computes whole key blocks of 512
+(``costs.flops.cpu_flash_causal_fraction``): a CPU calibration fits the attention surface on
+those executed FLOPs and the cost model prices them the same way."""
+from dataclasses import replace
+
+import pytest
+
+from parsim.calibration.fit import Summary
+from parsim.calibration.machine_fit import Surfaces, attention_surfaces
+from parsim.calibration.shapes import AttentionPoint
+from parsim.costs.flops import CPU_FLASH_KEY_BLOCK, cpu_flash_causal_fraction, cpu_flash_query_block
+from parsim.specs import SpecError
+from parsim.specs.surfaces import RooflineFit
+
+
+def kernel_keys(s: int) -> int:
+    """Score entries the kernel's loops visit for causal attention (FlashAttentionKernel.cpp: per
+    query block, key blocks from 0 while their start is below the block's last row + 1, each of
+    min(512, s - start) keys)."""
+    q, total = cpu_flash_query_block(s), 0
+    for m in range(0, s, q):
+        rows = min(q, s - m)
+        last = min(m + rows, s)
+        total += rows * sum(min(CPU_FLASH_KEY_BLOCK, s - n) for n in range(0, last, CPU_FLASH_KEY_BLOCK))
+    return total
+
+
+@pytest.mark.parametrize("s", [1, 32, 100, 191, 192, 512, 513, 640, 767, 768, 1000, 1024, 2048, 4096])
+def test_the_fraction_counts_the_key_blocks_the_kernel_visits(s):
+    assert cpu_flash_causal_fraction(s) == pytest.approx(kernel_keys(s) / s ** 2)
+
+
+def test_nothing_is_skipped_up_to_one_key_block_and_a_quarter_at_two():
+    assert all(cpu_flash_causal_fraction(s) == 1.0 for s in (16, 64, 256, 512))
+    assert cpu_flash_causal_fraction(1024) == pytest.approx(0.75)
+    assert 0.5 < cpu_flash_causal_fraction(8192) < 0.55          # -> 1/2 as s grows
+
+
+def synthetic(seqs, rate=80e9, overhead=4e-6):
+    """Attention points timed as the kernel runs them: executed FLOPs at one rate."""
+    out = []
+    for i, s in enumerate(seqs):
+        p = AttentionPoint(mbs=1, heads=2 + i % 5, kv_heads=2 + i % 5, seq=s, head_dim=(32, 64, 128)[i % 3])
+        fwd = overhead + p.fwd_flops * cpu_flash_causal_fraction(s) / rate
+        out.append((p, Summary(fwd, fwd, fwd, 3), Summary(2.5 * (fwd - overhead) + overhead, 0, 0, 3)))
+    return out
+
+
+def test_a_cpu_fit_on_executed_flops_follows_the_kernel_where_counted_flops_cannot():
+    seqs = [48, 64, 96, 128, 160, 200, 256, 320, 384, 448, 512, 576, 640, 704, 768, 832, 896, 960, 1024, 1088]
+    fits = {}
+    for flash in (False, True):
+        out = Surfaces()
+        attention_surfaces(synthetic(seqs), "fp32", False, out, cpu_flash=flash)
+        fits[flash] = out
+    assert fits[True].report["attention.fp32.fwd"].median < 0.01
+    assert fits[False].report["attention.fp32.fwd"].max > 0.05
+    fit = fits[True].attention["fp32"]["fwd"]
+    assert fit.executed and not fits[False].attention["fp32"]["fwd"].executed
+    # the flag travels with the profile
+    assert RooflineFit.from_dict("x", fit.to_dict()) == fit
+
+
+def test_the_flag_must_be_a_boolean():
+    with pytest.raises(SpecError) as err:
+        RooflineFit.from_dict("device.extra.attention_surface.fp32.fwd",
+                              {"peak": 1e11, "half": [1, 1, 1], "overhead_s": 1e-6, "executed": "yes"})
+    assert err.value.field.endswith("fwd.executed") and "true or false" in str(err.value)
+
+
+def test_the_cost_model_prices_the_executed_flops_with_a_cpu_fit():
+    from parsim.costs.ops import layer_ops
+    from parsim.costs.timing import op_time
+    from parsim.specs import ModelSpec, Plan, load_cluster
+
+    cluster = load_cluster("cpu:1")
+    times = {}
+    for executed in (False, True):
+        fit = RooflineFit(peak=80e9, half=(1.0, 1.0, 1.0), overhead_s=0.0, executed=executed)
+        device = replace(cluster.device, tables=cluster.device.tables.replace(
+            attention_surface={"fp32": {"fwd": fit, "bwd": fit}}))
+        for s in (512, 1024):
+            model = ModelSpec(name="t", layers=1, hidden=256, heads=4, seq_len=s, vocab=1024, flash_attention=True)
+            op = next(o for o in layer_ops(model, Plan(dtype="fp32")) if o.kind == "attention")
+            times[executed, s] = op_time(device, op, "fwd", "fp32")
+    assert times[True, 512] == pytest.approx(times[False, 512])
+    assert times[True, 1024] / times[False, 1024] == pytest.approx(0.75, rel=1e-3)
