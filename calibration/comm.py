@@ -344,10 +344,10 @@ def _plans(firsts: list[float], job: CommJob, dist, torch, device) -> list[tuple
 def _time_sizes(fns: list, job: CommJob, clock, dist, torch, device) -> list[list[float]]:
     """Samples (seconds per call) of each size's collective, sizes sampled round-robin so a
     slow phase of the machine hits all sizes alike. A sample of several calls starts with one
-    untimed call (OSU's warm-up): each round goes from the largest size back to the smallest,
-    whose first calls after a 64 MiB one ran slower (4 KiB at 1.2-1.6x the next sizes' time on
-    every collective of a 2-core VM calibration, 2026-11-29); where a sample is one call (the
-    largest sizes) it is not repeated."""
+    untimed call (OSU's warm-up; where a sample is one call, the largest sizes, it is not
+    repeated). Each round goes from the largest size back to the smallest; on a 2-core VM
+    (2026-11-29) the 4 KiB point over the 8 KiB one read 0.87-2.2x over the seven collectives of
+    a calibration without the warm-up and 0.87-2.2x with it: it does not settle that point."""
     firsts = []
     for fn in fns:
         fn()

@@ -45,7 +45,7 @@ class Settings:
     # samples per collective size and of the pipeline-message line: a 2-rank gloo collective's
     # samples spread x7 on a 2-core VM (0.25-1.8 ms at 16 KiB), so a point's mean over 10 of them
     # strays ~14 % from its neighbours' (a bootstrap of 316 samples), 10 % over 20
-    comm_repeats: int = 3
+    comm_repeats: int
 
 
 QUICK = Settings(mbs=(1,), repeats=3, gemm_budget_s=0.15, op_budget_s=0.1,

@@ -113,9 +113,9 @@ def collective_fits(comm: dict[int, list[dict]]) -> CollectiveTables:
 def collective_leave_out(table: CollectiveTables) -> dict[str, LeaveOut]:
     """The leave-out error of every collective's alpha + beta x fit (with its knee where the
     other sizes show one, ``fit.fit_alpha_beta_knee``) over its message sizes
-    (``collective.<op>.<group size>``): each size's time (``collective_fits``) predicted by the fit of the other
-    sizes (leave-one-out; ``surface_fit.leave_out``), |predicted / measured - 1|. Needs three
-    sizes: two to fit, one left out."""
+    (``collective.<op>.<group size>``): each size's time (``collective_fits``) predicted by the
+    fit of the other sizes (leave-one-out; ``surface_fit.leave_out``), |predicted / measured - 1|.
+    Needs three sizes: two to fit, one left out."""
     report = {}
     for op, n, fit in table.entries():
         sizes = np.array([p[0] for p in fit.points], dtype=float)
