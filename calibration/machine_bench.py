@@ -5,7 +5,7 @@ threads (``runner`` runs it single-threaded on a CPU). ``surfaces`` fits what it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -65,6 +65,7 @@ class GridResults:
     attention: list[tuple[AttentionPoint, Summary, Summary]] = field(default_factory=list)
     membound: list[tuple[MemboundPoint, Summary, Summary | None]] = field(default_factory=list)
     stages: list[tuple[ModelSpec, int, Summary, Summary]] = field(default_factory=list)
+    stage_rounds: Any = None    # the stages' ``stages.StageRounds`` (``stages`` summarizes it)
 
 
 def estimate_rate(dtype: str, clock) -> float:
@@ -99,9 +100,10 @@ def measure_grid(plan: GridPlan, dtype: str, clock, repeats: int, gemm_budget_s:
                  step: Callable[[str], None]) -> GridResults:
     """Every point of ``plan``: GEMMs of a dtype sampled round-robin (``timer.measure_many``),
     then attention one by one, the memory-bound ops in ``membound_passes`` passes over all of
-    them (each point the median of its passes: ``median_of``), and the stages one by one."""
+    them (each point the median of its passes: ``median_of``), and a first round of the stages
+    (``stages.StageRounds``)."""
     from . import compute
-    from .stages import bench_stage
+    from .stages import StageRounds
 
     out = GridResults()
     for dt, points in plan.gemm.items():
@@ -126,9 +128,9 @@ def measure_grid(plan: GridPlan, dtype: str, clock, repeats: int, gemm_budget_s:
             step(f"grid {p.name} {p.source}" + (f" (pass {k + 1})" if plan.membound_passes > 1 else ""))
     out.membound = [(p, median_of([r[i][0] for r in passes]), median_of([r[i][1] for r in passes]))
                     for i, p in enumerate(plan.membound)]
-    for spec, mbs in plan.stages:
-        out.stages.append((spec, mbs, *bench_stage(spec, mbs, dtype, clock, repeats)))
-        step(f"stage {spec.name}")
+    out.stage_rounds = StageRounds(plan.stages, dtype, clock, repeats)
+    out.stage_rounds.round(step)          # the first round; the runner times more after the collectives
+    out.stages = out.stage_rounds.summaries()
     return out
 
 

@@ -86,7 +86,8 @@ def build_profile(m: Measurements, name: str) -> dict[str, Any]:
         # the real-layer probe and the synthetic stages: the layer terms (``layer_terms``)
         tables = layer_probe_tables(tables, m.layer, m.layer_blocks, m.comm)
         if m.grid is not None and m.grid.stages:
-            tables = tables.replace(stage_probes=stage_probes(m.grid.stages, m.layer))
+            rounds = m.grid.stage_rounds.rounds if m.grid.stage_rounds is not None else None
+            tables = tables.replace(stage_probes=stage_probes(m.grid.stages, m.layer, rounds))
         tables = fit_layer_terms(device_from_dict({**device, "extra": tables.to_dict()}, name), m.model, m.dtype)
     device["extra"] = tables.to_dict()
     prov = dict(m.provenance)
@@ -190,13 +191,13 @@ def split_overhead(extra: dict[str, float] | None) -> dict[str, float] | None:
     return {"per_layer": max(e1 / b1 - squared, 0.0), "per_layer_squared": squared}
 
 
-def stage_probes(stages, layer) -> StageProbes:
+def stage_probes(stages, layer, rounds=None) -> StageProbes:
     """The synthetic stages' measured seconds, with the real-layer probe of the same run as
-    their reference (``specs.surfaces.StageProbes``)."""
+    their reference, and each round's total (``specs.surfaces.StageProbes``)."""
     _, fwd, bwd = layer
     return StageProbes(stages=tuple(StageProbe(spec=dataclasses.asdict(spec), mbs=mbs, fwd_s=f.median, bwd_s=b.median)
                                     for spec, mbs, f, b in stages),
-                       reference=(fwd.median, bwd.median))
+                       reference=(fwd.median, bwd.median), rounds=tuple(rounds) if rounds else None)
 
 
 def _network(m: Measurements, collectives: CollectiveTables) -> dict[str, Any]:

@@ -24,10 +24,11 @@ import yaml
 # ranks outnumber cores, ``p2p_hold``, ``calibration.tables.message_hold_curve``; 11: a
 # collective's points and fit on the mean of its samples, ``calibration.tables.collective_fits``,
 # and a CPU's attention surface on the FLOPs torch's flash kernel executes,
-# ``RooflineFit.executed``): a quick profile kept for a host by an older calibration is then
+# ``RooflineFit.executed``; 12: the synthetic stages over rounds spread across the run,
+# ``calibration.stages.StageRounds``): a quick profile kept for a host by an older calibration is then
 # measured again, not reused (``parsim.api.hardware.kept_profile_refused``). Profiles without the
 # key are format 1.
-FORMAT = 11
+FORMAT = 12
 
 
 def write_profile(profile: dict[str, Any], path: str | Path) -> Path:

@@ -1,12 +1,11 @@
 """``calibrate``: run every micro-benchmark for a model on this machine and return the profile.
 
 Order: per-op overhead (the membound and attention fits subtract it), GEMMs, attention,
-memory-bound ops, host copies, other-dtype probes, one real layer's forward and
-backward (the per-op sum's composition factor), then one process group per group size
-(contention of a GEMM, a streaming add and a real layer, each rank 0 alone and all ranks at once in
-alternating rounds; interference; collectives; in-situ
-TP collectives). Compute benchmarks run in this process with one
-thread, as one executor rank does.
+memory-bound ops, host copies, other-dtype probes, synthetic stages and one real layer's forward
+and backward (the composition terms), then one process group per group size (contention of a GEMM,
+a streaming add and a real layer, each rank 0 alone and all ranks at once in alternating rounds;
+interference; collectives; in-situ TP collectives), each followed by the real layer and the stages
+again. Compute benchmarks run in this process with one thread, as one executor rank does.
 """
 from __future__ import annotations
 
@@ -173,7 +172,8 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     insitu_jobs = 2 * len(worlds) if device.type == "cpu" else 0  # per CPU job: in-situ TP, pipeline messages
     bar = tqdm(total=(s.repeats if exact else 0) + 2 * len(attns) + len(mems) + 2 + steps_of(grid, s.repeats)
                + sum(len(o) for o in ops.values()) + insitu_jobs
-               + 1 + len(worlds),     # the layer probe's other blocks: at the start, after every collectives job
+               + 1 + len(worlds) * (1 + len(grid.stages)),   # the layer probe's other blocks (at the start,
+               # after every collectives job) and the stages' rounds beside the latter (stages.StageRounds)
                file=sys.stderr, disable=not progress, desc="calibrate", unit="pt", dynamic_ncols=True)
 
     def step(label: str) -> None:
@@ -198,6 +198,9 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     def probe_block(label: str) -> None:
         single_thread(layer.block)
         step(label)
+        if m.grid is not None and m.grid.stage_rounds is not None:   # after a collectives job
+            single_thread(lambda: m.grid.stage_rounds.round(step))
+            m.grid.stages = m.grid.stage_rounds.summaries()
 
     probe_block("layer probe 1")
     contention_shape = single_thread(lambda: _measure_compute(m, opts, device, gemms, attns, mems, step, bar,

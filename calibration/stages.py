@@ -13,6 +13,7 @@ shapes that differ from any validation model).
 """
 from __future__ import annotations
 
+import statistics
 from typing import Callable
 
 import torch
@@ -58,6 +59,49 @@ def bench_stage(spec: ModelSpec, mbs: int, dtype: str, clock: Clock, repeats: in
     swept before each timed pass (``cache.Evictor``): in a training step the layers, the other
     microbatches' passes and the optimizer have evicted a stage's weights before it runs, which
     a small stage stepped alone would otherwise keep in cache."""
-    forward, backward, _ = stage_step(spec, mbs, dtype, clock.device)
-    fwd, bwd = pass_samples(forward, backward, clock, repeats, warmup, before_pass=Evictor(clock.device))
+    fwd, bwd = stage_samples(spec, mbs, dtype, clock, repeats, warmup)
     return summarize(fwd), summarize(bwd)
+
+
+def stage_samples(spec: ModelSpec, mbs: int, dtype: str, clock: Clock, repeats: int,
+                  warmup: int = 2) -> tuple[list[float], list[float]]:
+    """``bench_stage``'s raw forward and backward samples (seconds), in the order taken."""
+    forward, backward, _ = stage_step(spec, mbs, dtype, clock.device)
+    return pass_samples(forward, backward, clock, repeats, warmup, before_pass=Evictor(clock.device))
+
+
+class StageRounds:
+    """The synthetic stages timed in rounds at several points of a calibration: after the
+    per-op tables, and beside the real-layer probe after every collectives job
+    (``runner.run_calibration``). Every compute price of a calibrated profile sits at the level
+    these stages set (``layer_terms.composition_terms``: measured stage over its priced ops),
+    so one round that catches a slow minute moves every prediction: on this project's 2-vCPU
+    AMD VM (2026-11-29) one calibration's single round read the four stages 3-7 % slower than
+    the calibration an hour before, while its own layer probe, the per-op tables and the
+    held-out plans it then predicted ran as fast as before or faster, and every plan came out
+    4.6 % slower than that earlier calibration priced it; timed again 20 minutes later the
+    stages were back (``studies/validation_cpu/heldout/README.md``). Each stage is summarized
+    over the samples of all rounds (the median: ``stages``); ``rounds`` keeps each round's
+    sum over the stages of the forward + backward medians, seconds."""
+
+    def __init__(self, stages: list[tuple[ModelSpec, int]], dtype: str, clock: Clock, repeats: int):
+        self.stages, self.dtype, self.clock, self.repeats = list(stages), dtype, clock, repeats
+        self.samples: list[tuple[list[float], list[float]]] = [([], []) for _ in self.stages]
+        self.rounds: list[float] = []
+
+    def round(self, step: Callable[[str], None] | None = None) -> None:
+        """Time every stage once more (``repeats`` samples each); ``step(label)`` after each."""
+        total = 0.0
+        for (spec, mbs), (fwd, bwd) in zip(self.stages, self.samples):
+            f, b = stage_samples(spec, mbs, self.dtype, self.clock, self.repeats)
+            fwd += f
+            bwd += b
+            total += statistics.median(f) + statistics.median(b)
+            if step is not None:
+                step(f"stage {spec.name}")
+        if self.stages:
+            self.rounds.append(total)
+
+    def summaries(self) -> list[tuple[ModelSpec, int, Summary, Summary]]:
+        """(spec, mbs, forward, backward) per stage over every round's samples."""
+        return [(spec, mbs, summarize(f), summarize(b)) for (spec, mbs), (f, b) in zip(self.stages, self.samples) if f]

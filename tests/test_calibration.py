@@ -231,6 +231,8 @@ def test_composition_terms_reproduce_every_synthetic_stage_within_its_leave_out_
     assert probe.tp == 1 and probe.fwd_s > 0 and probe.bwd_s > probe.fwd_s   # backward ~2x forward
     assert tables.stage_probes.reference == pytest.approx((probe.fwd_s, probe.bwd_s))
     assert len(tables.stage_probes.stages) >= 3
+    # timed in two rounds (stages.StageRounds): after the grid and after the 2-rank collectives job
+    assert len(tables.stage_probes.rounds) == 2 and min(tables.stage_probes.rounds) > 0
     fit = composition_terms(replace(dev, tables=tables.replace(layer_composition=None)), "fp32").composition
     for pass_ in ("fwd", "bwd"):
         assert tables.layer_composition.factor(pass_) >= fit.factor(pass_) * (1 - 1e-5)

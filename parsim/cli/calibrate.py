@@ -110,6 +110,12 @@ def render(profile: dict, path: Path) -> str:
             if probe_drift(profile) > UNSTEADY:
                 lines.append(f"  warning: over {UNSTEADY:.0%} between blocks: the machine was busy or unsteady during "
                              "this calibration, and its numbers with it; calibrate again on a quiet machine")
+        rounds = tables.stage_probes.rounds if tables.stage_probes is not None else None
+        if rounds and len(rounds) > 1:
+            lines.append(f"  the {len(tables.stage_probes.stages)} synthetic stages' forward + backward in {len(rounds)} "
+                         "rounds over the run: " + " / ".join(f"{x * 1e3:.1f}" for x in rounds)
+                         + f" ms ({(max(rounds) - min(rounds)) / min(rounds):.0%} apart; the composition terms take "
+                         "the median of all samples)")
     lines += fit_report_lines(tables.fit_report or {})
     lines.append("")
     rows = [[op, str(n), f"{f.alpha * 1e3:.3f}", f"{f.alpha_insitu * 1e3:.3f}" if f.alpha_insitu is not None else "-",

@@ -221,22 +221,31 @@ class StageProbes:
     """The synthetic stages a calibration ran, and the real-layer probe's forward / backward
     seconds in the same run (``reference``): ``calibration.layer_terms`` scales the composition
     terms fitted on the stages by the layer probe now over ``reference`` (1 as calibrated; the
-    machine's drift when the probe is re-taken around a run)."""
+    machine's drift when the probe is re-taken around a run). ``rounds``: each round's sum over
+    the stages of the forward + backward medians, seconds, in the order taken (the stages are
+    timed in rounds over the calibration, ``calibration.stages.StageRounds``; None: one round,
+    profiles before format 12)."""
     stages: tuple[StageProbe, ...]
     reference: tuple[float, float]
+    rounds: tuple[float, ...] | None = None
 
     @classmethod
     def from_dict(cls, where: str, raw: Any) -> "StageProbes":
         d = mapping(where, raw)
-        known(where, d, ("stages", "reference"))
+        known(where, d, ("stages", "reference", "rounds"))
         stages = d.get("stages")
         if not isinstance(stages, list) or "reference" not in d:
             raise SpecError(where, raw, "{stages: [...], reference: [forward s, backward s]}")
+        rounds = d.get("rounds")
+        if rounds is not None and not (isinstance(rounds, list) and rounds):
+            raise SpecError(f"{where}.rounds", rounds, "a non-empty list of seconds, one per round")
         return cls(stages=tuple(StageProbe.from_dict(f"{where}.stages[{i}]", s) for i, s in enumerate(stages)),
-                   reference=row(f"{where}.reference", d["reference"], (2,)))
+                   reference=row(f"{where}.reference", d["reference"], (2,)),
+                   rounds=None if rounds is None else tuple(number(f"{where}.rounds[{i}]", x) for i, x in enumerate(rounds)))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stages": [s.to_dict() for s in self.stages], "reference": list(self.reference)}
+        out = {"stages": [s.to_dict() for s in self.stages], "reference": list(self.reference)}
+        return out if self.rounds is None else {**out, "rounds": list(self.rounds)}
 
 
 def read_per_dtype(make):
