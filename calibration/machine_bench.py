@@ -67,6 +67,11 @@ class GridResults:
     stages: list[tuple[ModelSpec, int, Summary, Summary]] = field(default_factory=list)
     stage_rounds: Any = None    # the stages' ``stages.StageRounds`` (``stages`` summarizes it)
 
+    def time_stages(self, step: Callable[[str], None] | None = None) -> None:
+        """One more round of the stages (``stage_rounds``), ``stages`` then over every round."""
+        self.stage_rounds.round(step)
+        self.stages = self.stage_rounds.summaries()
+
 
 def estimate_rate(dtype: str, clock) -> float:
     """FLOP/s of one mid-sized GEMM (the grid's time cap is set from it)."""
@@ -129,8 +134,7 @@ def measure_grid(plan: GridPlan, dtype: str, clock, repeats: int, gemm_budget_s:
     out.membound = [(p, median_of([r[i][0] for r in passes]), median_of([r[i][1] for r in passes]))
                     for i, p in enumerate(plan.membound)]
     out.stage_rounds = StageRounds(plan.stages, dtype, clock, repeats)
-    out.stage_rounds.round(step)          # the first round; the runner times more after the collectives
-    out.stages = out.stage_rounds.summaries()
+    out.time_stages(step)          # the first round; the runner times more after the collectives
     return out
 
 

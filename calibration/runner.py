@@ -199,8 +199,7 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
         single_thread(layer.block)
         step(label)
         if m.grid is not None and m.grid.stage_rounds is not None:   # after a collectives job
-            single_thread(lambda: m.grid.stage_rounds.round(step))
-            m.grid.stages = m.grid.stage_rounds.summaries()
+            single_thread(lambda: m.grid.time_stages(step))
 
     probe_block("layer probe 1")
     contention_shape = single_thread(lambda: _measure_compute(m, opts, device, gemms, attns, mems, step, bar,
