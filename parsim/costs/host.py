@@ -73,7 +73,7 @@ def host_contention(cluster: ClusterSpec, ranks: float, kind: str = "gemm") -> f
     tables = cluster.device.tables
     curve = ((tables.contention_optimizer if kind == "optimizer" else None)
              or (tables.contention_membound if kind in ("membound", "optimizer") else None) or tables.contention)
-    on_host = min(float(ranks), float(cluster.devices_per_node))
+    on_host = _on_host(cluster, ranks)
     if not curve or on_host <= 1:
         return 1.0
     return max(_per_ranks(curve, on_host, 1.0, beyond="scale"), 1.0)
@@ -91,7 +91,7 @@ def comm_interference(cluster: ClusterSpec, ranks: float) -> float:
     curve = cluster.device.tables.comm_interference
     if not curve:
         return comm_compute_slowdown(cluster)
-    on_host = min(float(ranks), float(cluster.devices_per_node))
+    on_host = _on_host(cluster, ranks)
     if on_host <= 1:
         return 0.0
     return max(_per_ranks(curve, on_host, 0.0, beyond="hold"), 0.0)
@@ -111,8 +111,8 @@ def message_cpu(cluster: ClusterSpec, ranks: float, nbytes: float = 0.0) -> tupl
     fewer cores it is taken from the ranks that compute. Linear between measured counts, held
     beyond the largest. GPUs and uncalibrated profiles: (0, 0)."""
     tables = cluster.device.tables
-    on_host = min(float(ranks), float(cluster.devices_per_node))
-    if not tables.cores or on_host <= tables.cores:
+    on_host = _beyond_cores(cluster, ranks)
+    if on_host is None:
         return 0.0, 0.0
     send, recv, per_byte = (max(_per_ranks(c, on_host, 0.0, beyond="hold"), 0.0) if c else 0.0
                             for c in (tables.p2p_send_cpu, tables.p2p_recv_cpu, tables.p2p_cpu_per_byte))
@@ -138,10 +138,22 @@ def message_hold(cluster: ClusterSpec, ranks: float) -> float:
     outnumber the profile's ``cores``; linear between measured counts, held beyond the largest.
     GPUs and uncalibrated profiles: 0."""
     tables = cluster.device.tables
-    on_host = min(float(ranks), float(cluster.devices_per_node))
-    if not tables.cores or on_host <= tables.cores or not tables.p2p_hold:
+    on_host = _beyond_cores(cluster, ranks)
+    if on_host is None or not tables.p2p_hold:
         return 0.0
     return max(_per_ranks(tables.p2p_hold, on_host, 0.0, beyond="hold"), 0.0)
+
+
+def _on_host(cluster: ClusterSpec, ranks: float) -> float:
+    """How many of ``ranks`` ranks share one host (``devices_per_node`` of them at most)."""
+    return min(float(ranks), float(cluster.devices_per_node))
+
+
+def _beyond_cores(cluster: ClusterSpec, ranks: float) -> float | None:
+    """``_on_host`` where those ranks outnumber the calibrated host's ``cores``, else None (a
+    core per rank, a GPU, an uncalibrated profile): the pipeline-message costs count only then."""
+    on_host, cores = _on_host(cluster, ranks), cluster.device.tables.cores
+    return on_host if cores and on_host > cores else None
 
 
 def _per_ranks(curve: RankCurve, ranks: float, at_one: float, beyond: str) -> float:
