@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from parsim.api.hardware import UNSTEADY, cache_dir, host_profile, kept_profile_refused, probe_drift
+from parsim.api.hardware import UNSTEADY, apart, cache_dir, host_profile, kept_profile_refused, probe_drift
 from parsim.calibration.machine import host_id
 
 FIXTURE = Path(__file__).parent / "fixtures" / "cpu-calibrated.yaml"
@@ -111,3 +111,12 @@ def test_the_demo_says_when_the_machine_no_longer_runs_at_its_profiles_speed():
     assert drift_hint([0.99, 1.07, 1.04], calibrated_now=True, shifts=[0.97, 1.02, 1.05]) is None
     contention = drift_hint([0.99, 1.07, 1.04], calibrated_now=True, shifts=[0.78, 0.74, 0.85])
     assert "-22%" in contention and "contention" in contention and "--recalibrate" in contention
+
+
+def test_apart_is_the_largest_over_the_smallest_and_zero_without_a_pair():
+    """``apart``: how far repeated timings of one thing spread (the layer probe's blocks, the
+    synthetic stages' rounds), largest / smallest - 1; nothing to compare gives 0."""
+    assert apart([0.2, 0.25, 0.22]) == pytest.approx(0.25)
+    assert apart(iter([3.0, 1.5])) == pytest.approx(1.0)      # any iterable, in any order
+    assert apart([0.3]) == 0.0 and apart([]) == 0.0
+    assert apart([0.0, 1.0]) == 0.0                           # a zero timing is no scale

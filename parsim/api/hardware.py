@@ -225,8 +225,14 @@ def probe_drift(profile_data: dict) -> float:
     from parsim.specs import profile_tables
 
     probe = profile_tables(profile_data).layer_probe
-    sums = [float(f) + float(b) for f, b in (probe.blocks or ())] if probe is not None else []
-    return max(sums) / min(sums) - 1.0 if len(sums) > 1 and min(sums) > 0 else 0.0
+    return apart([float(f) + float(b) for f, b in (probe.blocks or ())] if probe is not None else [])
+
+
+def apart(values) -> float:
+    """How far apart repeated timings of one thing are: the largest over the smallest, minus 1
+    (0: fewer than two, or a non-positive smallest)."""
+    values = list(values)
+    return max(values) / min(values) - 1.0 if len(values) > 1 and min(values) > 0 else 0.0
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ def run_logs(args) -> int:
 
 
 def render(profile: dict, path: Path) -> str:
-    from parsim.api.hardware import UNSTEADY, probe_drift
+    from parsim.api.hardware import UNSTEADY, apart, probe_drift
     from parsim.specs import CollectiveTables, profile_tables
 
     dev, prov, tables = profile["device"], profile["provenance"], profile_tables(profile)
@@ -105,7 +105,7 @@ def render(profile: dict, path: Path) -> str:
             sums = [(f + b) * 1e3 for f, b in probe.blocks]
             lines.append(f"  the layer's forward + backward in {len(sums)} blocks over the run: "
                          + " / ".join(f"{x:.1f}" for x in sums)
-                         + f" ms (the machine's drift: {(max(sums) - min(sums)) / min(sums):.0%}; the profile takes "
+                         + f" ms (the machine's drift: {apart(sums):.0%}; the profile takes "
                          "the median of all samples)")
             if probe_drift(profile) > UNSTEADY:
                 lines.append(f"  warning: over {UNSTEADY:.0%} between blocks: the machine was busy or unsteady during "
@@ -114,7 +114,7 @@ def render(profile: dict, path: Path) -> str:
         if rounds and len(rounds) > 1:
             lines.append(f"  the {len(tables.stage_probes.stages)} synthetic stages' forward + backward in {len(rounds)} "
                          "rounds over the run: " + " / ".join(f"{x * 1e3:.1f}" for x in rounds)
-                         + f" ms ({(max(rounds) - min(rounds)) / min(rounds):.0%} apart; the composition terms take "
+                         + f" ms ({apart(rounds):.0%} apart; the composition terms take "
                          "the median of all samples)")
     lines += fit_report_lines(tables.fit_report or {})
     lines.append("")
