@@ -123,16 +123,22 @@ class StageComposition:
     bwd: CompositionFit
 
 
-def stage_prices(device: DeviceProfile, dtype: str, spec: ModelSpec, mbs: int) -> dict[str, tuple[float, int]]:
-    """Per pass ("fwd", "bwd"): (seconds, ops that run) of one stage holding every layer of
-    ``spec`` -- embedding, layers, head and loss -- priced op by op by ``device`` (its own
-    composition terms included, if it has any)."""
+def stage_ops(spec: ModelSpec, mbs: int, dtype: str) -> list:
+    """The ops of one stage holding every layer of ``spec`` -- embedding, layers, head and
+    loss -- for one microbatch of ``mbs`` (tp = pp = 1), as the synthetic stages run them."""
     from parsim.costs import embedding_ops, head_ops, layer_ops
-    from parsim.costs.timing import op_time
     from parsim.specs import Plan
 
     plan = Plan(mbs=mbs, gbs=mbs, dtype=dtype)
-    ops = embedding_ops(spec, plan) + layer_ops(spec, plan) * spec.layers + head_ops(spec, plan)
+    return embedding_ops(spec, plan) + layer_ops(spec, plan) * spec.layers + head_ops(spec, plan)
+
+
+def stage_prices(device: DeviceProfile, dtype: str, spec: ModelSpec, mbs: int) -> dict[str, tuple[float, int]]:
+    """Per pass ("fwd", "bwd"): (seconds, ops that run) of ``stage_ops`` priced op by op by
+    ``device`` (its own composition terms included, if it has any)."""
+    from parsim.costs.timing import op_time
+
+    ops = stage_ops(spec, mbs, dtype)
     out = {}
     for pass_, runs in (("fwd", "fwd"), ("bwd", "bwd_input")):
         out[pass_] = (sum(op_time(device, op, pass_, dtype) for op in ops),

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from parsim.calibration.grid import STAGES
-from parsim.calibration.layer_terms import stage_prices
+from parsim.calibration.layer_terms import stage_ops, stage_prices
 from parsim.calibration.stages import bench_stage
 from parsim.calibration.timer import Clock, measure
 from parsim.specs import load_cluster, load_model
@@ -46,12 +46,9 @@ def cases() -> list:
 
 def split_prices(device, spec, mbs: int) -> dict[str, tuple[float, float]]:
     """Per pass: (GEMM + attention, memory-bound) seconds of the stage priced op by op."""
-    from parsim.costs import embedding_ops, head_ops, layer_ops
     from parsim.costs.timing import op_time
-    from parsim.specs import Plan
 
-    plan = Plan(mbs=mbs, gbs=mbs, dtype="fp32")
-    ops = embedding_ops(spec, plan) + layer_ops(spec, plan) * spec.layers + head_ops(spec, plan)
+    ops = stage_ops(spec, mbs, "fp32")
     return {p: (sum(op_time(device, o, p, "fp32") for o in ops if o.kind != "membound"),
                 sum(op_time(device, o, p, "fp32") for o in ops if o.kind == "membound")) for p in ("fwd", "bwd")}
 
