@@ -60,8 +60,12 @@ INSITU_ITERS = 8
 # 18 % fast with it. A median of 10 still varies 15 % (1 sigma) from one probe to the next on an
 # idle VM, independently (lag-1 autocorrelation -0.10 over 35 probes in 6 minutes, means of three
 # 9.5 %: studies/validation_cpu/insitu_drift.txt), and a 2-rank TP plan makes ~200 calls a step
-# (10 % of the deep held-out model's step per 0.5 ms): 30 samples, ~9 %, a few seconds more.
-INSITU_MIN_SAMPLES = 30
+# (10 % of the deep held-out model's step per 0.5 ms). At 30 samples the medians of 16 probes in
+# 6 minutes still spread 9-10 % (1 sigma), as much as a bootstrap of one probe's samples does, so
+# the spread is the samples' own and shrinks with more: 3-7 % at 90 (7 probes; 2026-11-29, AMD
+# EPYC VM). The demo's tp=2 SP plan spends ~35 % of its step in these calls; 60 samples (~7 %,
+# some 4 s more on a 2-rank job) keep the probe's share of its error near 2-3 %.
+INSITU_MIN_SAMPLES = 60
 # the TP collectives, by the keys parsim.costs.timing reads (tensor forms, comm.CALLS)
 INSITU_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 

@@ -25,10 +25,11 @@ import yaml
 # collective's points and fit on the mean of its samples, ``calibration.tables.collective_fits``,
 # and a CPU's attention surface on the FLOPs torch's flash kernel executes,
 # ``RooflineFit.executed``; 12: the synthetic stages over rounds spread across the run,
-# ``calibration.stages.StageRounds``): a quick profile kept for a host by an older calibration is then
+# ``calibration.stages.StageRounds``; 13: the collectives measured with the executor's process
+# groups held, ``comm.executor_groups``, and the in-situ latencies over 60 samples): a quick profile kept for a host by an older calibration is then
 # measured again, not reused (``parsim.api.hardware.kept_profile_refused``). Profiles without the
 # key are format 1.
-FORMAT = 12
+FORMAT = 13
 
 
 def write_profile(profile: dict[str, Any], path: str | Path) -> Path:
