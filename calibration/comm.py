@@ -102,23 +102,6 @@ def run_comm_job(job: CommJob, on_progress: Callable[[str], None] = lambda label
 
 # ----------------------------------------------------------------------------- child side
 
-def executor_groups(world: int, rank: int, device, timeout_s: float):
-    """The process groups an executor rank holds (``executor.parallel_dims.build_parallel_dims``
-    for tp = ``world``: its pipeline, data, tensor, world and two p2p groups beside the default
-    one), created by the executor's own code and kept, idle, while the job measures. On gloo each
-    group runs a TCP loop thread that wakes ~110 times a second even when idle (``/proc`` of an
-    executor rank, cpu-small tp=2: seven such threads, 2026-11-29); on a KVM guest those wake-ups
-    keep the vCPUs out of deep idle, and a collective called after compute then pays less to wake
-    its peer: with the six extra groups, the in-situ probe read all-reduce 9-23 %, reduce-scatter
-    10-15 % and all-gather 5-10 % lower (three A/B runs on the AMD EPYC VM, the last
-    ``studies/validation_cpu/executor_groups.txt``). Measured without them, the probe priced the
-    executor's SP calls 20-40 % high (``insitu_in_executor.txt``) and the demo's tp=2 SP plan
-    +2.6..+14 % (six demos). CPU only: NCCL's collectives are stream-ordered, no wake-up."""
-    from parsim.executor.parallel_dims import build_parallel_dims
-    from parsim.specs import parse_plan
-    return build_parallel_dims(parse_plan(f"tp={world}"), rank, device, timeout_s)
-
-
 def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
     import torch
     import torch.distributed as dist
@@ -143,6 +126,7 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
     dist.init_process_group(job.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=job.world, timeout=timedelta(seconds=job.timeout_s),
                             **({"device_id": device} if job.device_type == "cuda" else {}))
+    from .insitu import executor_groups
     groups = executor_groups(job.world, rank, device, job.timeout_s) if job.device_type == "cpu" else None
     try:
         point = GemmPoint(job.contention_gemm, 1, "linear", "contention")

@@ -26,9 +26,9 @@ import yaml
 # and a CPU's attention surface on the FLOPs torch's flash kernel executes,
 # ``RooflineFit.executed``; 12: the synthetic stages over rounds spread across the run,
 # ``calibration.stages.StageRounds``; 13: the collectives measured with the executor's process
-# groups held, ``comm.executor_groups``, and the in-situ latencies over 60 samples): a quick profile kept for a host by an older calibration is then
-# measured again, not reused (``parsim.api.hardware.kept_profile_refused``). Profiles without the
-# key are format 1.
+# groups held, ``insitu.executor_groups``, and the in-situ latencies over 60 samples): a quick
+# profile kept for a host by an older calibration is then measured again, not reused
+# (``parsim.api.hardware.kept_profile_refused``). Profiles without the key are format 1.
 FORMAT = 13
 
 

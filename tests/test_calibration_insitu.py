@@ -62,7 +62,7 @@ def test_in_situ_probe_runs_on_a_real_gloo_group():
         assert set(per) == ({4096} if op == "all_gather" else {8192})
         assert all(len(v) == INSITU_MIN_SAMPLES > 3 and all(x >= 0 for x in v) for v in per.values())
     assert ranks[0]["insitu"] == ranks[1]["insitu"]
-    # measured with the process groups an executor rank holds (comm.executor_groups): the default
+    # measured with the process groups an executor rank holds (insitu.executor_groups): the default
     # one and its pipeline, data, tensor, world and two p2p groups, whose idle gloo loop threads
     # change what a collective after compute pays on a VM
     assert [r["process_groups"] for r in ranks] == [7, 7]

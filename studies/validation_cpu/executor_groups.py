@@ -1,7 +1,7 @@
 """Does a collective after compute cost less in a process that holds the executor's idle groups?
 
     .venv/bin/python studies/validation_cpu/executor_groups.py [--reps 3] [--samples 60] \\
-        | tee studies/validation_cpu/executor_groups.txt               # about 2 minutes
+        | tee studies/validation_cpu/executor_groups.txt               # about 1 minute
 
 An executor rank holds seven gloo process groups (the default one and, from
 ``executor.parallel_dims.build_parallel_dims``, its pipeline, data, tensor, world and two p2p
@@ -10,7 +10,7 @@ task/*/status`` of a cpu-small tp=2 rank: seven ``gloo_tcp_loop`` threads at 107
 switches a second, 2026-11-29). Before profile format 13 the calibration's collectives ran in
 ranks holding only the default group. Here the calibration's in-situ TP probe
 (``calibration.insitu.measure_insitu``: cpu-small's tp=2 buffer after two of its MLP-up GEMMs)
-runs on 2 gloo ranks with and without the executor's groups held (``calibration.comm.
+runs on 2 gloo ranks with and without the executor's groups held (``calibration.insitu.
 executor_groups``), alternating fresh rank pairs so a slow minute hits both; the median ms per
 call of each TP collective, per repetition. It measures the host; the calibration holds the
 groups since format 13.
@@ -35,7 +35,7 @@ def probe_rank(rank: int, port: int, held: bool, samples: int, queue) -> None:
     import torch
     import torch.distributed as dist
 
-    from parsim.calibration.comm import executor_groups
+    from parsim.calibration.insitu import executor_groups
     from parsim.calibration.insitu import group_call, measure_insitu
     from parsim.calibration.timer import Clock
     from parsim.executor.host_alloc import apply_host_memory_policy
