@@ -126,8 +126,9 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
     dist.init_process_group(job.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=job.world, timeout=timedelta(seconds=job.timeout_s),
                             **({"device_id": device} if job.device_type == "cuda" else {}))
-    from .insitu import executor_groups
-    groups = executor_groups(job.world, rank, device, job.timeout_s) if job.device_type == "cpu" else None
+    if job.device_type == "cpu":        # kept in torch's group registry until destroy_process_group
+        from .insitu import executor_groups
+        executor_groups(job.world, rank, device, job.timeout_s)
     try:
         point = GemmPoint(job.contention_gemm, 1, "linear", "contention")
         with torch.no_grad():
@@ -180,7 +181,6 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
         out["cpu_s"], out["parent"] = process_cpu_seconds(), os.getppid()
         return out
     finally:
-        del groups
         dist.destroy_process_group()
 
 

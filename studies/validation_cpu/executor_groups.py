@@ -45,7 +45,8 @@ def probe_rank(rank: int, port: int, held: bool, samples: int, queue) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=120))
     dev = torch.device("cpu")
-    groups = executor_groups(2, rank, dev, 120.0) if held else None
+    if held:                  # kept in torch's group registry until destroy_process_group
+        executor_groups(2, rank, dev, 120.0)
     x, w = torch.randn(BLOCK[0], BLOCK[2]), torch.randn(BLOCK[1], BLOCK[2])
     try:
         with torch.no_grad():
@@ -53,7 +54,6 @@ def probe_rank(rank: int, port: int, held: bool, samples: int, queue) -> None:
                                  lambda op, nb: group_call(op, nb, None, 2, dev, dist, torch), (BYTES,),
                                  samples, Clock(dev), dist, torch, dev)
     finally:
-        del groups
         dist.destroy_process_group()
     if rank == 0:
         queue.put({op: 1e3 * statistics.median(next(iter(v.values()))) for op, v in res.items()})
