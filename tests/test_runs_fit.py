@@ -120,3 +120,31 @@ def test_parsim_calibrate_runs_on_a_missing_log_exits_2_naming_the_file(tmp_path
     from parsim.cli import main
     assert main(["calibrate", "--runs", str(tmp_path / "nope.csv")]) == 2
     assert "nope.csv" in capsys.readouterr().err
+
+
+def _memory_runs(stack: str, reserve: float, frag: float, start: int = 0) -> list[Observation]:
+    """Memory rows of ``stack`` whose reported bytes are (1 + frag) x the simulated peak + reserve."""
+    out = []
+    for i, (layers, mbs) in enumerate(((4, 1), (8, 2), (12, 1), (16, 4))):
+        m = ModelSpec(name=f"mem{i}", layers=layers, hidden=4096, heads=32, seq_len=2048)
+        plan = Plan(tp=4, pp=2, dp=1, mbs=mbs, gbs=8 * mbs, dtype="bf16")
+        out.append(Observation(start + i, f"{stack}-mem", f"{stack}-mem", "memory", 1.0, m, A, 8, stack, (plan,),
+                               features={}))
+    return [Observation(**{**o.__dict__, "value": (1 + frag) * p.peak_memory_bytes + reserve})
+            for o, p in zip(out, predict(out, template_profiles((A,))))]
+
+
+def test_megatron_stacks_without_memory_rows_take_the_measured_allocator_of_their_family():
+    from parsim.study.runs.calibrate import fit_all
+    cal = fit_all(_memory_runs("megatron-deepspeed", 6e9, 0.15), template_profiles((A,)))
+    for stack in ("megatron-deepspeed", "megatron-lm", "megatron-lm-2021"):
+        assert cal.values[(A, *_stack(stack, "memory_reserve_bytes"))] == pytest.approx(6e9, rel=0.01), stack
+        assert cal.values[(A, *_stack(stack, "fragmentation"))] == pytest.approx(0.15, rel=0.01), stack
+    assert "as megatron-deepspeed" in cal.sources[(A, *_stack("megatron-lm", "fragmentation"))]
+    for stack in ("megatron-core", "deepspeed", "fsdp1", "fsdp2", "torch"):      # other allocation patterns
+        assert (A, *_stack(stack, "fragmentation")) not in cal.values, stack
+    # a family member with memory rows keeps its own allocator, and the closest measured one is taken
+    both = _memory_runs("megatron-deepspeed", 6e9, 0.15) + _memory_runs("megatron-lm", 2e9, 0.05, start=10)
+    cal = fit_all(both, template_profiles((A,)))
+    for stack, reserve in (("megatron-lm", 2e9), ("megatron-lm-2021", 2e9), ("megatron-deepspeed", 6e9)):
+        assert cal.values[(A, *_stack(stack, "memory_reserve_bytes"))] == pytest.approx(reserve, rel=0.01), stack

@@ -6,7 +6,8 @@
    its documented start and is reported. Profiles with fewer runs take the fitted stack and
    elementwise numbers of the most-measured GPU (they are fractions of each GPU's own
    datasheet / benchmark ceilings); their runs are then an out-of-GPU check.
-3. Fit each stack's allocator (reserve, fragmentation) to the measured memory rows.
+3. Fit each stack's allocator (reserve, fragmentation) to the measured memory rows; stacks of
+   the same allocator family without rows take it (``parameters.ALLOCATOR_FAMILIES``).
 4. Report every group's error and, with ``loso``, each group predicted by a fit without it.
 """
 from __future__ import annotations
@@ -16,10 +17,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from parsim.specs.stack import STACKS
+
 from .observations import Observation, Skipped, read_runs, time_like
 from .predict import Prediction, base_profiles, predict, with_values
 from .fit import FitParam, FitResult, expand, fit, fit_memory
-from .parameters import ANALOGY, fit_parameters
+from .parameters import ANALOGY, allocator_owner, fit_parameters
 
 MIN_RUNS = 5          # runs of a GPU the fit needs before it fits that GPU's numbers
 
@@ -101,11 +104,17 @@ def fit_all(obs: list[Observation], base: dict[str, dict], max_iter: int = 15, l
     profiles = with_values(base, values)
     preds = predict(obs, profiles)
     memory = fit_memory(obs, preds)
-    for (profile, stack), (reserve, frag, n) in memory.items():
-        for name, v in (("memory_reserve_bytes", reserve), ("fragmentation", frag)):
-            key = (profile, "device", "stacks", stack, name)
-            values[key] = v
-            sources[key] = f"fit to {n} measured memory rows"
+    for profile in {p for p, _ in memory}:
+        measured = {s for p, s in memory if p == profile}
+        for stack in STACKS:
+            owner = allocator_owner(stack, measured)
+            if owner is None:
+                continue
+            reserve, frag, n = memory[(profile, owner)]
+            for name, v in (("memory_reserve_bytes", reserve), ("fragmentation", frag)):
+                key = (profile, "device", "stacks", stack, name)
+                values[key] = v
+                sources[key] = f"{'' if owner == stack else f'as {owner}: '}fit to {n} measured memory rows"
     if memory:
         preds = predict(obs, with_values(base, values))
     return RunsCalibration(obs, [], params, result, values, sources, memory, preds, [], warnings=warnings)

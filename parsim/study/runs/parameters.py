@@ -45,6 +45,28 @@ def kernel_owner(stack: str, present: set[str]) -> str | None:
     return owner
 
 
+# A stack without measured memory takes the allocator (``memory_reserve_bytes``,
+# ``fragmentation``) of the first stack in its family that has some. Megatron-LM v2 / v3 and
+# Megatron-DeepSpeed (forked from Megatron-LM v2 in 2021) allocate the same tensors in the
+# same order: Megatron's GPT layers, its fp16 / bf16 optimizer over fp32 master weights,
+# pipeline stages holding whole microbatches of activations, one PyTorch caching allocator of
+# that era; the reserve outside it (CUDA context, cuBLAS workspaces, NCCL communicators) is
+# the same software. Not carried: ZeRO-3 and FSDP (``deepspeed``, ``fsdp1``, ``fsdp2``)
+# gather and free a layer's whole parameters every layer, a different allocation pattern, and
+# Megatron-Core (2023-, Transformer Engine, the distributed optimizer's flat parameter and
+# gradient buffers): no memory row or relation in the data measures them.
+ALLOCATOR_FAMILIES = (("megatron-lm", "megatron-lm-2021", "megatron-deepspeed"),)
+
+
+def allocator_owner(stack: str, measured: set[str]) -> str | None:
+    """The stack whose fitted allocator ``stack`` takes (``measured``: the stacks with memory
+    rows): itself if measured, else the first measured member of its family."""
+    if stack in measured:
+        return stack
+    family = next((f for f in ALLOCATOR_FAMILIES if stack in f), ())
+    return next((s for s in family if s in measured), None)
+
+
 # (field, start, lower, upper, source of the start and bounds)
 STACK_FIELDS = (
     ("gemm_efficiency", 0.9, 0.4, 1.1,
