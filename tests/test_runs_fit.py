@@ -148,3 +148,19 @@ def test_megatron_stacks_without_memory_rows_take_the_measured_allocator_of_thei
     cal = fit_all(both, template_profiles((A,)))
     for stack, reserve in (("megatron-lm", 2e9), ("megatron-lm-2021", 2e9), ("megatron-deepspeed", 6e9)):
         assert cal.values[(A, *_stack(stack, "memory_reserve_bytes"))] == pytest.approx(reserve, rel=0.01), stack
+
+
+def test_a_tuned_schedule_searches_the_interleaving_depths_its_stack_accepts():
+    """Llama 3 ran 126 layers on 16 stages, interleaved: Megatron-Core splits layers unevenly,
+    Megatron-LM 2021-22 only into equal virtual stages (126 = 16 v has no solution)."""
+    from parsim.study.runs.observations import observation
+    row = {"source": "Llama3_2024_Table4", "model": "405B", "layers": "126", "hidden": "16384", "heads": "128",
+           "ffn_hidden": "53248", "seq_len": "8192", "vocab": "128256", "gpus": "16384", "gpu_type": "H100-80GB",
+           "tp": "8", "pp": "16", "dp": "128", "microbatch": "1", "global_batch": "2048", "precision": "bf16",
+           "metric": "tflops_per_gpu", "value": "400", "notes": "8 KV heads"}
+    core = observation(0, row)
+    assert core.stack == "megatron-core"
+    assert sorted(p.vpp for p in core.plans) == [1, 2, 3, 4, 5, 6, 7]          # 16 x 8 = 128 > 126 layers
+    assert {p.schedule for p in core.plans if p.vpp > 1} == {"interleaved"}
+    assert [p.vpp for p in observation(0, {**row, "stack": "megatron-lm"}).plans] == [1]
+    assert sorted(p.vpp for p in observation(0, {**row, "stack": "megatron-lm", "layers": "128"}).plans) == [1, 2, 4, 8]

@@ -41,6 +41,7 @@ class Stack:
     p2p_scatter_gather: bool = True          # pipeline sends 1/t of the activation per TP rank
     p2p_blocking: bool = False               # a pipeline send holds its sender until it is through (no p2p overlap)
     tp_bwd_overlap: bool = False             # backward TP collectives overlap the weight-gradient GEMM
+    uneven_stages: bool = False              # its pipeline takes (virtual) stages of unequal layer counts
     zero_comm_efficiency: float = 1.0        # fraction of NCCL bandwidth its ZeRO collectives reach
     comm_compute_slowdown: float = 0.0       # compute s lost per s of collective it overlaps (NCCL on SMs)
     # --- memory
@@ -198,8 +199,12 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # schedule overlaps the pipeline sends (--overlap-p2p-communication, on by default), which
     # is what the runs in the data ran (Llama 3); its non-interleaved 1F1B still waits for
     # them (``BLOCKING_P2P``), which parsim does not price for this stack (no run checks it).
+    # Its pipeline splits layers unevenly (--decoder-first-pipeline-num-layers /
+    # --decoder-last-pipeline-num-layers; Llama 3 ran 126 layers on 16 stages, one fewer on the
+    # first and the last, interleaved: Dubey et al. 2024 Sec. 3.3.2), where Megatron-LM 2021-22
+    # asserts num_layers % (pp x vpp) == 0 (megatron/arguments.py).
     Stack("megatron-core", "Megatron-Core + Transformer Engine: flash attention, overlapped DP communication",
-          tp_bwd_overlap=True, **FLASH, **MEGATRON_LOSS, **HOST,
+          tp_bwd_overlap=True, uneven_stages=True, **FLASH, **MEGATRON_LOSS, **HOST,
           **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
     # Megatron-LM 2021-22 (Narayanan et al. 2021; Korthikanti et al. 2022): unfused attention
     # (batched GEMMs around a fused scale-mask-softmax kernel), the DP all-reduce after the

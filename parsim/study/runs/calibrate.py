@@ -76,7 +76,8 @@ def fit_all(obs: list[Observation], base: dict[str, dict], max_iter: int = 15, l
     if params:
         if log:
             log(f"fitting {len(params)} numbers to {sum(time_like(o) for o in obs)} timing rows ...")
-        result = fit(obs, base, params, max_iter=max_iter, log=log)
+        # the fitted GPUs' rows only: another GPU's runs are an out-of-GPU check, not evidence
+        result = fit([o for o in obs if o.profile in fitted], base, params, max_iter=max_iter, log=log)
         final = dict(result.values)
         for p in params:
             v = result.values[p.key]

@@ -20,7 +20,7 @@ import pandas as pd
 
 from parsim.costs import eq3_flops, model_flops_per_step
 from parsim.specs import ModelSpec, Plan, SpecError, known_profiles, validate, load_cluster
-from parsim.specs.stack import AUTO, STACKS
+from parsim.specs.stack import AUTO, STACKS, get_stack
 
 from .sources import GPU_PROFILES, SIXTEEN_BIT_GRADS, STACK_BY_ZERO_WORD, SourceFacts, source_facts
 
@@ -149,7 +149,7 @@ def observation(i: int, row: dict, group_column: str | None = None) -> Observati
     model = _model(row, facts, notes)
     gpus = _int(row, "gpus")
     stack = _stack(row, facts, notes, profile)
-    plans = _plans(row, facts, model, gpus, notes, profile)
+    plans = _plans(row, facts, model, gpus, notes, profile, stack)
     value = _num(row, "value")
     if value is None or value < 0:
         raise _Skip("no value")
@@ -219,7 +219,8 @@ def _zero(word: str) -> int:
     return 3 if "FSDP" in word else 0
 
 
-def _plans(row: dict, facts: SourceFacts, model: ModelSpec, gpus: int, notes: str, profile: str) -> tuple[Plan, ...]:
+def _plans(row: dict, facts: SourceFacts, model: ModelSpec, gpus: int, notes: str, profile: str,
+           stack: str) -> tuple[Plan, ...]:
     base = dict(facts.plan)
     tp, pp = _num(row, "tp"), _num(row, "pp")
     mp = re.search(r"model-parallel size \(t\*p\)=(\d+)", notes)
@@ -257,7 +258,7 @@ def _plans(row: dict, facts: SourceFacts, model: ModelSpec, gpus: int, notes: st
     for b in mbs_choices:
         if base["gbs"] % (dp * b):
             continue
-        for vpp in ([int(vp.group(1))] if vp else _vpps(model, pp, base, sched, facts)):
+        for vpp in ([int(vp.group(1))] if vp else _vpps(model, pp, sched, facts, stack)):
             schedule = "interleaved" if vpp > 1 else base.get("schedule", "1f1b")
             plan = Plan(**{**base, "mbs": b, "vpp": vpp, "schedule": schedule})
             try:
@@ -275,11 +276,14 @@ def _cluster(profile: str, gpus: int):
     return load_cluster(f"{profile}:{gpus}")
 
 
-def _vpps(model: ModelSpec, pp: int, base: dict, sched: str, facts: SourceFacts) -> list[int]:
+def _vpps(model: ModelSpec, pp: int, sched: str, facts: SourceFacts, stack: str) -> list[int]:
     """Interleaving depths to try: the logged one, else (if the source tuned the schedule)
-    every vpp Megatron-LM accepts: equal layers per virtual stage."""
+    every vpp up to 8 the stack accepts: equal layers per virtual stage, or any split where its
+    pipeline takes unequal ones (``Stack.uneven_stages``)."""
     if pp == 1 or "schedule" not in facts.search or sched:
         return [1]
+    if get_stack(stack).uneven_stages:
+        return [v for v in range(1, 9) if pp * v <= model.layers]
     per_rank = model.layers // pp
     return [v for v in range(1, per_rank + 1) if model.layers % (pp * v) == 0 and v <= 8] or [1]
 
