@@ -22,7 +22,7 @@ Everything is priced by the fast path on the shipped ``a100-80g`` profile with t
 fit gives Table 1 (``megatron-lm-2021``, fp16). Batch sizes are the figures' axes as the paper
 describes them (multiples of p; powers of two for Fig. 17).
 
-    .venv/bin/python studies/public_record/sec5_checks.py     # ~20 s
+    .venv/bin/python studies/public_record/sec5_checks.py     # ~2 s
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from parsim.costs import eq3_flops
 from parsim.fast import PlanTable, evaluate
 from parsim.specs import ModelSpec, Plan, load_cluster
 from parsim.specs import stack as stack_module
+from parsim.study.runs.predict import fastest_fitting
 from parsim.study.runs.sources import GPT
 
 STACK = "megatron-lm-2021"
@@ -45,11 +46,8 @@ GPT_145B = ModelSpec(name="GPT 145.6B", layers=80, hidden=12288, heads=96, vocab
 def best(model: ModelSpec, gpus: int, plans: list[Plan]) -> tuple[float, Plan, bool, float]:
     """(sequences/s of the fastest plan that fits, that plan, whether any fits, its peak memory
     over the usable memory); the fastest of all when none fits."""
-    table = PlanTable.from_plans(plans)
-    res = evaluate(model, load_cluster(f"a100-80g:{gpus}"), table)
-    fits = res.fits()
-    idx = [i for i in range(len(table)) if fits[i]] or list(range(len(table)))
-    i = min(idx, key=lambda j: res.step_time_s[j])
+    res = evaluate(model, load_cluster(f"a100-80g:{gpus}"), PlanTable.from_plans(plans))
+    i, fits = fastest_fitting(res)
     return (plans[i].gbs / float(res.step_time_s[i]), plans[i], bool(fits[i]),
             float(res.peak_memory_bytes[i] / res.capacity_bytes))
 

@@ -69,15 +69,16 @@ def calibrate_runs(path: str, profiles: dict[str, dict] | None = None, group_col
 def fit_all(obs: list[Observation], base: dict[str, dict], max_iter: int = 15, log=None) -> RunsCalibration:
     runs_per_profile = {p: len({o.run_key for o in obs if o.profile == p and time_like(o)}) for p in base}
     fitted = [p for p, n in runs_per_profile.items() if n >= MIN_RUNS]
-    params = fit_parameters([o for o in obs if o.profile in fitted], base)
+    # the fitted GPUs' rows only: another GPU's runs are an out-of-GPU check, not evidence
+    evidence = [o for o in obs if o.profile in fitted]
+    params = fit_parameters(evidence, base)
     result, warnings = None, []
     values: dict[tuple, float] = {}
     sources: dict[tuple, str] = {}
     if params:
         if log:
-            log(f"fitting {len(params)} numbers to {sum(time_like(o) for o in obs)} timing rows ...")
-        # the fitted GPUs' rows only: another GPU's runs are an out-of-GPU check, not evidence
-        result = fit([o for o in obs if o.profile in fitted], base, params, max_iter=max_iter, log=log)
+            log(f"fitting {len(params)} numbers to {sum(time_like(o) for o in evidence)} timing rows ...")
+        result = fit(evidence, base, params, max_iter=max_iter, log=log)
         final = dict(result.values)
         for p in params:
             v = result.values[p.key]

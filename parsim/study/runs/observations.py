@@ -276,16 +276,18 @@ def _cluster(profile: str, gpus: int):
     return load_cluster(f"{profile}:{gpus}")
 
 
+MAX_VPP = 8           # interleaving depths a tuned schedule is searched up to
+
+
 def _vpps(model: ModelSpec, pp: int, sched: str, facts: SourceFacts, stack: str) -> list[int]:
     """Interleaving depths to try: the logged one, else (if the source tuned the schedule)
-    every vpp up to 8 the stack accepts: equal layers per virtual stage, or any split where its
-    pipeline takes unequal ones (``Stack.uneven_stages``)."""
+    every vpp up to ``MAX_VPP`` the stack accepts: equal layers per virtual stage, or any split
+    with a layer per virtual stage where its pipeline takes unequal ones (``Stack.uneven_stages``)."""
     if pp == 1 or "schedule" not in facts.search or sched:
         return [1]
-    if get_stack(stack).uneven_stages:
-        return [v for v in range(1, 9) if pp * v <= model.layers]
-    per_rank = model.layers // pp
-    return [v for v in range(1, per_rank + 1) if model.layers % (pp * v) == 0 and v <= 8] or [1]
+    uneven = get_stack(stack).uneven_stages
+    return [v for v in range(1, MAX_VPP + 1)
+            if (pp * v <= model.layers if uneven else model.layers % (pp * v) == 0)] or [1]
 
 
 def _params(model: ModelSpec) -> float:

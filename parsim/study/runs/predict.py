@@ -70,12 +70,18 @@ def predict(observations: list[Observation], profiles: dict[str, dict] | None = 
     return out
 
 
+def fastest_fitting(res) -> tuple[int, np.ndarray]:
+    """(the index of the fastest plan of a fast-path result that fits, or of the fastest of all
+    when none fits -- a run logged as having run is then predicted not to fit; which plans fit)."""
+    fits = res.fits()
+    idx = np.flatnonzero(fits) if fits.any() else np.arange(len(fits))
+    return int(idx[np.argmin(res.step_time_s[idx])]), fits
+
+
 def _run(o: Observation, cluster: ClusterSpec) -> dict:
     table = PlanTable.from_plans([p.replace(stack=o.stack) for p in o.plans])
     res = evaluate(o.model, cluster, table)
-    fits = res.fits()
-    idx = np.flatnonzero(fits) if fits.any() else np.arange(len(table))
-    i = int(idx[np.argmin(res.step_time_s[idx])])
+    i, fits = fastest_fitting(res)
     plan = table.plan(i)
     out = {"step": float(res.step_time_s[i]), "fits": bool(fits[i]), "any_fit": bool(fits.any()),
            "peak": float(res.peak_memory_bytes[i]), "capacity": float(res.capacity_bytes), "plan": plan.to_string(),
