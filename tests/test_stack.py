@@ -233,3 +233,82 @@ def test_deepspeeds_gradient_accumulation_is_priced_as_its_own_memory_bound_kern
     # Megatron-LM fuses it: its bf16 and fp16 steps differ by a tenth of that at most
     assert abs(simulate(model, cluster, replace(megatron, dtype="fp16"), record_events=False).step_time_s - sim_m) \
         < 0.1 * extra
+
+
+def test_eager_llama_ops_move_the_bytes_of_their_chains_and_fused_ones_their_tensors_once():
+    """FSDP1 (HF's Llama modules) runs RMSNorm, SwiGLU and RoPE as chains of eager ops; Megatron-Core
+    fuses each. On a GPU priced from its datasheet the chain's seconds are ``EAGER_TRAFFIC`` x the
+    fused kernel's bytes at the streaming rate; the op list and its nominal bytes are the same."""
+    from parsim.costs.ops import EAGER_TRAFFIC, layer_ops
+    from parsim.costs.timing import op_time
+    model = load_model("llama3-8b")
+    runs = {}
+    for stack in ("fsdp1", "megatron-core", "fsdp2"):
+        m, c, plan = apply_stack(model, load_cluster("a100-80g:8"), Plan(dp=8, stack=stack))
+        runs[stack] = (c.device, {op.name: op for op in layer_ops(m, plan)})
+    dev, eager = runs["fsdp1"]
+    fused_dev, fused = runs["megatron-core"]
+    rate = dev.memory_bandwidth * dev.membound_efficiency
+    for name, chain in (("input_norm", "rmsnorm"), ("swiglu", "swiglu"), ("rope", "rope")):
+        assert eager[name].fwd_bytes == fused[name].fwd_bytes and eager[name].bwd_bytes == fused[name].bwd_bytes
+        fwd, bwd = EAGER_TRAFFIC[chain]
+        assert op_time(dev, eager[name], "fwd", "bf16") - dev.kernel_overhead_s == pytest.approx(
+            fwd * eager[name].fwd_bytes / rate)
+        assert op_time(dev, eager[name], "bwd", "bf16") - dev.kernel_overhead_s == pytest.approx(
+            bwd * eager[name].bwd_bytes / rate)
+        assert op_time(fused_dev, fused[name], "fwd", "bf16") - fused_dev.kernel_overhead_s == pytest.approx(
+            fused[name].fwd_bytes / rate)
+    # torchtitan's nn.RMSNorm is F.rms_norm: one fused kernel on CUDA; its SwiGLU and RoPE are eager
+    assert runs["fsdp2"][1]["input_norm"].traffic == (1.0, 1.0)
+    assert runs["fsdp2"][1]["rope"].traffic == EAGER_TRAFFIC["rope"]
+    # q and k, read and written once each way by the fused kernel
+    assert fused["rope"].fwd_bytes == fused["rope"].bwd_bytes == 2 * 2 * 8192 * (4096 + 1024)
+
+
+def test_rope_is_an_op_only_of_rotary_models_and_a_calibrated_composition_holds_it():
+    """RoPE is priced where the model rotates q and k (not learned positions, not ALiBi's in-kernel
+    bias: position "none"); a calibrated CPU profile never timed it alone, its layer-composition
+    terms (fitted over synthetic stages that ran it) hold it: 0 s there, the same step as before."""
+    from parsim.costs.ops import layer_ops
+    from parsim.costs.timing import op_time
+    llama = load_model("llama3-8b")
+    assert "rope" in {op.name for op in layer_ops(llama, Plan())}
+    for position in ("learned", "none"):
+        assert "rope" not in {op.name for op in layer_ops(replace(llama, position=position), Plan())}
+    rope = next(op for op in layer_ops(llama, Plan()) if op.name == "rope")
+    calibrated = load_cluster("cpu:2", profile="tests/fixtures/cpu-calibrated.yaml").device
+    assert calibrated.tables.layer_composition is not None
+    assert op_time(calibrated, rope, "fwd", "fp32") == op_time(calibrated, rope, "bwd", "fp32") == 0.0
+    assert op_time(load_cluster("cpu:2").device, rope, "fwd", "fp32") > 0
+    with pytest.raises(SpecError, match="model.position"):
+        replace(llama, position="alibi")
+
+
+def test_the_eager_traffic_multiples_are_what_the_chains_move_counted_op_by_op():
+    """``EAGER_TRAFFIC`` is read off studies/public_record/eager_kernels.py: the aten ops of HF's
+    RMSNorm, silu(gate) * up and the two Llama RoPEs, forward and backward, counted under a
+    TorchDispatchMode, against the fused kernel's bytes."""
+    pytest.importorskip("torch")
+    import importlib.util
+    from pathlib import Path
+
+    import torch
+
+    from parsim.costs.ops import EAGER_TRAFFIC
+    path = Path(__file__).resolve().parents[1] / "studies" / "public_record" / "eager_kernels.py"
+    spec = importlib.util.spec_from_file_location("eager_kernels", path)
+    ek = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ek)
+    t, h, f = ek.TOKENS, ek.HIDDEN, ek.FFN
+    x, w = torch.randn(1, t, h, dtype=ek.BF16), torch.ones(h, dtype=ek.BF16)
+    _, norm_f, _, norm_b = ek.count(ek.hf_rmsnorm, [x, w], t * h)
+    assert (norm_f / 4.0, norm_b / 6.0) == pytest.approx(EAGER_TRAFFIC["rmsnorm"], rel=0.02)
+    g, u = torch.randn(1, t, f, dtype=ek.BF16), torch.randn(1, t, f, dtype=ek.BF16)
+    _, glu_f, kernels_b, glu_b = ek.count(lambda a, b: torch.nn.functional.silu(a) * b, [g, u], t * f)
+    assert (glu_f / 6.0, glu_b / 9.0) == pytest.approx(EAGER_TRAFFIC["swiglu"], rel=0.02) and kernels_b == 3
+    q = torch.randn(1, t, ek.HEADS, ek.HEAD_DIM, dtype=ek.BF16)
+    k = torch.randn(1, t, ek.KV_HEADS, ek.HEAD_DIM, dtype=ek.BF16)
+    rope = [ek.count(fn, [q, k], t * (ek.HEADS + ek.KV_HEADS) * ek.HEAD_DIM) for fn in (ek.torchtitan_rope, ek.hf_rope)]
+    fwd, bwd = EAGER_TRAFFIC["rope"]
+    assert all(r[1] / 4.0 == pytest.approx(fwd, rel=0.02) for r in rope)
+    assert min(r[3] for r in rope) / 4.0 <= bwd <= max(r[3] for r in rope) / 4.0

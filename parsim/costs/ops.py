@@ -36,6 +36,8 @@ class Op:
     grad_accumulation: bool = False  # adds this microbatch's weight gradients into .grad (bwd_weight)
     own_kernels: bool = False      # grad_accumulation the stack runs as separate kernels on any device
     impl: str = ""                 # the kernel that runs it where the name does not say (norms: layernorm / rmsnorm)
+    traffic: tuple[float, float] = (1.0, 1.0)  # bytes the stack's kernels move, x fwd / bwd bytes (``EAGER_TRAFFIC``)
+    in_composition: bool = False   # no calibration times it alone: a calibrated layer_composition holds it
 
     @property
     def bwd_flops(self) -> float:
@@ -53,14 +55,31 @@ def _gemm(name: str, m: int, n: int, k: int, batch: int = 1, has_weight: bool = 
     return Op(name, "gemm", f, 2.0 * f, 0.0, shape=(m, n, k), batch=batch, attention_core=core)
 
 
+# Memory-bound ops a stack runs as chains of eager PyTorch ops instead of one fused kernel
+# (``Stack.eager_rmsnorm`` / ``eager_swiglu`` / ``eager_rope``): the bytes the chain's kernels
+# read and write, forward and backward, as multiples of the fused kernel's (``_membound``'s
+# bytes), 16-bit activations, counted aten op by aten op under a TorchDispatchMode
+# (studies/public_record/eager_kernels.py and .txt): HF's LlamaRMSNorm (fp32 upcast, pow, mean,
+# rsqrt, two multiplies, the cast back) 36 / 96 B per element against 4 / 6; silu(gate) * up
+# 10 / 18 against 6 / 9; RoPE as torchtitan's complex product and HF's rotate_half, 21 B per
+# element of q and k forward, 24 and 29 backward, against 4 / 4. Dimensionless.
+EAGER_TRAFFIC = {"rmsnorm": (9.0, 16.0), "swiglu": (1.67, 2.0), "rope": (5.33, 6.67)}
+
+
 def _membound(name: str, elements: float, act_bytes: int, reads: float = 1.0, writes: float = 1.0,
-              core: bool = False, impl: str = "", bwd_factor: float = 1.5) -> Op:
+              core: bool = False, impl: str = "", bwd_factor: float = 1.5, eager: str = "") -> Op:
     # Elementwise: read `reads` tensors and write `writes` tensors of `elements` each;
     # backward reads the output grad and the saved input and writes the input grad (~1.5x;
-    # ``bwd_factor`` 1 where it only reads and writes the gradient).
+    # ``bwd_factor`` 1 where it only reads and writes the gradient). ``eager``: the stack runs
+    # it as the eager chain of that name (``EAGER_TRAFFIC``).
     fwd = elements * act_bytes * (reads + writes)
     return Op(name, "membound", 0.0, 0.0, 0.0, fwd_bytes=fwd, bwd_bytes=bwd_factor * fwd, attention_core=core,
-              impl=impl)
+              impl=impl, traffic=EAGER_TRAFFIC.get(eager, (1.0, 1.0)))
+
+
+def _norm(name: str, elements: float, act_bytes: int, model: ModelSpec, plan: Plan) -> Op:
+    eager = model.norm == "rmsnorm" and plan_stack(plan).eager_rmsnorm
+    return _membound(name, elements, act_bytes, impl=model.norm, eager="rmsnorm" if eager else "")
 
 
 def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
@@ -74,10 +93,14 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     d = model.head_dim
     kv = model.kv_hidden // t
     f = model.ffn_hidden // t
-    ops = [
-        _membound("input_norm", tok_sp * h, e, impl=model.norm),
-        _gemm("qkv", tokens, h // t + 2 * kv, h),
-    ]
+    stack = plan_stack(plan)
+    ops = [_norm("input_norm", tok_sp * h, e, model, plan), _gemm("qkv", tokens, h // t + 2 * kv, h)]
+    if model.position == "rope":
+        # rotary embedding of q and k (Su et al. 2021): read and written once by a fused kernel
+        # (Megatron-Core / TE ``apply_rotary_pos_emb`` fused), forward and backward (the
+        # backward rotates the gradient back); eager chains move ``EAGER_TRAFFIC`` x that
+        ops.append(replace(_membound("rope", tokens * (h // t + kv), e, bwd_factor=1.0,
+                                     eager="rope" if stack.eager_rope else ""), in_composition=True))
     if model.flash_attention:
         # FlashAttention (Dao et al. 2022): scores + softmax + PV fused; forward 4*b*s^2*h/t FLOP,
         # backward 2.5x forward (it recomputes the scores: Dao 2022 Sec. 3.1).
@@ -89,7 +112,7 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
         # eager PyTorch scales and masks the scores in kernels of their own (``Stack``'s
         # attention_eager_passes; Megatron's fused scale-mask-softmax: none): each reads and writes
         # the scores forward, and its backward reads and writes their gradient (the same bytes)
-        for name in ("attn_scale", "attn_mask")[:plan_stack(plan).attention_eager_passes]:
+        for name in ("attn_scale", "attn_mask")[:stack.attention_eager_passes]:
             ops.append(_membound(name, b * heads * s * s, e, core=True, bwd_factor=1.0))
         ops.append(_membound("softmax", b * heads * s * s, e, core=True))
         if model.dropout:
@@ -97,10 +120,10 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
         ops.append(_gemm("attn_values", s, d, s, batch=b * heads, has_weight=False, core=True))
     ops.append(_gemm("attn_out", tokens, h, h // t))
     ops.append(_membound("attn_residual", tok_sp * h, e, reads=2.0))
-    ops.append(_membound("post_attn_norm", tok_sp * h, e, impl=model.norm))
+    ops.append(_norm("post_attn_norm", tok_sp * h, e, model, plan))
     if model.activation == "swiglu":
         ops.append(_gemm("mlp_up_gate", tokens, 2 * f, h))
-        ops.append(_membound("swiglu", tokens * f, e, reads=2.0))
+        ops.append(_membound("swiglu", tokens * f, e, reads=2.0, eager="swiglu" if stack.eager_swiglu else ""))
     else:
         ops.append(_gemm("mlp_up", tokens, f, h))
         ops.append(_membound("gelu", tokens * f, e))
@@ -188,7 +211,7 @@ def head_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     tok_sp = tokens // t if plan.sp else tokens
     vocab_shard = padded_vocab(model, plan) // t
     return [
-        _membound("final_norm", tok_sp * model.hidden, e, impl=model.norm),
+        _norm("final_norm", tok_sp * model.hidden, e, model, plan),
         _gemm("logits", tokens, vocab_shard, model.hidden),
         _membound("cross_entropy", tokens * vocab_shard, plan_stack(plan).loss_logits_bytes),
         _grad_accumulation("head_grad_accumulate", _head_params(model, plan), plan),

@@ -11,7 +11,7 @@ ACTIVATIONS = ("gelu", "swiglu")
 # sizes stay exact enough and finite (2**53 to the 5th power is far below 1.8e308).
 MAX_SIZE = 2**53
 NORMS = ("layernorm", "rmsnorm")
-POSITIONS = ("learned", "rope")
+POSITIONS = ("learned", "rope", "none")
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ class Stack:
     eager_rmsnorm: bool = True               # RMSNorm in eager fp32 ops: keeps x and x*rstd in fp32 (fused: x)
     eager_swiglu: bool = True                # SwiGLU in eager ops: keeps silu(gate) too (fused: gate and up)
     rope_relayout: bool = True               # eager RoPE leaves q as (b, a, s, d): the attention output is copied
+    eager_rope: bool = True                  # RoPE as a chain of eager ops (fused: one kernel; ops.EAGER_TRAFFIC)
     checkpoint_early_stop: bool = True       # full recompute stops at the layer's last saved tensor (non-reentrant)
     sp_saves_gathered: bool = False          # SP: a column-parallel GEMM keeps its all-gathered input (not the shard)
     autocast: bool = False                   # 16-bit runs: torch.autocast over fp32 parameters (not 16-bit ones)
@@ -122,8 +123,9 @@ FUSED_SOFTMAX = dict(attention_mask_bytes=0.0, softmax_grad_in_place=True, atten
 # fp32; RoPE by ``torch.stack`` of the rotated halves returns q contiguous as (b, a, s, d), so
 # the (b, s, a*d) input of the output projection is a copy, and each layer keeps its fp32 cos
 # and sin tables. Megatron-Core / Transformer Engine fuse all three (``bias_swiglu_impl``
-# recomputes silu in backward; TE's RMSNorm keeps x and rstd; fused RoPE in (s, b, a, d)).
-FUSED_LLAMA = dict(eager_rmsnorm=False, eager_swiglu=False, rope_relayout=False)
+# recomputes silu in backward; TE's RMSNorm keeps x and rstd; fused RoPE in (s, b, a, d)). The
+# eager chains also move more bytes, each op a kernel over whole tensors (``costs.ops.EAGER_TRAFFIC``).
+FUSED_LLAMA = dict(eager_rmsnorm=False, eager_swiglu=False, rope_relayout=False, eager_rope=False)
 # Full recomputation: torch's non-reentrant ``torch.utils.checkpoint`` (the executor; torch's
 # ``checkpoint_wrapper``, which FSDP1 / llm-foundry and torchtitan wrap blocks in) stops
 # re-running the forward once the last tensor the region saved is back
@@ -253,7 +255,10 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # Both run Llama-style layers as eager modules (HF's LlamaMLP / LlamaRMSNorm under
     # llm-foundry; torchtitan's FeedForward, whose RMSNorm is torch's nn.RMSNorm): silu(gate) is
     # kept; their RoPE rotates in the (b, s, a, d) layout, so no copy (read from their code, not
-    # measured here).
+    # measured here). Their RoPE (HF rotate_half, torchtitan's complex product) and SwiGLU run as
+    # eager chains; HF's RMSNorm too, while ``nn.RMSNorm`` calls ``F.rms_norm``, which on CUDA
+    # dispatches to one fused kernel (``aten::_fused_rms_norm``, torch 2.13) -- its bytes as a fused
+    # norm's (studies/public_record/eager_kernels.py counts each chain).
     # FSDP2 (torchtitan): per-parameter sharding (DTensor), SDPA flash attention, torch's
     # cross entropy on fp32 logits. FSDP1 and FSDP2 with a bf16 MixedPrecisionPolicy keep the
     # shard in fp32 (it is the optimizer's master weight) and gather bf16 copies (PyTorch FSDP

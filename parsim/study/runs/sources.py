@@ -27,12 +27,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 GPT = dict(activation="gelu", norm="layernorm", position="learned", tied_embeddings=True, dropout=True, bias=True)
-# MPT (llm-foundry mpt-*.yaml): no biases, ALiBi (no position table: parsim's "rope"), tied
+# MPT (llm-foundry mpt-*.yaml): no biases, ALiBi (a bias inside the attention kernel: no table,
+# no pass of its own, parsim's "none"), tied
 # embeddings, no dropout in the benchmark configs, LayerNorm, GELU MLP of 4h
-MPT = dict(activation="gelu", norm="layernorm", position="rope", tied_embeddings=True, dropout=False, bias=False)
+MPT = dict(activation="gelu", norm="layernorm", position="none", tied_embeddings=True, dropout=False, bias=False)
 # BLOOM (Le Scao et al. 2022 Table 3; tr11 configs): ALiBi, tied embeddings, GELU, biases,
 # dropout 0 in pre-training, vocabulary 250,880 (padded)
-BLOOM = dict(activation="gelu", norm="layernorm", position="rope", tied_embeddings=True, dropout=False, bias=True,
+BLOOM = dict(activation="gelu", norm="layernorm", position="none", tied_embeddings=True, dropout=False, bias=True,
              vocab=250880)
 # Llama 3 (Dubey et al. 2024 Table 3): SwiGLU, RMSNorm, RoPE, untied, no bias, no dropout
 LLAMA = dict(activation="swiglu", norm="rmsnorm", position="rope", tied_embeddings=False, dropout=False, bias=False)
