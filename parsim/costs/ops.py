@@ -37,7 +37,7 @@ class Op:
     own_kernels: bool = False      # grad_accumulation the stack runs as separate kernels on any device
     impl: str = ""                 # the kernel that runs it where the name does not say (norms: layernorm / rmsnorm)
     traffic: tuple[float, float] = (1.0, 1.0)  # bytes the stack's kernels move, x fwd / bwd bytes (``EAGER_TRAFFIC``)
-    in_composition: bool = False   # no calibration times it alone: a calibrated layer_composition holds it
+    in_composition: bool = False   # no calibration times it alone: its fitted composition terms hold it
 
     @property
     def bwd_flops(self) -> float:
@@ -62,7 +62,8 @@ def _gemm(name: str, m: int, n: int, k: int, batch: int = 1, has_weight: bool = 
 # (studies/public_record/eager_kernels.py and .txt): HF's LlamaRMSNorm (fp32 upcast, pow, mean,
 # rsqrt, two multiplies, the cast back) 36 / 96 B per element against 4 / 6; silu(gate) * up
 # 10 / 18 against 6 / 9; RoPE as torchtitan's complex product and HF's rotate_half, 21 B per
-# element of q and k forward, 24 and 29 backward, against 4 / 4. Dimensionless.
+# element of q and k forward, 24 and 29 backward, against 4 / 4. Dimensionless. The op keeps one
+# launch gap: the chain's other launches queue while its streaming kernels run.
 EAGER_TRAFFIC = {"rmsnorm": (9.0, 16.0), "swiglu": (1.67, 2.0), "rope": (5.33, 6.67)}
 
 

@@ -86,16 +86,15 @@ def membound_time(device: DeviceProfile, nbytes: float, op_name: str = "", pass_
     """Seconds of a memory-bound op of ``nbytes`` (its fused kernel's): the profile's fitted
     alpha + beta x bytes for that op and pass (``CalibratedTables.membound_fit``), else bytes /
     its measured rate (both measured as the executor runs it), else ``traffic`` x bytes (what the
-    stack's kernels move, ``costs.ops.EAGER_TRAFFIC``) / bandwidth x efficiency; + the per-op
-    overhead (an eager chain's launches queue behind its streaming kernels)."""
+    stack's kernels move, ``ops.EAGER_TRAFFIC``) / bandwidth x efficiency; + the per-op overhead."""
     if nbytes <= 0:
         return 0.0
     fit = device.tables.membound_fit(op_name) if op_name else None
     if fit is not None:
         return fit.seconds(pass_, nbytes)
     rate = device.tables.membound_rate(op_name)
-    moved = nbytes if rate else traffic * nbytes
-    return moved / float(rate or device.memory_bandwidth * device.membound_efficiency) + device.kernel_overhead_s
+    return (nbytes / rate if rate else traffic * nbytes / (device.memory_bandwidth * device.membound_efficiency)) \
+        + device.kernel_overhead_s
 
 
 # ``costs.ops`` op names -> the benchmark standing for them in a fitted membound surface
@@ -150,8 +149,9 @@ def op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
     reductions, layout copies, allocation and its page faults, evicted caches). Every op of a
     pass is scaled by its pass's factor and, where the calibration fitted one over its
     synthetic stages (``calibration.layer_terms``), pays seconds per op that runs (the
-    backward's once, with its input gradient); ops no benchmark times alone (``Op.in_composition``:
-    RoPE) are in those terms. Other profiles: the op alone."""
+    backward's once, with its input gradient); ops its benchmarks never time alone
+    (``Op.in_composition``: RoPE) are in those terms: 0 s on a profile of measured memory-bound
+    ops, in that fit as after it. Other profiles: the op alone."""
     if pass_ == "bwd":
         return op_time(device, op, "bwd_input", dtype) + op_time(device, op, "bwd_weight", dtype)
     composition = device.tables.layer_composition
@@ -168,7 +168,7 @@ def _op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
             return 0.0
         return membound_time(device, op.bwd_bytes, _membound_name(device, op))
     if op.kind == "membound":
-        if pass_ == "bwd_weight" or (op.in_composition and device.tables.layer_composition is not None):
+        if pass_ == "bwd_weight" or (op.in_composition and (device.tables.membound_surface or device.tables.membound)):
             return 0.0
         fwd = pass_ == "fwd"
         return membound_time(device, op.fwd_bytes if fwd else op.bwd_bytes, _membound_name(device, op),
