@@ -293,23 +293,17 @@ def test_the_eager_traffic_multiples_are_what_the_chains_move_counted_op_by_op()
     import importlib.util
     from pathlib import Path
 
-    import torch
-
     from parsim.costs.ops import EAGER_TRAFFIC
     path = Path(__file__).resolve().parents[1] / "studies" / "public_record" / "eager_kernels.py"
     spec = importlib.util.spec_from_file_location("eager_kernels", path)
     ek = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ek)
-    t, h, f = ek.TOKENS, ek.HIDDEN, ek.FFN
-    x, w = torch.randn(1, t, h, dtype=ek.BF16), torch.ones(h, dtype=ek.BF16)
-    _, norm_f, _, norm_b = ek.count(ek.hf_rmsnorm, [x, w], t * h)
-    assert (norm_f / 4.0, norm_b / 6.0) == pytest.approx(EAGER_TRAFFIC["rmsnorm"], rel=0.02)
-    g, u = torch.randn(1, t, f, dtype=ek.BF16), torch.randn(1, t, f, dtype=ek.BF16)
-    _, glu_f, kernels_b, glu_b = ek.count(lambda a, b: torch.nn.functional.silu(a) * b, [g, u], t * f)
-    assert (glu_f / 6.0, glu_b / 9.0) == pytest.approx(EAGER_TRAFFIC["swiglu"], rel=0.02) and kernels_b == 3
-    q = torch.randn(1, t, ek.HEADS, ek.HEAD_DIM, dtype=ek.BF16)
-    k = torch.randn(1, t, ek.KV_HEADS, ek.HEAD_DIM, dtype=ek.BF16)
-    rope = [ek.count(fn, [q, k], t * (ek.HEADS + ek.KV_HEADS) * ek.HEAD_DIM) for fn in (ek.torchtitan_rope, ek.hf_rope)]
+    rows = {row[1]: row for row in ek.measure()}
+    norm, glu = rows["HF LlamaRMSNorm"], rows["silu(gate) * up"]
+    assert (norm[4], norm[7]) == pytest.approx(EAGER_TRAFFIC["rmsnorm"], rel=0.02)
+    assert (glu[4], glu[7]) == pytest.approx(EAGER_TRAFFIC["swiglu"], rel=0.02) and glu[5] == 3
+    assert rows["F.layer_norm (one kernel)"][4] == pytest.approx(1.0, rel=0.02)     # one kernel: the fused bytes
+    rope = [rows["torchtitan complex"], rows["HF rotate_half"]]
     fwd, bwd = EAGER_TRAFFIC["rope"]
-    assert all(r[1] / 4.0 == pytest.approx(fwd, rel=0.02) for r in rope)
-    assert min(r[3] for r in rope) / 4.0 <= bwd <= max(r[3] for r in rope) / 4.0
+    assert all(r[4] == pytest.approx(fwd, rel=0.02) for r in rope)
+    assert min(r[7] for r in rope) <= bwd <= max(r[7] for r in rope)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from parsim.specs import ModelSpec, Plan, plan_stack
+from parsim.specs.stack import Stack
 
 from .zero import zero_shard
 
@@ -78,8 +79,8 @@ def _membound(name: str, elements: float, act_bytes: int, reads: float = 1.0, wr
               impl=impl, traffic=EAGER_TRAFFIC.get(eager, (1.0, 1.0)))
 
 
-def _norm(name: str, elements: float, act_bytes: int, model: ModelSpec, plan: Plan) -> Op:
-    eager = model.norm == "rmsnorm" and plan_stack(plan).eager_rmsnorm
+def _norm(name: str, elements: float, act_bytes: int, model: ModelSpec, stack: Stack) -> Op:
+    eager = model.norm == "rmsnorm" and stack.eager_rmsnorm
     return _membound(name, elements, act_bytes, impl=model.norm, eager="rmsnorm" if eager else "")
 
 
@@ -95,7 +96,7 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     kv = model.kv_hidden // t
     f = model.ffn_hidden // t
     stack = plan_stack(plan)
-    ops = [_norm("input_norm", tok_sp * h, e, model, plan), _gemm("qkv", tokens, h // t + 2 * kv, h)]
+    ops = [_norm("input_norm", tok_sp * h, e, model, stack), _gemm("qkv", tokens, h // t + 2 * kv, h)]
     if model.position == "rope":
         # rotary embedding of q and k (Su et al. 2021): read and written once by a fused kernel
         # (Megatron-Core / TE ``apply_rotary_pos_emb`` fused), forward and backward (the
@@ -121,7 +122,7 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
         ops.append(_gemm("attn_values", s, d, s, batch=b * heads, has_weight=False, core=True))
     ops.append(_gemm("attn_out", tokens, h, h // t))
     ops.append(_membound("attn_residual", tok_sp * h, e, reads=2.0))
-    ops.append(_norm("post_attn_norm", tok_sp * h, e, model, plan))
+    ops.append(_norm("post_attn_norm", tok_sp * h, e, model, stack))
     if model.activation == "swiglu":
         ops.append(_gemm("mlp_up_gate", tokens, 2 * f, h))
         ops.append(_membound("swiglu", tokens * f, e, reads=2.0, eager="swiglu" if stack.eager_swiglu else ""))
@@ -211,10 +212,11 @@ def head_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     tokens = plan.mbs * model.seq_len
     tok_sp = tokens // t if plan.sp else tokens
     vocab_shard = padded_vocab(model, plan) // t
+    stack = plan_stack(plan)
     return [
-        _norm("final_norm", tok_sp * model.hidden, e, model, plan),
+        _norm("final_norm", tok_sp * model.hidden, e, model, stack),
         _gemm("logits", tokens, vocab_shard, model.hidden),
-        _membound("cross_entropy", tokens * vocab_shard, plan_stack(plan).loss_logits_bytes),
+        _membound("cross_entropy", tokens * vocab_shard, stack.loss_logits_bytes),
         _grad_accumulation("head_grad_accumulate", _head_params(model, plan), plan),
     ]
 

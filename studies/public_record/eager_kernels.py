@@ -102,7 +102,9 @@ def executor_rope(q, k):
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
 
-def main() -> int:
+def measure() -> list[tuple[str, str, int, float, float, int, float, float]]:
+    """Every implementation counted: (op, implementation, forward kernels, forward bytes per
+    element, x the fused kernel's, backward kernels, backward bytes per element, x fused)."""
     x, w = torch.randn(1, TOKENS, HIDDEN, dtype=BF16), torch.ones(HIDDEN, dtype=BF16)
     gate, up = torch.randn(1, TOKENS, FFN, dtype=BF16), torch.randn(1, TOKENS, FFN, dtype=BF16)
     q = torch.randn(1, TOKENS, HEADS, HEAD_DIM, dtype=BF16)
@@ -123,11 +125,18 @@ def main() -> int:
         ("rope", "HF rotate_half", hf_rope, [q, k], qk, 4.0, 4.0),
         ("rope", "executor stack of halves", executor_rope, [qt, kt], qk, 4.0, 4.0),
     ]
-    lines = ["op | implementation | fwd kernels | fwd B/elem | x fused | bwd kernels | bwd B/elem | x fused",
-             "---|---|---:|---:|---:|---:|---:|---:"]
+    out = []
     for op, impl, fn, inputs, elements, fused_f, fused_b in cases:
         kf, bf, kb, bb = count(fn, inputs, elements)
-        lines.append(f"{op} | {impl} | {kf} | {bf:.1f} | {bf / fused_f:.2f} | {kb} | {bb:.1f} | {bb / fused_b:.2f}")
+        out.append((op, impl, kf, bf, bf / fused_f, kb, bb, bb / fused_b))
+    return out
+
+
+def main() -> int:
+    lines = ["op | implementation | fwd kernels | fwd B/elem | x fused | bwd kernels | bwd B/elem | x fused",
+             "---|---|---:|---:|---:|---:|---:|---:"]
+    lines += [f"{op} | {impl} | {kf} | {bf:.1f} | {xf:.2f} | {kb} | {bb:.1f} | {xb:.2f}"
+              for op, impl, kf, bf, xf, kb, bb, xb in measure()]
     text = "\n".join(lines)
     print(text)
     (HERE / "eager_kernels.txt").write_text(text + "\n")
