@@ -307,3 +307,32 @@ def test_the_eager_traffic_multiples_are_what_the_chains_move_counted_op_by_op()
     fwd, bwd = EAGER_TRAFFIC["rope"]
     assert all(r[4] == pytest.approx(fwd, rel=0.02) for r in rope)
     assert min(r[7] for r in rope) <= bwd <= max(r[7] for r in rope)
+
+
+def test_transformer_engine_runs_cudnn_attention_where_the_profile_rates_it_and_sdpa_flash():
+    # Hopper profiles state cuDNN's fused-attention rate: Megatron-Core (TE) runs it there, the
+    # SDPA / Triton stacks their flash kernels; on the A100 TE runs FlashAttention-2 (no rate)
+    model = load_model("llama3-8b")
+    plan = parse_plan("dp=8 gbs=16")
+    h100, a100 = load_cluster("h100-sxm:8"), load_cluster("a100-80g:8")
+    cudnn, flash = h100.device.cudnn_attention_efficiency, h100.device.attention_efficiency
+    assert cudnn > flash > 0 and a100.device.cudnn_attention_efficiency == 0
+    rate = {s: apply_stack(model, h100, plan.replace(stack=s))[1].device.attention_efficiency
+            for s in ("megatron-core", "fsdp2", "fsdp1")}
+    assert rate["megatron-core"] == pytest.approx(cudnn)
+    assert rate["fsdp2"] == pytest.approx(flash)
+    assert rate["fsdp1"] == pytest.approx(flash * h100.device.stacks["fsdp1"].attention_efficiency)
+    on_a100 = apply_stack(model, a100, plan.replace(stack="megatron-core"))[1].device.attention_efficiency
+    assert on_a100 == pytest.approx(a100.device.attention_efficiency)
+    # the step moves by the attention's share: faster, by less than the rate's ratio
+    steps = {r: simulate(model, replace(h100, device=replace(h100.device, cudnn_attention_efficiency=r)),
+                         plan.replace(stack="megatron-core")).step_time_s for r in (flash, cudnn)}
+    assert steps[flash] / cudnn * flash < steps[cudnn] < 0.99 * steps[flash]
+
+
+def test_a_profiles_cudnn_attention_rate_is_checked_with_a_message_naming_it():
+    from parsim.specs.profile_parse import device_from_dict
+    dev = {"peak_flops": {"bf16": 1e15}, "memory_bytes": 8e10, "memory_bandwidth": 3e12}
+    assert device_from_dict({**dev, "cudnn_attention_efficiency": 0.5}).cudnn_attention_efficiency == 0.5
+    with pytest.raises(SpecError, match="cudnn_attention_efficiency"):
+        device_from_dict({**dev, "cudnn_attention_efficiency": -0.1})

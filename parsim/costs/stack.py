@@ -11,6 +11,8 @@ preset) and returns
   fields, so every op is priced as this stack runs it (``costs.timing``):
       GEMM ceiling        gemm.max_efficiency x stack.gemm_efficiency
       flash attention     attention_efficiency x stack.attention_efficiency
+                          (cudnn_attention_efficiency where the stack runs cuDNN's kernel and
+                          the profile rates it: Transformer Engine on Hopper)
       per-op gap          kernel_overhead_s + stack.op_overhead_s
       usable memory       (memory_bytes - memory_reserve_bytes) / (1 + fragmentation)
   and ``device.stack`` set (applying the same stack again is a no-op),
@@ -92,10 +94,18 @@ def stack_cluster(cluster: ClusterSpec, stack: Stack) -> ClusterSpec:
         reserve = stack.memory_reserve_bytes or 0.0
         usable = max(dev.memory_bytes - reserve, 0.0) / (1.0 + (stack.fragmentation or 0.0)) / dev.memory_bytes
     device = replace(dev, gemm=replace(dev.gemm, max_efficiency=dev.gemm.max_efficiency * stack.gemm_efficiency),
-                     attention_efficiency=dev.attention_efficiency * stack.attention_efficiency,
+                     attention_efficiency=attention_rate(dev, stack) * stack.attention_efficiency,
                      kernel_overhead_s=dev.kernel_overhead_s + stack.op_overhead_s,
                      usable_memory_fraction=usable, stack=stack)
     return replace(cluster, device=device)
+
+
+def attention_rate(dev: DeviceProfile, stack: Stack) -> float:
+    """The fused-attention rate (fraction of peak) of the kernel ``stack`` runs on ``dev``:
+    cuDNN's where the stack prefers it and the profile states it, else the flash one."""
+    if stack.cudnn_attention and dev.cudnn_attention_efficiency > 0:
+        return dev.cudnn_attention_efficiency
+    return dev.attention_efficiency
 
 
 def tp_covered(device: DeviceProfile, ops: list[Op], after: str, pass_: str, dtype: str) -> float:

@@ -43,6 +43,7 @@ class DeviceProfile:
     gemm: GemmEfficiency = field(default_factory=GemmEfficiency)
     membound_efficiency: float = 0.7      # achieved fraction of memory_bandwidth for elementwise ops
     attention_efficiency: float = 0.5     # fused (flash) attention: fraction of peak FLOP/s
+    cudnn_attention_efficiency: float = 0.0  # cuDNN fused attention where it outruns flash (0: not stated)
     kernel_overhead_s: float = 5e-6       # launch / framework overhead per op, seconds
     host_flops: float = 1e12              # CPU FLOP/s for offloaded optimizer steps
     host_memory_bandwidth: float = 1e11   # CPU DRAM bytes/s for offloaded optimizer steps

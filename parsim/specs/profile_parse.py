@@ -152,6 +152,7 @@ def _gemm_value(where: str, key: str, raw: Any) -> float:
 _DEVICE_OPTIONAL = {
     "membound_efficiency": positive,
     "attention_efficiency": positive,
+    "cudnn_attention_efficiency": positive,
     "kernel_overhead_s": lambda w, v: non_negative(w, v, " s"),
     "host_flops": lambda w, v: positive(w, v, " FLOP/s"),
     "host_memory_bandwidth": lambda w, v: positive(w, v, " bytes/s"),

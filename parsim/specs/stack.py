@@ -35,6 +35,7 @@ class Stack:
     gemm_efficiency: float = 1.0             # x the profile's GEMM ceiling (gemm.max_efficiency)
     attention_efficiency: float = 1.0        # x the profile's flash-attention efficiency
     attention_half_seq: float = 0.0          # flash kernel: sequence length of half its efficiency
+    cudnn_attention: bool = False            # runs cuDNN's fused attention where the profile rates it (TE_ATTENTION)
     op_overhead_s: float = 0.0               # framework time per op beyond the profile's launch gap, s
     # --- communication
     grad_reduce_overlap: bool = True         # DP gradient reduction overlaps the last backward
@@ -137,6 +138,14 @@ REENTRANT_CHECKPOINT = dict(checkpoint_early_stop=False)
 # s = 1k: 512 -> 16k rises ~100 -> ~190 TFLOP/s (Dao 2023, arXiv:2307.08691, Fig. 4); flash
 # kernels after it (FA3, cuDNN) keep the shape.
 FLASH = dict(flash_attention=True, attention_half_seq=1024.0)
+# Transformer Engine picks its attention kernel by GPU: on Hopper and later it prefers cuDNN's
+# fused attention (FusedAttention, backend F16_arbitrary_seqlen) to FlashAttention-2, "for
+# performance reasons" (transformer_engine/pytorch/attention.py, ``get_attention_backend``, TE
+# 1.x; read from its code, not run here); on Ampere it runs FlashAttention-2. A profile states
+# the cuDNN kernel's rate where TE prefers it (``device.cudnn_attention_efficiency``: the Hopper
+# profiles); elsewhere the flash rate stands. torch's SDPA (torchtitan, the executor) tries its
+# flash kernel first and cuDNN's last (``torch._C._get_sdp_priority_order()``, torch 2.13).
+TE_ATTENTION = dict(cudnn_attention=True)
 # Pipeline sends that hold the sender: Megatron-LM's non-interleaved and (before
 # --overlap-p2p-communication) interleaved 1F1B exchange activations and gradients with
 # ``torch.distributed.batch_isend_irecv`` and wait for the requests before the next pass
@@ -205,8 +214,8 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # --decoder-last-pipeline-num-layers; Llama 3 ran 126 layers on 16 stages, one fewer on the
     # first and the last, interleaved: Dubey et al. 2024 Sec. 3.3.2), where Megatron-LM 2021-22
     # asserts num_layers % (pp x vpp) == 0 (megatron/arguments.py).
-    Stack("megatron-core", "Megatron-Core + Transformer Engine: flash attention, overlapped DP communication",
-          tp_bwd_overlap=True, uneven_stages=True, **FLASH, **MEGATRON_LOSS, **HOST,
+    Stack("megatron-core", "Megatron-Core + Transformer Engine: flash attention (cuDNN on Hopper), overlapped DP communication",
+          tp_bwd_overlap=True, uneven_stages=True, **FLASH, **TE_ATTENTION, **MEGATRON_LOSS, **HOST,
           **FUSED_SOFTMAX, **FUSED_LLAMA, **REENTRANT_CHECKPOINT, **FUSED_ADAM),
     # Megatron-LM 2021-22 (Narayanan et al. 2021; Korthikanti et al. 2022): unfused attention
     # (batched GEMMs around a fused scale-mask-softmax kernel), the DP all-reduce after the
