@@ -69,7 +69,7 @@ def plan_memory(out, dp, pp, vpp, zero, offload, lrow, hrow, drow, ranks, moment
         extra += gathered                # held during every action, not by the optimizer step
         temporaries = optimizer_temporaries(ranks[r, R_LARGEST], drow[D_OPT_TEMPS], dp, zero, drow[D_ZERO1_WHOLE] > 0,
                                             offload_optimizer)
-        if optimizer_step_peaks(act + extra, temporaries, 0.0):    # (FSDP2 is not in the fast path)
+        if optimizer_step_peaks(act + extra, temporaries, 0.0):    # (FSDP2: ``evaluate._fsdp2_memory``)
             act, extra = 0.0, temporaries
         other = staging + extra
         total = params + grads + opt + act + other
