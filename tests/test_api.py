@@ -160,6 +160,18 @@ def test_partition_accepts_a_profile_and_matches_the_partitioner():
     (lambda: parsim.execute("nope"), "model"),
     (lambda: parsim.calibrate("cpu-small", ranks="x"), "ranks"),
     (lambda: parsim.validate("no-such-matrix.yaml"), "matrix"),
+    # wrongly typed keyword arguments: the field, not a TypeError from deep inside
+    (lambda: parsim.sweep("tiny", "a100-80g:4", gbs="8"), "gbs"),
+    (lambda: parsim.sweep("tiny", "a100-80g:4", seq_len="16"), "seq-len"),
+    (lambda: parsim.sweep("tiny", "a100-80g:4", headroom="0.1"), "headroom"),
+    (lambda: parsim.sweep("tiny", "a100-80g:4", resimulate=2.5), "resimulate"),
+    (lambda: parsim.sweep("tiny", "a100-80g:4", workers="1"), "workers"),
+    (lambda: parsim.recommend("tiny", "a100-80g:4", top=True), "top"),
+    (lambda: parsim.simulate("tiny", "a100-80g:4", "dp=2 pp=2 gbs=8", slowdown={0: "x"}), "slowdown"),
+    (lambda: parsim.simulate("tiny", "a100-80g:4", "dp=2 pp=2 gbs=8", slowdown=5), "slowdown"),
+    (lambda: parsim.simulate("tiny", "a100-80g:4", "dp=2 pp=2 gbs=8", max_events=2.5), "max_events"),
+    (lambda: parsim.simulate("tiny", "a100-80g:4", "dp=2 pp=2 gbs=8", link_slowdown={0: float("inf")}),
+     "link_slowdown"),
 ])
 def test_bad_input_raises_a_spec_error_naming_the_field(call, field):
     with pytest.raises(SpecError) as err:

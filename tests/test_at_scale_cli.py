@@ -29,7 +29,10 @@ def test_montecarlo_json_has_quantiles_and_critical_path(capsys, tmp_path):
 @pytest.mark.parametrize("flag, value, field", [("--variability", "weibull:1", "variability"),
                                                 ("--slow-nodes", "7=2", "slow_nodes"),
                                                 ("--degraded-nics", "1=x", "degraded_nics"),
-                                                ("--steps", "0", "steps")])
+                                                ("--steps", "0", "steps"),
+                                                ("--steps", "9999999999999999999", "steps"),
+                                                ("--variability", "lognormal:1e300", "variability"),
+                                                ("--variability", "normal:nan", "variability")])
 def test_montecarlo_bad_input_exits_2_naming_the_field(capsys, flag, value, field):
     assert main(["montecarlo", *SMALL, flag, value, "--json"]) == 2
     assert json.loads(capsys.readouterr().out)["field"] == field
@@ -59,6 +62,15 @@ def test_plan_run_bad_inputs_exit_2(capsys):
     assert main(["plan-run", *SMALL, "--tokens", "0"]) == 2
     assert main(["plan-run", *SMALL, "--tokens", "1e9", "--device-mtbf-h", "-5"]) == 2
     assert "device_mtbf_h" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [["--device-mtbf-h", "0.001"], ["--device-mtbf-h", "0.5", "--ckpt-write-bw", "1"],
+                                   ["--ckpt-read-bw", "1e-300"]])
+def test_plan_run_that_would_make_no_progress_exits_2_naming_its_inputs(capsys, flags):
+    # an interruption every second against a 10-minute restart: no wall time, no overflow
+    assert main(["plan-run", *SMALL, "--tokens", "1e9", *flags, "--json"]) == 2
+    err = json.loads(capsys.readouterr().out)
+    assert err["field"] == "reliability" and "shorten the restart" in err["error"]
 
 
 def test_recommend_ranks_by_time_to_train(capsys):

@@ -62,3 +62,16 @@ def test_time_to_train_adds_up():
     for k in (run.interval_steps - 1, run.interval_steps + 1):
         assert goodput(k * 10.0, run.checkpoint_write_s, run.restart_s, run.mtbf_s) <= run.goodput + 1e-12
     assert tau == pytest.approx(run.interval_s, abs=10.0)
+
+
+def test_goodput_in_logs_matches_the_closed_form_and_reaches_zero_without_overflow():
+    # where e^(R/M) is representable, the log form is Daly's eq. 13 itself
+    for tau, delta, restart, m in ((3600.0, 60.0, 600.0, 1e5), (10.0, 1.0, 5.0, 3.0), (1e-3, 1e-4, 0.0, 1e7)):
+        exact = tau / (m * math.exp(restart / m) * math.expm1((tau + delta) / m))
+        assert goodput(tau, delta, restart, m) == pytest.approx(exact, rel=1e-12)
+    # a restart of 1,000s of MTBFs, or a checkpoint that never ends, keeps nothing (no OverflowError)
+    assert goodput(10.0, 1.0, 600.0, 0.45) == 0.0
+    assert goodput(10.0, math.inf, 1.0, 100.0) == 0.0 and goodput(10.0, 1.0, math.inf, 100.0) == 0.0
+    rel = Reliability(device_mtbf_s=3.6, node_mtbf_s=1e8, write_bandwidth=1e11, read_bandwidth=1e-300, restart_s=600.0)
+    run = estimate_run(1e12, 16e6, 10.0, 8, 1, checkpoint_bytes(1e9, 2.0, 12.0), rel, 2.0, 700.0)
+    assert run.goodput == 0.0 and run.wall_s == math.inf

@@ -26,6 +26,9 @@ NODE_MTBF_H = 15_300.0
 CHECKPOINT_BANDWIDTH = 2e12        # bytes/s, aggregate write and read
 RESTART_S = 600.0
 USD_PER_GPU_HOUR = 2.0
+# Below this share of wall time kept, the run does not make progress worth estimating (its wall
+# time would be 1,000x its compute or more): an error naming the inputs, not an infinite answer.
+MIN_GOODPUT = 1e-3
 
 
 def monte_carlo(model: ModelLike, cluster: ClusterLike, plan: PlanLike, *, profile: str | Path | None = None,
@@ -99,6 +102,14 @@ def run_estimate(model, cluster, plan, tokens: float, step_time_s: float, reliab
     inputs = Inputs(r.device_mtbf_h * HOUR, r.node_mtbf_h * HOUR, r.write_bandwidth, r.read_bandwidth, r.restart_s)
     est = estimate_run(tokens, plan.gbs * model.seq_len, step_time_s, cluster.num_devices, cluster.num_nodes, ckpt,
                        inputs, r.usd_per_gpu_hour, power)
+    if not est.goodput >= MIN_GOODPUT:
+        raise SpecError("reliability", f"device_mtbf_h={r.device_mtbf_h:g} node_mtbf_h={r.node_mtbf_h:g} "
+                        f"write_bandwidth={r.write_bandwidth:g} read_bandwidth={r.read_bandwidth:g} "
+                        f"restart_s={r.restart_s:g}", (
+                            f"inputs under which the run makes progress: an interruption every {est.mtbf_s:.3g} s "
+                            f"against a {est.restart_s:.3g} s restart and {est.checkpoint_write_s:.3g} s checkpoints "
+                            f"keeps {est.goodput:.2g} of the wall time (below {MIN_GOODPUT:g}); raise the MTBFs or "
+                            "the checkpoint bandwidths, or shorten the restart"))
     return RunPlan(model.name, f"{cluster.name}:{cluster.num_devices}", plan.to_string(), step_source, power,
                    source or "unknown (profile has no power_w)", est)
 

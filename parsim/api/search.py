@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parsim.specs import ClusterSpec, ModelSpec, SpecError, load_cluster, load_model
+from parsim.specs.errors import checked_int
 from parsim.specs.plan import MAX_INT
 
 from .inputs import ClusterLike, ModelLike, PlanLike
@@ -82,16 +83,15 @@ def _run_sweep(model: ModelLike, cluster: ClusterLike, *, profile: str | Path | 
 
     model = load_model(model)
     if seq_len is not None:
-        if not 1 <= seq_len <= MAX_INT:
-            raise SpecError("seq-len", seq_len, "a positive integer (tokens per sequence), at most 2**53")
+        seq_len = checked_int("seq-len", seq_len, 1, "a positive integer (tokens per sequence), at most 2**53", MAX_INT)
         model = replace(model, seq_len=seq_len)
     cluster = load_cluster(cluster, profile=profile)
-    if not 0.0 <= headroom < 1.0:
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0.0 <= headroom < 1.0:
         raise SpecError("headroom", headroom, "a fraction in [0, 1)")
-    if workers is not None and workers < 1:
-        raise SpecError("workers", workers, "a positive integer")
-    if gbs is not None and not 1 <= gbs <= MAX_INT:
-        raise SpecError("gbs", gbs, "a positive integer (global batch in sequences), at most 2**53")
+    if workers is not None:
+        workers = checked_int("workers", workers, 1, "a positive integer")
+    if gbs is not None:
+        gbs = checked_int("gbs", gbs, 1, "a positive integer (global batch in sequences), at most 2**53", MAX_INT)
     plans = build_space(space_file=space, fix=fix, gbs=gbs)
     if plans.gbs is None:
         plans = plans.narrowed({"gbs": (default_gbs(cluster),)})
@@ -158,8 +158,7 @@ def sweep(model: ModelLike, cluster: ClusterLike, *, profile: str | Path | None 
     ``space``: YAML mapping plan keys to lists; ``workers``: processes for the re-simulation
     [one per core]; ``address``: a Dask scheduler to re-simulate on instead (``study.workers``);
     ``out``: also write every plan to this .csv or .parquet; ``progress``: bars on stderr."""
-    if resimulate < 0:
-        raise SpecError("resimulate", resimulate, "a non-negative integer")
+    resimulate = checked_int("resimulate", resimulate, 0, "a non-negative integer")
     if out and not str(out).endswith((".csv", ".parquet")):
         raise SpecError("out", out, "a path ending in .csv or .parquet")
     if out:
@@ -180,11 +179,8 @@ def recommend(model: ModelLike, cluster: ClusterLike, *, top: int = 3, resimulat
     of thumb for the cluster (``parsim recommend``). Runs a sweep (arguments as ``sweep``) with
     the ``resimulate`` [``top``] best plans re-run in SimPy; ``.to_dict()`` is the command's JSON."""
     from parsim.study.recommend import recommend as advise
-    if top < 1:
-        raise SpecError("top", top, "a positive integer")
-    resimulate = top if resimulate is None else resimulate
-    if resimulate < 0:
-        raise SpecError("resimulate", resimulate, "a non-negative integer")
+    top = checked_int("top", top, 1, "a positive integer")
+    resimulate = top if resimulate is None else checked_int("resimulate", resimulate, 0, "a non-negative integer")
     found = _run_sweep(model, cluster, profile=profile, gbs=gbs, seq_len=seq_len, headroom=headroom, fix=fix,
                        space=space, workers=workers, resimulate=resimulate, progress=progress, address=address)
     return advise(found.model, found.cluster, found.result, top=top)

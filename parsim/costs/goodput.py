@@ -47,8 +47,13 @@ def goodput(tau_s: float, delta_s: float, restart_s: float, mtbf_s: float) -> fl
     if math.isinf(mtbf_s):
         return tau_s / (tau_s + delta_s)
     m = mtbf_s
+    x = (tau_s + delta_s) / m
+    if not (math.isfinite(x) and math.isfinite(restart_s)):
+        return 0.0                 # a checkpoint or a restart that never ends: no work is kept
+    # in logs, so that a restart or an interval of many MTBFs gives ~0 instead of overflowing;
     # expm1 keeps the small-argument case exact: e^x - 1 for x = (tau + delta) / M << 1
-    return tau_s / (m * math.exp(restart_s / m) * math.expm1((tau_s + delta_s) / m))
+    log_expm1 = math.log(math.expm1(x)) if x < 1.0 else x + math.log1p(-math.exp(-x))
+    return math.exp(math.log(tau_s) - math.log(m) - restart_s / m - log_expm1)
 
 
 def young_interval(delta_s: float, mtbf_s: float) -> float:
@@ -140,17 +145,19 @@ def estimate_run(tokens: float, tokens_per_step: float, step_time_s: float, num_
     m = system_mtbf(num_devices, num_nodes, r.device_mtbf_s, r.node_mtbf_s)
     delta = ckpt_bytes / r.write_bandwidth
     restart = r.restart_s + ckpt_bytes / r.read_bandwidth
-    best = best_interval(delta, restart, m)
-    if math.isfinite(best):
+    best = best_interval(delta, restart, m) if math.isfinite(delta) and math.isfinite(restart) else 0.0
+    if math.isinf(m):
+        steps_between, fraction = 0, 1.0
+    elif best > 0:
         # the best whole number of steps is one of the two around the continuous optimum
         around = {max(1, math.floor(best / step_time_s)), max(1, math.ceil(best / step_time_s))}
         steps_between = max(sorted(around), key=lambda k: goodput(k * step_time_s, delta, restart, m))
         fraction = goodput(steps_between * step_time_s, delta, restart, m)
     else:
-        steps_between, fraction = 0, 1.0
+        steps_between, fraction = 0, 0.0
     steps = tokens / tokens_per_step
     compute = steps * step_time_s
-    wall = compute / fraction
+    wall = compute / fraction if fraction > 0 else math.inf      # the caller names the inputs (api.run)
     gpu_hours = wall * num_devices / 3600.0
     return RunEstimate(tokens=tokens, step_time_s=step_time_s, steps=steps, mtbf_s=m, checkpoint_bytes=ckpt_bytes,
                        checkpoint_write_s=delta, restart_s=restart, interval_s=best, interval_steps=steps_between,

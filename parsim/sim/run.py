@@ -4,6 +4,7 @@ actions share its cores, iterates the mean-field slowdown over whole runs."""
 from __future__ import annotations
 
 import gc
+import math
 import time
 
 from parsim.costs.host import ComputeScale
@@ -114,6 +115,6 @@ def _factors(name: str, given: dict[int, float] | None, world: int) -> dict[int,
     for r, f in out.items():
         if not isinstance(r, int) or not 0 <= r < world:
             raise SpecError(name, f"{r}={f}", f"rank must be an integer in 0..{world - 1}")
-        if not isinstance(f, (int, float)) or not f > 0:
-            raise SpecError(name, f"{r}={f}", "factor must be a positive number (1.5 = 50% slower)")
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < math.inf:
+            raise SpecError(name, f"{r}={f}", "factor must be a finite positive number (1.5 = 50% slower)")
     return out

@@ -110,6 +110,8 @@ def max_events(override: int | None = None) -> int:
         limit = int(value)
     except (TypeError, ValueError):
         limit = 0
+    if isinstance(value, bool) or (isinstance(value, float) and value != limit):
+        limit = 0                                   # 2.5 is not a count (nor is True)
     if limit < 1:
         raise SpecError(MAX_EVENTS_ENV if override is None else "max_events", value,
                         "a positive integer (events the simulator may play)")

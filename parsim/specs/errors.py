@@ -48,3 +48,13 @@ class SpecError(ValueError):
 
 class SpecWarning(UserWarning):
     """A legal but questionable choice (e.g. ZeRO-2/3 with pipeline parallelism)."""
+
+
+def checked_int(field: str, value: object, low: int, allowed: str, high: int | None = None) -> int:
+    """``value`` as an int in [low, high], else a SpecError naming ``field``: an int (not a bool;
+    an integral float such as 8.0 is taken), as the API's keyword arguments take them."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        raise SpecError(field, value, allowed)
+    return value

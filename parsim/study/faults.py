@@ -20,6 +20,10 @@ from parsim.specs import ClusterSpec, SpecError
 
 DISTRIBUTIONS = ("none", "lognormal", "normal")
 NORMAL_FLOOR = 0.05           # a normal draw below this is clipped: compute never takes (almost) no time
+# The largest sigma taken: lognormal:1 already spreads a device's compute over 0.05x-20x at 3
+# sigma (measured kernel-time noise is a few %: PRISM, Hu et al. 2024); beyond it the draws
+# reach factors no device shows and, far beyond, 0 or infinity.
+MAX_SIGMA = 1.0
 
 
 @dataclass(frozen=True)
@@ -30,8 +34,10 @@ class Variability:
     def __post_init__(self) -> None:
         if self.distribution not in DISTRIBUTIONS:
             raise SpecError("variability", self.distribution, f"one of {', '.join(DISTRIBUTIONS)}")
-        if not (self.sigma >= 0.0 and np.isfinite(self.sigma)):
-            raise SpecError("variability", self.sigma, "sigma must be a non-negative number, e.g. lognormal:0.05")
+        if not 0.0 <= self.sigma <= MAX_SIGMA:
+            raise SpecError("variability", f"{self.distribution}:{self.sigma:g}",
+                            f"sigma must be a number in [0, {MAX_SIGMA:g}] (the spread of a device's compute time "
+                            "from step to step), e.g. lognormal:0.05")
 
     @classmethod
     def parse(cls, text: "str | Variability | None") -> "Variability":

@@ -191,6 +191,11 @@ class MonteCarloResult:
                 "wall_s": self.wall_s}
 
 
+# Steps a Monte-Carlo runs at most: each is a (representative) simulation of ~10-100 ms, so
+# 100,000 steps are hours of one core; the bound keeps a typo from being days or a MemoryError.
+MAX_STEPS = 100_000
+
+
 def monte_carlo(model, cluster, plan, *, steps: int = 100, variability="none", faults: Faults | None = None,
                 seed: int = 0, mode: str = "representative", top: int = 2, workers: int | None = None,
                 address: str | None = None) -> MonteCarloResult:
@@ -201,9 +206,11 @@ def monte_carlo(model, cluster, plan, *, steps: int = 100, variability="none", f
     variability, faults = Variability.parse(variability), faults or Faults()
     if mode not in MODES:
         raise SpecError("mode", mode, f"one of {', '.join(MODES)}")
-    for name, value in (("steps", steps), ("top", top)):
-        if not isinstance(value, int) or value < 1:
-            raise SpecError(name, value, "a positive integer")
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
+        raise SpecError("steps", steps, f"a positive integer up to {MAX_STEPS:,} (each step is a simulation; "
+                        "a p99 needs about 1,000)")
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise SpecError("top", top, "a positive integer")
     faults.check(cluster, plan.world_size)
     clean = simulate(model, cluster, plan, record_events=False)
     lay = RankLayout(plan.dp, plan.tp, plan.pp)
