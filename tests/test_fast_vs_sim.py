@@ -157,3 +157,71 @@ def test_fsdp2_copies_beside_a_side_stream_agree_within_2_percent(plan):
     fast = evaluate(model, cluster, PlanTable.from_plans([p]))
     sim = simulate(model, cluster, p, record_events=False)
     assert fast.step_time_s[0] == pytest.approx(sim.step_time_s, rel=0.02)
+
+
+def _with_stack(cluster, name: str, **numbers):
+    """The cluster with the profile's numbers for stack ``name`` replaced (``device.stacks``)."""
+    from dataclasses import replace
+
+    from parsim.specs.stack import get_stack
+    stacks = dict(cluster.device.stacks)
+    stacks[name] = replace(stacks.get(name) or get_stack(name), **numbers)
+    return replace(cluster, device=replace(cluster.device, stacks=stacks))
+
+
+def _within(model_name: str, cluster, plan: str, rel: float) -> None:
+    model, p = load_model(model_name), parse_plan(plan)
+    fast = evaluate(model, cluster, PlanTable.from_plans([p]))
+    sim = simulate(model, cluster, p, record_events=False)
+    assert fast.step_time_s[0] == pytest.approx(sim.step_time_s, rel=rel), plan
+
+
+# ZeRO-2 under stacks whose NCCL kernels slow the compute they run beside (``comm_compute_slowdown``:
+# deepspeed 0.54, fsdp1 0.13 on the A100 profile): the per-microbatch reduce-scatters charge the
+# compute beside them in both engines (``costs.overlap.scatter_overlap``). The fast path left it
+# out and read these 17-32 % below the engine, none flagged approximate under pp = 1.
+ZERO2_SLOWED = ["dp=2 mbs=1 gbs=16 zero=2 dtype=bf16 stack=deepspeed",
+                "dp=2 mbs=1 gbs=16 zero=2 dtype=fp16 stack=deepspeed",
+                "dp=8 mbs=1 gbs=16 zero=2 dtype=bf16 stack=deepspeed",
+                "dp=2 mbs=1 gbs=2 zero=2 dtype=bf16 stack=deepspeed",
+                "dp=4 mbs=1 gbs=16 zero=2 dtype=bf16 stack=fsdp1", "dp=2 pp=2 gbs=32 zero=2 stack=deepspeed",
+                "dp=2 pp=2 gbs=32 zero=2 schedule=zb-h1 stack=deepspeed",
+                "dp=2 pp=2 vpp=2 gbs=32 zero=2 schedule=zbv stack=deepspeed",
+                "dp=2 pp=2 vpp=2 gbs=32 zero=2 schedule=dualpipev stack=deepspeed"]
+
+
+@pytest.mark.parametrize("plan", ZERO2_SLOWED)
+def test_zero2_reduce_scatters_slow_the_compute_beside_them_in_both_engines(plan):
+    p = parse_plan(plan)
+    _within("gpt3-1.3b", load_cluster(f"a100-80g:{p.dp * p.pp}"), plan, 0.03)
+
+
+# ZeRO-3 whose DP traffic shares the device's port with its TP collectives (dp, tp > 1 in one
+# node): a layer's first TP collective queues behind the ZeRO-3 transfer, so little compute runs
+# beside it (``costs.overlap``); the fast path charged the NCCL slowdown on min(layer, transfer)
+# and let no backward compute run beside the next layer's gather: 2-12 % slow under every stack,
+# up to 33 % under deepspeed.
+SHARED_PORT_ZERO3 = [f"dp=2 tp=2 pp=2 gbs=32 zero=3 sp=true stack={s}" for s in ("megatron-core", "fsdp1", "fsdp2",
+                                                                                 "torch")] + [
+    "dp=4 tp=2 gbs=32 zero=3 sp=true stack=fsdp1", "dp=2 tp=2 pp=2 gbs=32 zero=3 sp=true recompute=full stack=torch"]
+
+
+@pytest.mark.parametrize("plan", SHARED_PORT_ZERO3)
+def test_zero3_on_a_port_shared_with_tp_agrees_within_3_percent(plan):
+    _within("gpt3-1.3b", load_cluster("a100-80g:8"), plan, 0.03)
+
+
+def test_deepspeed_zero3_on_a_shared_port_agrees():
+    """deepspeed's ZeRO-3 over 2 x 2 ranks with its slow gathers (``zero_comm_efficiency``): a naive
+    pipeline (+25 % before), and the fuzzed 1F1B plan without the compute slowdown (+11 % before)."""
+    _within("llama2-7b", load_cluster("h200:8"), "dp=2 tp=2 pp=2 mbs=2 gbs=32 schedule=naive zero=3 sp=true "
+            "stack=deepspeed", 0.03)
+    cluster = _with_stack(load_cluster("a100-80g:8"), "deepspeed", comm_compute_slowdown=0.0)
+    _within("gpt3-1.3b", cluster, "dp=2 tp=2 pp=2 gbs=32 zero=3 sp=true stack=deepspeed", 0.03)
+
+
+@pytest.mark.xfail(strict=True, reason="the compute a ZeRO-3 backward owes is paid at the next action's "
+                                       "start while its last reduce-scatters drain (sim.device); the fast path "
+                                       "adds the two (+5.6 %); following it moves the fitted fsdp1 rows")
+def test_deepspeed_zero3_pipeline_with_the_compute_slowdown_agrees():
+    _within("gpt3-1.3b", load_cluster("a100-80g:8"), "dp=2 tp=2 pp=2 gbs=32 zero=3 sp=true stack=deepspeed", 0.03)

@@ -6,9 +6,10 @@ reduced and what DP traffic follows its optimizer step (``fast.timing.plan_time`
   the parameters all-gathered after the step), chunk by chunk as the last backward completes
   them (``_sync_end``), or after it where the sweep does not overlap them;
 * ZeRO-2 (Rajbhandari et al. 2020 Sec. 5.2): every backward's per-layer reduce-scatters
-  (``_scatter_end``), or, where ZeRO collectives block the rank (``fast.comm.C_ZERO_BLOCKING``),
-  in line with the backward, the parameters then gathered after the step (unit by unit under
-  FSDP2: the SimPy engine's ``sim.actions.fsdp2_gathers``);
+  (``_scatter_end``; the compute they cost beside it, ``scatters_owed``), or, where ZeRO
+  collectives block the rank (``fast.comm.C_ZERO_BLOCKING``), in line with the backward, the
+  parameters then gathered after the step (unit by unit under FSDP2: the SimPy engine's
+  ``sim.actions.fsdp2_gathers``);
 * ZeRO-3: the last layer's reduce-scatter;
 * the tied embedding's gradient all-reduce between the first and the last rank
   (``tie_embedding``).
@@ -24,7 +25,7 @@ from .codes import GPIPE, NAIVE, OFF_NONE, PS
 from .comm import (C_AG_ALL, C_AR_ALL, C_AR_LAST, C_OWED_EMB, C_OWED_HEAD, C_PS_ALL, C_PS_BCAST, C_PS_LAST, C_RS_ALL,
                    C_RS_LAST, C_TIED, C_TIED_SHARD, C_Z2_EMB, C_Z2_HEAD, C_Z3_GATHER, C_Z3_ROOT_GATHER, C_Z3_SCATTER)
 from .ranks import R_CHUNK, R_COMM, R_LAYERS, R_PARAMS, R_STEP, S_BUCKET_DOWN, S_BUCKETS_DOWN
-from .rules import reduce_scatters_buckets
+from .rules import reduce_scatters_buckets, scatter_overlap
 
 
 @numba.njit(cache=True)
@@ -44,6 +45,24 @@ def edges_in_line(t, c) -> float:
     a side stream the compute FSDP2's copies around them leave the rank (``fast.comm.C_OWED_EMB``
     / ``C_OWED_HEAD``; 0 elsewhere)."""
     return blocked_edges(t, c) + (c[C_OWED_EMB] + c[C_OWED_HEAD] if t.zero2 else 0.0)
+
+
+@numba.njit(cache=True)
+def scatters_owed(t, c, m, layers, compute, backward) -> float:
+    """ZeRO-2 beside a side stream: the compute a backward of a rank's ``layers`` layers owes,
+    on average over the step's ``m``, for the reduce-scatters of their gradients and of the
+    edges' (``fast.comm``: C_Z2_EMB / C_Z2_HEAD non-zero on the ranks holding them): the stack's
+    slowdown x the compute they run beside (``costs.overlap.scatter_overlap``): the rank's
+    ``compute`` seconds per microbatch, but the last backward's only its own ``backward`` seconds,
+    and none its last part's (the embedding's, else the last layer's), issued as it ends.
+    The SimPy engine's ``Device.ledger``, charged by ``sim.actions.zero3_collective`` for each of
+    ``zero2_scatters``; 0 elsewhere (``t.slowdown`` is 0 where the collectives block)."""
+    if not (t.zero2 and t.slowdown > 0.0):
+        return 0.0
+    scatters = layers * c[C_Z3_SCATTER] + c[C_Z2_EMB] + c[C_Z2_HEAD]
+    steady = scatter_overlap(scatters, compute)
+    last = scatters - (c[C_Z2_EMB] if c[C_Z2_EMB] > 0.0 else c[C_Z3_SCATTER])
+    return t.slowdown * ((m - 1.0) * steady + scatter_overlap(last, backward)) / m
 
 
 @numba.njit(cache=True)

@@ -3,11 +3,12 @@
 numba's on-disk cache (``cache=True``) checks only the file of each cached function, so a
 change in a function it calls from another file (``fast.timing`` from ``fast.kernel``)
 would keep serving stale machine code. Keying the folder by a hash of every source file of
-``parsim.fast`` (and of ``parsim.costs.footprint``, ``costs.zero`` and ``costs.split_backward``,
-whose rules the kernels compile) and of the plan-word codes the kernels read as constants (``parsim.specs.codes``) makes any edit start a
-fresh cache. The folder is chosen only while the
-package's jitted modules are imported (numba fixes a function's cache path when it is
-decorated), then numba's setting is put back, so other numba users are not affected.
+``parsim.fast`` (and of ``parsim.costs.footprint``, ``costs.zero``, ``costs.overlap`` and
+``costs.split_backward``, whose rules the kernels compile) and of the plan-word codes the
+kernels read as constants (``parsim.specs.codes``) makes any edit start a fresh cache. The
+folder is chosen only while the package's jitted modules are imported (numba fixes a
+function's cache path when it is decorated), then numba's setting is put back, so other numba
+users are not affected.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from numba.core import config
 HERE = Path(__file__).resolve().parent
 # sources outside parsim/fast whose functions numba compiles into the kernels
 COMPILED_ELSEWHERE = (HERE.parent / "costs" / "footprint.py", HERE.parent / "costs" / "zero.py",
-                      HERE.parent / "costs" / "split_backward.py")
+                      HERE.parent / "costs" / "overlap.py", HERE.parent / "costs" / "split_backward.py")
 
 
 def sources_hash() -> str:

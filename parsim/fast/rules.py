@@ -1,20 +1,25 @@
 """The rules of ``parsim.costs`` the fast path's kernels run, compiled by numba from their source.
 
-``costs.zero`` (ZeRO sharding and which DP collectives a stage runs) is registered with numba
-(``register_jitable``: the plain functions stay callable from Python, and jitted code that calls
-them compiles them in); ``costs.footprint``'s memory rules, which call it, and
-``costs.split_backward``'s overlapped F&B slot are compiled here.
+``costs.zero`` (ZeRO sharding and which DP collectives a stage runs) and ``costs.overlap`` (ZeRO
+collectives beside compute) are registered with numba (``register_jitable``: the plain functions
+stay callable from Python, and jitted code that calls them compiles them in);
+``costs.footprint``'s memory rules, which call it, and ``costs.split_backward``'s overlapped F&B
+slot are compiled here.
 """
 from __future__ import annotations
 
 import numba
 from numba.extending import register_jitable
 
-from parsim.costs import footprint, split_backward, zero
+from parsim.costs import footprint, overlap, split_backward, zero
 
 for _rule in (zero.zero_shard, zero.gathers_layers, zero.scatters_every_backward, zero.reduce_scatters_buckets,
-              zero.gathers_after_step):
+              zero.gathers_after_step, overlap.scatter_overlap, overlap.zero3_forward_layer,
+              overlap.zero3_backward_layer):
     register_jitable(_rule)
+scatter_overlap = overlap.scatter_overlap
+zero3_forward_layer = overlap.zero3_forward_layer
+zero3_backward_layer = overlap.zero3_backward_layer
 gathers_layers = zero.gathers_layers
 scatters_every_backward = zero.scatters_every_backward
 reduce_scatters_buckets = zero.reduce_scatters_buckets

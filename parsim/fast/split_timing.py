@@ -26,15 +26,15 @@ import numpy as np
 
 from .codes import DUALPIPEV, LOOPED_BFS, O_BUBBLE, O_DP, O_PIPE, O_PP, O_STEP, O_TP, OFF_NONE
 from .comm import (C_AG_ALL, C_OWED_EMB, C_OWED_HEAD, C_Z2_EMB, C_Z2_HEAD, C_Z3_EMB_GATHER, C_Z3_EMB_SCATTER,
-                   C_Z3_HEAD_GATHER, C_Z3_HEAD_SCATTER, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER)
+                   C_Z3_HEAD_GATHER, C_Z3_HEAD_SCATTER, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER, C_Z3_SCATTER)
 from .dag import K_B, K_F, K_FB, K_I, K_W, N_CHUNK, N_CHUNK_B, N_DEP0, N_DEP1, N_KIND, N_KIND_B, N_RANK
-from .ranks import (R_CHUNK, R_COMM, R_LAST, R_PARAMS, R_STEP, S_GRADS_DOWN, S_OPT_STEP, S_PARAMS_UP,
+from .ranks import (R_CHUNK, R_COMM, R_LAST, R_LAYERS, R_PARAMS, R_STEP, S_GRADS_DOWN, S_OPT_STEP, S_PARAMS_UP,
                     send_between)
 from .rules import overlapped_time
 from .tables import (H_EMB_BWD, H_EMB_FWD, H_HEAD_BWD, H_HEAD_BWD_W, H_HEAD_FWD, H_HEAD_TP_COVER, L_BWD, L_BWD_I,
                      L_BWD_W, L_FWD, L_RECOMPUTE, L_SPLIT_W, L_SPLIT_W2, L_TP_BWD, L_TP_COVER, L_TP_RECOMPUTE,
                      L_TP_W_RECOMPUTE, L_W_RECOMPUTE)
-from .dp_end import _scatter_end, _sync_rounds, blocked_exposed, blocked_zero2_post, tie_embedding
+from .dp_end import _scatter_end, _sync_rounds, blocked_exposed, blocked_zero2_post, scatters_owed, tie_embedding
 from .timing import _chained, _plan_terms
 
 # per (rank, chunk): one microbatch's pass times and the communication inside them (seconds)
@@ -50,15 +50,15 @@ def pass_times(plan, t, lrow, hrow, ranks):
     i_layer = lrow[L_BWD_I] + (lrow[L_TP_BWD] + lrow[L_TP_COVER]) + lrow[L_RECOMPUTE] + lrow[L_TP_RECOMPUTE]
     w_layer = lrow[L_BWD_W] + lrow[L_W_RECOMPUTE] + lrow[L_TP_W_RECOMPUTE]
     for r in range(plan.pp):
+        owed = _owed(plan, t, hrow, ranks, r)
         for c in range(plan.vpp):
             L = ranks[r, R_CHUNK + c]
             first = r == 0 and c == 0
             last = ranks[r, R_LAST] == c
             p = out[r, c]
             if t.zero3:
-                p[P_F] = _chained(L, 1, t.f_wait, t.f_layer, max(t.gather, t.gather - t.h2d + t.tp_f))
-                p[P_B] = _chained(L, 1, t.b_wait, t.b_layer, max(t.gather + t.scatter, t.gather - t.h2d + t.scatter
-                                                                 + t.tp_b))
+                p[P_F] = _chained(L, 1, t.f_wait, t.f_layer, t.f_stream)
+                p[P_B] = _chained(L, 1, t.b_wait, t.b_layer, t.b_stream)
                 p[P_I] = _chained(L, 1, t.b_wait, i_layer + t.block_gather + t.owed_gather, t.gather)
                 p[P_W] = _chained(L, 1, 0.0, w_layer + t.block_scatter + t.owed_scatter, t.scatter)
             else:       # ZeRO-2: W completes a layer's gradients and reduce-scatters them
@@ -94,12 +94,32 @@ def pass_times(plan, t, lrow, hrow, ranks):
             if t.zero2:     # the edges' scatters after their W: blocking in line, beside a side stream their copies
                 emb, head = (C_Z2_EMB, C_Z2_HEAD) if t.block_scatter > 0.0 else (C_OWED_EMB, C_OWED_HEAD)
                 edge = (ranks[r, R_COMM + emb] if first else 0.0) + (ranks[r, R_COMM + head] if last else 0.0)
+                # ... and the compute owed for the chunk's share of the rank's reduce-scatters
+                chunk = L * ranks[r, R_COMM + C_Z3_SCATTER] + (ranks[r, R_COMM + C_Z2_EMB] if first else 0.0) \
+                    + (ranks[r, R_COMM + C_Z2_HEAD] if last else 0.0)
+                edge += owed[0] * chunk / owed[1] if owed[1] > 0.0 else 0.0
                 p[P_B] += edge
                 p[P_W] += edge
             if first:
                 # no input gradient: the first stage's I runs nothing, its W the whole backward
                 p[P_I], p[P_I_COMM], p[P_W] = 0.0, 0.0, p[P_B]
     return out
+
+
+@numba.njit(cache=True)
+def _owed(plan, t, hrow, ranks, r):
+    """ZeRO-2: (the compute rank r's backwards owe per microbatch for their reduce-scatters,
+    ``fast.dp_end.scatters_owed``, beside its compute: its layers' and its edges' forward and
+    backward, wherever the placement puts the edges; those reduce-scatters' seconds)."""
+    c = ranks[r, R_COMM:R_STEP]
+    L = ranks[r, R_LAYERS]
+    backward = L * t.b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0)
+    compute = L * (t.f_layer + t.b_layer) + (hrow[H_EMB_FWD] + hrow[H_EMB_BWD] if r == 0 else 0.0)
+    if ranks[r, R_LAST] >= 0:
+        backward += hrow[H_HEAD_BWD]
+        compute += hrow[H_HEAD_FWD] + hrow[H_HEAD_BWD]
+    return (scatters_owed(t, c, plan.m, L, compute, backward),
+            L * c[C_Z3_SCATTER] + c[C_Z2_EMB] + c[C_Z2_HEAD])
 
 
 @numba.njit(cache=True)

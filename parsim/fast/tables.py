@@ -48,6 +48,7 @@ from .dag import canonical_microbatches as graph_microbatches
 from .inflight import canonical_microbatches, moment_microbatches, moment_table
 from .plans import WORDS, PlanTable
 from .ranks import R_CHUNK, RankRows, rank_plan, send_rows
+from .segments import backward_lead, compute_before_first_collective
 
 # the first schedule code timed by its action graph (``fast.dag``): the codes after the four
 # counted schedules (``specs.codes``)
@@ -61,7 +62,8 @@ V_PLACED = tuple(name for name in WORDS["schedule"] if not loop_placed(Plan(sche
 (L_FWD, L_BWD, L_RECOMPUTE, L_TP_FWD, L_TP_BWD, L_TP_RECOMPUTE, L_ACT, L_ACT_NONE, L_ACT_FULL,
  L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WORK, L_TRANSIENT, L_RERUN_FULL, L_RERUN_SELECTIVE, L_BWD_I, L_BWD_W,
  L_W_RECOMPUTE, L_TP_W_RECOMPUTE, L_KEPT, L_WORK_I, L_WORK_W, L_W_RESIDUE, L_TP_COVER, L_W_RESIDUE_TOP,
- L_TP_RERUN_FULL, L_FWD_COPIES, L_SPLIT_W, L_SPLIT_W2, L_WIDTH) = range(31)
+ L_TP_RERUN_FULL, L_FWD_COPIES, L_SPLIT_W, L_SPLIT_W2, L_TP1_BWD, L_MID_BWD, L_TP1_RERUN, L_MID_RERUN,
+ L_WIDTH) = range(35)
 # the forward a backward re-runs under each layer policy that re-runs one (``costs.rerun``)
 RERUN = {"full": L_RERUN_FULL, "selective": L_RERUN_SELECTIVE}
 # head table columns; the head's weight-gradient time and kept output gradients (the first stage
@@ -152,25 +154,6 @@ def _prices_by_host_ranks(cluster: ClusterSpec) -> bool:
     return cluster.network.collectives.prices_by_host_ranks
 
 
-def _compute_before_first_collective(cluster: ClusterSpec, model: ModelSpec, plan: Plan, phase: str, ops) -> float:
-    """Compute seconds of a layer's forward ("fwd") or backward ("bwd", ops reversed) before
-    its first TP collective (``Collective.after`` names the op it follows; "" = layer start):
-    how long a collective's port stays free for other traffic at the start of a layer."""
-    colls = tp_collectives_per_layer(model, plan, phase)
-    if not colls:
-        return _ops_time(cluster, ops, phase, plan.dtype)
-    first = colls[0].after
-    order = ops if phase == "fwd" else list(reversed(ops))
-    total = 0.0
-    if first == "":
-        return total
-    for op in order:
-        total += timing.op_time(cluster.device, op, phase, plan.dtype)
-        if op.name == first:
-            break
-    return total
-
-
 def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ranks: int | None = None) -> np.ndarray:
     """Per-layer, per-microbatch costs on one device for a layer shape (tp, sp, mbs, dtype),
     the recomputation left at zero (``with_recompute`` fills it in);
@@ -192,8 +175,12 @@ def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ran
     row[L_ACT_NONE] = layer_activation_bytes(model, plan, "none")
     row[L_ACT_FULL] = layer_activation_bytes(model, plan, "full")
     row[L_PARAMS] = layer_params(model, plan.tp)
-    row[L_PRE_FWD] = _compute_before_first_collective(cluster, model, plan, "fwd", ops)
-    row[L_PRE_BWD] = _compute_before_first_collective(cluster, model, plan, "bwd", ops)
+    row[L_PRE_FWD] = compute_before_first_collective(cluster, model, plan, "fwd", ops)
+    row[L_PRE_BWD] = compute_before_first_collective(cluster, model, plan, "bwd", ops)
+    # the backward's first TP collective and the compute up to its second (``fast.segments``);
+    # the same of a fully re-run forward, where the backward starts with it
+    row[L_TP1_BWD], row[L_MID_BWD] = backward_lead(cluster, model, plan, host_ranks)
+    row[L_TP1_RERUN], row[L_MID_RERUN] = backward_lead(cluster, model, plan, host_ranks, rerun_full=True)
     # a layer's backward working set (``footprint.backward_working`` of a middle stage)
     row[L_WORK] = layer_working_bytes(model, plan)
     # split backward: I runs bwd_input (and the backward TP collectives), W bwd_weight
@@ -220,6 +207,7 @@ def with_recompute(model: ModelSpec, plan: Plan, shape: np.ndarray) -> np.ndarra
     if recomputes_collectives(policy):
         row[L_TP_RECOMPUTE] = row[L_TP_RERUN_FULL]
         row[L_PRE_BWD] = row[L_PRE_FWD]          # the backward starts with the re-run forward
+        row[L_TP1_BWD], row[L_MID_BWD] = row[L_TP1_RERUN], row[L_MID_RERUN]
         # ... and a split backward's W re-runs it once per weight group (``costs.split_backward``)
         row[L_W_RECOMPUTE] = w_recomputes(model) * row[L_RERUN_FULL]
         row[L_TP_W_RECOMPUTE] = w_recomputes(model) * row[L_TP_RERUN_FULL]

@@ -21,7 +21,9 @@ ZeRO-2 (Rajbhandari et al. 2020 Sec. 5.2): every backward reduce-scatters each l
 the head's, the embedding's) gradients on the DP stream as it completes them, hidden behind
 compute except after the rank's last backward: the step's gradients are reduced when that
 backward's queue of reduce-scatters drains (or, if the DP stream cannot keep up, when all m of
-them are through), then the sharded step and the once-per-step parameter all-gather.
+them are through), then the sharded step and the once-per-step parameter all-gather. Beside a
+side stream, the compute those reduce-scatters run beside costs the stack's slowdown on it
+(``costs.overlap.scatter_overlap``), added to every backward.
 
 End of the step, per rank (PyTorch DDP bucketing, Li et al. 2020 Sec. 3.2.3): the gradient
 buckets of a stage are reduced one after another on the DP link as its last backward
@@ -42,12 +44,12 @@ from .codes import (GPIPE, INTERLEAVED, NAIVE, O_BUBBLE, O_DP, O_PIPE, O_PP, O_S
                     PS)
 from .comm import (C_COMM_SLOWDOWN, C_OWED_GATHER, C_OWED_SCATTER, C_SHARED_LINK, C_Z3_GATHER, C_Z3_ROOT_GATHER,
                    C_Z3_ROOT_SCATTER, C_Z3_SCATTER, C_ZERO_BLOCKING)
-from .dp_end import _gradients_ready, blocked_exposed, edges_in_line, tie_embedding
+from .dp_end import _gradients_ready, blocked_exposed, edges_in_line, scatters_owed, tie_embedding
 from .ranks import R_COMM, R_LAYERS, R_STEP, S_GRADS_DOWN, S_LAYER_UP, S_OPT_STEP, S_PARAMS_UP, step_block
-from .rules import gathers_layers, scatters_every_backward
+from .rules import gathers_layers, scatters_every_backward, zero3_backward_layer, zero3_forward_layer
 from .tables import (H_EMB_BWD, H_EMB_FWD, H_EMB_PARAMS, H_HEAD_BWD, H_HEAD_FWD, H_HEAD_PARAMS_PP1,
-                     H_HEAD_PARAMS_PPN, L_BWD, L_FWD, L_PARAMS, L_PRE_BWD, L_PRE_FWD, L_RECOMPUTE, L_TP_BWD, L_TP_FWD,
-                     L_TP_RECOMPUTE)
+                     H_HEAD_PARAMS_PPN, L_BWD, L_FWD, L_MID_BWD, L_PARAMS, L_PRE_BWD, L_PRE_FWD, L_RECOMPUTE, L_TP1_BWD,
+                     L_TP_BWD, L_TP_FWD, L_TP_RECOMPUTE)
 
 
 @numba.njit(cache=True)
@@ -91,11 +93,14 @@ DPSync = namedtuple("DPSync", "bucket_bytes overlap")
 # (``fast.comm.C_ZERO_BLOCKING``), already in ``f_layer`` / ``b_layer``; ``fsdp2``: ZeRO-2 gathers
 # unit by unit after the step (the SimPy engine's ``actions.fsdp2_gathers``); ``owed_gather`` /
 # ``owed_scatter``: FSDP2's copies a layer's collectives leave to the compute beside a side
-# stream (``fast.comm.C_OWED_*``), also already in ``f_layer`` / ``b_layer``
-PlanTerms = namedtuple("PlanTerms", "f_layer b_layer tp_layer tp_f tp_b gather scatter f_wait b_wait h2d zf zb "
+# stream (``fast.comm.C_OWED_*``), also already in ``f_layer`` / ``b_layer``; ``f_stream`` /
+# ``b_stream``: a ZeRO-3 layer's period where its DP stream bounds it, ``zf`` / ``zb`` the compute
+# its collectives cost it (``costs.overlap``); ``slowdown``: compute seconds a rank owes per second
+# of compute a collective runs beside (``costs.stack.comm_compute_slowdown``; 0 where they block)
+PlanTerms = namedtuple("PlanTerms", "f_layer b_layer tp_layer f_stream b_stream gather scatter f_wait b_wait h2d zf zb "
                                     "zero3 zero2 shared tp_last_layer layer_params emb_bwd head_bwd "
                                     "emb_params head_params opt_block block_gather block_scatter fsdp2 "
-                                    "owed_gather owed_scatter")
+                                    "owed_gather owed_scatter slowdown")
 
 
 @numba.njit(cache=True)
@@ -141,29 +146,30 @@ def _plan_terms(plan, lrow, hrow, ranks):
     b_layer += owed_gather + owed_scatter
     # TP and DP on one port: the DP stream's transfers queue with the TP collectives
     shared = ranks[0, R_COMM + C_SHARED_LINK] > 0
-    # a layer's first TP collective queues behind the DP transfers issued at its start, so on
-    # a shared port the layer takes at least (DP transfers + the layer after its first compute)
-    tp_f = f_layer - lrow[L_PRE_FWD] if shared else 0.0
-    tp_b = b_layer - lrow[L_PRE_BWD] if shared else 0.0
-    gather, scatter, zf, zb = 0.0, 0.0, 0.0, 0.0
+    gather, scatter, zf, zb, f_stream, b_stream = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     f_wait, b_wait, h2d = 0.0, 0.0, 0.0
+    # NCCL kernels share the SMs: compute that runs beside a ZeRO collective costs slowdown x
+    # that much more compute (``costs.stack.comm_compute_slowdown``; the SimPy engine's
+    # ``Device.ledger``: compute owed for the overlap, paid before the next action)
+    slowdown = ranks[0, R_COMM + C_COMM_SLOWDOWN]
     if zero3:
         gather = ranks[0, R_COMM + C_Z3_GATHER]
         h2d = ranks[0, opt_block + S_LAYER_UP]          # parameter offload: over PCIe, not the port TP uses
-        gather += h2d
         scatter = ranks[0, R_COMM + C_Z3_SCATTER]
+        # the layers' DP-bound periods and the compute beside their collectives
+        # (``costs.overlap``: on a shared port a layer's first TP collective queues behind the
+        # DP transfers issued at its start)
+        f_stream, overlapped = zero3_forward_layer(f_layer, lrow[L_PRE_FWD], gather, h2d, shared)
+        zf = slowdown * overlapped
+        b_stream, overlapped = zero3_backward_layer(b_layer, lrow[L_PRE_BWD], lrow[L_TP1_BWD], lrow[L_MID_BWD],
+                                                    gather, h2d, scatter, shared)
+        zb = slowdown * overlapped
+        gather += h2d
         # an action's first gather waits behind the previous backward's last reduce-scatter
         # when it follows that backward directly: forwards in 1F1B, backwards in GPipe
         schedule = plan.schedule
         f_wait = gather + (scatter if schedule == ONE_F_ONE_B or schedule == INTERLEAVED else 0.0)
         b_wait = gather + (scatter if schedule == GPIPE else 0.0)
-        # NCCL kernels share the SMs: the time a layer's compute and its collectives overlap,
-        # min(compute, communication), costs slowdown x that much more compute
-        # (``costs.stack.comm_compute_slowdown``; the SimPy engine's ``Device.ledger``: compute
-        # owed for the overlap, paid after)
-        slowdown = ranks[0, R_COMM + C_COMM_SLOWDOWN]
-        zf = slowdown * min(f_layer, gather)
-        zb = slowdown * min(b_layer, gather + scatter)
     # ZeRO collectives that block the rank (no side stream: ``fast.comm``): a layer's run in line
     # with its compute, the gather before it, the reduce-scatter after its backward (``sim.actions``)
     blocking = ranks[0, R_COMM + C_ZERO_BLOCKING]
@@ -173,20 +179,30 @@ def _plan_terms(plan, lrow, hrow, ranks):
         block_gather = gather if zero3 else 0.0
         f_layer += block_gather
         b_layer += block_gather + block_scatter
-        gather, scatter, f_wait, b_wait, zf, zb = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        gather, scatter, f_wait, b_wait, zf, zb, f_stream, b_stream = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        slowdown = 0.0              # no compute runs beside a collective the rank waits for
     head_params = hrow[H_HEAD_PARAMS_PP1] if plan.pp == 1 else hrow[H_HEAD_PARAMS_PPN]
-    return PlanTerms(f_layer, b_layer, tp_layer, tp_f, tp_b, gather, scatter, f_wait, b_wait, h2d, zf, zb, zero3,
-                     zero2, shared, lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE], lrow[L_PARAMS], hrow[H_EMB_BWD],
+    return PlanTerms(f_layer, b_layer, tp_layer, f_stream, b_stream, gather, scatter, f_wait, b_wait, h2d, zf, zb,
+                     zero3, zero2, shared, lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE], lrow[L_PARAMS], hrow[H_EMB_BWD],
                      hrow[H_HEAD_BWD], hrow[H_EMB_PARAMS], head_params, opt_block, block_gather, block_scatter,
-                     blocking == 2.0, owed_gather, owed_scatter)
+                     blocking == 2.0, owed_gather, owed_scatter, slowdown)
+
+
+@numba.njit(cache=True, inline="always")
+def _owed(plan, t, hrow, ranks, r, last):
+    """ZeRO-2: the compute rank r's backward owes for its reduce-scatters (``dp_end.scatters_owed``)
+    beside its compute per microbatch (its layers' and its edges' forward and backward)."""
+    L = ranks[r, R_LAYERS]
+    backward = L * t.b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0) + (hrow[H_HEAD_BWD] if r == last else 0.0)
+    return scatters_owed(t, ranks[r, R_COMM:R_STEP], plan.m, L, L * (t.f_layer + t.b_layer) + _edges(r, last, hrow),
+                         backward)
 
 
 @numba.njit(cache=True, inline="always")
 def _backward(t, L, vpp):
     """The backward of a rank's ``L`` layers in ``vpp`` actions (ZeRO-3: their DP waits in)."""
     if t.zero3:
-        return _chained(L, vpp, t.b_wait, t.b_layer + t.zb,
-                        max(t.gather + t.scatter, t.gather - t.h2d + t.scatter + t.tp_b) + t.zb)
+        return _chained(L, vpp, t.b_wait, t.b_layer + t.zb, t.b_stream + t.zb)
     return L * t.b_layer
 
 
@@ -226,7 +242,7 @@ def _pipeline(plan, hrow, ranks, send, t):
     for r in range(pp):
         L = ranks[r, R_LAYERS]
         if t.zero3:
-            x = (_chained(L, vpp, t.f_wait, t.f_layer + t.zf, max(t.gather, t.gather - t.h2d + t.tp_f) + t.zf)
+            x = (_chained(L, vpp, t.f_wait, t.f_layer + t.zf, t.f_stream + t.zf)
                  + _backward(t, L, vpp))
             if t.shared:
                 queued_tp += x - (_chained(L, vpp, t.f_wait, t.f_layer + t.zf, t.gather + t.zf)
@@ -238,6 +254,7 @@ def _pipeline(plan, hrow, ranks, send, t):
         held_r = _held(plan, send, r)
         held += held_r
         root_b += edges_in_line(t, ranks[r, R_COMM:R_STEP])
+        root_b += _owed(plan, t, hrow, ranks, r, last)
         x += _edges(r, last, hrow) + _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], True) + root_b + held_r
         max_b = max(max_b, L * t.b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0)
                     + (hrow[H_HEAD_BWD] if r == last else 0.0) + root_b)
@@ -274,6 +291,7 @@ def _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x)
         if r == last:
             b_rank += hrow[H_HEAD_BWD]
         b_rank += _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False) + edges_in_line(t, ranks[r, R_COMM:R_STEP])
+        b_rank += _owed(plan, t, hrow, ranks, r, last)
         if r > 0:
             end_r -= b_rank / vpp + send[r - 1]
         # a blocking stack's rank is done when its last backward's send is through

@@ -1,0 +1,75 @@
+"""ZeRO collectives beside compute, in closed form: how long a layer takes when its DP traffic
+shares the device's port with its TP collectives, and how much compute runs while a ZeRO
+collective is on the wire.
+
+The SimPy engine plays these out event by event: ``sim.actions`` issues a layer's ZeRO-3
+all-gather (prefetched one layer ahead) and reduce-scatter, and ZeRO-2's per-part
+reduce-scatters (``zero2_scatters``), on the device's DP stream; a port carries one transfer at a
+time, first come first served (``sim.network.Port``), so on a port shared with TP the layer's
+next TP collective queues behind them; and each collective charges the compute that ran beside
+it, ``costs.stack.comm_compute_slowdown`` x that overlap, to the rank's ``ComputeLedger``
+(``costs.host``), which pays it before the rank's next action. The fast path (``fast.timing``,
+``fast.split_timing``) adds the same debt per layer and per backward with these rules; they are
+plain arithmetic, so numba compiles them into its kernels (``fast.rules``).
+
+Seconds throughout.
+"""
+from __future__ import annotations
+
+
+def scatter_overlap(scatters: float, compute: float) -> float:
+    """Compute seconds that run beside one backward's ZeRO-2 reduce-scatters: ``scatters``
+    seconds of them queue on the DP stream as the backward completes each part's gradients
+    (``sim.actions.zero2_scatters``), while the rank goes on computing ``compute`` seconds per
+    microbatch (its forward and backward, where the next action follows at once), so
+    min(scatters, compute) of compute runs beside them. The engine's ledger charges the
+    slowdown on exactly that overlap (``ComputeLedger.collective``)."""
+    return min(scatters, compute)
+
+
+def zero3_forward_layer(f_layer: float, pre: float, gather: float, h2d: float, shared: bool) -> tuple[float, float]:
+    """(seconds between the starts of two forward layers, bounded by the DP stream; compute
+    seconds beside the ZeRO-3 all-gather) for a forward layer of ``f_layer`` seconds while the
+    next layer's all-gather (``h2d`` seconds over PCIe with parameter offload, then ``gather``
+    on the port) runs from its start (``sim.actions._enter_layer``). On its own port the whole
+    layer's compute runs beside the gather: min(f_layer, h2d + gather). On the port the layer's
+    TP collectives use, the first of them (after ``pre`` seconds of compute) waits for the
+    gather: the layer takes the gather and the rest of the layer after it, and only
+    min(pre, gather) of compute runs beside it."""
+    if shared:
+        return max(gather + h2d, gather + f_layer - pre), min(pre, gather)
+    return gather + h2d, min(f_layer, h2d + gather)
+
+
+def zero3_backward_layer(b_layer: float, pre: float, tp1: float, mid: float, gather: float, h2d: float,
+                         scatter: float, shared: bool) -> tuple[float, float]:
+    """(seconds between the starts of two backward layers, bounded by the DP stream; compute
+    seconds beside the layer's ZeRO-3 collectives) for a backward layer of ``b_layer`` seconds
+    whose DP stream runs, from its start, the previous layer's reduce-scatter (``scatter``) and
+    then the next layer's all-gather (``h2d`` seconds over PCIe with parameter offload, then
+    ``gather`` on the port): ``sim.actions._segment_done`` / ``_enter_layer``.
+
+    On its own port: the stream's gather + scatter, all of the layer's compute beside them.
+    On the port its TP collectives use (``sim.network.Port``, first come first served): the
+    layer computes ``pre`` seconds, asks for the port for its first TP collective (``tp1``),
+    which goes after the reduce-scatter; the gather asks when the stream reaches it, after
+    the collective that asked first; the ``mid`` seconds of compute up to the second TP
+    collective run beside the gather, which that collective then waits for; the rest of the
+    layer follows. A gather that asks after the second TP collective (a long host-to-device
+    copy first) runs beside the rest of the layer. With ``tp1 = mid = 0`` and no copy this is
+    the stream's work, then all of the layer after ``pre``."""
+    if not shared:
+        return h2d + gather + scatter, min(b_layer, h2d + gather + scatter)
+    if pre > scatter + h2d:                 # the gather takes the port before the first TP collective
+        start = scatter + h2d
+        end = start + gather
+        return max(pre, end) + b_layer - pre, scatter + max(0.0, min(pre, end) - start)
+    first = max(pre, scatter) + tp1         # the first TP collective is through; ``mid`` starts
+    rest = b_layer - pre - tp1              # the layer after its first TP collective
+    if scatter + h2d > first + mid:         # the second TP collective asks first: the gather goes later
+        start = scatter + h2d               # (a later collective of the layer may wait for it: left out)
+        return max(first + rest, start + gather), min(pre, scatter) + min(gather, max(0.0, first + rest - start))
+    start = max(scatter + h2d, first)       # the gather's turn on the port, before the second one's
+    end = start + gather
+    period = max(first + mid, end) + rest - mid
+    return period, min(pre, scatter) + max(0.0, min(first + mid, end) - max(first, start))
