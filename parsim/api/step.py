@@ -18,30 +18,11 @@ if TYPE_CHECKING:
 
 
 def parse_slowdown(text: str | dict[int, float] | None) -> dict[int, float]:
-    """``"3=1.5,5=1.2"`` (or a dict) -> {global rank: factor on its compute time}; a dict's
-    entries are checked as the string's (integer ranks, finite positive factors: the engine
-    checks the ranks against the world size)."""
-    if isinstance(text, dict):
-        for rank, factor in text.items():
-            if (isinstance(rank, bool) or not isinstance(rank, int) or isinstance(factor, bool)
-                    or not isinstance(factor, (int, float)) or not 0 < factor < math.inf):
-                raise SpecError("slowdown", f"{rank!r}={factor!r}", "an integer rank and a finite positive factor, "
-                                "e.g. {3: 1.5}")
-        return dict(text)
-    if not text:
-        return {}
-    if not isinstance(text, str):
-        raise SpecError("slowdown", text, "comma-separated RANK=FACTOR pairs (e.g. 3=1.5,5=1.2) or a {rank: factor} dict")
-    out: dict[int, float] = {}
-    for item in text.split(","):
-        rank, sep, factor = item.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            out[int(rank)] = float(factor)
-        except ValueError:
-            raise SpecError("slowdown", text, "comma-separated RANK=FACTOR pairs, e.g. 3=1.5,5=1.2") from None
-    return out
+    """``"3=1.5,5=1.2"`` (or a dict) -> {global rank: factor on its compute time}, checked as
+    every per-rank what-if's (``study.faults.parse_factors``; the engine checks the ranks
+    against the world size)."""
+    from parsim.study.faults import parse_factors
+    return parse_factors("slowdown", text)
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,13 @@ def edges_in_line(t, c) -> float:
 
 
 @numba.njit(cache=True)
+def rank_scatters(c, layers) -> float:
+    """ZeRO-2: seconds of a backward's reduce-scatters on a rank of ``layers`` layers, its edges'
+    included (``fast.comm``: C_Z2_EMB / C_Z2_HEAD non-zero on the ranks holding them)."""
+    return layers * c[C_Z3_SCATTER] + c[C_Z2_EMB] + c[C_Z2_HEAD]
+
+
+@numba.njit(cache=True)
 def scatters_owed(t, c, m, layers, compute, backward) -> float:
     """ZeRO-2 beside a side stream: the compute a backward of a rank's ``layers`` layers owes,
     on average over the step's ``m``, for the reduce-scatters of their gradients and of the
@@ -59,7 +66,7 @@ def scatters_owed(t, c, m, layers, compute, backward) -> float:
     ``zero2_scatters``; 0 elsewhere (``t.slowdown`` is 0 where the collectives block)."""
     if not (t.zero2 and t.slowdown > 0.0):
         return 0.0
-    scatters = layers * c[C_Z3_SCATTER] + c[C_Z2_EMB] + c[C_Z2_HEAD]
+    scatters = rank_scatters(c, layers)
     steady = scatter_overlap(scatters, compute)
     last = scatters - (c[C_Z2_EMB] if c[C_Z2_EMB] > 0.0 else c[C_Z3_SCATTER])
     return t.slowdown * ((m - 1.0) * steady + scatter_overlap(last, backward)) / m

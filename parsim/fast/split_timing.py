@@ -34,8 +34,9 @@ from .rules import overlapped_time
 from .tables import (H_EMB_BWD, H_EMB_FWD, H_HEAD_BWD, H_HEAD_BWD_W, H_HEAD_FWD, H_HEAD_TP_COVER, L_BWD, L_BWD_I,
                      L_BWD_W, L_FWD, L_RECOMPUTE, L_SPLIT_W, L_SPLIT_W2, L_TP_BWD, L_TP_COVER, L_TP_RECOMPUTE,
                      L_TP_W_RECOMPUTE, L_W_RECOMPUTE)
-from .dp_end import _scatter_end, _sync_rounds, blocked_exposed, blocked_zero2_post, scatters_owed, tie_embedding
-from .timing import _chained, _plan_terms
+from .dp_end import (_scatter_end, _sync_rounds, blocked_exposed, blocked_zero2_post, rank_scatters,
+                     tie_embedding)
+from .timing import _chained, _plan_terms, rank_scatters_owed
 
 # per (rank, chunk): one microbatch's pass times and the communication inside them (seconds)
 P_F, P_B, P_I, P_W, P_F_COMM, P_B_COMM, P_I_COMM, P_WIDTH = range(8)
@@ -50,7 +51,10 @@ def pass_times(plan, t, lrow, hrow, ranks):
     i_layer = lrow[L_BWD_I] + (lrow[L_TP_BWD] + lrow[L_TP_COVER]) + lrow[L_RECOMPUTE] + lrow[L_TP_RECOMPUTE]
     w_layer = lrow[L_BWD_W] + lrow[L_W_RECOMPUTE] + lrow[L_TP_W_RECOMPUTE]
     for r in range(plan.pp):
-        owed = _owed(plan, t, hrow, ranks, r)
+        # the compute the rank's backwards owe per microbatch for their reduce-scatters, and
+        # those reduce-scatters' seconds: each chunk takes its share
+        owed = rank_scatters_owed(plan, t, hrow, ranks, r, ranks[r, R_LAST] >= 0)
+        scattered = rank_scatters(ranks[r, R_COMM:R_STEP], ranks[r, R_LAYERS])
         for c in range(plan.vpp):
             L = ranks[r, R_CHUNK + c]
             first = r == 0 and c == 0
@@ -97,29 +101,13 @@ def pass_times(plan, t, lrow, hrow, ranks):
                 # ... and the compute owed for the chunk's share of the rank's reduce-scatters
                 chunk = L * ranks[r, R_COMM + C_Z3_SCATTER] + (ranks[r, R_COMM + C_Z2_EMB] if first else 0.0) \
                     + (ranks[r, R_COMM + C_Z2_HEAD] if last else 0.0)
-                edge += owed[0] * chunk / owed[1] if owed[1] > 0.0 else 0.0
+                edge += owed * chunk / scattered if scattered > 0.0 else 0.0
                 p[P_B] += edge
                 p[P_W] += edge
             if first:
                 # no input gradient: the first stage's I runs nothing, its W the whole backward
                 p[P_I], p[P_I_COMM], p[P_W] = 0.0, 0.0, p[P_B]
     return out
-
-
-@numba.njit(cache=True)
-def _owed(plan, t, hrow, ranks, r):
-    """ZeRO-2: (the compute rank r's backwards owe per microbatch for their reduce-scatters,
-    ``fast.dp_end.scatters_owed``, beside its compute: its layers' and its edges' forward and
-    backward, wherever the placement puts the edges; those reduce-scatters' seconds)."""
-    c = ranks[r, R_COMM:R_STEP]
-    L = ranks[r, R_LAYERS]
-    backward = L * t.b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0)
-    compute = L * (t.f_layer + t.b_layer) + (hrow[H_EMB_FWD] + hrow[H_EMB_BWD] if r == 0 else 0.0)
-    if ranks[r, R_LAST] >= 0:
-        backward += hrow[H_HEAD_BWD]
-        compute += hrow[H_HEAD_FWD] + hrow[H_HEAD_BWD]
-    return (scatters_owed(t, c, plan.m, L, compute, backward),
-            L * c[C_Z3_SCATTER] + c[C_Z2_EMB] + c[C_Z2_HEAD])
 
 
 @numba.njit(cache=True)

@@ -189,13 +189,14 @@ def _plan_terms(plan, lrow, hrow, ranks):
 
 
 @numba.njit(cache=True, inline="always")
-def _owed(plan, t, hrow, ranks, r, last):
+def rank_scatters_owed(plan, t, hrow, ranks, r, head):
     """ZeRO-2: the compute rank r's backward owes for its reduce-scatters (``dp_end.scatters_owed``)
-    beside its compute per microbatch (its layers' and its edges' forward and backward)."""
+    beside its compute per microbatch (its layers' and its edges' forward and backward; ``head``:
+    the rank holds the output head, wherever the placement puts it)."""
     L = ranks[r, R_LAYERS]
-    backward = L * t.b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0) + (hrow[H_HEAD_BWD] if r == last else 0.0)
-    return scatters_owed(t, ranks[r, R_COMM:R_STEP], plan.m, L, L * (t.f_layer + t.b_layer) + _edges(r, last, hrow),
-                         backward)
+    backward = L * t.b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0) + (hrow[H_HEAD_BWD] if head else 0.0)
+    return scatters_owed(t, ranks[r, R_COMM:R_STEP], plan.m, L, L * (t.f_layer + t.b_layer)
+                         + _edges(r, r if head else -1, hrow), backward)
 
 
 @numba.njit(cache=True, inline="always")
@@ -254,7 +255,7 @@ def _pipeline(plan, hrow, ranks, send, t):
         held_r = _held(plan, send, r)
         held += held_r
         root_b += edges_in_line(t, ranks[r, R_COMM:R_STEP])
-        root_b += _owed(plan, t, hrow, ranks, r, last)
+        root_b += rank_scatters_owed(plan, t, hrow, ranks, r, r == last)
         x += _edges(r, last, hrow) + _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], True) + root_b + held_r
         max_b = max(max_b, L * t.b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0)
                     + (hrow[H_HEAD_BWD] if r == last else 0.0) + root_b)
@@ -291,7 +292,7 @@ def _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x)
         if r == last:
             b_rank += hrow[H_HEAD_BWD]
         b_rank += _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False) + edges_in_line(t, ranks[r, R_COMM:R_STEP])
-        b_rank += _owed(plan, t, hrow, ranks, r, last)
+        b_rank += rank_scatters_owed(plan, t, hrow, ranks, r, r == last)
         if r > 0:
             end_r -= b_rank / vpp + send[r - 1]
         # a blocking stack's rank is done when its last backward's send is through

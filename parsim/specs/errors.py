@@ -1,6 +1,7 @@
 """One error type for every bad input: it names the field, the value and what is allowed."""
 from __future__ import annotations
 
+import numbers
 import reprlib
 
 
@@ -51,10 +52,12 @@ class SpecWarning(UserWarning):
 
 
 def checked_int(field: str, value: object, low: int, allowed: str, high: int | None = None) -> int:
-    """``value`` as an int in [low, high], else a SpecError naming ``field``: an int (not a bool;
-    an integral float such as 8.0 is taken), as the API's keyword arguments take them."""
+    """``value`` as an int in [low, high], else a SpecError naming ``field``: an integer (Python's
+    or numpy's; not a bool; an integral float such as 8.0 is taken), as the API's keyword
+    arguments and a profile's counts take them."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < low or (
+            high is not None and int(value) > high):
         raise SpecError(field, value, allowed)
-    return value
+    return int(value)

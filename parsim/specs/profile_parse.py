@@ -8,13 +8,12 @@ FLOP/s, bytes, bytes/s, seconds.
 """
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Any
 
 from .cluster import ClusterSpec, DeviceProfile, GemmEfficiency, LinkProfile, NetworkProfile
 from .collectives import CollectiveTables
-from .errors import SpecError
+from .errors import SpecError, checked_int
 from .plan import MAX_INT
 from .stack import get_stack, stacks_from_dict
 from .tables import CalibratedTables
@@ -66,12 +65,7 @@ def fraction(where: str, raw: Any) -> float:
 
 def count(where: str, raw: Any) -> int:
     """A positive integer up to 2**53 (an integral float such as 8.0 is taken as 8)."""
-    allowed = f"a positive integer up to 2**53 = {MAX_INT:,}"
-    if isinstance(raw, float) and math.isfinite(raw) and raw.is_integer():
-        raw = int(raw)
-    if isinstance(raw, bool) or not isinstance(raw, numbers.Integral) or not 1 <= int(raw) <= MAX_INT:
-        raise SpecError(where, raw, allowed)
-    return int(raw)
+    return checked_int(where, raw, 1, f"a positive integer up to 2**53 = {MAX_INT:,}", MAX_INT)
 
 
 def section(where: str, raw: Any) -> dict[str, Any]:

@@ -67,7 +67,8 @@ class Variability:
 
 
 def parse_factors(field_name: str, text: "str | dict | None") -> dict[int, float]:
-    """``"3=1.5,5=1.2"`` (or a dict) -> {3: 1.5, 5: 1.2}; factors must be positive."""
+    """``"3=1.5,5=1.2"`` (or a dict) -> {3: 1.5, 5: 1.2}; indices non-negative integers,
+    factors finite positive numbers."""
     if not text:
         return {}
     if isinstance(text, dict):
@@ -83,8 +84,10 @@ def parse_factors(field_name: str, text: "str | dict | None") -> dict[int, float
             except ValueError:
                 raise SpecError(field_name, text, "comma-separated INDEX=FACTOR pairs, e.g. 3=1.5,5=1.2") from None
     for key, value in items:
-        if not (isinstance(key, (int, np.integer)) and key >= 0) or not value > 0:
-            raise SpecError(field_name, f"{key}={value}", "a non-negative integer index and a positive factor")
+        index = not isinstance(key, bool) and isinstance(key, (int, np.integer)) and key >= 0
+        factor = not isinstance(value, bool) and isinstance(value, (int, float, np.number)) and 0 < value < np.inf
+        if not (index and factor):
+            raise SpecError(field_name, f"{key!r}={value!r}", "a non-negative integer index and a finite positive factor")
     return {int(k): float(v) for k, v in items}
 
 
