@@ -188,3 +188,9 @@ def test_the_readme_python_api_example_runs(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert re.match(r"step [0-9.]+ ms, [0-9,]+ tokens/s, MFU [0-9.]+%", out)
     assert json.loads((tmp_path / "step.json").read_text())["traceEvents"]
+
+
+def test_integer_keywords_take_numpy_integers_and_integral_floats():
+    import numpy as np
+    for gbs in (np.int64(8), 8.0):
+        assert parsim.sweep("tiny", "a100-80g:4", gbs=gbs, resimulate=0, workers=1).num_plans > 0
