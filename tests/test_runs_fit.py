@@ -164,3 +164,25 @@ def test_a_tuned_schedule_searches_the_interleaving_depths_its_stack_accepts():
     assert {p.schedule for p in core.plans if p.vpp > 1} == {"interleaved"}
     assert [p.vpp for p in observation(0, {**row, "stack": "megatron-lm"}).plans] == [1]
     assert sorted(p.vpp for p in observation(0, {**row, "stack": "megatron-lm", "layers": "128"}).plans) == [1, 2, 4, 8]
+
+
+def test_reported_predictions_of_approximate_plans_are_the_engines():
+    """``predict(exact=True)``: a run whose candidates the fast path prices approximately (dp, tp
+    and pp together: ``link contention``) is reported at the SimPy engine's step time of the plan
+    it chooses; a run of plain data parallelism keeps the fast path's, which it prices exactly."""
+    from parsim.sim import simulate
+    from parsim.specs import cluster_from_dict
+    m = ModelSpec(name="x", layers=4, hidden=1024, heads=8, seq_len=1024)
+    cands = tuple(Plan(dp=2, tp=2, pp=2, mbs=1, gbs=8, dtype="bf16", schedule=s) for s in ("1f1b", "gpipe"))
+    mixed = Observation(0, "log", "log", "step_time", 1.0, m, A, 8, "megatron-lm", cands, features={})
+    plain = Observation(1, "log", "log", "step_time", 1.0, m, A, 8, "megatron-lm", (Plan(dp=8, mbs=1, gbs=8),),
+                        features={})
+    profiles = template_profiles((A,))
+    fast, exact = predict([mixed, plain], profiles), predict([mixed, plain], profiles, exact=True)
+    assert [p.engine for p in fast] == ["fast", "fast"] and [p.engine for p in exact] == ["sim", "fast"]
+    cluster = cluster_from_dict(profiles[A], num_devices=8)
+    plans = [p.replace(stack="megatron-lm") for p in cands]
+    sims = {p.to_string(): simulate(m, cluster, p, record_events=False).step_time_s for p in plans}
+    assert exact[0].step_time_s == pytest.approx(min(sims.values()), rel=1e-12)
+    assert exact[0].step_time_s == pytest.approx(sims[exact[0].plan], rel=1e-12)
+    assert exact[1].step_time_s == fast[1].step_time_s

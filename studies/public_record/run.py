@@ -55,7 +55,7 @@ def rows_of(cal) -> list[dict]:
     out = []
     for o, p in zip(cal.observations, cal.predictions):
         base = {"row": o.row + 2, "source": o.source, "stack": o.stack, "gpu": o.profile, "metric": o.kind,
-                "plan": p.plan, "fits": p.fits, **o.features}
+                "plan": p.plan, "engine": p.engine, "fits": p.fits, **o.features}
         if time_like(o):
             pub_s, pred_s = implied_seconds(o, o.value), implied_seconds(o, p.value)
             out.append({**base, "published": o.value, "predicted": p.value,

@@ -60,6 +60,10 @@ def calibrate_runs(path: str, profiles: dict[str, dict] | None = None, group_col
     base = profiles or base_profiles(o.profile for o in obs)
     out = fit_all(obs, base, max_iter, log)
     out.skipped = skipped
+    # the fit follows the fast path; what it reports is what ``parsim simulate`` says
+    if log:
+        log("pricing the runs whose fast-path prices are approximate with the SimPy engine ...")
+    out.predictions = predict(obs, with_values(base, out.values), exact=True)
     out.groups = errors(obs, out.predictions)
     if loso:
         out.loso = leave_one_group_out(obs, base, max_iter, log)
@@ -153,7 +157,7 @@ def leave_one_group_out(obs: list[Observation], base: dict[str, dict], max_iter:
         held = [o for o in obs if o.group == g and time_like(o)]
         cal = fit_all(rest, base, max_iter) if rest else None
         profiles = with_values(base, cal.values) if cal else base
-        preds = predict(held, profiles)
+        preds = predict(held, profiles, exact=True)
         out += errors(held, preds, ("time",))
     return out
 

@@ -3,7 +3,10 @@
 Each distinct run (model, cluster, stack, candidate plans) is evaluated once: its candidates
 in one PlanTable, the fastest that fits taken (the fastest of all when none fits: the run is
 then reported as predicted not to fit). A whole data set (~200 runs) takes about a second,
-so a fit can afford hundreds of evaluations. Layer-time metrics read the fast path's
+so a fit can afford hundreds of evaluations. ``exact=True`` (the reported predictions) runs
+the SimPy engine on every candidate whose fast-path price is approximate
+(``fast.honesty``) and could beat the chosen one, as a sweep does before it ranks: the number
+reported is then what ``parsim simulate`` prints for the plan. Layer-time metrics read the fast path's
 per-layer table (``fast.tables.layer_row``: the same op and TP-collective times the engines
 use).
 """
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from parsim.fast import PlanTable, evaluate
+from parsim.fast.honesty import PESSIMISM, approximate_mask
 from parsim.fast.tables import (L_BWD, L_FWD, L_RECOMPUTE, L_TP_BWD, L_TP_FWD, L_TP_RECOMPUTE, layer_row,
                                 with_stack)
 from parsim.specs import ClusterSpec, cluster_from_dict, load_profile_dict
@@ -30,6 +34,7 @@ class Prediction:
     peak_memory_bytes: float
     capacity_bytes: float
     plan: str
+    engine: str = "fast"    # whose step time: "fast" (the closed form) or "sim" (the SimPy engine)
 
 
 def base_profiles(names) -> dict[str, dict]:
@@ -55,9 +60,10 @@ def cluster_on_network(profile: dict, gpus: int, network: dict | None = None) ->
     return cluster_from_dict(profile, num_devices=gpus)
 
 
-def predict(observations: list[Observation], profiles: dict[str, dict] | None = None) -> list[Prediction]:
+def predict(observations: list[Observation], profiles: dict[str, dict] | None = None,
+            exact: bool = False) -> list[Prediction]:
     """Every observation's prediction under ``profiles`` (name -> profile dict; default: the
-    shipped ones)."""
+    shipped ones); ``exact``: approximate fast-path prices that matter re-run by the engine."""
     profiles = profiles or base_profiles(o.profile for o in observations)
     clusters = clusters_for(profiles, observations)
     runs: dict[tuple, dict] = {}
@@ -65,7 +71,7 @@ def predict(observations: list[Observation], profiles: dict[str, dict] | None = 
     for o in observations:
         r = runs.get(o.run_key)
         if r is None:
-            r = runs[o.run_key] = _run(o, clusters[o.cluster_key])
+            r = runs[o.run_key] = _run(o, clusters[o.cluster_key], exact)
         out.append(_prediction(o, r))
     return out
 
@@ -78,12 +84,42 @@ def fastest_fitting(res) -> tuple[int, np.ndarray]:
     return int(idx[np.argmin(res.step_time_s[idx])]), fits
 
 
-def _run(o: Observation, cluster: ClusterSpec) -> dict:
+def exact_steps(model, cluster: ClusterSpec, table: PlanTable, res) -> tuple[np.ndarray, np.ndarray]:
+    """(step times, True where the SimPy engine priced the plan) of a fast-path result's plans:
+    every approximate plan (``fast.honesty.approximate_mask``) among the ones that may be chosen
+    (those that fit; all where none does) whose fast price, allowed ``PESSIMISM`` of error, could
+    still beat the best price known, run by the engine, until none is left (``parsim.study.sweep``
+    ranks its top the same way). Peak memory, and so ``fits``, is the same in both engines."""
+    from parsim.sim import simulate
+    from parsim.study.sweep import _simulable
+    steps = np.array(res.step_time_s, dtype=float)
+    fits = res.fits()
+    eligible = fits if fits.any() else np.ones(len(steps), dtype=bool)
+    todo = eligible & approximate_mask(model.layers, table.cols, cluster)
+    todo &= np.array([_simulable(model, cluster, table.plan(int(j)).to_string()) for j in range(len(steps))])
+    by_sim = np.zeros(len(steps), dtype=bool)
+    while True:
+        best = steps[eligible].min()
+        reach = np.flatnonzero(todo & ~by_sim & (steps / (1.0 + PESSIMISM) < best))
+        if not len(reach):
+            return steps, by_sim
+        for j in reach:
+            steps[j] = simulate(model, cluster, table.plan(int(j)), record_events=False).step_time_s
+            by_sim[j] = True
+
+
+def _run(o: Observation, cluster: ClusterSpec, exact: bool = False) -> dict:
     table = PlanTable.from_plans([p.replace(stack=o.stack) for p in o.plans])
     res = evaluate(o.model, cluster, table)
     i, fits = fastest_fitting(res)
+    step, by_sim = float(res.step_time_s[i]), False
+    if exact and not o.kind.startswith("layer_"):
+        steps, sims = exact_steps(o.model, cluster, table, res)
+        idx = np.flatnonzero(fits) if fits.any() else np.arange(len(fits))
+        i = int(idx[np.argmin(steps[idx])])
+        step, by_sim = float(steps[i]), bool(sims[i])
     plan = table.plan(i)
-    out = {"step": float(res.step_time_s[i]), "fits": bool(fits[i]), "any_fit": bool(fits.any()),
+    out = {"step": step, "engine": "sim" if by_sim else "fast", "fits": bool(fits[i]), "any_fit": bool(fits.any()),
            "peak": float(res.peak_memory_bytes[i]), "capacity": float(res.capacity_bytes), "plan": plan.to_string(),
            "reported": reported_memory(with_stack(o.model, cluster, table)[1], float(res.peak_memory_bytes[i]))}
     if o.kind.startswith("layer_"):
@@ -117,7 +153,7 @@ def _prediction(o: Observation, r: dict) -> Prediction:
         value = r["reported"]
     else:                                     # oom: 1 = predicted not to fit (no candidate fits)
         value = 0.0 if r["any_fit"] else 1.0
-    return Prediction(value, r["fits"], r["step"], r["peak"], r["capacity"], r["plan"])
+    return Prediction(value, r["fits"], r["step"], r["peak"], r["capacity"], r["plan"], r["engine"])
 
 
 def with_values(profiles: dict[str, dict], values: dict[tuple, float]) -> dict[str, dict]:

@@ -29,11 +29,21 @@ def parameter_rows(cal: RunsCalibration) -> list[list[str]]:
     return out
 
 
+def simulated_runs(cal: RunsCalibration) -> tuple[int, int]:
+    """(runs whose reported plan the SimPy engine priced, runs)."""
+    engine = {o.run_key: p.engine for o, p in zip(cal.observations, cal.predictions)}
+    return sum(e == "sim" for e in engine.values()), len(engine)
+
+
 def render_text(cal: RunsCalibration, table) -> str:
     lines = [f"{len(cal.observations)} usable rows, {len(cal.skipped)} skipped"]
     lines.append("")
     lines.append("error per group (median: + = predicted faster / more memory than published)")
     lines.append(table(group_rows(cal.groups), GROUP_HEADER))
+    by_sim, runs = simulated_runs(cal)
+    if by_sim:
+        lines.append(f"({by_sim} of {runs} runs' chosen plans priced by the SimPy engine: the fast path's "
+                     "price is approximate for them; the fit itself follows the fast path)")
     if cal.loso:
         lines += ["", "leave one group out (each group predicted by a fit without it)",
                   table(group_rows(cal.loso), GROUP_HEADER)]
@@ -56,6 +66,7 @@ def to_json(cal: RunsCalibration) -> dict:
                  "ran_predicted_not_fitting": g.not_fitting} for g in gs]
     return {
         "usable_rows": len(cal.observations), "skipped_rows": len(cal.skipped),
+        "runs_priced_by_simpy": simulated_runs(cal)[0],
         "groups": groups(cal.groups), "leave_one_group_out": groups(cal.loso),
         "parameters": [{"profile": k[0], "path": list(k[1:]), "value": v, "how": cal.sources.get(k, "")}
                        for k, v in sorted(cal.values.items())],
