@@ -186,3 +186,21 @@ def test_reported_predictions_of_approximate_plans_are_the_engines():
     assert exact[0].step_time_s == pytest.approx(min(sims.values()), rel=1e-12)
     assert exact[0].step_time_s == pytest.approx(sims[exact[0].plan], rel=1e-12)
     assert exact[1].step_time_s == fast[1].step_time_s
+
+
+def test_fsdp2_without_zero3_runs_takes_fsdp1s_zero3_collective_numbers():
+    """FSDP1 and FSDP2 call the same flat-buffer NCCL collectives: a log with ZeRO-3 runs of FSDP1
+    only ties FSDP2's ZeRO-3 numbers to them; FSDP2 runs of its own give it its own numbers;
+    DeepSpeed's per-tensor ZeRO-3 is never tied."""
+    from parsim.study.runs.parameters import fit_parameters
+    fsdp1 = [o for o in _runs() if o.stack == "fsdp1"]
+    zero3 = {"zero_comm_efficiency", "comm_compute_slowdown"}
+    params = [p for p in fit_parameters(fsdp1, template_profiles((A,))) if p.path[-1] in zero3]
+    assert {p.stack for p in params} == {"fsdp1"} and len(params) == 2
+    assert all(p.tied == ("fsdp2",) for p in params)
+    both = fsdp1 + [Observation(**{**fsdp1[0].__dict__, "row": 99, "stack": "fsdp2"})]
+    params = [p for p in fit_parameters(both, template_profiles((A,))) if p.path[-1] in zero3]
+    assert {p.stack for p in params} == {"fsdp1", "fsdp2"} and all(p.tied == () for p in params)
+    deepspeed = [Observation(**{**o.__dict__, "stack": "deepspeed"}) for o in fsdp1]
+    params = [p for p in fit_parameters(deepspeed, template_profiles((A,))) if p.path[-1] in zero3]
+    assert params and all(p.tied == () for p in params)

@@ -27,6 +27,16 @@ FAMILIES = (("megatron-lm", "megatron-lm-2021", "deepspeed"),)   # Megatron's GP
 FALLBACK = {"megatron-core": "megatron-lm", "megatron-deepspeed": "megatron-lm",   # Megatron layers
             "fsdp2": "fsdp1", "fsdp1": "fsdp2"}                                    # one FSDP runtime family
 KERNEL_FIELDS = ("gemm_efficiency", "op_overhead_s")
+# A stack without ZeRO-3 runs takes the ZeRO-3 collective numbers of the one whose collectives
+# it calls the same way. FSDP1 and FSDP2 both gather a unit's parameters with one
+# ``all_gather_into_tensor`` over a flat buffer and reduce-scatter its gradients with one
+# ``reduce_scatter_tensor`` (torch.distributed.fsdp: FlatParamHandle; _fully_shard's
+# ``foreach_all_gather`` / ``foreach_reduce``), on side streams beside the same compute
+# kernels: the share of NCCL bandwidth those calls reach and the compute NCCL's SMs take
+# from the kernels beside them are NCCL's and the GPU's, not the wrapper's. FSDP2's extra
+# copies into and out of its buffers are priced apart (``costs.timing.fsdp_unit_time``).
+# DeepSpeed's per-tensor ZeRO-3 is not such a sibling of either.
+ZERO3_FALLBACK = {"fsdp2": "fsdp1"}
 # for the profile comments: which stacks may take which numbers from which
 ANALOGY = {**{s: (b, KERNEL_FIELDS) for s, b in FALLBACK.items()},
            **{s: (f[0], KERNEL_FIELDS) for f in FAMILIES for s in f[1:]}}
@@ -83,6 +93,7 @@ ZERO3_FIELDS = (
     ("comm_compute_slowdown", 0.1, 0.001, 0.8,
      "start: ~10 % of the SMs run NCCL channels (8-16 of 108-132); bounds 0.001-0.8"),
 )
+ZERO3_FIELD_NAMES = tuple(f[0] for f in ZERO3_FIELDS)
 GPU_FIELDS = (
     (("device", "membound_efficiency"), 0.8, 0.4, 0.92,
      "start: 0.8 of HBM bandwidth; upper bound 0.92: STREAM copy on A100 / H100 (~0.9 of datasheet)"),
@@ -110,11 +121,16 @@ def fit_parameters(observations: list[Observation], profiles: dict[str, dict]) -
                 fields += FLASH_FIELDS
             if any(p.zero == 3 and p.dp > 1 for o in runs for p in o.plans):
                 fields += ZERO3_FIELDS
+            zero3_tied = tuple(s for s, b in ZERO3_FALLBACK.items() if b == stack and not _runs_zero3(s, mine))
             for name, start, lo, hi, src in fields:
-                t = tied if name in KERNEL_FIELDS else ()
+                t = tied if name in KERNEL_FIELDS else zero3_tied if name in ZERO3_FIELD_NAMES else ()
                 start, src = _prior(stack, name, start, src)
                 out.append(FitParam(profile, ("device", "stacks", stack, name), start, lo, hi, stack, src, t))
     return out
+
+
+def _runs_zero3(stack: str, rows: list[Observation]) -> bool:
+    return any(p.zero == 3 and p.dp > 1 for o in rows if o.stack == stack for p in o.plans)
 
 
 def _prior(stack: str, name: str, start: float, src: str) -> tuple[float, str]:
