@@ -148,9 +148,17 @@ def zero_unit_time(cluster: ClusterSpec, op: str, nbytes: float, dp: int,
     bandwidth the stack's ZeRO collectives reach (``zero_comm_factor``), priced in situ where
     ZeRO collectives block the rank (``tables.zero_blocking``: gloo on the host's own cores,
     FSDP2 without side streams); ``collective(in_situ)`` prices the bare call, memoised by the
-    caller. Around it, where the profile runs ZeRO as FSDP2 (``tables.fsdp2_copies``), FSDP2's
-    copies and host work (``timing.fsdp_unit_time``): compute the rank runs before and after the
-    call where collectives block it, and owes beside a side stream."""
+    caller. Around it, where ZeRO runs as FSDP2 (the profile's ``tables.fsdp2_copies``: the
+    calibrated executor; the stack's ``fsdp2_copies``), FSDP2's copies and host work
+    (``timing.fsdp_unit_time``): compute the rank runs before and after the call where
+    collectives block it. Beside side streams (a GPU) only the all-gather's copy-out is owed to
+    the compute: FSDP2 runs it on the compute stream once the gather is waited for
+    (``FSDPParamGroup.wait_for_unshard``), while its copy-ins run on the streams of the
+    collectives they feed, ahead of them (``foreach_all_gather``'s copy-in stream,
+    ``foreach_reduce`` on the reduce-scatter stream), and its host work runs ahead of the GPU."""
     tables = cluster.device.tables
-    copies = fsdp_unit_time(cluster.device, op, nbytes, dp) if tables.fsdp2_copies and nbytes > 0 else (0.0, 0.0)
-    return copies[0], collective(bool(tables.zero_blocking)) * zero_comm_factor(cluster), copies[1]
+    stack = cluster.device.stack
+    fsdp2 = tables.fsdp2_copies or (stack is not None and stack.fsdp2_copies)
+    before, after = fsdp_unit_time(cluster.device, op, nbytes, dp) if fsdp2 and nbytes > 0 else (0.0, 0.0)
+    blocking = bool(tables.zero_blocking)
+    return before if blocking else 0.0, collective(blocking) * zero_comm_factor(cluster), after

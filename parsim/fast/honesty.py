@@ -29,9 +29,9 @@ the engine the fast path priced such a plan: over the sample above it was at mos
 slower (it is almost always faster, i.e. optimistic), so 5 % leaves a margin.
 
 Known exception, not yet followed: ZeRO-3 under a stack whose NCCL kernels slow the compute
-beside them (``costs.stack.comm_compute_slowdown``: deepspeed, fsdp1). The engine pays the
-compute a backward owes at the start of the rank's next action, while that backward's last
-reduce-scatters drain (``sim.device``, ``Device.ledger``); the fast path adds the two, so it
+beside them (``costs.stack.comm_compute_slowdown``: deepspeed, fsdp1, and fsdp2, which takes
+fsdp1's numbers). The engine pays the compute a backward owes at the start of the rank's next
+action, while that backward's last reduce-scatters drain (``sim.device``, ``Device.ledger``); the fast path adds the two, so it
 prices these plans slow: +1 to +6 % with pp = 1 (not flagged), +3 to +19 % with pp = 2 to 4
 and a few layers a rank (flagged, beyond ``PESSIMISM``). Following the engine there moves the
 fast path's prices of the fsdp1 runs the shipped GPU profiles are fitted to

@@ -45,6 +45,7 @@ class Stack:
     uneven_stages: bool = False              # its pipeline takes (virtual) stages of unequal layer counts
     zero_comm_efficiency: float = 1.0        # fraction of NCCL bandwidth its ZeRO collectives reach
     comm_compute_slowdown: float = 0.0       # compute s lost per s of collective it overlaps (NCCL on SMs)
+    fsdp2_copies: bool = False               # ZeRO-2/3 copies each unit into / out of flat buffers (FSDP2)
     # --- memory
     zero3_gathered_layers: float = 2.0       # ZeRO-3: layers' full parameters alive at once (current + prefetched)
     zero3_max_live_params: float = 1e30      # ZeRO-3: cap on gathered parameters alive at once
@@ -272,8 +273,11 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # cross entropy on fp32 logits. FSDP1 and FSDP2 with a bf16 MixedPrecisionPolicy keep the
     # shard in fp32 (it is the optimizer's master weight) and gather bf16 copies (PyTorch FSDP
     # docs, "Mixed precision"): 4 + 4 + 8 bytes per parameter / dp, not 2 + 4 + 12.
+    # Around every unit's collective FSDP2 copies the unit into and out of one flat buffer
+    # (``costs.timing.fsdp_unit_time``: torch 2.13 _fully_shard/_fsdp_collectives.py), which
+    # FSDP1's FlatParameter, allocated flat once, does not.
     Stack("fsdp2", "PyTorch FSDP2 (torchtitan): flash attention (SDPA), prefetched all-gathers",
-          fp32_shards=True, eager_rmsnorm=False, rope_relayout=False, **FLASH, **HOST, **FUSED_ADAM),
+          fp32_shards=True, fsdp2_copies=True, eager_rmsnorm=False, rope_relayout=False, **FLASH, **HOST, **FUSED_ADAM),
 )}
 STACKS = tuple(STACK_PRESETS)
 # The plan's default: the profile's ``default_stack`` (the shipped GPU profiles: megatron-core;
