@@ -22,7 +22,7 @@ from parsim.fast import FastResult, PlanTable, evaluate
 from parsim.costs import device_capacity
 from parsim.fast.honesty import PESSIMISM, approximate_mask
 from parsim.fast.tables import build_tables, with_stack
-from parsim.specs import ClusterSpec, ModelSpec
+from parsim.specs import ClusterSpec, ModelSpec, Plan, parse_plan
 
 from .enumerate import enumerate_plans
 from .resimulate import resimulate
@@ -143,11 +143,12 @@ def rank_frame(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _simulable(model: ModelSpec, cluster: ClusterSpec, plan_text: str) -> bool:
-    from parsim.specs import parse_plan
+def simulable(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> bool:
+    """Whether the SimPy engine takes ``plan``: its events within ``specs.bounds.max_events``
+    (bigger plans keep their fast-path numbers)."""
     from parsim.costs.work import simulation_work
     from parsim.specs.bounds import max_events
-    return simulation_work(model, cluster, parse_plan(plan_text)).events <= max_events()
+    return simulation_work(model, cluster, plan).events <= max_events()
 
 
 def run_sweep(model: ModelSpec, cluster: ClusterSpec, space: SweepSpace, headroom: float = 0.1,
@@ -189,7 +190,7 @@ def rank_with_resimulation(model: ModelSpec, cluster: ClusterSpec, df: pd.DataFr
     while len(done) < budget:
         todo = _to_resimulate(df, top, done)
         # plans too big for the engine (parsim.specs.bounds) keep their fast-path numbers
-        todo = [i for i in todo if _simulable(model, cluster, df.at[i, "plan"])][:budget - len(done)]
+        todo = [i for i in todo if simulable(model, cluster, parse_plan(df.at[i, "plan"]))][:budget - len(done)]
         done.update(df.loc[todo, "plan"])
         if not todo:
             break

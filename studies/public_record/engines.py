@@ -17,7 +17,7 @@ from parsim.fast.honesty import approximate_reasons
 from parsim.sim import simulate
 from parsim.specs import parse_plan
 from parsim.study.runs.observations import read_runs
-from parsim.study.runs.predict import _run, base_profiles, clusters_for
+from parsim.study.runs.predict import base_profiles, clusters_for, predict
 
 HERE = Path(__file__).resolve().parent
 RUNS = HERE.parents[2] / "shared" / "validation" / "public_runs_train.csv"
@@ -28,18 +28,17 @@ if not RUNS.exists():
 def main() -> int:
     obs, _ = read_runs(RUNS)
     obs = [o for o in obs if o.kind not in ("memory", "oom") and not o.kind.startswith("layer_")]
-    clusters = clusters_for(base_profiles(o.profile for o in obs), obs)
+    profiles = base_profiles(o.profile for o in obs)
+    clusters = clusters_for(profiles, obs)
     rows, seen = [], set()
-    for o in obs:
+    for o, p in zip(obs, predict(obs, profiles)):          # the fast path's choice and price
         if o.run_key in seen:
             continue
         seen.add(o.run_key)
-        cluster = clusters[o.cluster_key]
-        r = _run(o, cluster)
-        plan = parse_plan(r["plan"])
+        cluster, plan = clusters[o.cluster_key], parse_plan(p.plan)
         why = approximate_reasons(o.model.layers, PlanTable.from_plans([plan]).cols, cluster)
         sim = simulate(o.model, cluster, plan, record_events=False).step_time_s
-        rows.append((o.group, r["plan"], r["step"], sim, ",".join(k for k, v in why.items() if v[0])))
+        rows.append((o.group, p.plan, p.step_time_s, sim, ",".join(k for k, v in why.items() if v[0])))
     lines = [f"{'source':32s} {'plan':100s} {'fast s':>8s} {'sim s':>8s} {'fast/sim':>8s}  approximate"]
     lines += [f"{g[:32]:32s} {p[:100]:100s} {f:8.3f} {s:8.3f} {100 * (f / s - 1):+7.1f}%  {w}" for g, p, f, s, w in rows]
     lines.append("")

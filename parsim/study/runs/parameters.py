@@ -119,7 +119,7 @@ def fit_parameters(observations: list[Observation], profiles: dict[str, dict]) -
             fields = list(STACK_FIELDS) if owns else []
             if any(o.model.flash_attention or _flash(stack) for o in runs) and _flash(stack):
                 fields += FLASH_FIELDS
-            if any(p.zero == 3 and p.dp > 1 for o in runs for p in o.plans):
+            if _runs_zero3(stack, runs):
                 fields += ZERO3_FIELDS
             zero3_tied = tuple(s for s, b in ZERO3_FALLBACK.items() if b == stack and not _runs_zero3(s, mine))
             for name, start, lo, hi, src in fields:
@@ -130,6 +130,7 @@ def fit_parameters(observations: list[Observation], profiles: dict[str, dict]) -
 
 
 def _runs_zero3(stack: str, rows: list[Observation]) -> bool:
+    """Does any of ``rows`` run ``stack`` with ZeRO-3 over more than one rank?"""
     return any(p.zero == 3 and p.dp > 1 for o in rows if o.stack == stack for p in o.plans)
 
 

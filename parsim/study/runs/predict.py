@@ -80,23 +80,33 @@ def fastest_fitting(res) -> tuple[int, np.ndarray]:
     """(the index of the fastest plan of a fast-path result that fits, or of the fastest of all
     when none fits -- a run logged as having run is then predicted not to fit; which plans fit)."""
     fits = res.fits()
-    idx = np.flatnonzero(fits) if fits.any() else np.arange(len(fits))
-    return int(idx[np.argmin(res.step_time_s[idx])]), fits
+    return _fastest(res.step_time_s, fits), fits
 
 
-def exact_steps(model, cluster: ClusterSpec, table: PlanTable, res) -> tuple[np.ndarray, np.ndarray]:
-    """(step times, True where the SimPy engine priced the plan) of a fast-path result's plans:
-    every approximate plan (``fast.honesty.approximate_mask``) among the ones that may be chosen
-    (those that fit; all where none does) whose fast price, allowed ``PESSIMISM`` of error, could
+def _choosable(fits: np.ndarray) -> np.ndarray:
+    """The plans a run may be predicted with: those that fit, all where none does."""
+    return fits if fits.any() else np.ones(len(fits), dtype=bool)
+
+
+def _fastest(steps: np.ndarray, fits: np.ndarray) -> int:
+    idx = np.flatnonzero(_choosable(fits))
+    return int(idx[np.argmin(steps[idx])])
+
+
+def exact_steps(model, cluster: ClusterSpec, table: PlanTable, steps: np.ndarray, fits: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(step times, True where the SimPy engine priced the plan) of a table's plans, from their
+    fast-path ``steps``: every approximate plan (``fast.honesty.approximate_mask``) among the ones
+    that may be chosen (``_choosable``) whose fast price, allowed ``PESSIMISM`` of error, could
     still beat the best price known, run by the engine, until none is left (``parsim.study.sweep``
     ranks its top the same way). Peak memory, and so ``fits``, is the same in both engines."""
     from parsim.sim import simulate
-    from parsim.study.sweep import _simulable
-    steps = np.array(res.step_time_s, dtype=float)
-    fits = res.fits()
-    eligible = fits if fits.any() else np.ones(len(steps), dtype=bool)
+    from parsim.study.sweep import simulable
+    steps = np.array(steps, dtype=float)
+    eligible = _choosable(fits)
     todo = eligible & approximate_mask(model.layers, table.cols, cluster)
-    todo &= np.array([_simulable(model, cluster, table.plan(int(j)).to_string()) for j in range(len(steps))])
+    for j in np.flatnonzero(todo):
+        todo[j] = simulable(model, cluster, table.plan(int(j)))
     by_sim = np.zeros(len(steps), dtype=bool)
     while True:
         best = steps[eligible].min()
@@ -114,9 +124,8 @@ def _run(o: Observation, cluster: ClusterSpec, exact: bool = False) -> dict:
     i, fits = fastest_fitting(res)
     step, by_sim = float(res.step_time_s[i]), False
     if exact and not o.kind.startswith("layer_"):
-        steps, sims = exact_steps(o.model, cluster, table, res)
-        idx = np.flatnonzero(fits) if fits.any() else np.arange(len(fits))
-        i = int(idx[np.argmin(steps[idx])])
+        steps, sims = exact_steps(o.model, cluster, table, res.step_time_s, fits)
+        i = _fastest(steps, fits)
         step, by_sim = float(steps[i]), bool(sims[i])
     plan = table.plan(i)
     out = {"step": step, "engine": "sim" if by_sim else "fast", "fits": bool(fits[i]), "any_fit": bool(fits.any()),
