@@ -58,19 +58,19 @@ def calibrate_runs(path: str, profiles: dict[str, dict] | None = None, group_col
         from parsim.specs import SpecError
         raise SpecError("runs", path, "a log with at least one usable row (all were skipped)")
     base = profiles or base_profiles(o.profile for o in obs)
-    out = fit_all(obs, base, max_iter, log)
+    out = fit_all(obs, base, max_iter, log, exact=True)
     out.skipped = skipped
-    # the fit follows the fast path; what it reports is what ``parsim simulate`` says
-    if log:
-        log("pricing the runs whose fast-path prices are approximate with the SimPy engine ...")
-    out.predictions = predict(obs, with_values(base, out.values), exact=True)
     out.groups = errors(obs, out.predictions)
     if loso:
         out.loso = leave_one_group_out(obs, base, max_iter, log)
     return out
 
 
-def fit_all(obs: list[Observation], base: dict[str, dict], max_iter: int = 15, log=None) -> RunsCalibration:
+def fit_all(obs: list[Observation], base: dict[str, dict], max_iter: int = 15, log=None,
+            exact: bool = False) -> RunsCalibration:
+    """Fit ``obs`` over the ``base`` profiles; its predictions under the fitted numbers are the
+    fast path's, or with ``exact`` what ``parsim simulate`` says (``predict``): the fit itself
+    follows the fast path, a report the engine."""
     runs_per_profile = {p: len({o.run_key for o in obs if o.profile == p and time_like(o)}) for p in base}
     fitted = [p for p, n in runs_per_profile.items() if n >= MIN_RUNS]
     # the fitted GPUs' rows only: another GPU's runs are an out-of-GPU check, not evidence
@@ -121,8 +121,10 @@ def fit_all(obs: list[Observation], base: dict[str, dict], max_iter: int = 15, l
                 key = (profile, "device", "stacks", stack, name)
                 values[key] = v
                 sources[key] = f"{'' if owner == stack else f'as {owner}: '}fit to {n} measured memory rows"
-    if memory:
-        preds = predict(obs, with_values(base, values))
+    if memory or exact:
+        if exact and log:
+            log("pricing the runs whose fast-path prices are approximate with the SimPy engine ...")
+        preds = predict(obs, with_values(base, values), exact=exact)
     return RunsCalibration(obs, [], params, result, values, sources, memory, preds, [], warnings=warnings)
 
 
