@@ -57,7 +57,8 @@ def zero3_backward_layer(b_layer: float, pre: float, tp1: float, mid: float, gat
     collective run beside the gather, which that collective then waits for; the rest of the
     layer follows. A gather that asks after the second TP collective (a long host-to-device
     copy first) runs beside the rest of the layer. With ``tp1 = mid = 0`` and no copy this is
-    the stream's work, then all of the layer after ``pre``."""
+    the stream's work, then all of the layer after ``pre``. ZeRO-2 on a shared port is the
+    case without a gather (``gather = h2d = 0``: ``fast.timing._plan_terms``)."""
     if not shared:
         return h2d + gather + scatter, min(b_layer, h2d + gather + scatter)
     if pre > scatter + h2d:                 # the gather takes the port before the first TP collective

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .codes import GPIPE, NAIVE, OFF_NONE, PS
+from .codes import GPIPE, INTERLEAVED, NAIVE, OFF_NONE, PS
 from .comm import (C_AG_ALL, C_AR_ALL, C_AR_LAST, C_OWED_EMB, C_OWED_HEAD, C_PS_ALL, C_PS_BCAST, C_PS_LAST, C_RS_ALL,
                    C_RS_LAST, C_TIED, C_TIED_SHARD, C_Z2_EMB, C_Z2_HEAD, C_Z3_GATHER, C_Z3_ROOT_GATHER, C_Z3_SCATTER)
 from .ranks import R_CHUNK, R_COMM, R_LAYERS, R_PARAMS, R_STEP, S_BUCKET_DOWN, S_BUCKETS_DOWN
@@ -44,7 +44,14 @@ def edges_in_line(t, c) -> float:
     backward of the ranks holding them: the blocking collectives (``blocked_edges``), or beside
     a side stream the compute FSDP2's copies around them leave the rank (``fast.comm.C_OWED_EMB``
     / ``C_OWED_HEAD``; 0 elsewhere)."""
-    return blocked_edges(t, c) + (c[C_OWED_EMB] + c[C_OWED_HEAD] if t.zero2 else 0.0)
+    x = blocked_edges(t, c) + (c[C_OWED_EMB] + c[C_OWED_HEAD] if t.zero2 else 0.0)
+    if t.zero2 and t.b_stream > 0.0:
+        # on the port the TP collectives use (``fast.timing._plan_terms``): the head's ahead of
+        # the first layer's backward, the embedding's with the first layer's after the backward
+        each = c[C_Z3_SCATTER]
+        x += max(0.0, c[C_Z2_HEAD] - t.pre_b)
+        x += max(0.0, each + c[C_Z2_EMB] - t.pre_next) - max(0.0, each - t.pre_next) if c[C_Z2_EMB] > 0.0 else 0.0
+    return x
 
 
 @numba.njit(cache=True)
@@ -66,6 +73,12 @@ def scatters_owed(t, c, m, layers, compute, backward) -> float:
     ``zero2_scatters``; 0 elsewhere (``t.slowdown`` is 0 where the collectives block)."""
     if not (t.zero2 and t.slowdown > 0.0):
         return 0.0
+    if t.b_stream > 0.0:
+        # on the port the TP collectives use, a reduce-scatter runs beside the compute up to
+        # the next TP collective only (``fast.timing._plan_terms``): a layer's beside the next
+        # layer's (``t.zb`` owed), the head's beside the first layer's; the embedding's queues
+        # behind the first layer's
+        return (layers - 1.0 / m) * t.zb + t.slowdown * min(c[C_Z2_HEAD], t.pre_b)
     scatters = rank_scatters(c, layers)
     steady = scatter_overlap(scatters, compute)
     last = scatters - (c[C_Z2_EMB] if c[C_Z2_EMB] > 0.0 else c[C_Z3_SCATTER])
@@ -127,14 +140,12 @@ def _gradients_ready(plan, ranks, t, sync, r, end_r, b_rank, t_pipe, max_b, max_
     """(when rank r's gradients are reduced and on their way to the optimizer, the DP
     parameter traffic after its step) for a rank whose last backward ends at ``end_r``."""
     L = ranks[r, R_LAYERS]
-    m, vpp, dp = plan.m, plan.vpp, plan.dp
+    vpp, dp = plan.vpp, plan.dp
     ready, post = end_r, 0.0
     if t.zero2 and t.block_scatter > 0.0:
         post = blocked_zero2_post(ranks, t, r)      # each backward's reduce-scatters ran in line
     elif t.zero2:
-        # from the rank's first backward to its last one's end: m backwards at the pipeline's pace
-        pace = t_pipe / m if plan.schedule == NAIVE else (max_b if plan.schedule == GPIPE else max_x)
-        window = (m - 1.0 / vpp) * pace + b_rank / vpp
+        window = _backward_window(plan, b_rank, t_pipe, max_b, max_x)
         ready = _scatter_end(plan, ranks, t, r, L if vpp == 1 else ranks[r, R_CHUNK], end_r, window)
         post = ranks[r, R_COMM + C_AG_ALL]
     elif dp > 1 and not t.zero3:
@@ -154,6 +165,31 @@ def _gradients_ready(plan, ranks, t, sync, r, end_r, b_rank, t_pipe, max_b, max_
 
 
 @numba.njit(cache=True, inline="always")
+def _backward_window(plan, b_rank, t_pipe, max_b, max_x):
+    """Seconds from a rank's first backward's start to its last one's end, counted in model
+    chunks (``b_rank`` its backward over all of them, per microbatch). A rank's backwards follow
+    the pace at which the last rank starts them: after the ``w`` forwards of its warm-up
+    (Megatron-LM ``num_warmup_microbatches`` on the last rank, ``schedules.warmup_forwards``:
+    none in 1F1B, (v - 1) p chunks interleaved) one forward + backward pair at a time, at the
+    slowest rank's pace (``max_x`` per microbatch), then its cool-down's ``w`` backwards at the
+    slowest rank's backward pace (``max_b``). Where that warm-up holds every forward
+    (interleaved with few microbatches; GPipe) all backwards run at the backward pace; the naive
+    schedule runs one microbatch at a time (``t_pipe / m`` each)."""
+    m, vpp, p = plan.m, plan.vpp, plan.pp
+    if plan.schedule == NAIVE:
+        return (m - 1.0) * t_pipe / m + b_rank
+    total = m * vpp
+    if plan.schedule == GPIPE:
+        w = total
+    elif plan.schedule == INTERLEAVED:
+        w = total if m == p else min((vpp - 1) * p, total)
+    else:
+        w = 0
+    pairs = max(total - w, 1)
+    return (b_rank + (pairs - 1.0) * max_x + (total - pairs) * max_b) / vpp
+
+
+@numba.njit(cache=True, inline="always")
 def _scatter_end(plan, ranks, t, r, layers, end_r, window):
     """ZeRO-2: when the reduce-scatters of the rank's last backward (model chunk 0: ``layers``
     layers, the embedding on rank 0, the head on the last rank without interleaving) are
@@ -164,13 +200,14 @@ def _scatter_end(plan, ranks, t, r, layers, end_r, window):
     last, vpp, L = plan.pp - 1, plan.vpp, ranks[r, R_LAYERS]
     emb = t.emb_bwd if r == 0 else 0.0
     head = t.head_bwd if r == last and vpp == 1 else 0.0
-    t_ = end_r - layers * t.b_layer - emb - head          # the last backward's start
+    per = t.b_stream if t.b_stream > 0.0 else t.b_layer  # a layer's period (shared port: ``fast.timing``)
+    t_ = end_r - t.b_layer - (layers - 1.0) * per - emb - head        # the last backward's start
     end = -1e300
     if r == last and vpp == 1:
         t_ += head
         end = t_ + c[C_Z2_HEAD]
-    for _ in range(int(layers)):
-        t_ += t.b_layer
+    for i in range(int(layers)):
+        t_ += t.b_layer if i == 0 else per
         end = max(end, t_) + c[C_Z3_SCATTER]
     if r == 0:
         end = max(end, end_r) + c[C_Z2_EMB]

@@ -23,7 +23,12 @@ compute except after the rank's last backward: the step's gradients are reduced 
 backward's queue of reduce-scatters drains (or, if the DP stream cannot keep up, when all m of
 them are through), then the sharded step and the once-per-step parameter all-gather. Beside a
 side stream, the compute those reduce-scatters run beside costs the stack's slowdown on it
-(``costs.overlap.scatter_overlap``), added to every backward.
+(``costs.overlap.scatter_overlap``), added to every backward. Where they share the port with
+the TP collectives (the engine's ports are first come, first served), each TP collective asked
+for after a reduce-scatter waits for it: a backward layer's period is its compute plus what of
+the previous layer's reduce-scatter its compute before its first TP collective does not cover
+(``costs.overlap.zero3_backward_layer`` without a gather), a forward after a backward waits the
+same for the backward's last one, and only that compute runs beside them.
 
 End of the step, per rank (PyTorch DDP bucketing, Li et al. 2020 Sec. 3.2.3): the gradient
 buckets of a stage are reduced one after another on the DP link as its last backward
@@ -41,7 +46,7 @@ import numba
 import numpy as np
 
 from .codes import (GPIPE, INTERLEAVED, NAIVE, O_BUBBLE, O_DP, O_PIPE, O_PP, O_STEP, O_TP, OFF_NONE, ONE_F_ONE_B,
-                    PS)
+                    PS, ZB_H1)
 from .comm import (C_COMM_SLOWDOWN, C_OWED_GATHER, C_OWED_SCATTER, C_SHARED_LINK, C_Z3_GATHER, C_Z3_ROOT_GATHER,
                    C_Z3_ROOT_SCATTER, C_Z3_SCATTER, C_ZERO_BLOCKING)
 from .dp_end import _gradients_ready, blocked_exposed, edges_in_line, scatters_owed, tie_embedding
@@ -100,7 +105,7 @@ DPSync = namedtuple("DPSync", "bucket_bytes overlap")
 PlanTerms = namedtuple("PlanTerms", "f_layer b_layer tp_layer f_stream b_stream gather scatter f_wait b_wait h2d zf zb "
                                     "zero3 zero2 shared tp_last_layer layer_params emb_bwd head_bwd "
                                     "emb_params head_params opt_block block_gather block_scatter fsdp2 "
-                                    "owed_gather owed_scatter slowdown")
+                                    "owed_gather owed_scatter slowdown pre_b pre_next")
 
 
 @numba.njit(cache=True)
@@ -147,7 +152,7 @@ def _plan_terms(plan, lrow, hrow, ranks):
     # TP and DP on one port: the DP stream's transfers queue with the TP collectives
     shared = ranks[0, R_COMM + C_SHARED_LINK] > 0
     gather, scatter, zf, zb, f_stream, b_stream = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-    f_wait, b_wait, h2d = 0.0, 0.0, 0.0
+    f_wait, b_wait, h2d, pre_b, pre_next = 0.0, 0.0, 0.0, 0.0, 0.0
     # NCCL kernels share the SMs: compute that runs beside a ZeRO collective costs slowdown x
     # that much more compute (``costs.stack.comm_compute_slowdown``; the SimPy engine's
     # ``Device.ledger``: compute owed for the overlap, paid before the next action)
@@ -170,6 +175,21 @@ def _plan_terms(plan, lrow, hrow, ranks):
         schedule = plan.schedule
         f_wait = gather + (scatter if schedule == ONE_F_ONE_B or schedule == INTERLEAVED else 0.0)
         b_wait = gather + (scatter if schedule == GPIPE else 0.0)
+    elif zero2 and shared and plan.schedule < ZB_H1:
+        # ZeRO-2 on the port its TP collectives use (``sim.network.Port``, first come first
+        # served; split schedules reduce-scatter in W, which has no TP collectives): a backward
+        # layer's first TP collective queues behind the reduce-scatter of the layer before it,
+        # which runs beside that layer's compute only until then (``costs.overlap``, no gather);
+        # an action's first one behind the last reduce-scatter of the backward it follows
+        pre_b, pre_f = lrow[L_PRE_BWD], lrow[L_PRE_FWD]
+        each = ranks[0, R_COMM + C_Z3_SCATTER]
+        b_stream, overlapped = zero3_backward_layer(b_layer, pre_b, lrow[L_TP1_BWD], lrow[L_MID_BWD],
+                                                    0.0, 0.0, each, True)
+        zb = slowdown * overlapped
+        # (GPipe: a backward follows a backward, the wait hidden where the rank waits for the
+        # next one's gradient, or behind the head's backward)
+        pre_next = pre_b if plan.schedule == GPIPE else pre_f
+        f_wait = 0.0 if plan.schedule == GPIPE else max(0.0, each - pre_f)
     # ZeRO collectives that block the rank (no side stream: ``fast.comm``): a layer's run in line
     # with its compute, the gather before it, the reduce-scatter after its backward (``sim.actions``)
     blocking = ranks[0, R_COMM + C_ZERO_BLOCKING]
@@ -180,12 +200,13 @@ def _plan_terms(plan, lrow, hrow, ranks):
         f_layer += block_gather
         b_layer += block_gather + block_scatter
         gather, scatter, f_wait, b_wait, zf, zb, f_stream, b_stream = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        pre_b, pre_next = 0.0, 0.0
         slowdown = 0.0              # no compute runs beside a collective the rank waits for
     head_params = hrow[H_HEAD_PARAMS_PP1] if plan.pp == 1 else hrow[H_HEAD_PARAMS_PPN]
     return PlanTerms(f_layer, b_layer, tp_layer, f_stream, b_stream, gather, scatter, f_wait, b_wait, h2d, zf, zb,
                      zero3, zero2, shared, lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE], lrow[L_PARAMS], hrow[H_EMB_BWD],
                      hrow[H_HEAD_BWD], hrow[H_EMB_PARAMS], head_params, opt_block, block_gather, block_scatter,
-                     blocking == 2.0, owed_gather, owed_scatter, slowdown)
+                     blocking == 2.0, owed_gather, owed_scatter, slowdown, pre_b, pre_next)
 
 
 @numba.njit(cache=True, inline="always")
@@ -201,10 +222,22 @@ def rank_scatters_owed(plan, t, hrow, ranks, r, head):
 
 @numba.njit(cache=True, inline="always")
 def _backward(t, L, vpp):
-    """The backward of a rank's ``L`` layers in ``vpp`` actions (ZeRO-3: their DP waits in)."""
+    """The backward of a rank's ``L`` layers in ``vpp`` actions (ZeRO-3: their DP waits in;
+    ZeRO-2 on a shared port: their TP collectives' waits behind the reduce-scatters)."""
     if t.zero3:
         return _chained(L, vpp, t.b_wait, t.b_layer + t.zb, t.b_stream + t.zb)
+    if t.zero2 and t.b_stream > 0.0:
+        return _chained(L, vpp, t.b_wait, t.b_layer, t.b_stream)
     return L * t.b_layer
+
+
+@numba.njit(cache=True, inline="always")
+def _zero2_queued(t, L, vpp):
+    """ZeRO-2 on a shared port: seconds a rank's ``L`` layers in ``vpp`` chunks wait per
+    microbatch for their TP collectives behind the reduce-scatters (``_plan_terms``; 0 elsewhere)."""
+    if not (t.zero2 and t.b_stream > 0.0):
+        return 0.0
+    return vpp * t.f_wait + _backward(t, L, vpp) - L * t.b_layer
 
 
 @numba.njit(cache=True, inline="always")
@@ -249,7 +282,9 @@ def _pipeline(plan, hrow, ranks, send, t):
                 queued_tp += x - (_chained(L, vpp, t.f_wait, t.f_layer + t.zf, t.gather + t.zf)
                                   + _chained(L, vpp, t.b_wait, t.b_layer + t.zb, t.gather + t.scatter + t.zb))
         else:
-            x = L * (t.f_layer + t.b_layer)
+            queued = _zero2_queued(t, L, vpp)
+            x = L * (t.f_layer + t.b_layer) + queued
+            queued_tp += queued
         root_b = _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False)
         # a blocking stack's sends hold the rank in its steady state (``_held``)
         held_r = _held(plan, send, r)
@@ -257,10 +292,10 @@ def _pipeline(plan, hrow, ranks, send, t):
         root_b += edges_in_line(t, ranks[r, R_COMM:R_STEP])
         root_b += rank_scatters_owed(plan, t, hrow, ranks, r, r == last)
         x += _edges(r, last, hrow) + _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], True) + root_b + held_r
-        max_b = max(max_b, L * t.b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0)
+        max_b = max(max_b, _backward(t, L, vpp) + (hrow[H_EMB_BWD] if r == 0 else 0.0)
                     + (hrow[H_HEAD_BWD] if r == last else 0.0) + root_b)
         rank_x[r] = x
-        sum_x += x
+        sum_x += x - (vpp * t.f_wait if t.zero2 else 0.0)  # the fill's forwards follow no backward
         max_x = max(max_x, x)
         tp_total += L * t.tp_layer
         if r < last:
@@ -314,6 +349,7 @@ def _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x)
         if t.zero3:
             # inside the actions: the waits for gathers that compute did not hide
             exposed += m * (rank_x[r] - held - ranks[r, R_LAYERS] * (t.f_layer + t.b_layer) - _edges(r, last, hrow))
+        exposed += m * _zero2_queued(t, ranks[r, R_LAYERS], vpp)
         exposed += blocked_exposed(plan, ranks, t, r)
         step = max(step, ready[r] + opt + post[r])
         exposed_dp += exposed

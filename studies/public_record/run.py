@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     cal = calibrate_runs(str(args.runs), profiles=template_profiles(), loso=not args.no_loso, log=print)
-    lines = [f"fit + {'' if args.no_loso else 'leave-one-source-out '}in {time.perf_counter() - t0:.0f} s; "
+    lines = [f"fit {'' if args.no_loso else '+ leave-one-source-out '}in {time.perf_counter() - t0:.0f} s; "
              f"{len(cal.observations)} usable rows, {len(cal.skipped)} skipped"]
     same = all(render(n, cal, args.runs.name) == (profiles_dir() / f"{n}.yaml").read_text() for n in SHIPPED)
     lines.append(f"shipped profiles identical to this fit's output: {same}")
