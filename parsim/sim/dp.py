@@ -122,6 +122,13 @@ def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     if temporaries:
         dev.memory.change(env.now, OTHER, temporaries)
     if opt.on_host:
+        if dev.ledger.debt:
+            # the compute the last backward owes to the collectives beside it (``ledger``), paid
+            # as before an optimizer step on the device: the step's compute is not done before it
+            if sim.sharing is not None:
+                yield sim.sharing.run(dev.ledger.pay(), 0.0, 0.0, 0.0)
+            else:
+                yield env.timeout(dev.ledger.pay())
         if opt.grads_to_host:
             start = yield from transfer(env, dev.ports.pcie, opt.grads_to_host_s)
             rec.event(rank, -1, "host", "offload_d2h", -1, -1, start, env.now, nbytes=opt.grads_to_host_bytes)
