@@ -27,6 +27,15 @@ def scatter_overlap(scatters: float, compute: float) -> float:
     return min(scatters, compute)
 
 
+def queued_behind(transfer: float, pre: float) -> tuple[float, float]:
+    """(seconds a TP collective waits, compute seconds beside the transfer) where a DP transfer
+    of ``transfer`` seconds takes the port the TP collectives use and the rank computes ``pre``
+    seconds before asking for it (``sim.network.Port``, first come first served): ZeRO-2's
+    reduce-scatters ahead of the next layer's, the next action's, or the first layer's first TP
+    collective (``fast.timing._plan_terms``, ``fast.dp_end``)."""
+    return max(0.0, transfer - pre), min(pre, transfer)
+
+
 def zero3_forward_layer(f_layer: float, pre: float, gather: float, h2d: float, shared: bool) -> tuple[float, float]:
     """(seconds between the starts of two forward layers, bounded by the DP stream; compute
     seconds beside the ZeRO-3 all-gather) for a forward layer of ``f_layer`` seconds while the

@@ -25,7 +25,7 @@ from .codes import GPIPE, INTERLEAVED, NAIVE, OFF_NONE, PS
 from .comm import (C_AG_ALL, C_AR_ALL, C_AR_LAST, C_OWED_EMB, C_OWED_HEAD, C_PS_ALL, C_PS_BCAST, C_PS_LAST, C_RS_ALL,
                    C_RS_LAST, C_TIED, C_TIED_SHARD, C_Z2_EMB, C_Z2_HEAD, C_Z3_GATHER, C_Z3_ROOT_GATHER, C_Z3_SCATTER)
 from .ranks import R_CHUNK, R_COMM, R_LAYERS, R_PARAMS, R_STEP, S_BUCKET_DOWN, S_BUCKETS_DOWN
-from .rules import reduce_scatters_buckets, scatter_overlap
+from .rules import queued_behind, reduce_scatters_buckets, scatter_overlap
 
 
 @numba.njit(cache=True)
@@ -49,8 +49,9 @@ def edges_in_line(t, c) -> float:
         # on the port the TP collectives use (``fast.timing._plan_terms``): the head's ahead of
         # the first layer's backward, the embedding's with the first layer's after the backward
         each = c[C_Z3_SCATTER]
-        x += max(0.0, c[C_Z2_HEAD] - t.pre_b)
-        x += max(0.0, each + c[C_Z2_EMB] - t.pre_next) - max(0.0, each - t.pre_next) if c[C_Z2_EMB] > 0.0 else 0.0
+        x += queued_behind(c[C_Z2_HEAD], t.pre_b)[0]
+        if c[C_Z2_EMB] > 0.0:
+            x += queued_behind(each + c[C_Z2_EMB], t.pre_next)[0] - queued_behind(each, t.pre_next)[0]
     return x
 
 
@@ -78,7 +79,7 @@ def scatters_owed(t, c, m, layers, compute, backward) -> float:
         # the next TP collective only (``fast.timing._plan_terms``): a layer's beside the next
         # layer's (``t.zb`` owed), the head's beside the first layer's; the embedding's queues
         # behind the first layer's
-        return (layers - 1.0 / m) * t.zb + t.slowdown * min(c[C_Z2_HEAD], t.pre_b)
+        return (layers - 1.0 / m) * t.zb + t.slowdown * queued_behind(c[C_Z2_HEAD], t.pre_b)[1]
     scatters = rank_scatters(c, layers)
     steady = scatter_overlap(scatters, compute)
     last = scatters - (c[C_Z2_EMB] if c[C_Z2_EMB] > 0.0 else c[C_Z3_SCATTER])

@@ -14,10 +14,11 @@ from numba.extending import register_jitable
 from parsim.costs import footprint, overlap, split_backward, zero
 
 for _rule in (zero.zero_shard, zero.gathers_layers, zero.scatters_every_backward, zero.reduce_scatters_buckets,
-              zero.gathers_after_step, overlap.scatter_overlap, overlap.zero3_forward_layer,
+              zero.gathers_after_step, overlap.scatter_overlap, overlap.queued_behind, overlap.zero3_forward_layer,
               overlap.zero3_backward_layer):
     register_jitable(_rule)
 scatter_overlap = overlap.scatter_overlap
+queued_behind = overlap.queued_behind
 zero3_forward_layer = overlap.zero3_forward_layer
 zero3_backward_layer = overlap.zero3_backward_layer
 gathers_layers = zero.gathers_layers

@@ -51,7 +51,7 @@ from .comm import (C_COMM_SLOWDOWN, C_OWED_GATHER, C_OWED_SCATTER, C_SHARED_LINK
                    C_Z3_ROOT_SCATTER, C_Z3_SCATTER, C_ZERO_BLOCKING)
 from .dp_end import _gradients_ready, blocked_exposed, edges_in_line, scatters_owed, tie_embedding
 from .ranks import R_COMM, R_LAYERS, R_STEP, S_GRADS_DOWN, S_LAYER_UP, S_OPT_STEP, S_PARAMS_UP, step_block
-from .rules import gathers_layers, scatters_every_backward, zero3_backward_layer, zero3_forward_layer
+from .rules import gathers_layers, queued_behind, scatters_every_backward, zero3_backward_layer, zero3_forward_layer
 from .tables import (H_EMB_BWD, H_EMB_FWD, H_EMB_PARAMS, H_HEAD_BWD, H_HEAD_FWD, H_HEAD_PARAMS_PP1,
                      H_HEAD_PARAMS_PPN, L_BWD, L_FWD, L_MID_BWD, L_PARAMS, L_PRE_BWD, L_PRE_FWD, L_RECOMPUTE, L_TP1_BWD,
                      L_TP_BWD, L_TP_FWD, L_TP_RECOMPUTE)
@@ -189,7 +189,7 @@ def _plan_terms(plan, lrow, hrow, ranks):
         # (GPipe: a backward follows a backward, the wait hidden where the rank waits for the
         # next one's gradient, or behind the head's backward)
         pre_next = pre_b if plan.schedule == GPIPE else pre_f
-        f_wait = 0.0 if plan.schedule == GPIPE else max(0.0, each - pre_f)
+        f_wait = 0.0 if plan.schedule == GPIPE else queued_behind(each, pre_f)[0]
     # ZeRO collectives that block the rank (no side stream: ``fast.comm``): a layer's run in line
     # with its compute, the gather before it, the reduce-scatter after its backward (``sim.actions``)
     blocking = ranks[0, R_COMM + C_ZERO_BLOCKING]

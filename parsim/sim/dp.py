@@ -98,6 +98,15 @@ def _to_host(env: simpy.Environment, sim: "Simulation", dev: "Device", stage: in
     sim.recorder.event(dev.rank, stage, "host", "offload_d2h", -1, -1, start, env.now, nbytes=nbytes)
 
 
+def _owed_then(env: simpy.Environment, sim: "Simulation", dev: "Device", seconds: float):
+    """An event at the end of the compute the device owes to collectives that ran beside it
+    (``Device.ledger``, paid here), then ``seconds`` of optimizer step on it: a job among the
+    ranks sharing the host's cores, else a timeout."""
+    if sim.sharing is not None:
+        return sim.sharing.run(dev.ledger.pay(), 0.0, 0.0, seconds)
+    return env.timeout(dev.ledger.pay() + seconds)
+
+
 def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     """After the device's last action: wait for its gradients, step the optimizer, update
     the parameters. Sets ``recorder.finish[rank]``."""
@@ -123,12 +132,9 @@ def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
         dev.memory.change(env.now, OTHER, temporaries)
     if opt.on_host:
         if dev.ledger.debt:
-            # the compute the last backward owes to the collectives beside it (``ledger``), paid
-            # as before an optimizer step on the device: the step's compute is not done before it
-            if sim.sharing is not None:
-                yield sim.sharing.run(dev.ledger.pay(), 0.0, 0.0, 0.0)
-            else:
-                yield env.timeout(dev.ledger.pay())
+            # the compute the last backward owes to the collectives beside it, paid as before an
+            # optimizer step on the device: the step's compute is not done before it
+            yield _owed_then(env, sim, dev, 0.0)
         if opt.grads_to_host:
             start = yield from transfer(env, dev.ports.pcie, opt.grads_to_host_s)
             rec.event(rank, -1, "host", "offload_d2h", -1, -1, start, env.now, nbytes=opt.grads_to_host_bytes)
@@ -142,11 +148,7 @@ def finish_step(env: simpy.Environment, sim: "Simulation", dev: "Device"):
         # on a shared host AdamW slows down as measured for it (``host_contention``'s
         # "optimizer"; after the compute that collectives overlapping the last backward took:
         # ``ledger``)
-        seconds = opt.step_s * dev.scale.optimizer
-        if sim.sharing is not None:   # a job among the ranks sharing the host's cores
-            yield sim.sharing.run(dev.ledger.pay(), 0.0, 0.0, seconds)
-        else:
-            yield env.timeout(dev.ledger.pay() + seconds)
+        yield _owed_then(env, sim, dev, opt.step_s * dev.scale.optimizer)
         rec.compute(rank, -1, "optimizer", -1, start, env.now, name="optimizer")
     if temporaries:
         dev.memory.change(env.now, OTHER, -temporaries)
