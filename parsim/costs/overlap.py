@@ -17,14 +17,20 @@ Seconds throughout.
 from __future__ import annotations
 
 
-def scatter_overlap(scatters: float, compute: float) -> float:
+def scatter_overlap(scatters: float, compute: float, slowdown: float) -> float:
     """Compute seconds that run beside one backward's ZeRO-2 reduce-scatters: ``scatters``
     seconds of them queue on the DP stream as the backward completes each part's gradients
     (``sim.actions.zero2_scatters``), while the rank goes on computing ``compute`` seconds per
-    microbatch (its forward and backward, where the next action follows at once), so
-    min(scatters, compute) of compute runs beside them. The engine's ledger charges the
-    slowdown on exactly that overlap (``ComputeLedger.collective``)."""
-    return min(scatters, compute)
+    microbatch (its forward and backward, where the next action follows at once). The compute
+    they slow (``slowdown`` s owed per s of compute beside them, ``costs.stack.
+    comm_compute_slowdown``) is compute too, and runs beside them as well: the ledger
+    (``ComputeLedger.collective``) charges on the rank's busy time, the owed seconds in. Busy
+    time b = compute + slowdown x min(scatters, b) gives min(scatters, compute / (1 - slowdown))
+    beside them (slowdown < 1: each second beside a collective does 1 - slowdown seconds of
+    the work alone)."""
+    if slowdown >= 1.0:
+        return scatters
+    return min(scatters, compute / (1.0 - slowdown))
 
 
 def queued_behind(transfer: float, pre: float) -> tuple[float, float]:

@@ -21,11 +21,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .codes import GPIPE, INTERLEAVED, NAIVE, OFF_NONE, PS
+from .codes import NAIVE, OFF_NONE, PS
 from .comm import (C_AG_ALL, C_AR_ALL, C_AR_LAST, C_OWED_EMB, C_OWED_HEAD, C_PS_ALL, C_PS_BCAST, C_PS_LAST, C_RS_ALL,
                    C_RS_LAST, C_TIED, C_TIED_SHARD, C_Z2_EMB, C_Z2_HEAD, C_Z3_GATHER, C_Z3_ROOT_GATHER, C_Z3_SCATTER)
 from .ranks import R_CHUNK, R_COMM, R_LAYERS, R_PARAMS, R_STEP, S_BUCKET_DOWN, S_BUCKETS_DOWN
-from .rules import queued_behind, reduce_scatters_buckets, scatter_overlap
+from .rules import queued_behind, reduce_scatters_buckets, scatter_overlap, warmup_chunks
 
 
 @numba.njit(cache=True)
@@ -63,13 +63,17 @@ def rank_scatters(c, layers) -> float:
 
 
 @numba.njit(cache=True)
-def scatters_owed(t, c, m, layers, compute, backward) -> float:
+def scatters_owed(t, c, m, layers, compute, backward, alone) -> float:
     """ZeRO-2 beside a side stream: the compute a backward of a rank's ``layers`` layers owes,
     on average over the step's ``m``, for the reduce-scatters of their gradients and of the
     edges' (``fast.comm``: C_Z2_EMB / C_Z2_HEAD non-zero on the ranks holding them): the stack's
-    slowdown x the compute they run beside (``costs.overlap.scatter_overlap``): the rank's
-    ``compute`` seconds per microbatch, but the last backward's only its own ``backward`` seconds,
-    and none its last part's (the embedding's, else the last layer's), issued as it ends.
+    slowdown x the compute they run beside (``costs.overlap.scatter_overlap``). A backward a
+    forward follows runs them beside the rank's ``compute`` seconds per microbatch and the
+    compute they owe, paid at that forward's start while they still run; one of the ``alone``
+    (in microbatches) that the next backward follows after the pipeline's wait (the warm-up's
+    count, ``schedules.warmup_chunks``) beside its own ``backward`` seconds only, its debt paid
+    after the wait; the last backward beside its own but for its last part (the embedding's,
+    else the last layer's), issued as it ends.
     The SimPy engine's ``Device.ledger``, charged by ``sim.actions.zero3_collective`` for each of
     ``zero2_scatters``; 0 elsewhere (``t.slowdown`` is 0 where the collectives block)."""
     if not (t.zero2 and t.slowdown > 0.0):
@@ -81,9 +85,11 @@ def scatters_owed(t, c, m, layers, compute, backward) -> float:
         # behind the first layer's
         return (layers - 1.0 / m) * t.zb + t.slowdown * queued_behind(c[C_Z2_HEAD], t.pre_b)[1]
     scatters = rank_scatters(c, layers)
-    steady = scatter_overlap(scatters, compute)
+    steady = scatter_overlap(scatters, compute, t.slowdown)
+    apart = scatter_overlap(scatters, backward, 0.0)
     last = scatters - (c[C_Z2_EMB] if c[C_Z2_EMB] > 0.0 else c[C_Z3_SCATTER])
-    return t.slowdown * ((m - 1.0) * steady + scatter_overlap(last, backward)) / m
+    alone = min(alone, m - 1.0)
+    return t.slowdown * ((m - 1.0 - alone) * steady + alone * apart + scatter_overlap(last, backward, 0.0)) / m
 
 
 @numba.njit(cache=True)
@@ -180,12 +186,7 @@ def _backward_window(plan, b_rank, t_pipe, max_b, max_x):
     if plan.schedule == NAIVE:
         return (m - 1.0) * t_pipe / m + b_rank
     total = m * vpp
-    if plan.schedule == GPIPE:
-        w = total
-    elif plan.schedule == INTERLEAVED:
-        w = total if m == p else min((vpp - 1) * p, total)
-    else:
-        w = 0
+    w = warmup_chunks(plan.schedule, p - 1, p, m, vpp)
     pairs = max(total - w, 1)
     return (b_rank + (pairs - 1.0) * max_x + (total - pairs) * max_b) / vpp
 

@@ -3,6 +3,7 @@
 ``costs.zero`` (ZeRO sharding and which DP collectives a stage runs) and ``costs.overlap`` (ZeRO
 collectives beside compute) are registered with numba (``register_jitable``: the plain functions
 stay callable from Python, and jitted code that calls them compiles them in);
+``schedules.warmup_chunks`` (the forwards before a rank's first backward) is registered too;
 ``costs.footprint``'s memory rules, which call it, and ``costs.split_backward``'s overlapped F&B
 slot are compiled here.
 """
@@ -12,11 +13,13 @@ import numba
 from numba.extending import register_jitable
 
 from parsim.costs import footprint, overlap, split_backward, zero
+from parsim.schedules import generators
 
 for _rule in (zero.zero_shard, zero.gathers_layers, zero.scatters_every_backward, zero.reduce_scatters_buckets,
               zero.gathers_after_step, overlap.scatter_overlap, overlap.queued_behind, overlap.zero3_forward_layer,
-              overlap.zero3_backward_layer):
+              overlap.zero3_backward_layer, generators.warmup_chunks):
     register_jitable(_rule)
+warmup_chunks = generators.warmup_chunks
 scatter_overlap = overlap.scatter_overlap
 queued_behind = overlap.queued_behind
 zero3_forward_layer = overlap.zero3_forward_layer

@@ -51,7 +51,8 @@ from .comm import (C_COMM_SLOWDOWN, C_OWED_GATHER, C_OWED_SCATTER, C_SHARED_LINK
                    C_Z3_ROOT_SCATTER, C_Z3_SCATTER, C_ZERO_BLOCKING)
 from .dp_end import _gradients_ready, blocked_exposed, edges_in_line, scatters_owed, tie_embedding
 from .ranks import R_COMM, R_LAYERS, R_STEP, S_GRADS_DOWN, S_LAYER_UP, S_OPT_STEP, S_PARAMS_UP, step_block
-from .rules import gathers_layers, queued_behind, scatters_every_backward, zero3_backward_layer, zero3_forward_layer
+from .rules import (gathers_layers, queued_behind, scatters_every_backward, warmup_chunks, zero3_backward_layer,
+                    zero3_forward_layer)
 from .tables import (H_EMB_BWD, H_EMB_FWD, H_EMB_PARAMS, H_HEAD_BWD, H_HEAD_FWD, H_HEAD_PARAMS_PP1,
                      H_HEAD_PARAMS_PPN, L_BWD, L_FWD, L_MID_BWD, L_PARAMS, L_PRE_BWD, L_PRE_FWD, L_RECOMPUTE, L_TP1_BWD,
                      L_TP_BWD, L_TP_FWD, L_TP_RECOMPUTE)
@@ -216,8 +217,9 @@ def rank_scatters_owed(plan, t, hrow, ranks, r, head):
     the rank holds the output head, wherever the placement puts it)."""
     L = ranks[r, R_LAYERS]
     backward = L * t.b_layer + (hrow[H_EMB_BWD] if r == 0 else 0.0) + (hrow[H_HEAD_BWD] if head else 0.0)
+    alone = warmup_chunks(plan.schedule, r, plan.pp, plan.m, plan.vpp) / plan.vpp   # in microbatches
     return scatters_owed(t, ranks[r, R_COMM:R_STEP], plan.m, L, L * (t.f_layer + t.b_layer)
-                         + _edges(r, r if head else -1, hrow), backward)
+                         + _edges(r, r if head else -1, hrow), backward, alone)
 
 
 @numba.njit(cache=True, inline="always")

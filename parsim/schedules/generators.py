@@ -25,6 +25,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from parsim.specs import ALL_SCHEDULES, Plan, SpecError
+from parsim.specs.codes import GPIPE, INTERLEAVED, ONE_F_ONE_B
+from parsim.specs.plan import SCHEDULES
 
 from .bubbles import closed_form_bubble_fraction
 from .ir import Action, Item, Schedule, loop_placement, v_placement
@@ -134,16 +136,23 @@ def textbook_bubble_fraction(schedule_name: str, pp: int, m: int, vpp: int = 1) 
 def warmup_forwards(schedule_name: str, rank: int, pp: int, num_microbatches: int, vpp: int = 1) -> int:
     """Forward passes rank ``rank`` runs before its first backward (1F1B and interleaved:
     Megatron-LM ``num_warmup_microbatches``; counted in model chunks for interleaved)."""
+    code = SCHEDULES.index(schedule_name) if schedule_name in SCHEDULES else -1
+    return warmup_chunks(code, rank, pp, num_microbatches, vpp)
+
+
+def warmup_chunks(schedule: int, rank: int, pp: int, num_microbatches: int, vpp: int) -> int:
+    """``warmup_forwards`` for the schedule's code (``specs.codes``): plain arithmetic, so the
+    fast path's kernels compile it (``fast.rules``)."""
     p, m, v = pp, num_microbatches, vpp
-    if schedule_name == "1f1b":
+    if schedule == ONE_F_ONE_B:
         return min(p - rank - 1, m)
-    if schedule_name == "interleaved":
+    if schedule == INTERLEAVED:
         total = m * v
         if m == p:
             # Megatron-LM: with as many microbatches as ranks, every forward runs first.
             return total
         return min(2 * (p - rank - 1) + (v - 1) * p, total)
-    if schedule_name == "gpipe":
+    if schedule == GPIPE:
         return m
     return 0
 
