@@ -30,16 +30,65 @@ from .comm import (C_AG_ALL, C_OWED_EMB, C_OWED_HEAD, C_Z2_EMB, C_Z2_HEAD, C_Z3_
 from .dag import K_B, K_F, K_FB, K_I, K_W, N_CHUNK, N_CHUNK_B, N_DEP0, N_DEP1, N_KIND, N_KIND_B, N_RANK
 from .ranks import (R_CHUNK, R_COMM, R_LAST, R_LAYERS, R_PARAMS, R_STEP, S_GRADS_DOWN, S_OPT_STEP, S_PARAMS_UP,
                     send_between)
-from .rules import overlapped_time
+from .rules import overlapped_time, queued_behind, zero3_backward_layer
 from .tables import (H_EMB_BWD, H_EMB_FWD, H_HEAD_BWD, H_HEAD_BWD_W, H_HEAD_FWD, H_HEAD_TP_COVER, L_BWD, L_BWD_I,
                      L_BWD_W, L_FWD, L_RECOMPUTE, L_SPLIT_W, L_SPLIT_W2, L_TP_BWD, L_TP_COVER, L_TP_RECOMPUTE,
-                     L_TP_W_RECOMPUTE, L_W_RECOMPUTE)
+                     L_MID_BWD, L_PRE_BWD, L_PRE_FWD, L_TP1_BWD, L_TP_W_RECOMPUTE, L_W_RECOMPUTE)
 from .dp_end import (_scatter_end, _sync_rounds, blocked_exposed, blocked_zero2_post, rank_scatters,
                      tie_embedding)
 from .timing import _chained, _plan_terms, rank_scatters_owed
 
 # per (rank, chunk): one microbatch's pass times and the communication inside them (seconds)
 P_F, P_B, P_I, P_W, P_F_COMM, P_B_COMM, P_I_COMM, P_WIDTH = range(8)
+# per (rank, chunk), ZeRO-2 on the port the TP collectives use (``_port_rows``): on, compute
+# before a forward's / backward's first TP collective, the chunk's layers, its reduce-scatters'
+# seconds, its last one's
+# seconds; and the compute owed per second beside them, the compute beside one in a backward
+# layer with TP collectives; whether the chunk's W has TP collectives (the first stage's, its
+# whole backward; a W that re-runs a recomputed forward), the compute before a W layer's first
+# and beside a scatter in a W layer
+P_ON, P_PRE_F, P_PRE_B, P_LAYERS, P_SCATTERS, P_EACH, P_SLOW, P_INNER, P_WHOLE_W, P_PRE_W, P_INNER_W, PORT_WIDTH = \
+    range(12)
+
+
+@numba.njit(cache=True)
+def _w_layer_queue(lrow, each):
+    """(seconds a W layer that re-runs its recomputed forward waits on the TP collectives'
+    port behind the previous layer's ZeRO-2 reduce-scatter of ``each`` seconds, the compute
+    beside it): its first TP collective, the forward's, after ``L_PRE_FWD``
+    (``costs.overlap.zero3_backward_layer`` without a gather); (0, 0) for a W without them."""
+    if not lrow[L_TP_W_RECOMPUTE] > 0.0:
+        return 0.0, 0.0
+    w_layer = lrow[L_BWD_W] + lrow[L_W_RECOMPUTE] + lrow[L_TP_W_RECOMPUTE]
+    period, beside = zero3_backward_layer(w_layer, lrow[L_PRE_FWD], 0.0, 0.0, 0.0, 0.0, each, True)
+    return max(0.0, period - w_layer), beside
+
+
+@numba.njit(cache=True)
+def _port_rows(plan, t, lrow, ranks):
+    """(pp, vpp, PORT_WIDTH) rows of ``play``'s port queue; one row of zeros where ZeRO-2's
+    reduce-scatters do not take the TP collectives' port beside the compute."""
+    if not (t.zero2 and t.shared and t.block_scatter == 0.0):
+        return np.zeros((1, 1, PORT_WIDTH))
+    port = np.zeros((plan.pp, plan.vpp, PORT_WIDTH))
+    each = ranks[0, R_COMM + C_Z3_SCATTER]
+    inner = zero3_backward_layer(t.b_layer, lrow[L_PRE_BWD], lrow[L_TP1_BWD], lrow[L_MID_BWD], 0.0, 0.0, each,
+                                 True)[1]
+    w_tp = lrow[L_TP_W_RECOMPUTE] > 0.0
+    w_inner = _w_layer_queue(lrow, each)[1]
+    for r in range(plan.pp):
+        c = ranks[r, R_COMM:R_STEP]
+        for k in range(plan.vpp):
+            first, last = r == 0 and k == 0, ranks[r, R_LAST] == k
+            q = port[r, k]
+            q[P_ON], q[P_PRE_F], q[P_PRE_B] = 1.0, lrow[L_PRE_FWD], lrow[L_PRE_BWD]
+            q[P_LAYERS] = max(ranks[r, R_CHUNK + k], 1.0)
+            q[P_SCATTERS] = ranks[r, R_CHUNK + k] * c[C_Z3_SCATTER] + (c[C_Z2_EMB] if first else 0.0) \
+                + (c[C_Z2_HEAD] if last else 0.0)
+            q[P_EACH] = c[C_Z2_EMB] if first else c[C_Z3_SCATTER]
+            q[P_SLOW], q[P_INNER], q[P_WHOLE_W] = t.slowdown, inner, 1.0 if first or w_tp else 0.0
+            q[P_PRE_W], q[P_INNER_W] = (lrow[L_PRE_BWD], inner) if first else (lrow[L_PRE_FWD], w_inner)
+    return port
 
 
 @numba.njit(cache=True)
@@ -50,10 +99,19 @@ def pass_times(plan, t, lrow, hrow, ranks):
     # stacks that overlap them, ``costs.stack.tp_covered``)
     i_layer = lrow[L_BWD_I] + (lrow[L_TP_BWD] + lrow[L_TP_COVER]) + lrow[L_RECOMPUTE] + lrow[L_TP_RECOMPUTE]
     w_layer = lrow[L_BWD_W] + lrow[L_W_RECOMPUTE] + lrow[L_TP_W_RECOMPUTE]
+    # ZeRO-2 on the TP collectives' port: in a backward with TP collectives, each layer's first
+    # waits for the reduce-scatter of the layer before it (``fast.timing._plan_terms``)
+    queued, w_queued, port = 0.0, 0.0, t.zero2 and t.shared and t.block_scatter == 0.0
+    if port:
+        period = zero3_backward_layer(t.b_layer, lrow[L_PRE_BWD], lrow[L_TP1_BWD], lrow[L_MID_BWD], 0.0, 0.0,
+                                      ranks[0, R_COMM + C_Z3_SCATTER], True)[0]
+        queued = max(0.0, period - t.b_layer)
+        w_queued = _w_layer_queue(lrow, ranks[0, R_COMM + C_Z3_SCATTER])[0]
     for r in range(plan.pp):
         # the compute the rank's backwards owe per microbatch for their reduce-scatters, and
         # those reduce-scatters' seconds: each chunk takes its share
-        owed = rank_scatters_owed(plan, t, hrow, ranks, r, ranks[r, R_LAST] >= 0)
+        # (where the scatters share the TP collectives' port, ``play`` charges it node by node)
+        owed = 0.0 if port else rank_scatters_owed(plan, t, hrow, ranks, r, ranks[r, R_LAST] >= 0)
         scattered = rank_scatters(ranks[r, R_COMM:R_STEP], ranks[r, R_LAYERS])
         for c in range(plan.vpp):
             L = ranks[r, R_CHUNK + c]
@@ -66,8 +124,9 @@ def pass_times(plan, t, lrow, hrow, ranks):
                 p[P_I] = _chained(L, 1, t.b_wait, i_layer + t.block_gather + t.owed_gather, t.gather)
                 p[P_W] = _chained(L, 1, 0.0, w_layer + t.block_scatter + t.owed_scatter, t.scatter)
             else:       # ZeRO-2: W completes a layer's gradients and reduce-scatters them
-                p[P_F], p[P_B] = L * t.f_layer, L * t.b_layer
-                p[P_I], p[P_W] = L * i_layer, L * (w_layer + t.block_scatter + t.owed_scatter)
+                p[P_F], p[P_B] = L * t.f_layer, L * t.b_layer + max(L - 1.0, 0.0) * queued
+                p[P_I] = L * i_layer
+                p[P_W] = L * (w_layer + t.block_scatter + t.owed_scatter) + max(L - 1.0, 0.0) * w_queued
             # W run apart from its I costs more than its ops (``split_weight_overhead``)
             p[P_W] += L * lrow[L_SPLIT_W] + L * L * lrow[L_SPLIT_W2]
             # what is not the layers' compute: TP collectives, ZeRO-3 waits (an overlapped slot
@@ -126,15 +185,24 @@ def node_time(p, kind, c, cb, kind_b):
 
 
 @numba.njit(cache=True)
-def play(plan, nodes, passes, send):
+def play(plan, nodes, passes, send, port):
     """The graph's makespan; per rank its busy seconds; per (rank, chunk) the end, duration and
-    kind of its last gradient-producing node (B, W, or an overlapped slot's B)."""
+    kind of its last gradient-producing node (B, W, or an overlapped slot's B); per rank the
+    start, duration and chunk of its first, and the seconds the port's queue added. ``port``
+    (``_port_rows``): where ZeRO-2's reduce-scatters share the port with the TP collectives, a
+    node's first TP collective waits for those queued before it (``sim.network.Port``, first
+    come first served: ``_queue_node``)."""
     pp, vpp = plan.pp, plan.vpp
     n = nodes.shape[0]
     end = np.empty(n)
     free = np.zeros(pp)
     busy = np.zeros(pp)
+    queue = np.zeros(pp)                        # when the port's queued reduce-scatters are through
     grad = np.full((pp, vpp, 3), -1.0)          # end, duration, kind
+    first = np.full((pp, 3), -1.0)              # start, duration, chunk
+    owed = np.zeros(pp)                         # compute owed for overlapping the scatters
+    added = np.zeros(pp)                        # seconds the port's queue added to the rank
+    shared = port[0, 0, P_ON] > 0.0
     for i in range(n):
         r = nodes[i, N_RANK]
         start = free[r]
@@ -145,13 +213,54 @@ def play(plan, nodes, passes, send):
                 start = max(start, end[d] + send_between(send, src, r))
         kind, c, cb, kind_b = nodes[i, N_KIND], nodes[i, N_CHUNK], nodes[i, N_CHUNK_B], nodes[i, N_KIND_B]
         d = node_time(passes[r], kind, c, cb, kind_b)
+        g_chunk = c if kind != K_FB else cb
+        if shared:
+            alone = d
+            d = _queue_node(port[r, g_chunk], queue, owed, r, kind, kind_b, start, d)
+            added[r] += d - alone
         end[i] = start + d
         free[r] = end[i]
         busy[r] += d
         if kind == K_B or kind == K_W or (kind == K_FB and kind_b == K_B):
-            g = grad[r, c if kind != K_FB else cb]
+            g = grad[r, g_chunk]
             g[0], g[1], g[2] = end[i], d, kind
-    return free.max(), busy, grad
+            if first[r, 0] < 0.0:
+                first[r, 0], first[r, 1], first[r, 2] = start, d, g_chunk
+    return free.max(), busy, grad, first, added
+
+
+@numba.njit(cache=True)
+def _queue_node(q, queue, owed, r, kind, kind_b, start, d):
+    """``play``'s node of ``d`` seconds on rank r starting at ``start`` where ZeRO-2's scatters
+    take the TP collectives' port (``q`` its chunk's ``_port_rows`` row): the compute it owes
+    first (``sim.device``: the ledger paid before an action), its first TP collective's wait
+    behind the queued scatters (a W has none, but the first stage's, its whole backward), then
+    its own scatters queued; the compute beside the queue owes ``P_SLOW`` per second. Returns
+    the node's seconds; updates the rank's ``queue`` end and ``owed``."""
+    if d <= 0.0:
+        return d
+    paid, behind = owed[r], max(0.0, queue[r] - start)
+    owed[r] = 0.0
+    scatters = kind == K_W or kind == K_B or (kind == K_FB and kind_b == K_B)
+    with_tp = kind != K_W or q[P_WHOLE_W] > 0.0
+    if with_tp:
+        pre = q[P_PRE_W] if kind == K_W else (q[P_PRE_F] if kind == K_F or kind == K_FB else q[P_PRE_B])
+        wait, beside = queued_behind(behind, paid + pre)
+        d += paid + wait
+        if scatters:        # its layers' scatters queue behind their next layer's TP collectives
+            beside += (q[P_LAYERS] - 1.0) * (q[P_INNER_W] if kind == K_W else q[P_INNER])
+    else:
+        d += paid
+    end = start + d
+    if scatters:
+        # issued as the pass completes each layer's gradients: the first after one layer, the
+        # last at its end
+        queue[r] = max(max(queue[r], end - (d - paid) * (1.0 - 1.0 / q[P_LAYERS])) + q[P_SCATTERS],
+                       end + q[P_EACH])
+    if not with_tp:
+        beside = min(d, queue[r] - start)
+    owed[r] = q[P_SLOW] * beside
+    return d
 
 
 @numba.njit(cache=True)
@@ -186,8 +295,11 @@ def plan_time_split(out, plan, lrow, hrow, ranks, send, sync, nodes, m_played):
     ``send`` the plan's send rows (``fast.ranks``)."""
     t = _plan_terms(plan, lrow, hrow, ranks)
     passes = pass_times(plan, t, lrow, hrow, ranks)
-    makespan, busy, grad = play(plan, nodes, passes, send)
+    makespan, busy, grad, first, added = play(plan, nodes, passes, send, _port_rows(plan, t, lrow, ranks))
     slope, work = period(plan, passes)
+    # the port's waits and owed compute, per microbatch played
+    work += added / m_played
+    slope = work.max() if plan.schedule != LOOPED_BFS else slope + (added / m_played).max()
     extra = plan.m - m_played
     t_pipe = makespan + extra * slope
     step, exposed_dp, busy_all = 0.0, 0.0, 0.0
@@ -197,7 +309,7 @@ def plan_time_split(out, plan, lrow, hrow, ranks, send, sync, nodes, m_played):
     for r in range(plan.pp):
         for c in range(plan.vpp):
             grad[r, c, 0] += extra * slope
-        ready[r], post[r] = _ready(plan, ranks, t, sync, r, grad[r], passes[r], slope)
+        ready[r], post[r] = _ready(plan, ranks, t, sync, r, grad[r], passes[r], slope, first[r])
     tie_embedding(plan, ranks, ready)
     for r in range(plan.pp):
         if on_host and (t.zero3 or t.zero2):
@@ -225,7 +337,7 @@ def plan_time_split(out, plan, lrow, hrow, ranks, send, sync, nodes, m_played):
 
 
 @numba.njit(cache=True)
-def _ready(plan, ranks, t, sync, r, grad, passes, slope):
+def _ready(plan, ranks, t, sync, r, grad, passes, slope, first):
     """(when rank r's gradients are reduced, the DP parameter traffic after its step), its chunks'
     last gradient passes ending at ``grad[c, 0]`` after ``grad[c, 1]`` seconds (``fast.timing.
     _gradients_ready`` with the graph's times)."""
@@ -237,7 +349,9 @@ def _ready(plan, ranks, t, sync, r, grad, passes, slope):
         for c in range(plan.vpp):
             if grad[c, 0] > grad[last, 0]:
                 last = c
-        window = (plan.m - 1.0) * slope + grad[last, 1]
+        # the DP stream's work starts with the first reduce-scatter: after the first layer of
+        # the rank's first gradient pass (the graph's, however far the schedule defers its Ws)
+        window = end_r - first[0] - first[1] / max(ranks[r, R_CHUNK + int(first[2])], 1.0)
         return (_scatter_end(plan, ranks, t, r, ranks[r, R_CHUNK + last], end_r, window),
                 ranks[r, R_COMM + C_AG_ALL])
     if t.zero3:
