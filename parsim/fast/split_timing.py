@@ -40,78 +40,80 @@ from .timing import _chained, _plan_terms, rank_scatters_owed
 
 # per (rank, chunk): one microbatch's pass times and the communication inside them (seconds)
 P_F, P_B, P_I, P_W, P_F_COMM, P_B_COMM, P_I_COMM, P_WIDTH = range(8)
-# per (rank, chunk), ZeRO-2 on the port the TP collectives use (``_port_rows``): on, compute
-# before a forward's / backward's first TP collective, the chunk's layers, its reduce-scatters'
-# seconds, its last one's
-# seconds; and the compute owed per second beside them, the compute beside one in a backward
-# layer with TP collectives; whether the chunk's W has TP collectives (the first stage's, its
-# whole backward; a W that re-runs a recomputed forward), the compute before a W layer's first
-# and beside a scatter in a W layer
+# per (rank, chunk), ZeRO-2 on the port the TP collectives use (``_port_rows``): on; compute
+# before a forward's / backward's first TP collective; the chunk's layers; its reduce-scatters'
+# seconds and its last one's; compute owed per second beside them; compute beside one in a
+# backward layer with TP collectives; whether the chunk's W has TP collectives (the first
+# stage's, its whole backward; a W that re-runs a recomputed forward); compute before a W
+# layer's first and beside a scatter in a W layer
 P_ON, P_PRE_F, P_PRE_B, P_LAYERS, P_SCATTERS, P_EACH, P_SLOW, P_INNER, P_WHOLE_W, P_PRE_W, P_INNER_W, PORT_WIDTH = \
     range(12)
 
 
-@numba.njit(cache=True)
-def _w_layer_queue(lrow, each):
-    """(seconds a W layer that re-runs its recomputed forward waits on the TP collectives'
-    port behind the previous layer's ZeRO-2 reduce-scatter of ``each`` seconds, the compute
-    beside it): its first TP collective, the forward's, after ``L_PRE_FWD``
-    (``costs.overlap.zero3_backward_layer`` without a gather); (0, 0) for a W without them."""
-    if not lrow[L_TP_W_RECOMPUTE] > 0.0:
-        return 0.0, 0.0
-    w_layer = lrow[L_BWD_W] + lrow[L_W_RECOMPUTE] + lrow[L_TP_W_RECOMPUTE]
-    period, beside = zero3_backward_layer(w_layer, lrow[L_PRE_FWD], 0.0, 0.0, 0.0, 0.0, each, True)
-    return max(0.0, period - w_layer), beside
+# ``_layer_queues``: seconds a backward layer / a W layer waits on the port behind the layer
+# before's reduce-scatter, and the compute beside that scatter (all 0 off the shared port)
+Q_B, Q_B_BESIDE, Q_W, Q_W_BESIDE = range(4)
 
 
 @numba.njit(cache=True)
-def _port_rows(plan, t, lrow, ranks):
-    """(pp, vpp, PORT_WIDTH) rows of ``play``'s port queue; one row of zeros where ZeRO-2's
-    reduce-scatters do not take the TP collectives' port beside the compute."""
+def _layer_queues(t, lrow, ranks):
+    """ZeRO-2 on the TP collectives' port (``fast.timing._plan_terms``): in a pass with TP
+    collectives, each layer's first waits for the reduce-scatter of the layer before it
+    (``costs.overlap.zero3_backward_layer`` without a gather): a backward layer's after
+    ``L_PRE_BWD``, a W layer's that re-runs its recomputed forward after ``L_PRE_FWD`` (a W
+    without TP collectives waits for none). (whether the scatters take that port, the
+    ``Q_*`` tuple: zeros where they do not)."""
     if not (t.zero2 and t.shared and t.block_scatter == 0.0):
+        return False, (0.0, 0.0, 0.0, 0.0)
+    each = ranks[0, R_COMM + C_Z3_SCATTER]
+    b_period, b_beside = zero3_backward_layer(t.b_layer, lrow[L_PRE_BWD], lrow[L_TP1_BWD], lrow[L_MID_BWD],
+                                              0.0, 0.0, each, True)
+    w_wait, w_beside = 0.0, 0.0
+    if lrow[L_TP_W_RECOMPUTE] > 0.0:
+        w_layer = lrow[L_BWD_W] + lrow[L_W_RECOMPUTE] + lrow[L_TP_W_RECOMPUTE]
+        w_period, w_beside = zero3_backward_layer(w_layer, lrow[L_PRE_FWD], 0.0, 0.0, 0.0, 0.0, each, True)
+        w_wait = max(0.0, w_period - w_layer)
+    return True, (max(0.0, b_period - t.b_layer), b_beside, w_wait, w_beside)
+
+
+@numba.njit(cache=True)
+def _port_rows(plan, t, lrow, ranks, shared, q):
+    """(pp, vpp, PORT_WIDTH) rows of ``play``'s port queue (``q`` the plan's ``_layer_queues``);
+    one row of zeros where ZeRO-2's reduce-scatters do not take the TP collectives' port."""
+    if not shared:
         return np.zeros((1, 1, PORT_WIDTH))
     port = np.zeros((plan.pp, plan.vpp, PORT_WIDTH))
-    each = ranks[0, R_COMM + C_Z3_SCATTER]
-    inner = zero3_backward_layer(t.b_layer, lrow[L_PRE_BWD], lrow[L_TP1_BWD], lrow[L_MID_BWD], 0.0, 0.0, each,
-                                 True)[1]
     w_tp = lrow[L_TP_W_RECOMPUTE] > 0.0
-    w_inner = _w_layer_queue(lrow, each)[1]
     for r in range(plan.pp):
         c = ranks[r, R_COMM:R_STEP]
         for k in range(plan.vpp):
             first, last = r == 0 and k == 0, ranks[r, R_LAST] == k
-            q = port[r, k]
-            q[P_ON], q[P_PRE_F], q[P_PRE_B] = 1.0, lrow[L_PRE_FWD], lrow[L_PRE_BWD]
-            q[P_LAYERS] = max(ranks[r, R_CHUNK + k], 1.0)
-            q[P_SCATTERS] = ranks[r, R_CHUNK + k] * c[C_Z3_SCATTER] + (c[C_Z2_EMB] if first else 0.0) \
+            row = port[r, k]
+            row[P_ON], row[P_PRE_F], row[P_PRE_B] = 1.0, lrow[L_PRE_FWD], lrow[L_PRE_BWD]
+            row[P_LAYERS] = max(ranks[r, R_CHUNK + k], 1.0)
+            row[P_SCATTERS] = ranks[r, R_CHUNK + k] * c[C_Z3_SCATTER] + (c[C_Z2_EMB] if first else 0.0) \
                 + (c[C_Z2_HEAD] if last else 0.0)
-            q[P_EACH] = c[C_Z2_EMB] if first else c[C_Z3_SCATTER]
-            q[P_SLOW], q[P_INNER], q[P_WHOLE_W] = t.slowdown, inner, 1.0 if first or w_tp else 0.0
-            q[P_PRE_W], q[P_INNER_W] = (lrow[L_PRE_BWD], inner) if first else (lrow[L_PRE_FWD], w_inner)
+            row[P_EACH] = c[C_Z2_EMB] if first else c[C_Z3_SCATTER]
+            row[P_SLOW], row[P_INNER], row[P_WHOLE_W] = t.slowdown, q[Q_B_BESIDE], 1.0 if first or w_tp else 0.0
+            row[P_PRE_W], row[P_INNER_W] = ((lrow[L_PRE_BWD], q[Q_B_BESIDE]) if first
+                                            else (lrow[L_PRE_FWD], q[Q_W_BESIDE]))
     return port
 
 
 @numba.njit(cache=True)
-def pass_times(plan, t, lrow, hrow, ranks):
-    """(pp, vpp, P_WIDTH) pass times of every chunk (module docstring)."""
+def pass_times(plan, t, lrow, hrow, ranks, shared, q):
+    """(pp, vpp, P_WIDTH) pass times of every chunk (module docstring); ``shared``, ``q``: the
+    plan's ``_layer_queues``."""
     out = np.zeros((plan.pp, plan.vpp, P_WIDTH))
     # I's TP collectives hide nothing behind a weight-gradient GEMM (``L_TP_COVER``: 0 but for
     # stacks that overlap them, ``costs.stack.tp_covered``)
     i_layer = lrow[L_BWD_I] + (lrow[L_TP_BWD] + lrow[L_TP_COVER]) + lrow[L_RECOMPUTE] + lrow[L_TP_RECOMPUTE]
     w_layer = lrow[L_BWD_W] + lrow[L_W_RECOMPUTE] + lrow[L_TP_W_RECOMPUTE]
-    # ZeRO-2 on the TP collectives' port: in a backward with TP collectives, each layer's first
-    # waits for the reduce-scatter of the layer before it (``fast.timing._plan_terms``)
-    queued, w_queued, port = 0.0, 0.0, t.zero2 and t.shared and t.block_scatter == 0.0
-    if port:
-        period = zero3_backward_layer(t.b_layer, lrow[L_PRE_BWD], lrow[L_TP1_BWD], lrow[L_MID_BWD], 0.0, 0.0,
-                                      ranks[0, R_COMM + C_Z3_SCATTER], True)[0]
-        queued = max(0.0, period - t.b_layer)
-        w_queued = _w_layer_queue(lrow, ranks[0, R_COMM + C_Z3_SCATTER])[0]
     for r in range(plan.pp):
         # the compute the rank's backwards owe per microbatch for their reduce-scatters, and
         # those reduce-scatters' seconds: each chunk takes its share
         # (where the scatters share the TP collectives' port, ``play`` charges it node by node)
-        owed = 0.0 if port else rank_scatters_owed(plan, t, hrow, ranks, r, ranks[r, R_LAST] >= 0)
+        owed = 0.0 if shared else rank_scatters_owed(plan, t, hrow, ranks, r, ranks[r, R_LAST] >= 0)
         scattered = rank_scatters(ranks[r, R_COMM:R_STEP], ranks[r, R_LAYERS])
         for c in range(plan.vpp):
             L = ranks[r, R_CHUNK + c]
@@ -124,9 +126,10 @@ def pass_times(plan, t, lrow, hrow, ranks):
                 p[P_I] = _chained(L, 1, t.b_wait, i_layer + t.block_gather + t.owed_gather, t.gather)
                 p[P_W] = _chained(L, 1, 0.0, w_layer + t.block_scatter + t.owed_scatter, t.scatter)
             else:       # ZeRO-2: W completes a layer's gradients and reduce-scatters them
-                p[P_F], p[P_B] = L * t.f_layer, L * t.b_layer + max(L - 1.0, 0.0) * queued
+                # (on the TP collectives' port: each layer but the first waits, ``_layer_queues``)
+                p[P_F], p[P_B] = L * t.f_layer, L * t.b_layer + max(L - 1.0, 0.0) * q[Q_B]
                 p[P_I] = L * i_layer
-                p[P_W] = L * (w_layer + t.block_scatter + t.owed_scatter) + max(L - 1.0, 0.0) * w_queued
+                p[P_W] = L * (w_layer + t.block_scatter + t.owed_scatter) + max(L - 1.0, 0.0) * q[Q_W]
             # W run apart from its I costs more than its ops (``split_weight_overhead``)
             p[P_W] += L * lrow[L_SPLIT_W] + L * L * lrow[L_SPLIT_W2]
             # what is not the layers' compute: TP collectives, ZeRO-3 waits (an overlapped slot
@@ -234,7 +237,8 @@ def _queue_node(q, queue, owed, r, kind, kind_b, start, d):
     """``play``'s node of ``d`` seconds on rank r starting at ``start`` where ZeRO-2's scatters
     take the TP collectives' port (``q`` its chunk's ``_port_rows`` row): the compute it owes
     first (``sim.device``: the ledger paid before an action), its first TP collective's wait
-    behind the queued scatters (a W has none, but the first stage's, its whole backward), then
+    behind the queued scatters (a W has none, but the first stage's, its whole backward, and
+    one that re-runs a recomputed forward), then
     its own scatters queued; the compute beside the queue owes ``P_SLOW`` per second. Returns
     the node's seconds; updates the rank's ``queue`` end and ``owed``."""
     if d <= 0.0:
@@ -294,8 +298,9 @@ def plan_time_split(out, plan, lrow, hrow, ranks, send, sync, nodes, m_played):
     microbatches (``fast.dag``): step time, pipeline time, bubble and exposed communication;
     ``send`` the plan's send rows (``fast.ranks``)."""
     t = _plan_terms(plan, lrow, hrow, ranks)
-    passes = pass_times(plan, t, lrow, hrow, ranks)
-    makespan, busy, grad, first, added = play(plan, nodes, passes, send, _port_rows(plan, t, lrow, ranks))
+    shared, q = _layer_queues(t, lrow, ranks)
+    passes = pass_times(plan, t, lrow, hrow, ranks, shared, q)
+    makespan, busy, grad, first, added = play(plan, nodes, passes, send, _port_rows(plan, t, lrow, ranks, shared, q))
     slope, work = period(plan, passes)
     # the port's waits and owed compute, per microbatch played
     work += added / m_played
