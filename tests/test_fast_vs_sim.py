@@ -284,11 +284,22 @@ def test_dp_bound_zero2_with_the_compute_slowdown_agrees_within_4_percent(plan):
     _within("gpt3-1.3b", load_cluster("a100-80g:16"), plan, 0.04)
 
 
-@pytest.mark.xfail(strict=True, reason="the compute a ZeRO-3 backward owes is paid at the next action's "
-                                       "start while its last reduce-scatters drain (sim.device); the fast path "
-                                       "adds the two (+5.6 %); following it moves the fitted fsdp1 rows")
-def test_deepspeed_zero3_pipeline_with_the_compute_slowdown_agrees():
-    _within("gpt3-1.3b", load_cluster("a100-80g:8"), "dp=2 tp=2 pp=2 gbs=32 zero=3 sp=true stack=deepspeed", 0.03)
+# ZeRO-3 under stacks whose NCCL kernels slow the compute beside them: the engine pays a
+# backward's owed compute at the next action's start while that backward's last reduce-scatters
+# drain (``fast.zero3.drain_paid``), a backward's second layer gathers behind no reduce-scatter
+# (``chained_backward``), and split schedules owe for I's gathers and W's reduce-scatters too
+# (``split_owed``); before, the fast path read these 5-17 % slow (the split one 16 % fast).
+ZERO3_SLOWDOWN = [("a100-80g:8", "dp=2 tp=2 pp=2 gbs=32 zero=3 sp=true stack=deepspeed"),
+                  ("a100-80g:8", "dp=8 mbs=1 gbs=32 zero=3 dtype=bf16 stack=deepspeed"),
+                  ("a100-80g:8", "dp=4 pp=2 mbs=1 gbs=32 zero=3 dtype=bf16 stack=fsdp1"),
+                  ("a100-80g:16", "dp=4 pp=4 mbs=1 gbs=64 schedule=1f1b zero=3 dtype=bf16 stack=deepspeed"),
+                  ("a100-80g:16", "dp=4 pp=4 mbs=1 gbs=64 schedule=gpipe zero=3 dtype=bf16 stack=deepspeed"),
+                  ("a100-80g:16", "dp=8 pp=2 mbs=1 gbs=64 schedule=zb-h1 zero=3 dtype=bf16 stack=deepspeed")]
+
+
+@pytest.mark.parametrize("cluster,plan", ZERO3_SLOWDOWN)
+def test_zero3_with_the_compute_slowdown_agrees_within_3_percent(cluster, plan):
+    _within("gpt3-1.3b", load_cluster(cluster), plan, 0.03)
 
 
 # FSDP2 on a GPU (stack fsdp2): each unit's all-gather is copied out of FSDP2's flat buffer on
@@ -300,8 +311,8 @@ FSDP2_GPU = ["dp=8 mbs=1 gbs=16 zero=3 dtype=bf16 stack=fsdp2",
 
 @pytest.mark.parametrize("plan", FSDP2_GPU)
 def test_fsdp2_copies_on_a_gpu_agree_between_engines(plan):
-    """Within 4 %: fsdp2 takes fsdp1's NCCL compute slowdown, where ZeRO-3's known gap stands
-    (``fast.honesty``: +1 to +6 % with pp = 1; +2.4-3.3 % here with and without the copies)."""
+    """Within 4 %: fsdp2 takes fsdp1's NCCL compute slowdown, and its copies are owed to the
+    compute like that slowdown (paid after the layer, on top of a DP-bound layer's period)."""
     _within("gpt3-1.3b", load_cluster("a100-80g:8"), plan, 0.04)
 
 

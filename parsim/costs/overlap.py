@@ -33,6 +33,17 @@ def scatter_overlap(scatters: float, compute: float, slowdown: float) -> float:
     return min(scatters, compute / (1.0 - slowdown))
 
 
+def paid_beside_drain(owed: float, drain: float) -> float:
+    """Seconds of a rank's owed compute that run while the DP transfers of the action before
+    drain: the SimPy engine pays the debt (``ComputeLedger.pay``) at the start of the rank's
+    next action (``sim.device``), before that action issues anything on the DP stream, while
+    the reduce-scatters the last one queued there are still going (ZeRO-3: its last layer's and
+    its root unit's, ``sim.actions``). So the next action's first all-gather starts after
+    max(owed, drain) seconds, not their sum: min(owed, drain) of them overlap. The payment is
+    a plain wait, not compute the ledger logs, so it owes nothing itself."""
+    return min(owed, drain)
+
+
 def queued_behind(transfer: float, pre: float) -> tuple[float, float]:
     """(seconds a TP collective waits, compute seconds beside the transfer) where a DP transfer
     of ``transfer`` seconds takes the port the TP collectives use and the rank computes ``pre``

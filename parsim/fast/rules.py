@@ -16,12 +16,13 @@ from parsim.costs import footprint, overlap, split_backward, zero
 from parsim.schedules import generators
 
 for _rule in (zero.zero_shard, zero.gathers_layers, zero.scatters_every_backward, zero.reduce_scatters_buckets,
-              zero.gathers_after_step, overlap.scatter_overlap, overlap.queued_behind, overlap.zero3_forward_layer,
-              overlap.zero3_backward_layer, generators.warmup_chunks):
+              zero.gathers_after_step, overlap.scatter_overlap, overlap.paid_beside_drain, overlap.queued_behind,
+              overlap.zero3_forward_layer, overlap.zero3_backward_layer, generators.warmup_chunks):
     register_jitable(_rule)
 warmup_chunks = generators.warmup_chunks
 scatter_overlap = overlap.scatter_overlap
 queued_behind = overlap.queued_behind
+paid_beside_drain = overlap.paid_beside_drain
 zero3_forward_layer = overlap.zero3_forward_layer
 zero3_backward_layer = overlap.zero3_backward_layer
 gathers_layers = zero.gathers_layers

@@ -30,13 +30,14 @@ from .comm import (C_AG_ALL, C_OWED_EMB, C_OWED_HEAD, C_Z2_EMB, C_Z2_HEAD, C_Z3_
 from .dag import K_B, K_F, K_FB, K_I, K_W, N_CHUNK, N_CHUNK_B, N_DEP0, N_DEP1, N_KIND, N_KIND_B, N_RANK
 from .ranks import (R_CHUNK, R_COMM, R_LAST, R_LAYERS, R_PARAMS, R_STEP, S_GRADS_DOWN, S_OPT_STEP, S_PARAMS_UP,
                     send_between)
-from .rules import overlapped_time, queued_behind, zero3_backward_layer
+from .rules import overlapped_time, paid_beside_drain, queued_behind, zero3_backward_layer
 from .tables import (H_EMB_BWD, H_EMB_FWD, H_HEAD_BWD, H_HEAD_BWD_W, H_HEAD_FWD, H_HEAD_TP_COVER, L_BWD, L_BWD_I,
                      L_BWD_W, L_FWD, L_RECOMPUTE, L_SPLIT_W, L_SPLIT_W2, L_TP_BWD, L_TP_COVER, L_TP_RECOMPUTE,
                      L_MID_BWD, L_PRE_BWD, L_PRE_FWD, L_TP1_BWD, L_TP_W_RECOMPUTE, L_W_RECOMPUTE)
 from .dp_end import (_scatter_end, _sync_rounds, blocked_exposed, blocked_zero2_post, rank_scatters,
                      tie_embedding)
-from .timing import _chained, _plan_terms, rank_scatters_owed
+from .timing import _plan_terms, rank_scatters_owed
+from .zero3 import chained, chained_backward, split_owed
 
 # per (rank, chunk): one microbatch's pass times and the communication inside them (seconds)
 P_F, P_B, P_I, P_W, P_F_COMM, P_B_COMM, P_I_COMM, P_WIDTH = range(8)
@@ -109,6 +110,7 @@ def pass_times(plan, t, lrow, hrow, ranks, shared, q):
     # stacks that overlap them, ``costs.stack.tp_covered``)
     i_layer = lrow[L_BWD_I] + (lrow[L_TP_BWD] + lrow[L_TP_COVER]) + lrow[L_RECOMPUTE] + lrow[L_TP_RECOMPUTE]
     w_layer = lrow[L_BWD_W] + lrow[L_W_RECOMPUTE] + lrow[L_TP_W_RECOMPUTE]
+    zi, zw = split_owed(t, i_layer, w_layer, lrow[L_PRE_BWD])
     for r in range(plan.pp):
         # the compute the rank's backwards owe per microbatch for their reduce-scatters, and
         # those reduce-scatters' seconds: each chunk takes its share
@@ -121,10 +123,14 @@ def pass_times(plan, t, lrow, hrow, ranks, shared, q):
             last = ranks[r, R_LAST] == c
             p = out[r, c]
             if t.zero3:
-                p[P_F] = _chained(L, 1, t.f_wait, t.f_layer, t.f_stream)
-                p[P_B] = _chained(L, 1, t.b_wait, t.b_layer, t.b_stream)
-                p[P_I] = _chained(L, 1, t.b_wait, i_layer + t.block_gather + t.owed_gather, t.gather)
-                p[P_W] = _chained(L, 1, 0.0, w_layer + t.block_scatter + t.owed_scatter, t.scatter)
+                p[P_F] = chained(L, 1, t.f_wait, t.f_layer, t.f_stream)
+                p[P_B] = chained_backward(L, 1, t.b_wait, t.b_layer, t.b_second, t.b_stream)
+                p[P_I] = chained(L, 1, t.b_wait, i_layer + t.block_gather + t.owed_gather, t.gather)
+                p[P_W] = chained(L, 1, 0.0, w_layer + t.block_scatter + t.owed_scatter, t.scatter)
+                # W waits for none of its reduce-scatters: it owes its compute beside them, paid
+                # at the next pass's start while they drain (``costs.overlap.paid_beside_drain``)
+                drain = p[P_W] - L * (w_layer + t.block_scatter + t.owed_scatter)
+                p[P_W] += L * zw - paid_beside_drain(L * zw, drain)
             else:       # ZeRO-2: W completes a layer's gradients and reduce-scatters them
                 # (on the TP collectives' port: each layer but the first waits, ``_layer_queues``)
                 p[P_F], p[P_B] = L * t.f_layer, L * t.b_layer + max(L - 1.0, 0.0) * q[Q_B]
@@ -138,6 +144,8 @@ def pass_times(plan, t, lrow, hrow, ranks, shared, q):
             p[P_B_COMM] = p[P_B] - L * (lrow[L_BWD] + lrow[L_RECOMPUTE] + t.block_gather + t.block_scatter
                                         + t.owed_gather + t.owed_scatter)
             p[P_I_COMM] = p[P_I] - L * (lrow[L_BWD_I] + lrow[L_RECOMPUTE] + t.block_gather + t.owed_gather)
+            # ZeRO-3: the compute F's, B's and I's collectives ran beside, owed (paid at the next pass's start)
+            p[P_F], p[P_B], p[P_I] = p[P_F] + L * t.zf, p[P_B] + L * t.zb, p[P_I] + L * zi
             if t.zero3 and (first or last):
                 # the chunk's own root unit: both ends where one chunk holds both (pp = 1), else
                 # its end alone (V placement holds the first stage and the last in two chunks)

@@ -47,15 +47,15 @@ import numpy as np
 
 from .codes import (GPIPE, INTERLEAVED, NAIVE, O_BUBBLE, O_DP, O_PIPE, O_PP, O_STEP, O_TP, OFF_NONE, ONE_F_ONE_B,
                     PS, ZB_H1)
-from .comm import (C_COMM_SLOWDOWN, C_OWED_GATHER, C_OWED_SCATTER, C_SHARED_LINK, C_Z3_GATHER, C_Z3_ROOT_GATHER,
-                   C_Z3_ROOT_SCATTER, C_Z3_SCATTER, C_ZERO_BLOCKING)
+from .comm import (C_COMM_SLOWDOWN, C_OWED_GATHER, C_OWED_SCATTER, C_SHARED_LINK, C_Z3_GATHER, C_Z3_SCATTER,
+                   C_ZERO_BLOCKING)
 from .dp_end import _gradients_ready, blocked_exposed, edges_in_line, scatters_owed, tie_embedding
 from .ranks import R_COMM, R_LAYERS, R_STEP, S_GRADS_DOWN, S_LAYER_UP, S_OPT_STEP, S_PARAMS_UP, step_block
-from .rules import (gathers_layers, queued_behind, scatters_every_backward, warmup_chunks, zero3_backward_layer,
-                    zero3_forward_layer)
+from .rules import gathers_layers, queued_behind, scatters_every_backward, warmup_chunks, zero3_backward_layer
 from .tables import (H_EMB_BWD, H_EMB_FWD, H_EMB_PARAMS, H_HEAD_BWD, H_HEAD_FWD, H_HEAD_PARAMS_PP1,
                      H_HEAD_PARAMS_PPN, L_BWD, L_FWD, L_MID_BWD, L_PARAMS, L_PRE_BWD, L_PRE_FWD, L_RECOMPUTE, L_TP1_BWD,
                      L_TP_BWD, L_TP_FWD, L_TP_RECOMPUTE)
+from .zero3 import chained, chained_backward, drain_paid, layer_periods, root_unit
 
 
 @numba.njit(cache=True)
@@ -67,25 +67,6 @@ def _edges(r: int, last: int, hrow) -> float:
     if r == last:
         x += hrow[H_HEAD_FWD] + hrow[H_HEAD_BWD]
     return x
-
-
-@numba.njit(cache=True)
-def _root_unit(zero3: bool, c, forward: bool) -> float:
-    """ZeRO-3: the rank's root unit (embedding / head), gathered before its forward, gathered
-    again and reduce-scattered around its backward, blocking (``sim.actions.run_stepped``)."""
-    if not zero3:
-        return 0.0
-    return c[C_Z3_ROOT_GATHER] + (0.0 if forward else c[C_Z3_ROOT_SCATTER])
-
-
-@numba.njit(cache=True)
-def _chained(layers: float, chunks: int, first_wait: float, per_layer: float, stream: float) -> float:
-    """An action of ``layers`` layers split in ``chunks`` actions, each waiting ``first_wait``
-    for its first layer, then running layers at max(compute, DP stream) each (the last
-    layer's compute runs after the last transfer)."""
-    if layers <= 0:
-        return 0.0
-    return chunks * (first_wait + per_layer) + (layers - chunks) * max(per_layer, stream)
 
 
 # What ``plan_time`` reads of one plan (numba-compatible records: plain tuples with names).
@@ -100,11 +81,12 @@ DPSync = namedtuple("DPSync", "bucket_bytes overlap")
 # unit by unit after the step (the SimPy engine's ``actions.fsdp2_gathers``); ``owed_gather`` /
 # ``owed_scatter``: FSDP2's copies a layer's collectives leave to the compute beside a side
 # stream (``fast.comm.C_OWED_*``), also already in ``f_layer`` / ``b_layer``; ``f_stream`` /
-# ``b_stream``: a ZeRO-3 layer's period where its DP stream bounds it, ``zf`` / ``zb`` the compute
-# its collectives cost it (``costs.overlap``); ``slowdown``: compute seconds a rank owes per second
+# ``b_stream``: a ZeRO-3 layer's period where its DP stream bounds it (``b_second``: a backward's
+# second layer's, no reduce-scatter ahead of its gather), ``zf`` / ``zb`` the compute its
+# collectives cost it (``costs.overlap``); ``slowdown``: compute seconds a rank owes per second
 # of compute a collective runs beside (``costs.stack.comm_compute_slowdown``; 0 where they block)
-PlanTerms = namedtuple("PlanTerms", "f_layer b_layer tp_layer f_stream b_stream gather scatter f_wait b_wait h2d zf zb "
-                                    "zero3 zero2 shared tp_last_layer layer_params emb_bwd head_bwd "
+PlanTerms = namedtuple("PlanTerms", "f_layer b_layer tp_layer f_stream b_stream b_second gather scatter f_wait b_wait "
+                                    "h2d zf zb zero3 zero2 shared tp_last_layer layer_params emb_bwd head_bwd "
                                     "emb_params head_params opt_block block_gather block_scatter fsdp2 "
                                     "owed_gather owed_scatter slowdown pre_b pre_next")
 
@@ -152,7 +134,7 @@ def _plan_terms(plan, lrow, hrow, ranks):
     b_layer += owed_gather + owed_scatter
     # TP and DP on one port: the DP stream's transfers queue with the TP collectives
     shared = ranks[0, R_COMM + C_SHARED_LINK] > 0
-    gather, scatter, zf, zb, f_stream, b_stream = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    gather, scatter, zf, zb, f_stream, b_stream, b_second = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     f_wait, b_wait, h2d, pre_b, pre_next = 0.0, 0.0, 0.0, 0.0, 0.0
     # NCCL kernels share the SMs: compute that runs beside a ZeRO collective costs slowdown x
     # that much more compute (``costs.stack.comm_compute_slowdown``; the SimPy engine's
@@ -162,14 +144,8 @@ def _plan_terms(plan, lrow, hrow, ranks):
         gather = ranks[0, R_COMM + C_Z3_GATHER]
         h2d = ranks[0, opt_block + S_LAYER_UP]          # parameter offload: over PCIe, not the port TP uses
         scatter = ranks[0, R_COMM + C_Z3_SCATTER]
-        # the layers' DP-bound periods and the compute beside their collectives
-        # (``costs.overlap``: on a shared port a layer's first TP collective queues behind the
-        # DP transfers issued at its start)
-        f_stream, overlapped = zero3_forward_layer(f_layer, lrow[L_PRE_FWD], gather, h2d, shared)
-        zf = slowdown * overlapped
-        b_stream, overlapped = zero3_backward_layer(b_layer, lrow[L_PRE_BWD], lrow[L_TP1_BWD], lrow[L_MID_BWD],
-                                                    gather, h2d, scatter, shared)
-        zb = slowdown * overlapped
+        f_stream, zf, b_stream, zb, b_second = layer_periods(lrow, f_layer, b_layer, gather, h2d, scatter, shared,
+                                                             slowdown, owed_gather, owed_scatter)
         gather += h2d
         # an action's first gather waits behind the previous backward's last reduce-scatter
         # when it follows that backward directly: forwards in 1F1B, backwards in GPipe
@@ -201,11 +177,12 @@ def _plan_terms(plan, lrow, hrow, ranks):
         f_layer += block_gather
         b_layer += block_gather + block_scatter
         gather, scatter, f_wait, b_wait, zf, zb, f_stream, b_stream = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        b_second = 0.0
         pre_b, pre_next = 0.0, 0.0
         slowdown = 0.0              # no compute runs beside a collective the rank waits for
     head_params = hrow[H_HEAD_PARAMS_PP1] if plan.pp == 1 else hrow[H_HEAD_PARAMS_PPN]
-    return PlanTerms(f_layer, b_layer, tp_layer, f_stream, b_stream, gather, scatter, f_wait, b_wait, h2d, zf, zb,
-                     zero3, zero2, shared, lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE], lrow[L_PARAMS], hrow[H_EMB_BWD],
+    return PlanTerms(f_layer, b_layer, tp_layer, f_stream, b_stream, b_second, gather, scatter, f_wait, b_wait, h2d,
+                     zf, zb, zero3, zero2, shared, lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE], lrow[L_PARAMS], hrow[H_EMB_BWD],
                      hrow[H_HEAD_BWD], hrow[H_EMB_PARAMS], head_params, opt_block, block_gather, block_scatter,
                      blocking == 2.0, owed_gather, owed_scatter, slowdown, pre_b, pre_next)
 
@@ -227,10 +204,23 @@ def _backward(t, L, vpp):
     """The backward of a rank's ``L`` layers in ``vpp`` actions (ZeRO-3: their DP waits in;
     ZeRO-2 on a shared port: their TP collectives' waits behind the reduce-scatters)."""
     if t.zero3:
-        return _chained(L, vpp, t.b_wait, t.b_layer + t.zb, t.b_stream + t.zb)
+        return chained_backward(L, vpp, t.b_wait, t.b_layer + t.zb, t.b_second + t.zb, t.b_stream + t.zb)
     if t.zero2 and t.b_stream > 0.0:
-        return _chained(L, vpp, t.b_wait, t.b_layer, t.b_stream)
+        return chained(L, vpp, t.b_wait, t.b_layer, t.b_stream)
     return L * t.b_layer
+
+
+@numba.njit(cache=True, inline="always")
+def _fill_unwaited(plan, t):
+    """Seconds of a rank's per-microbatch waits behind a previous backward's DP transfers that
+    its first forwards, in the pipeline's fill, do not wait: ZeRO-2's TP collectives behind the
+    reduce-scatters (``f_wait``), ZeRO-3's first gather behind the last reduce-scatter where a
+    forward follows a backward (1F1B, interleaved)."""
+    if t.zero2:
+        return plan.vpp * t.f_wait
+    if t.zero3 and (plan.schedule == ONE_F_ONE_B or plan.schedule == INTERLEAVED):
+        return plan.vpp * t.scatter
+    return 0.0
 
 
 @numba.njit(cache=True, inline="always")
@@ -278,26 +268,28 @@ def _pipeline(plan, hrow, ranks, send, t):
     for r in range(pp):
         L = ranks[r, R_LAYERS]
         if t.zero3:
-            x = (_chained(L, vpp, t.f_wait, t.f_layer + t.zf, t.f_stream + t.zf)
+            x = (chained(L, vpp, t.f_wait, t.f_layer + t.zf, t.f_stream + t.zf)
                  + _backward(t, L, vpp))
             if t.shared:
-                queued_tp += x - (_chained(L, vpp, t.f_wait, t.f_layer + t.zf, t.gather + t.zf)
-                                  + _chained(L, vpp, t.b_wait, t.b_layer + t.zb, t.gather + t.scatter + t.zb))
+                queued_tp += x - (chained(L, vpp, t.f_wait, t.f_layer + t.zf, t.gather + t.zf)
+                                  + chained_backward(L, vpp, t.b_wait, t.b_layer + t.zb, t.gather + t.zb,
+                                                     t.gather + t.scatter + t.zb))
+            x -= drain_paid(plan, t, ranks[r, R_COMM:R_STEP], L)
         else:
             queued = _zero2_queued(t, L, vpp)
             x = L * (t.f_layer + t.b_layer) + queued
             queued_tp += queued
-        root_b = _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False)
+        root_b = root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False)
         # a blocking stack's sends hold the rank in its steady state (``_held``)
         held_r = _held(plan, send, r)
         held += held_r
         root_b += edges_in_line(t, ranks[r, R_COMM:R_STEP])
         root_b += rank_scatters_owed(plan, t, hrow, ranks, r, r == last)
-        x += _edges(r, last, hrow) + _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], True) + root_b + held_r
+        x += _edges(r, last, hrow) + root_unit(t.zero3, ranks[r, R_COMM:R_STEP], True) + root_b + held_r
         max_b = max(max_b, _backward(t, L, vpp) + (hrow[H_EMB_BWD] if r == 0 else 0.0)
                     + (hrow[H_HEAD_BWD] if r == last else 0.0) + root_b)
         rank_x[r] = x
-        sum_x += x - (vpp * t.f_wait if t.zero2 else 0.0)  # the fill's forwards follow no backward
+        sum_x += x - _fill_unwaited(plan, t)  # the fill's forwards follow no backward
         max_x = max(max_x, x)
         tp_total += L * t.tp_layer
         if r < last:
@@ -328,7 +320,7 @@ def _end_of_step(plan, hrow, ranks, send, t, sync, t_pipe, rank_x, max_b, max_x)
             b_rank += hrow[H_EMB_BWD]
         if r == last:
             b_rank += hrow[H_HEAD_BWD]
-        b_rank += _root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False) + edges_in_line(t, ranks[r, R_COMM:R_STEP])
+        b_rank += root_unit(t.zero3, ranks[r, R_COMM:R_STEP], False) + edges_in_line(t, ranks[r, R_COMM:R_STEP])
         b_rank += rank_scatters_owed(plan, t, hrow, ranks, r, r == last)
         if r > 0:
             end_r -= b_rank / vpp + send[r - 1]
