@@ -15,7 +15,9 @@ ZeRO-3 (Rajbhandari et al. 2020 Sec. 7; DeepSpeed prefetching one layer ahead): 
 action waits for its first layer's all-gather (behind the previous backward's last gradient
 reduce-scatter), then a layer takes max(compute, DP stream work): the gather, and in backward
 also the reduce-scatter; with parameter offload each gather is preceded by the shard's
-host-to-device copy (ZeRO-Infinity, Rajbhandari et al. 2021).
+host-to-device copy (ZeRO-Infinity, Rajbhandari et al. 2021). The compute its collectives
+slow is owed and paid at the next action's start, while the last reduce-scatters drain
+(``fast.zero3``).
 
 ZeRO-2 (Rajbhandari et al. 2020 Sec. 5.2): every backward reduce-scatters each layer's (and
 the head's, the embedding's) gradients on the DP stream as it completes them, hidden behind
@@ -182,9 +184,9 @@ def _plan_terms(plan, lrow, hrow, ranks):
         slowdown = 0.0              # no compute runs beside a collective the rank waits for
     head_params = hrow[H_HEAD_PARAMS_PP1] if plan.pp == 1 else hrow[H_HEAD_PARAMS_PPN]
     return PlanTerms(f_layer, b_layer, tp_layer, f_stream, b_stream, b_second, gather, scatter, f_wait, b_wait, h2d,
-                     zf, zb, zero3, zero2, shared, lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE], lrow[L_PARAMS], hrow[H_EMB_BWD],
-                     hrow[H_HEAD_BWD], hrow[H_EMB_PARAMS], head_params, opt_block, block_gather, block_scatter,
-                     blocking == 2.0, owed_gather, owed_scatter, slowdown, pre_b, pre_next)
+                     zf, zb, zero3, zero2, shared, lrow[L_TP_BWD] + lrow[L_TP_RECOMPUTE], lrow[L_PARAMS],
+                     hrow[H_EMB_BWD], hrow[H_HEAD_BWD], hrow[H_EMB_PARAMS], head_params, opt_block, block_gather,
+                     block_scatter, blocking == 2.0, owed_gather, owed_scatter, slowdown, pre_b, pre_next)
 
 
 @numba.njit(cache=True, inline="always")

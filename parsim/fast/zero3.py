@@ -3,7 +3,7 @@ its root unit, and the compute it owes paid while the last reduce-scatters drain
 
 What the SimPy engine plays out (``sim.actions``): an action gathers its root unit (embedding /
 head) first, then walks its layers, asking for each layer's all-gather and the next one's on
-entering it (prefetch one layer ahead, DeepSpeed's and FSDP's default), and in a backward
+entering it (prefetch one layer ahead, ``sim.actions._enter_layer``), and in a backward
 reduce-scatters each layer's gradients once its compute is done; all on the device's DP stream,
 one transfer at a time. The compute that ran beside those collectives is owed
 (``costs.stack.comm_compute_slowdown``, ``ComputeLedger``) and paid at the next action's start.
@@ -77,7 +77,7 @@ def chained_backward(layers: float, chunks: int, first_wait: float, per_layer: f
 @numba.njit(cache=True, inline="always")
 def drain_paid(plan, t, c, L):
     """ZeRO-3 with the compute slowdown: seconds per microbatch of a rank's backward debt (its
-    ``L`` layers' ``zb``, ``vpp`` chunks) paid while that backward's last reduce-scatters drain
+    ``L`` layers' ``zb`` and FSDP2 copies, ``vpp`` chunks) paid while that backward's last reduce-scatters drain
     (the layer's ``scatter``, and the root unit's in the rank's ``c`` row on the chunk that holds
     it), which the next action's first gather waits for anyway (``costs.overlap.paid_beside_drain``):
     where that wait is counted, a forward after a backward (1F1B, interleaved) or a backward
