@@ -216,12 +216,12 @@ def _backward(t, L, vpp):
 def _fill_unwaited(plan, t):
     """Seconds of a rank's per-microbatch waits behind a previous backward's DP transfers that
     its first forwards, in the pipeline's fill, do not wait: ZeRO-2's TP collectives behind the
-    reduce-scatters (``f_wait``), ZeRO-3's first gather behind the last reduce-scatter where a
-    forward follows a backward (1F1B, interleaved)."""
+    reduce-scatters (``f_wait``), ZeRO-3's first gather behind the last reduce-scatter (what
+    ``f_wait`` counts beyond the gather: 1F1B, interleaved)."""
     if t.zero2:
         return plan.vpp * t.f_wait
-    if t.zero3 and (plan.schedule == ONE_F_ONE_B or plan.schedule == INTERLEAVED):
-        return plan.vpp * t.scatter
+    if t.zero3:
+        return plan.vpp * (t.f_wait - t.gather)
     return 0.0
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numba
 
-from .codes import GPIPE, INTERLEAVED, ONE_F_ONE_B
 from .comm import C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER
 from .rules import paid_beside_drain, zero3_backward_layer, zero3_forward_layer
 from .tables import L_MID_BWD, L_PRE_BWD, L_PRE_FWD, L_TP1_BWD
@@ -77,19 +76,17 @@ def chained_backward(layers: float, chunks: int, first_wait: float, per_layer: f
 @numba.njit(cache=True, inline="always")
 def drain_paid(plan, t, c, L):
     """ZeRO-3 with the compute slowdown: seconds per microbatch of a rank's backward debt (its
-    ``L`` layers' ``zb`` and FSDP2 copies, ``vpp`` chunks) paid while that backward's last reduce-scatters drain
-    (the layer's ``scatter``, and the root unit's in the rank's ``c`` row on the chunk that holds
-    it), which the next action's first gather waits for anyway (``costs.overlap.paid_beside_drain``):
-    where that wait is counted, a forward after a backward (1F1B, interleaved) or a backward
-    after one (GPipe)."""
-    if not t.zero3 or t.zb + t.owed_gather + t.owed_scatter <= 0.0:
-        return 0.0
-    s = plan.schedule
-    if not (s == ONE_F_ONE_B or s == INTERLEAVED or s == GPIPE):
-        return 0.0
+    ``L`` layers' ``zb`` and FSDP2 copies, ``vpp`` chunks) paid while that backward's last
+    reduce-scatters drain (``costs.overlap.paid_beside_drain``): the layer's, which the next
+    action's first gather waits for where ``PlanTerms.f_wait`` (a forward after a backward) or
+    ``b_wait`` (a backward after one) counts it, and on the chunk that holds it the root unit's
+    (the rank's ``c`` row)."""
     owed = L / plan.vpp * (t.zb + t.owed_gather + t.owed_scatter)
+    scatter = t.f_wait + t.b_wait - 2.0 * t.gather         # the waits' reduce-scatter, if they count one
+    if not t.zero3 or owed <= 0.0 or scatter <= 0.0:
+        return 0.0
     root = c[C_Z3_ROOT_SCATTER]
-    return (plan.vpp - 1) * paid_beside_drain(owed, t.scatter) + paid_beside_drain(owed, t.scatter + root)
+    return (plan.vpp - 1) * paid_beside_drain(owed, scatter) + paid_beside_drain(owed, scatter + root)
 
 
 @numba.njit(cache=True)
