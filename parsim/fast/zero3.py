@@ -94,8 +94,10 @@ def split_owed(t, i_layer: float, w_layer: float, pre: float) -> tuple[float, fl
     """Split backwards: the compute a layer of I (``i_layer`` s; its first TP collective after
     ``pre``) and of W (``w_layer``) owe for the ZeRO-3 collectives beside them, as ``PlanTerms.zf``
     / ``zb`` are F's and B's: I gathers the layers' weights (a forward's traffic, ``costs.overlap.
-    zero3_forward_layer``), W reduce-scatters their gradients (beside min(W, scatter))."""
+    zero3_forward_layer``), W reduce-scatters their gradients (``zero3_backward_layer`` without a
+    gather, the port taken as the DP stream's own: min(W, scatter))."""
     if not t.zero3 or t.slowdown <= 0.0:
         return 0.0, 0.0
     beside_i = zero3_forward_layer(i_layer, pre, t.gather - t.h2d, t.h2d, t.shared)[1]
-    return t.slowdown * beside_i, t.slowdown * min(w_layer, t.scatter)
+    beside_w = zero3_backward_layer(w_layer, 0.0, 0.0, 0.0, 0.0, 0.0, t.scatter, False)[1]
+    return t.slowdown * beside_i, t.slowdown * beside_w
