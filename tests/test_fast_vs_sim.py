@@ -256,8 +256,8 @@ def test_the_last_backwards_owed_compute_is_paid_with_the_optimizer_on_the_host(
 
 
 # Split-backward schedules with ZeRO-2 where DP and TP share a port: W's reduce-scatters hold
-# the port, so the next F / I / B's first TP collective waits for them (``fast.split_timing.
-# _queue_node``); before, the fast path let them overlap and read these 7-13 % fast.
+# the port, so the next F / I / B's first TP collective waits for them (``fast.port.
+# queue_node``); before, the fast path let them overlap and read these 7-13 % fast.
 SPLIT_PORT_ZERO2 = [
     f"dp=2 tp=2 pp=2 gbs=32 zero=2 sp=true schedule={s} stack=deepspeed" for s in ("zb-h1", "zb-h2")] + [
     f"dp=2 tp=2 pp=2 vpp=2 gbs=32 zero=2 sp=true schedule={s} stack=deepspeed" for s in ("interleaved-zb", "zbv")] + [

@@ -2,14 +2,13 @@
 
 The fast path prices each stream (compute, TP, DP, PP, host copies) on its own and adds what
 each exposes; the engine runs them as processes sharing the device's links and the host. They
-agree within 2 % on plans with one communicating stream per link and the same layers on every
-stage (tests/test_fast_vs_sim.py). Three things break that (issue 23: over 2,310 random plans,
+agree within 2 % on plans with one communicating stream per link (tests/test_fast_vs_sim.py).
+These break that (issue 23: over 2,310 random plans,
 118 over 2 %, up to 22 %; in 1,500 sampled here from three spaces, with and without dp=1
 fixed, every plan over 2 % had one of them):
 
 * ``offload``: the optimizer step and the host copies of ZeRO-Offload overlap compute and each
   other in the engine, in ways the closed form's per-step sum does not follow;
-* ``unequal stages``: ``layers % (pp x vpp) != 0``; the pipeline formula assumes equal stages;
 * ``link contention``: two kinds of parallel traffic sharing a device's links (at least two of
   ``dp``, ``tp``, ``pp`` above 1): the engine queues them on the same ports (``sim.network``),
   the closed form overlaps them freely;
@@ -22,6 +21,13 @@ fixed, every plan over 2 % had one of them):
   on 2 and 4 ranks, the fast path was median 16 % fast, up to 65 %, and up to 42 % slower on
   127 TP plans (``studies/validation_cpu/fast_vs_sim.txt``); the sweep gives those rows their
   price without the premium as their reach (``parsim.study.sweep.fast_frame``).
+
+Unequal stages (``layers % (pp x vpp) != 0``) were a fourth reason until 2026-11-29: the
+interleaved closed form takes every chunk as 1 / vpp of its rank's work and read such plans up to
+17 % fast. Those plans are timed by their action graph since (``fast.dag.timed_by_graph``): over
+144 pipeline-only plans with unequal stages (every schedule, four stacks, 21-30 layers on 4-8
+GPUs) the fast path is within -0.2 to +1.2 % of the engine (it was -17.0 to +2.6 %); with dp or
+tp as well, ``link contention`` flags them.
 
 Such rows are ``approximate``; a sweep re-simulates every approximate row that could reach its
 shown top before ranking (``parsim.study.sweep``). ``PESSIMISM`` bounds how much slower than
@@ -46,20 +52,19 @@ from parsim.costs.host import HostModel
 from parsim.specs import ClusterSpec
 
 PESSIMISM = 0.05       # the fast path's step time is at most this fraction above the engine's
-REASONS = ("offload", "unequal stages", "link contention", "shared host")
+REASONS = ("offload", "link contention", "shared host")
 
 
-def approximate_reasons(layers: int, cols: Mapping[str, np.ndarray],
+def approximate_reasons(cols: Mapping[str, np.ndarray],
                         cluster: ClusterSpec | None = None) -> dict[str, np.ndarray]:
-    """{reason: boolean array over the plans}; ``cols`` holds dp, tp, pp, vpp as integers and
+    """{reason: boolean array over the plans}; ``cols`` holds dp, tp, pp as integers and
     ``offload`` as its words ("none", ...) or codes (0 = none, ``parsim.specs.codes``);
     ``cluster`` (the one the plans run on) decides ``shared host`` (none without it)."""
-    dp, tp, pp, vpp = (np.asarray(cols[k]) for k in ("dp", "tp", "pp", "vpp"))
+    dp, tp, pp = (np.asarray(cols[k]) for k in ("dp", "tp", "pp"))
     offload = np.asarray(cols["offload"])
     offloaded = offload != ("none" if offload.dtype.kind in "OUS" else 0)
     return {
         "offload": offloaded,
-        "unequal stages": layers % (pp * vpp) != 0,
         "link contention": (dp > 1).astype(int) + (tp > 1) + (pp > 1) >= 2,
         "shared host": _shared_host(cluster, dp * tp * pp),
     }
@@ -73,7 +78,7 @@ def _shared_host(cluster: ClusterSpec | None, world: np.ndarray) -> np.ndarray:
     return np.array([HostModel(cluster, int(n)).shared for n in sizes], dtype=bool)[inverse.reshape(world.shape)]
 
 
-def approximate_mask(layers: int, cols: Mapping[str, np.ndarray], cluster: ClusterSpec | None = None) -> np.ndarray:
+def approximate_mask(cols: Mapping[str, np.ndarray], cluster: ClusterSpec | None = None) -> np.ndarray:
     """True where the fast path's numbers are approximate (any of ``REASONS``)."""
-    reasons = approximate_reasons(layers, cols, cluster)
+    reasons = approximate_reasons(cols, cluster)
     return np.logical_or.reduce(list(reasons.values()))

@@ -12,7 +12,6 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from .codes import ZB_H1
 from .memory import plan_memory
 from .plans import PlanTable
 from .split_timing import plan_time_split
@@ -40,9 +39,9 @@ class PlanColumns(NamedTuple):
 @numba.njit(cache=True)
 def evaluate_all(out, plans, tables, sync):
     """Write every plan's metrics into its row of ``out``: ``plans`` a ``PlanColumns``, ``tables``
-    a ``fast.tables.CostTables``, ``sync`` the sweep's ``DPSync``. The schedules from zb-h1 on
-    (codes ``specs.codes``) are timed by their action graph (``fast.split_timing``), the others
-    by ``fast.timing``."""
+    a ``fast.tables.CostTables``, ``sync`` the sweep's ``DPSync``. The plans with a graph
+    (``fast.dag.timed_by_graph``) are timed by it (``fast.split_timing``), the others by
+    ``fast.timing``."""
     for i in range(plans.dp.shape[0]):
         dp, pp = plans.dp[i], plans.pp[i]
         off = tables.rank_offset[tables.rank_id[i]]
@@ -56,8 +55,8 @@ def evaluate_all(out, plans, tables, sync):
                     tables.moment_count[moff:moff + pp], sync.bucket_bytes)
         knobs = PlanKnobs(dp, plans.tp[i], pp, plans.vpp[i], plans.m[i], plans.schedule[i], plans.zero[i],
                           plans.offload[i], plans.dp_impl[i])
-        if plans.schedule[i] >= ZB_H1:
-            g = tables.graph_id[i]
+        g = tables.graph_id[i]
+        if tables.node_count[g] > 0:
             start = tables.node_start[g]
             plan_time_split(out[i], knobs, lrow, hrow, ranks, send, sync,
                             tables.nodes[start:start + tables.node_count[g]], tables.node_m[g])

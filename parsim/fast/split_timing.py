@@ -1,5 +1,6 @@
 """Step time of a plan whose schedule is timed by its action graph (numba): the split-backward
-family (zb-h1, zb-h2, interleaved-zb, zbv, dualpipev) and looped BFS.
+family (zb-h1, zb-h2, interleaved-zb, zbv, dualpipev), looped BFS, and interleaved 1F1B over
+model chunks of different layer counts (``fast.dag.timed_by_graph``).
 
 Per model chunk c of rank r (L_rc layers; the embedding on stage 0, the output head on the last
 stage, wherever the placement puts them: ``fast.ranks`` R_LAST), one microbatch's passes from the
@@ -7,12 +8,18 @@ layer rows (``costs.split_backward``): F, B = I + W, I (the input-gradient ops, 
 collectives, the recomputation), W (the weight-gradient ops, W's re-runs of a recomputed forward)
 and DualPipe's overlapped F&B slot (``split_backward.overlapped_time``). ``fast.dag`` plays the
 schedule's graph with them (each node starts when its rank is free and its inputs from other
-ranks have arrived, plus the pipeline send between the two ranks, ``fast.ranks.send_between``); a step longer than the
+ranks have arrived, plus the pipeline send between the two ranks, ``fast.ranks.send_between``;
+where the stack's sends hold their sender, ``costs.p2p_holds_sender``, the rank stays held for
+its own send after the pass); a step longer than the
 graph's canonical microbatches adds the steady-state period per extra microbatch: the bottleneck
 rank's work per microbatch, sum_c (F_rc + I_rc + W_rc) (I + W exceeds B where W re-runs a
 recomputed forward; DualPipeV's steady state runs overlapped F&B slots: their time in place of
-F + B), and for looped BFS sum_c (max_r F_rc + max_r B_rc) (each chunk's forwards, then its
-backwards, pace at the slowest stage). ZeRO-3's waits inside the actions follow ``fast.timing``.
+F + B; interleaved's sum_c (F_rc + B_rc) and its held sends), and for looped BFS
+sum_c (max_r F_rc + max_r B_rc) (each chunk's forwards, then its backwards, pace at the slowest
+stage). ZeRO-3's waits inside the actions follow ``fast.timing``: a B's debt is paid while its
+last reduce-scatters drain (``fast.zero3.chunk_paid``), and a forward before the rank's first
+backward waits for no reduce-scatter. ZeRO-2's reduce-scatters on the TP collectives' port
+queue node by node (``fast.port``).
 
 End of the step, per rank: each chunk's gradients are complete when its last B or W ends (the
 graph gives when); DP buckets of the chunks go out in that order (``fast.dp_end._sync_end``'s rule
@@ -24,87 +31,30 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .codes import DUALPIPEV, LOOPED_BFS, O_BUBBLE, O_DP, O_PIPE, O_PP, O_STEP, O_TP, OFF_NONE
+from .codes import DUALPIPEV, LOOPED_BFS, ZB_H1, O_BUBBLE, O_DP, O_PIPE, O_PP, O_STEP, O_TP, OFF_NONE
 from .comm import (C_AG_ALL, C_OWED_EMB, C_OWED_HEAD, C_Z2_EMB, C_Z2_HEAD, C_Z3_EMB_GATHER, C_Z3_EMB_SCATTER,
                    C_Z3_HEAD_GATHER, C_Z3_HEAD_SCATTER, C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER, C_Z3_SCATTER)
 from .dag import K_B, K_F, K_FB, K_I, K_W, N_CHUNK, N_CHUNK_B, N_DEP0, N_DEP1, N_KIND, N_KIND_B, N_RANK
 from .ranks import (R_CHUNK, R_COMM, R_LAST, R_LAYERS, R_PARAMS, R_STEP, S_GRADS_DOWN, S_OPT_STEP, S_PARAMS_UP,
                     send_between)
-from .rules import overlapped_time, paid_beside_drain, queued_behind, zero3_backward_layer
+from .rules import overlapped_time, paid_beside_drain
 from .tables import (H_EMB_BWD, H_EMB_FWD, H_HEAD_BWD, H_HEAD_BWD_W, H_HEAD_FWD, H_HEAD_TP_COVER, L_BWD, L_BWD_I,
-                     L_BWD_W, L_FWD, L_RECOMPUTE, L_SPLIT_W, L_SPLIT_W2, L_TP_BWD, L_TP_COVER, L_TP_RECOMPUTE,
-                     L_MID_BWD, L_PRE_BWD, L_PRE_FWD, L_TP1_BWD, L_TP_W_RECOMPUTE, L_W_RECOMPUTE)
+                     L_BWD_W, L_FWD, L_PRE_BWD, L_RECOMPUTE, L_SPLIT_W, L_SPLIT_W2, L_TP_BWD, L_TP_COVER,
+                     L_TP_RECOMPUTE, L_TP_W_RECOMPUTE, L_W_RECOMPUTE)
 from .dp_end import (_scatter_end, _sync_rounds, blocked_exposed, blocked_zero2_post, rank_scatters,
                      tie_embedding)
-from .timing import _plan_terms, rank_scatters_owed
-from .zero3 import chained, chained_backward, split_owed
+from .timing import _held, _plan_terms, rank_scatters_owed
+from .port import P_ON, Q_B, Q_W, layer_queues, port_rows, queue_node
+from .zero3 import chained, chained_backward, chunk_paid, split_owed
 
 # per (rank, chunk): one microbatch's pass times and the communication inside them (seconds)
 P_F, P_B, P_I, P_W, P_F_COMM, P_B_COMM, P_I_COMM, P_WIDTH = range(8)
-# per (rank, chunk), ZeRO-2 on the port the TP collectives use (``_port_rows``): on; compute
-# before a forward's / backward's first TP collective; the chunk's layers; its reduce-scatters'
-# seconds and its last one's; compute owed per second beside them; compute beside one in a
-# backward layer with TP collectives; whether the chunk's W has TP collectives (the first
-# stage's, its whole backward; a W that re-runs a recomputed forward); compute before a W
-# layer's first and beside a scatter in a W layer
-P_ON, P_PRE_F, P_PRE_B, P_LAYERS, P_SCATTERS, P_EACH, P_SLOW, P_INNER, P_WHOLE_W, P_PRE_W, P_INNER_W, PORT_WIDTH = \
-    range(12)
-
-
-# ``_layer_queues``: seconds a backward layer / a W layer waits on the port behind the layer
-# before's reduce-scatter, and the compute beside that scatter (all 0 off the shared port)
-Q_B, Q_B_BESIDE, Q_W, Q_W_BESIDE = range(4)
-
-
-@numba.njit(cache=True)
-def _layer_queues(t, lrow, ranks):
-    """ZeRO-2 on the TP collectives' port (``fast.timing._plan_terms``): in a pass with TP
-    collectives, each layer's first waits for the reduce-scatter of the layer before it
-    (``costs.overlap.zero3_backward_layer`` without a gather): a backward layer's after
-    ``L_PRE_BWD``, a W layer's that re-runs its recomputed forward after ``L_PRE_FWD`` (a W
-    without TP collectives waits for none). (whether the scatters take that port, the
-    ``Q_*`` tuple: zeros where they do not)."""
-    if not (t.zero2 and t.shared and t.block_scatter == 0.0):
-        return False, (0.0, 0.0, 0.0, 0.0)
-    each = ranks[0, R_COMM + C_Z3_SCATTER]
-    b_period, b_beside = zero3_backward_layer(t.b_layer, lrow[L_PRE_BWD], lrow[L_TP1_BWD], lrow[L_MID_BWD],
-                                              0.0, 0.0, each, True)
-    w_wait, w_beside = 0.0, 0.0
-    if lrow[L_TP_W_RECOMPUTE] > 0.0:
-        w_layer = lrow[L_BWD_W] + lrow[L_W_RECOMPUTE] + lrow[L_TP_W_RECOMPUTE]
-        w_period, w_beside = zero3_backward_layer(w_layer, lrow[L_PRE_FWD], 0.0, 0.0, 0.0, 0.0, each, True)
-        w_wait = max(0.0, w_period - w_layer)
-    return True, (max(0.0, b_period - t.b_layer), b_beside, w_wait, w_beside)
-
-
-@numba.njit(cache=True)
-def _port_rows(plan, t, lrow, ranks, shared, q):
-    """(pp, vpp, PORT_WIDTH) rows of ``play``'s port queue (``q`` the plan's ``_layer_queues``);
-    one row of zeros where ZeRO-2's reduce-scatters do not take the TP collectives' port."""
-    if not shared:
-        return np.zeros((1, 1, PORT_WIDTH))
-    port = np.zeros((plan.pp, plan.vpp, PORT_WIDTH))
-    w_tp = lrow[L_TP_W_RECOMPUTE] > 0.0
-    for r in range(plan.pp):
-        c = ranks[r, R_COMM:R_STEP]
-        for k in range(plan.vpp):
-            first, last = r == 0 and k == 0, ranks[r, R_LAST] == k
-            row = port[r, k]
-            row[P_ON], row[P_PRE_F], row[P_PRE_B] = 1.0, lrow[L_PRE_FWD], lrow[L_PRE_BWD]
-            row[P_LAYERS] = max(ranks[r, R_CHUNK + k], 1.0)
-            row[P_SCATTERS] = ranks[r, R_CHUNK + k] * c[C_Z3_SCATTER] + (c[C_Z2_EMB] if first else 0.0) \
-                + (c[C_Z2_HEAD] if last else 0.0)
-            row[P_EACH] = c[C_Z2_EMB] if first else c[C_Z3_SCATTER]
-            row[P_SLOW], row[P_INNER], row[P_WHOLE_W] = t.slowdown, q[Q_B_BESIDE], 1.0 if first or w_tp else 0.0
-            row[P_PRE_W], row[P_INNER_W] = ((lrow[L_PRE_BWD], q[Q_B_BESIDE]) if first
-                                            else (lrow[L_PRE_FWD], q[Q_W_BESIDE]))
-    return port
 
 
 @numba.njit(cache=True)
 def pass_times(plan, t, lrow, hrow, ranks, shared, q):
     """(pp, vpp, P_WIDTH) pass times of every chunk (module docstring); ``shared``, ``q``: the
-    plan's ``_layer_queues``."""
+    plan's ``layer_queues``."""
     out = np.zeros((plan.pp, plan.vpp, P_WIDTH))
     # I's TP collectives hide nothing behind a weight-gradient GEMM (``L_TP_COVER``: 0 but for
     # stacks that overlap them, ``costs.stack.tp_covered``)
@@ -119,8 +69,7 @@ def pass_times(plan, t, lrow, hrow, ranks, shared, q):
         scattered = rank_scatters(ranks[r, R_COMM:R_STEP], ranks[r, R_LAYERS])
         for c in range(plan.vpp):
             L = ranks[r, R_CHUNK + c]
-            first = r == 0 and c == 0
-            last = ranks[r, R_LAST] == c
+            first, last = r == 0 and c == 0, ranks[r, R_LAST] == c
             p = out[r, c]
             if t.zero3:
                 p[P_F] = chained(L, 1, t.f_wait, t.f_layer, t.f_stream)
@@ -132,7 +81,7 @@ def pass_times(plan, t, lrow, hrow, ranks, shared, q):
                 drain = p[P_W] - L * (w_layer + t.block_scatter + t.owed_scatter)
                 p[P_W] += L * zw - paid_beside_drain(L * zw, drain)
             else:       # ZeRO-2: W completes a layer's gradients and reduce-scatters them
-                # (on the TP collectives' port: each layer but the first waits, ``_layer_queues``)
+                # (on the TP collectives' port: each layer but the first waits, ``layer_queues``)
                 p[P_F], p[P_B] = L * t.f_layer, L * t.b_layer + max(L - 1.0, 0.0) * q[Q_B]
                 p[P_I] = L * i_layer
                 p[P_W] = L * (w_layer + t.block_scatter + t.owed_scatter) + max(L - 1.0, 0.0) * q[Q_W]
@@ -144,19 +93,24 @@ def pass_times(plan, t, lrow, hrow, ranks, shared, q):
             p[P_B_COMM] = p[P_B] - L * (lrow[L_BWD] + lrow[L_RECOMPUTE] + t.block_gather + t.block_scatter
                                         + t.owed_gather + t.owed_scatter)
             p[P_I_COMM] = p[P_I] - L * (lrow[L_BWD_I] + lrow[L_RECOMPUTE] + t.block_gather + t.owed_gather)
-            # ZeRO-3: the compute F's, B's and I's collectives ran beside, owed (paid at the next pass's start)
-            p[P_F], p[P_B], p[P_I] = p[P_F] + L * t.zf, p[P_B] + L * t.zb, p[P_I] + L * zi
+            # ZeRO-3: the compute F's, B's and I's collectives ran beside, owed (paid at the next pass's
+            # start; ZeRO-2's, where it has some, ``play`` charges node by node)
+            zb = L * t.zb if t.zero3 else 0.0
+            p[P_F], p[P_B], p[P_I], root = p[P_F] + L * t.zf, p[P_B] + zb, p[P_I] + L * zi, 0.0
             if t.zero3 and (first or last):
                 # the chunk's own root unit: both ends where one chunk holds both (pp = 1), else
                 # its end alone (V placement holds the first stage and the last in two chunks)
                 g, s = (C_Z3_ROOT_GATHER, C_Z3_ROOT_SCATTER) if first and last else \
                     ((C_Z3_EMB_GATHER, C_Z3_EMB_SCATTER) if first else (C_Z3_HEAD_GATHER, C_Z3_HEAD_SCATTER))
+                root = ranks[r, R_COMM + s]
                 p[P_F] += ranks[r, R_COMM + g]
-                p[P_B] += ranks[r, R_COMM + g] + ranks[r, R_COMM + s]
+                p[P_B] += ranks[r, R_COMM + g] + root
                 # split: I gathers it (the head's input gradient needs its weight), W scatters
                 # its gradients (the first stage's W, the whole backward, is P_B below)
                 p[P_I] += ranks[r, R_COMM + g]
                 p[P_W] += ranks[r, R_COMM + s]
+            # a B's debt is paid while its last reduce-scatters drain (the root unit's on its chunk)
+            p[P_B] -= chunk_paid(t, L, root)
             if first:
                 p[P_F] += hrow[H_EMB_FWD]
                 p[P_B] += hrow[H_EMB_BWD]
@@ -196,13 +150,13 @@ def node_time(p, kind, c, cb, kind_b):
 
 
 @numba.njit(cache=True)
-def play(plan, nodes, passes, send, port):
+def play(plan, nodes, passes, send, port, unwaited):
     """The graph's makespan; per rank its busy seconds; per (rank, chunk) the end, duration and
     kind of its last gradient-producing node (B, W, or an overlapped slot's B); per rank the
     start, duration and chunk of its first, and the seconds the port's queue added. ``port``
-    (``_port_rows``): where ZeRO-2's reduce-scatters share the port with the TP collectives, a
+    (``port_rows``): where ZeRO-2's reduce-scatters share the port with the TP collectives, a
     node's first TP collective waits for those queued before it (``sim.network.Port``, first
-    come first served: ``_queue_node``)."""
+    come first served: ``queue_node``)."""
     pp, vpp = plan.pp, plan.vpp
     n = nodes.shape[0]
     end = np.empty(n)
@@ -214,6 +168,7 @@ def play(plan, nodes, passes, send, port):
     owed = np.zeros(pp)                         # compute owed for overlapping the scatters
     added = np.zeros(pp)                        # seconds the port's queue added to the rank
     shared = port[0, 0, P_ON] > 0.0
+    holds = send[pp] > 0.0
     for i in range(n):
         r = nodes[i, N_RANK]
         start = free[r]
@@ -224,13 +179,15 @@ def play(plan, nodes, passes, send, port):
                 start = max(start, end[d] + send_between(send, src, r))
         kind, c, cb, kind_b = nodes[i, N_KIND], nodes[i, N_CHUNK], nodes[i, N_CHUNK_B], nodes[i, N_KIND_B]
         d = node_time(passes[r], kind, c, cb, kind_b)
+        if kind == K_F and first[r, 0] < 0.0:
+            d -= unwaited       # no backward before it: no reduce-scatter to wait for
         g_chunk = c if kind != K_FB else cb
         if shared:
             alone = d
-            d = _queue_node(port[r, g_chunk], queue, owed, r, kind, kind_b, start, d)
+            d = queue_node(port[r, g_chunk], queue, owed, r, kind, kind_b, start, d)
             added[r] += d - alone
         end[i] = start + d
-        free[r] = end[i]
+        free[r] = end[i] + (_held_send(plan, send, r, kind, c) if holds else 0.0)
         busy[r] += d
         if kind == K_B or kind == K_W or (kind == K_FB and kind_b == K_B):
             g = grad[r, g_chunk]
@@ -241,51 +198,29 @@ def play(plan, nodes, passes, send, port):
 
 
 @numba.njit(cache=True)
-def _queue_node(q, queue, owed, r, kind, kind_b, start, d):
-    """``play``'s node of ``d`` seconds on rank r starting at ``start`` where ZeRO-2's scatters
-    take the TP collectives' port (``q`` its chunk's ``_port_rows`` row): the compute it owes
-    first (``sim.device``: the ledger paid before an action), its first TP collective's wait
-    behind the queued scatters (a W has none, but the first stage's, its whole backward, and
-    one that re-runs a recomputed forward), then
-    its own scatters queued; the compute beside the queue owes ``P_SLOW`` per second. Returns
-    the node's seconds; updates the rank's ``queue`` end and ``owed``."""
-    if d <= 0.0:
-        return d
-    paid, behind = owed[r], max(0.0, queue[r] - start)
-    owed[r] = 0.0
-    scatters = kind == K_W or kind == K_B or (kind == K_FB and kind_b == K_B)
-    with_tp = kind != K_W or q[P_WHOLE_W] > 0.0
-    if with_tp:
-        pre = q[P_PRE_W] if kind == K_W else (q[P_PRE_F] if kind == K_F or kind == K_FB else q[P_PRE_B])
-        wait, beside = queued_behind(behind, paid + pre)
-        d += paid + wait
-        if scatters:        # its layers' scatters queue behind their next layer's TP collectives
-            beside += (q[P_LAYERS] - 1.0) * (q[P_INNER_W] if kind == K_W else q[P_INNER])
-    else:
-        d += paid
-    end = start + d
-    if scatters:
-        # issued as the pass completes each layer's gradients: the first after one layer, the
-        # last at its end
-        queue[r] = max(max(queue[r], end - (d - paid) * (1.0 - 1.0 / q[P_LAYERS])) + q[P_SCATTERS],
-                       end + q[P_EACH])
-    if not with_tp:
-        beside = min(d, queue[r] - start)
-    owed[r] = q[P_SLOW] * beside
-    return d
+def _held_send(plan, send, r, kind, c):
+    """Seconds rank r stays held after a pass of its chunk c where sends hold their sender
+    (``costs.p2p_holds_sender``: GPipe, 1F1B, interleaved; stages in a loop, stage c pp + r): a
+    forward sends to the next stage, a backward to the one before (none past either end)."""
+    pp = plan.pp
+    stage = c * pp + r
+    if kind == K_F:
+        return send_between(send, r, (r + 1) % pp) if stage < pp * plan.vpp - 1 else 0.0
+    return send_between(send, r, (r - 1) % pp) if stage > 0 else 0.0
 
 
 @numba.njit(cache=True)
-def period(plan, passes):
-    """Seconds one more microbatch adds to a long step (module docstring); and per rank its work
-    per microbatch."""
+def period(plan, passes, send):
+    """Seconds one more microbatch adds to a long step (module docstring); per rank its work per
+    microbatch, and the seconds its sends hold it (``fast.timing._held``)."""
     pp, vpp = plan.pp, plan.vpp
-    work = np.zeros(pp)
-    split = plan.schedule != DUALPIPEV and plan.schedule != LOOPED_BFS    # I and W in the steady state
+    work, held = np.zeros(pp), np.zeros(pp)
+    split = plan.schedule >= ZB_H1 and plan.schedule != DUALPIPEV and plan.schedule != LOOPED_BFS  # I and W
     for r in range(pp):
         for c in range(vpp):
             p = passes[r, c]
             work[r] += p[P_F] + (p[P_I] + p[P_W] if split else p[P_B])
+        held[r] = _held(plan, send, r)
         if plan.schedule == DUALPIPEV and vpp == 2:
             p = passes[r]
             work[r] = (overlapped_time(p[0, P_F] - p[0, P_F_COMM], p[0, P_F_COMM], p[1, P_B] - p[1, P_B_COMM],
@@ -293,11 +228,11 @@ def period(plan, passes):
                        + overlapped_time(p[1, P_F] - p[1, P_F_COMM], p[1, P_F_COMM], p[0, P_B] - p[0, P_B_COMM],
                                          p[0, P_B_COMM]))
     if plan.schedule != LOOPED_BFS:
-        return work.max(), work
+        return (work + held).max(), work, held
     slope = 0.0
     for c in range(vpp):
         slope += passes[:, c, P_F].max() + passes[:, c, P_B].max()
-    return slope, work
+    return slope, work, held
 
 
 @numba.njit(cache=True)
@@ -306,13 +241,15 @@ def plan_time_split(out, plan, lrow, hrow, ranks, send, sync, nodes, m_played):
     microbatches (``fast.dag``): step time, pipeline time, bubble and exposed communication;
     ``send`` the plan's send rows (``fast.ranks``)."""
     t = _plan_terms(plan, lrow, hrow, ranks)
-    shared, q = _layer_queues(t, lrow, ranks)
+    shared, q = layer_queues(t, lrow, ranks)
     passes = pass_times(plan, t, lrow, hrow, ranks, shared, q)
-    makespan, busy, grad, first, added = play(plan, nodes, passes, send, _port_rows(plan, t, lrow, ranks, shared, q))
-    slope, work = period(plan, passes)
+    unwaited = t.f_wait - t.gather if t.zero3 else 0.0     # ``fast.timing._fill_unwaited``
+    makespan, busy, grad, first, added = play(plan, nodes, passes, send, port_rows(plan, t, lrow, ranks, shared, q),
+                                              unwaited)
+    slope, work, held = period(plan, passes, send)
     # the port's waits and owed compute, per microbatch played
     work += added / m_played
-    slope = work.max() if plan.schedule != LOOPED_BFS else slope + (added / m_played).max()
+    slope = (work + held).max() if plan.schedule != LOOPED_BFS else slope + (added / m_played).max()
     extra = plan.m - m_played
     t_pipe = makespan + extra * slope
     step, exposed_dp, busy_all = 0.0, 0.0, 0.0

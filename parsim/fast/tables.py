@@ -13,8 +13,9 @@ functions the SimPy engine uses, and looked up by index. Keys:
   and its pipeline send (``fast.ranks``)
 * schedule key (schedule, pp, m, vpp): per rank, the chunk counts in flight at the moments
   that can be its memory peak (``fast.inflight``, from ``costs.peak_moments`` /
-  ``costs.inflight.rank_moments``); for the schedules timed by their action graph (the
-  split-backward family and looped BFS), that graph (``fast.dag``)
+  ``costs.inflight.rank_moments``); for the plans timed by their action graph (the
+  split-backward family, looped BFS, interleaved over unequal chunks: ``fast.dag.timed_by_graph``),
+  that graph (``fast.dag``)
 
 The memory rules that combine these rows per plan (``costs.footprint``) are compiled into the
 kernel (``fast.memory``). A table has one software stack (``PlanTable.stack``), applied once
@@ -43,7 +44,7 @@ from parsim.costs.stack import apply_stack, tp_covered
 from parsim.specs import ClusterSpec, ModelSpec, Plan, get_stack, plan_stack, stage_layers
 
 from .comm import tp_group_ranks
-from .dag import N_WIDTH, schedule_graph
+from .dag import N_WIDTH, schedule_graph, timed_by_graph
 from .dag import canonical_microbatches as graph_microbatches
 from .inflight import canonical_microbatches, moment_microbatches, moment_table
 from .plans import WORDS, PlanTable
@@ -323,26 +324,31 @@ def _schedule_tables(model: ModelSpec, plans: PlanTable, max_vpp: int) -> dict[s
     inter = c["schedule"] == WORDS["schedule"].index("interleaved")
     m_key = np.where(inter, canonical_microbatches(c["pp"], plans.microbatches), plans.microbatches)
     walked = c["schedule"] >= FIRST_WALKED
+    played = timed_by_graph(c["schedule"], c["pp"], c["vpp"], model.layers)
     graph_m = np.zeros_like(m_key)
+
+    def per_key(rule, mask: np.ndarray) -> np.ndarray:      # rule(schedule, pp, m, vpp) per distinct key
+        keys, inv = key_ids(c["schedule"][mask], c["pp"][mask], plans.microbatches[mask], c["vpp"][mask])
+        return np.array([rule(WORDS["schedule"][s], pp, m, vpp) for s, pp, m, vpp in keys.tolist()],
+                        dtype=np.int64)[inv]
     if walked.any():
-        wkeys, inv = key_ids(c["schedule"][walked], c["pp"][walked], plans.microbatches[walked], c["vpp"][walked])
-        named = [(WORDS["schedule"][s], pp, m, vpp) for s, pp, m, vpp in wkeys.tolist()]
-        m_key[walked] = np.array([moment_microbatches(*k) for k in named], dtype=np.int64)[inv]
-        graph_m[walked] = np.array([graph_microbatches(*k) for k in named], dtype=np.int64)[inv]
+        m_key[walked] = per_key(moment_microbatches, walked)
+    if played.any():
+        graph_m[played] = per_key(graph_microbatches, played)
     mkeys, moment_id = key_ids(c["schedule"], c["pp"], m_key, c["vpp"])
     moments, mstart, mcount = moment_table(
         [(WORDS["schedule"][s], pp, m, vpp) for s, pp, m, vpp in mkeys.tolist()], max_vpp,
         lambda schedule, pp, vpp: uneven_chunks(model, pp, vpp, int(schedule in V_PLACED)))
     moff = np.cumsum([0] + [int(k[1]) for k in mkeys[:-1]]).astype(np.int64)
     return dict(moments=moments, moment_start=mstart, moment_count=mcount, moment_offset=moff,
-                moment_id=moment_id, **_graph_tables(c, graph_m, walked))
+                moment_id=moment_id, **_graph_tables(c, graph_m, played))
 
 
-def _graph_tables(c: dict, graph_m: np.ndarray, walked: np.ndarray) -> dict[str, np.ndarray]:
+def _graph_tables(c: dict, graph_m: np.ndarray, played: np.ndarray) -> dict[str, np.ndarray]:
     """The node tables (``fast.dag``) of the graph-timed plans' (schedule, pp, played m, vpp) keys;
     every counted plan maps to one empty key."""
-    key_schedule = np.where(walked, c["schedule"], -1) + 1
-    gkeys, graph_id = key_ids(key_schedule, np.where(walked, c["pp"], 0), graph_m, np.where(walked, c["vpp"], 0))
+    key_schedule = np.where(played, c["schedule"], -1) + 1
+    gkeys, graph_id = key_ids(key_schedule, np.where(played, c["pp"], 0), graph_m, np.where(played, c["vpp"], 0))
     blocks = [schedule_graph(WORDS["schedule"][s - 1], pp, m, vpp) if s > 0 else np.zeros((0, N_WIDTH), np.int64)
               for s, pp, m, vpp in gkeys.tolist()]
     count = np.array([len(b) for b in blocks], dtype=np.int64)

@@ -9,7 +9,10 @@ their sender (``costs.p2p_holds_sender``) its own sends (``_held``). With X_r = 
            = sum_r X_r / v + (m - 1/v) max_r X_r + sends            (interleaved, v chunks)
            = m (sum_r X_r + sends)                                 (naive)
 For equal stages these are (m + p - 1) X and (m + (p - 1)/v) X: Narayanan et al. 2021
-Sec. 2.2 (Eq. 1 and the interleaved bubble (p - 1)/v), Huang et al. 2019 (GPipe).
+Sec. 2.2 (Eq. 1 and the interleaved bubble (p - 1)/v), Huang et al. 2019 (GPipe). Interleaved
+plans whose chunks hold different layer counts are timed by their graph instead
+(``fast.dag.timed_by_graph``, ``fast.split_timing``): the fill and drain run through particular
+chunks, which the X_r / v of the form does not follow.
 
 ZeRO-3 (Rajbhandari et al. 2020 Sec. 7; DeepSpeed prefetching one layer ahead): every
 action waits for its first layer's all-gather (behind the previous backward's last gradient

@@ -74,19 +74,25 @@ def chained_backward(layers: float, chunks: int, first_wait: float, per_layer: f
 
 
 @numba.njit(cache=True, inline="always")
-def drain_paid(plan, t, c, L):
-    """ZeRO-3 with the compute slowdown: seconds per microbatch of a rank's backward debt (its
-    ``L`` layers' ``zb`` and FSDP2 copies, ``vpp`` chunks) paid while that backward's last
-    reduce-scatters drain (``costs.overlap.paid_beside_drain``): the layer's, which the next
-    action's first gather waits for where ``PlanTerms.f_wait`` (a forward after a backward) or
-    ``b_wait`` (a backward after one) counts it, and on the chunk that holds it the root unit's
-    (the rank's ``c`` row)."""
-    owed = L / plan.vpp * (t.zb + t.owed_gather + t.owed_scatter)
+def chunk_paid(t, L, root):
+    """ZeRO-3 with the compute slowdown: seconds of one backward action's debt (its ``L`` layers'
+    ``zb`` and FSDP2 copies) paid while its last reduce-scatters drain (``costs.overlap.
+    paid_beside_drain``): the layer's, which the next action's first gather waits for where
+    ``PlanTerms.f_wait`` (a forward after a backward) or ``b_wait`` (a backward after one) counts
+    it, and ``root`` seconds of the root unit's where the action's chunk holds it."""
+    owed = L * (t.zb + t.owed_gather + t.owed_scatter)
     scatter = t.f_wait + t.b_wait - 2.0 * t.gather         # the waits' reduce-scatter, if they count one
     if not t.zero3 or owed <= 0.0 or scatter <= 0.0:
         return 0.0
-    root = c[C_Z3_ROOT_SCATTER]
-    return (plan.vpp - 1) * paid_beside_drain(owed, scatter) + paid_beside_drain(owed, scatter + root)
+    return paid_beside_drain(owed, scatter + root)
+
+
+@numba.njit(cache=True, inline="always")
+def drain_paid(plan, t, c, L):
+    """``chunk_paid`` per microbatch over a rank's ``L`` layers in ``vpp`` chunks, the root unit
+    (the rank's ``c`` row) on one of them."""
+    per = L / plan.vpp
+    return (plan.vpp - 1) * chunk_paid(t, per, 0.0) + chunk_paid(t, per, c[C_Z3_ROOT_SCATTER])
 
 
 @numba.njit(cache=True)
