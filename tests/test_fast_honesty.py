@@ -1,5 +1,5 @@
 """Issue 23, item 7: fast-path honesty. Rows whose closed form cannot follow the SimPy engine
-(offload, unequal stages, link contention: ``parsim.fast.honesty``) are marked approximate and
+(offload, link contention: ``parsim.fast.honesty``) are marked approximate and
 re-simulated before ranking wherever they could reach the top, so the sweep's ranking holds
 SimPy's best plans.
 
@@ -66,7 +66,7 @@ def test_the_approximate_rows_are_where_the_fast_path_is_off_by_more_than_2_perc
     model, cluster = load_model("gpt3-1.3b"), load_cluster("a100-80g:16")
     _, sub = _sample(model, cluster, 64, n=120, seed=5)
     fast = evaluate(model, cluster, sub)
-    approximate = approximate_mask(model.layers, sub.cols)
+    approximate = approximate_mask(sub.cols)
     off = []
     for i, text in enumerate(sub.plan_strings()):
         sim = simulate(model, cluster, parse_plan(text), record_events=False)
@@ -92,9 +92,9 @@ def test_on_a_shared_cpu_host_the_sweeps_top_is_the_engines():
     space = SweepSpace(gbs=(8,), offload=("none",), recompute=("none",), sp=(False, True), dtype=("fp32",),
                        vpp=(1,), schedule=("1f1b", "gpipe"))
     table = enumerate_plans(model, cluster, space)
-    assert approximate_reasons(model.layers, table.cols, cluster)["shared host"].all()
+    assert approximate_reasons(table.cols, cluster)["shared host"].all()
     gpu = load_cluster("a100-80g:4")
-    assert not approximate_reasons(model.layers, table.cols, gpu)["shared host"].any()
+    assert not approximate_reasons(table.cols, gpu)["shared host"].any()
     ranked, n_sim = rank_with_resimulation(model, cluster, fast_frame(model, cluster, table, HEADROOM), HEADROOM, 3)
     sims = sorted(resimulate(model, cluster, table.plan_strings()), key=lambda r: (-r["tokens_per_s"], r["plan"]))
     assert n_sim < len(table)                                     # not every plan had to be re-run

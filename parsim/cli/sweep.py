@@ -84,6 +84,6 @@ def format_rows(rows: list[dict]) -> str:
     text = table(body, ["#", "plan", "step ms", "tokens/s", "MFU", "bubble", "TP ms", "DP ms", "PP ms",
                         "peak GiB", "fits", "by"])
     if any(r.get("approximate") and r["source"] == "fast" for r in rows):
-        text += ("\nfast~: the fast path's numbers are approximate here (offload, unequal stages, link "
-                 "contention or ranks sharing a CPU host: parsim.fast.honesty) and the plan was not re-simulated")
+        text += ("\nfast~: the fast path's numbers are approximate here (offload, link contention "
+                 "or ranks sharing a CPU host: parsim.fast.honesty) and the plan was not re-simulated")
     return text

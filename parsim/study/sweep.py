@@ -109,10 +109,11 @@ def fast_frame(model: ModelSpec, cluster: ClusterSpec, table: PlanTable, headroo
     df["memory_limit_bytes"] = cap * (1.0 - headroom)
     df["fits"] = df["peak_memory_bytes"] <= df["memory_limit_bytes"]
     df["memory_headroom"] = 1.0 - df["peak_memory_bytes"] / cap
-    # every virtual stage holds the same layers: where the fast path's pipeline formula is exact
+    # every virtual stage holds the same layers (where they do not, interleaved plans are timed by
+    # their action graph, ``fast.dag.timed_by_graph``)
     df["uniform_stages"] = model.layers % (df["pp"] * df["vpp"]) == 0
     # where it is not exact (fast.honesty): re-simulated before ranking when within reach of the top
-    df["approximate"] = approximate_mask(model.layers, {k: table[k] for k in ("dp", "tp", "pp", "vpp", "offload")},
+    df["approximate"] = approximate_mask({k: table[k] for k in ("dp", "tp", "pp", "offload")},
                                          cluster)
     df["source"] = "fast"
     for k in ("step_time_s", "peak_memory_bytes", "tokens_per_s"):

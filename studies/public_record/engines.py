@@ -36,7 +36,7 @@ def main() -> int:
             continue
         seen.add(o.run_key)
         cluster, plan = clusters[o.cluster_key], parse_plan(p.plan)
-        why = approximate_reasons(o.model.layers, PlanTable.from_plans([plan]).cols, cluster)
+        why = approximate_reasons(PlanTable.from_plans([plan]).cols, cluster)
         sim = simulate(o.model, cluster, plan, record_events=False).step_time_s
         rows.append((o.group, p.plan, p.step_time_s, sim, ",".join(k for k, v in why.items() if v[0])))
     lines = [f"{'source':32s} {'plan':100s} {'fast s':>8s} {'sim s':>8s} {'fast/sim':>8s}  approximate"]

@@ -26,7 +26,7 @@ PROFILE = HERE.parents[1] / "tests" / "fixtures" / "cpu-calibrated.yaml"
 
 def compare(model, cluster, table: PlanTable) -> list[tuple]:
     fast = evaluate(model, cluster, table)
-    why = approximate_reasons(model.layers, table.cols, cluster)
+    why = approximate_reasons(table.cols, cluster)
     out = []
     for i, text in enumerate(table.plan_strings()):
         sim = simulate(model, cluster, parse_plan(text), record_events=False)

@@ -104,7 +104,7 @@ def exact_steps(model, cluster: ClusterSpec, table: PlanTable, steps: np.ndarray
     from parsim.study.sweep import simulable
     steps = np.array(steps, dtype=float)
     eligible = _choosable(fits)
-    todo = eligible & approximate_mask(model.layers, table.cols, cluster)
+    todo = eligible & approximate_mask(table.cols, cluster)
     for j in np.flatnonzero(todo):
         todo[j] = simulable(model, cluster, table.plan(int(j)))
     by_sim = np.zeros(len(steps), dtype=bool)
