@@ -43,7 +43,7 @@ from .tables import (H_EMB_BWD, H_EMB_FWD, H_HEAD_BWD, H_HEAD_BWD_W, H_HEAD_FWD,
                      L_TP_RECOMPUTE, L_TP_W_RECOMPUTE, L_W_RECOMPUTE)
 from .dp_end import (_scatter_end, _sync_rounds, blocked_exposed, blocked_zero2_post, rank_scatters,
                      tie_embedding)
-from .timing import _held, _plan_terms, rank_scatters_owed
+from .timing import _held, _holds, _plan_terms, held_send, rank_scatters_owed
 from .port import P_ON, Q_B, Q_W, layer_queues, port_rows, queue_node
 from .zero3 import chained, chained_backward, chunk_paid, split_owed
 
@@ -168,7 +168,7 @@ def play(plan, nodes, passes, send, port, unwaited):
     owed = np.zeros(pp)                         # compute owed for overlapping the scatters
     added = np.zeros(pp)                        # seconds the port's queue added to the rank
     shared = port[0, 0, P_ON] > 0.0
-    holds = send[pp] > 0.0
+    holds = _holds(plan, send)
     for i in range(n):
         r = nodes[i, N_RANK]
         start = free[r]
@@ -187,7 +187,7 @@ def play(plan, nodes, passes, send, port, unwaited):
             d = queue_node(port[r, g_chunk], queue, owed, r, kind, kind_b, start, d)
             added[r] += d - alone
         end[i] = start + d
-        free[r] = end[i] + (_held_send(plan, send, r, kind, c) if holds else 0.0)
+        free[r] = end[i] + (held_send(plan, send, r, kind == K_F, c) if holds else 0.0)
         busy[r] += d
         if kind == K_B or kind == K_W or (kind == K_FB and kind_b == K_B):
             g = grad[r, g_chunk]
@@ -195,18 +195,6 @@ def play(plan, nodes, passes, send, port, unwaited):
             if first[r, 0] < 0.0:
                 first[r, 0], first[r, 1], first[r, 2] = start, d, g_chunk
     return free.max(), busy, grad, first, added
-
-
-@numba.njit(cache=True)
-def _held_send(plan, send, r, kind, c):
-    """Seconds rank r stays held after a pass of its chunk c where sends hold their sender
-    (``costs.p2p_holds_sender``: GPipe, 1F1B, interleaved; stages in a loop, stage c pp + r): a
-    forward sends to the next stage, a backward to the one before (none past either end)."""
-    pp = plan.pp
-    stage = c * pp + r
-    if kind == K_F:
-        return send_between(send, r, (r + 1) % pp) if stage < pp * plan.vpp - 1 else 0.0
-    return send_between(send, r, (r - 1) % pp) if stage > 0 else 0.0
 
 
 @numba.njit(cache=True)

@@ -245,17 +245,28 @@ def _holds(plan, send):
 
 
 @numba.njit(cache=True, inline="always")
+def held_send(plan, send, r, forward, c):
+    """Seconds a pass of rank r's chunk c holds it for its send where sends hold their sender
+    (``_holds``; GPipe, 1F1B, interleaved: stages in a loop, stage c pp + r): a forward sends to
+    the next stage (``send[r]``; the last rank's, to rank 0, is the loop's turn), a backward to
+    the one before (``send[r - 1]``; rank 0's goes to the last rank); none past either end."""
+    pp = plan.pp
+    stage = c * pp + r
+    if forward:
+        return send[r] if stage < pp * plan.vpp - 1 else 0.0
+    return send[r - 1 if r > 0 else pp - 1] if stage > 0 else 0.0
+
+
+@numba.njit(cache=True, inline="always")
 def _held(plan, send, r):
     """Seconds rank r's own sends hold it per microbatch where they hold their sender
-    (``_holds``): each of its vpp chunks sends forward (but the last virtual stage) and
-    backward (but the first)."""
-    pp, vpp = plan.pp, plan.vpp
+    (``_holds``): ``held_send`` over each of its vpp chunks' forward and backward."""
     if not _holds(plan, send):
         return 0.0
-    last = pp - 1
-    fwd = (vpp - (1 if r == last else 0)) * send[r]
-    bwd = (vpp - (1 if r == 0 else 0)) * send[r - 1 if r > 0 else last]
-    return fwd + bwd
+    held = 0.0
+    for c in range(plan.vpp):
+        held += held_send(plan, send, r, True, c) + held_send(plan, send, r, False, c)
+    return held
 
 
 @numba.njit(cache=True, inline="always")
