@@ -82,7 +82,7 @@ def test_fsdp2_memory_keeps_the_sharded_copy_under_zero2_and_the_layer_gradients
 
     from parsim.costs import layer_params, memory_by_stage, stage_params, state_bytes
     from parsim.costs.memory import (fsdp2_layer_only_bytes, fsdp2_post_backward, fsdp2_root_bytes,
-                                     rank_backward_working)
+                                     fsdp2_root_post_backward, gathered_bytes, rank_backward_working)
     from parsim.sim import simulate
     from parsim.specs import load_cluster, load_model, parse_plan
 
@@ -101,10 +101,14 @@ def test_fsdp2_memory_keeps_the_sharded_copy_under_zero2_and_the_layer_gradients
         post = fsdp2_post_backward(model, plan, [(model.layers, "none")], 2 * layer_params(model, 1) * sb.grad)
         ahead = fsdp2_layer_only_bytes(model, plan)
         assert 0 < post < 2 * layer_params(model, 1) * sb.grad and (ahead > 0) == (plan.zero == 3)
-        fsdp_working = rank_backward_working(model, plan, 0, weight_grads=False, layer_extra=post + ahead)
-        assert fsdp_working != rank_backward_working(model, plan, 0)
         root = fsdp2_root_bytes(model, plan, 0)
         assert (root > 0) == (plan.zero == 3)
+        # the root unit (embedding, final norm, head: one stage here) keeps the head's gradient over
+        # the layers' backward and reduce-scatters after the stage's last op, ZeRO-3 resharded by then
+        roots = [fsdp2_root_post_backward(model, plan, 0, gathered_bytes(model, plan) - ahead + root, False)]
+        assert roots[0][0] > 0
+        fsdp_working = rank_backward_working(model, plan, 0, weight_grads=False, layer_extra=post + ahead, roots=roots)
+        assert fsdp_working != rank_backward_working(model, plan, 0, weight_grads=False, layer_extra=post + ahead)
         assert with_fsdp.other - plain.other == pytest.approx(fsdp_working - rank_backward_working(model, plan, 0)
                                                               + root - ahead)
         sim = simulate(model, fsdp, plan)

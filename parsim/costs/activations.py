@@ -166,13 +166,15 @@ def forward_working_bytes(model: ModelSpec, plan: Plan, last: bool, recomputed_l
 
 def backward_working_bytes(model: ModelSpec, plan: Plan, first: bool, last: bool, stash: float,
                            weight_grads: bool = True, layer_extra: float = 0.0,
-                           recomputed_layers: float = 0.0) -> float:
+                           recomputed_layers: float = 0.0, head_kept: float = 0.0,
+                           root_post: float = 0.0) -> float:
     """``footprint.backward_working`` of a virtual stage of ``model`` under ``plan`` (``first`` /
     ``last`` virtual stage; ``stash``: the bytes one microbatch stores there; ``layer_extra``: the
     bytes only a layer's backward adds, its recompute transient and FSDP2's layer gradients;
-    ``recomputed_layers``: the stage's fully recomputed layers, ``forward_working_bytes``)."""
+    ``recomputed_layers``: the stage's fully recomputed layers, ``forward_working_bytes``;
+    ``head_kept``, ``root_post``: FSDP2's root unit, ``memory.fsdp2_root_post_backward``)."""
     wg = 1.0 if weight_grads else 0.0
     return backward_working(layer_working_bytes(model, plan, weight_grads), stage_output_bytes(model, plan),
                             head_activation_bytes(model, plan), wg * vocab_grad_bytes(model, plan),
                             logits_grad_bytes(model, plan), model.tied_embeddings, first, last, stash, layer_extra,
-                            forward_working_bytes(model, plan, last, recomputed_layers))
+                            forward_working_bytes(model, plan, last, recomputed_layers), head_kept, root_post)

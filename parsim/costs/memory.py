@@ -1,19 +1,6 @@
 """Memory per pipeline rank by category (params, grads, optimizer, activations, other).
 
-Model states per parameter (bytes), Megatron-LM conventions (docs, "distributed optimizer"):
-    fp32 training:        param 4, grad 4, optimizer 8 (Adam m, v)
-    bf16 mixed:           param 2, grad 4, optimizer 12 (fp32 master, m, v): Megatron-LM forces
-                          gradient accumulation and all-reduce in fp32 for bf16
-                          (arguments.py: "bfloat16 requires gradient accumulation and
-                          all-reduce to be done in fp32")
-    fp16 mixed:           param 2, grad 2, optimizer 12: fp16 gradients reduced in fp16, the
-                          ZeRO paper's 16-byte convention (Rajbhandari et al. 2020, Sec. 3.1)
-    16-bit by autocast:   param 4, grad 4, optimizer 8, as fp32: ``torch.autocast`` over fp32
-                          parameters (the executor; ``Stack.autocast``, ``plan_state_bytes``)
-ZeRO (Rajbhandari et al. 2020, Sec. 5): stage 1 shards the optimizer over the dp ranks,
-stage 2 also the gradients, stage 3 also the parameters. ZeRO-Offload (Ren et al. 2021)
-keeps optimizer states (and with "optimizer+params", parameters) in host memory.
-
+Bytes per parameter of the model states: ``costs.states``; what FSDP2 adds: ``costs.fsdp2``.
 The rules themselves are the functions of ``costs.footprint``; this module feeds them the bytes
 of a model and plan: ``static_bytes`` (what a rank holds all step), ``stage_footprints`` (what
 each virtual stage holds per microbatch in flight, during its backwards, and during every
@@ -32,35 +19,18 @@ from parsim.specs import ClusterSpec, ModelSpec, Plan, plan_stack, stage_layers
 from . import footprint
 from .activations import (backward_working_bytes, embedding_activation_bytes, head_activation_bytes,
                           layer_activation_bytes, stage_output_bytes)
+from .fsdp2 import (fsdp2_bytes, fsdp2_layer_only_bytes, fsdp2_post_backward, fsdp2_released_at_step,
+                    fsdp2_root_bytes, fsdp2_root_post_backward, reduce_scatter_copies, uses_fsdp2)
 from .inflight import rank_moments
-from .params import embedding_params, head_params, layer_params, stage_largest_tensors, stage_params
+from .params import layer_params, stage_largest_tensors, stage_params
 from .placement import rank_of_stage, stages_of_rank
 from .recompute import layer_recompute, recomputes_fully, stage_recompute
 from .split_backward import (head_output_grad_bytes, output_grad_bytes, w_recompute_residue,
                              weight_grad_working_bytes)
 from .stack import apply_stack, default_stack_cluster
-from .zero import gathers_layers
+from .states import StateBytes, model_state_bytes, plan_state_bytes, state_bytes, zero_model_state_bytes  # noqa: F401
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
-
-
-@dataclass(frozen=True)
-class StateBytes:
-    """Bytes per parameter of each model-state category."""
-    param: float
-    grad: float
-    optimizer: float
-
-
-def state_bytes(dtype: str, autocast: bool = False) -> StateBytes:
-    """Bytes per parameter under ``dtype`` (the module docstring); ``autocast``: a 16-bit run by
-    ``torch.autocast`` over fp32 parameters (``Stack.autocast``, the executor), which hold the
-    fp32 states of an fp32 run -- the parameters are the master weights."""
-    if dtype == "fp32" or autocast:
-        return StateBytes(4.0, 4.0, 8.0)
-    if dtype == "fp16":
-        return StateBytes(2.0, 2.0, 12.0)
-    return StateBytes(2.0, 4.0, 12.0)
 
 
 @dataclass(frozen=True)
@@ -98,32 +68,6 @@ class StageFootprint:
         return self.backward if kind == "B" else self.backward_input if kind == "I" else self.backward_weight
 
 
-def zero_model_state_bytes(num_params: float, dp: int, zero: int, k: float = 12.0,
-                           param_bytes: float = 2.0, grad_bytes: float = 2.0) -> float:
-    """Per-device model-state bytes in the ZeRO paper's convention (Rajbhandari et al. 2020,
-    Sec. 5 / Fig. 1): (2 + 2 + K) Psi for DP; (2 + 2 + K/Nd) Psi for P_os;
-    (2 + (2 + K)/Nd) Psi for P_os+g; (2 + 2 + K) Psi / Nd for P_os+g+p (``footprint.model_states``
-    of one parameter, times Psi)."""
-    p, g, o = footprint.model_states(1.0, param_bytes, grad_bytes, k, dp, zero, False, False)
-    return num_params * (p + g + o)
-
-
-def plan_state_bytes(plan: Plan) -> StateBytes:
-    """``state_bytes`` of the plan's dtype under its stack."""
-    return state_bytes(plan.dtype, plan_stack(plan).autocast)
-
-
-def model_state_bytes(n_params: float, plan: Plan) -> tuple[float, float, float]:
-    """(params, grads, optimizer) bytes of ``n_params`` parameters on one device under the plan's
-    dtype, ZeRO stage, offload and stack (``footprint.stack_state_bytes``, ``footprint.model_states``)."""
-    sb = plan_state_bytes(plan)
-    stack = plan_stack(plan)
-    param, grad, optimizer = footprint.stack_state_bytes(sb.param, sb.grad, sb.optimizer, plan.zero, stack.fp32_shards,
-                                                         stack.grad_copy_bytes(plan.dtype))
-    return footprint.model_states(n_params, param, grad, optimizer, plan.dp, plan.zero,
-                                  plan.offload != "none", plan.offload == "optimizer+params")
-
-
 def static_bytes(model: ModelSpec, plan: Plan, pp_rank: int, fsdp2: bool = False) -> tuple[float, ...]:
     """(params, grads, optimizer, activations, other) a pipeline rank holds for the whole step:
     its model states and ZeRO-Offload's staging bucket (``fsdp2``: plus what FSDP2 keeps,
@@ -137,32 +81,6 @@ def _static_bytes(model: ModelSpec, plan: Plan, n_params: float, fsdp2: bool) ->
     if fsdp2:
         params += fsdp2_bytes(model, plan, n_params)[0]
     return (params, grads, optimizer, 0.0, other)
-
-
-def fsdp2_bytes(model: ModelSpec, plan: Plan, n_params: float) -> tuple[float, float]:
-    """ZeRO-2/3 run as FSDP2 (profiles with ``zero_copies: fsdp2``, the reference executor):
-    (bytes held for the whole step, bytes held during a layer's backward) beyond the ZeRO model.
-
-    * ZeRO-2: FSDP2 keeps the sharded parameters (``n_params`` / dp) as the parameters' storage
-      while the gathered ones stay resident across the step (reshard after the last backward).
-    * ZeRO-2/3 backward: a layer's unsharded gradients and the flat reduce-scatter input they
-      are copied into (FSDP2 ``foreach_reduce``) exist together until the collective ends:
-      2 x the layer's gradient bytes."""
-    if plan.zero < 2 or plan.dp <= 1:
-        return 0.0, 0.0
-    sb = plan_state_bytes(plan)
-    step = n_params * sb.param / plan.dp if plan.zero == 2 else 0.0
-    return step, 2 * layer_params(model, plan.tp) * sb.grad
-
-
-def fsdp2_released_at_step(model: ModelSpec, plan: Plan, n_params: float) -> float:
-    """ZeRO-2 run as FSDP2: the gathered parameters of ``n_params`` (the model states' replicated
-    ``params``) are gone at the optimizer step, resharded by the stage's last backward
-    (``executor/zero.py``: ``set_reshard_after_backward``), which steps the shards
-    (``fsdp2_bytes``'s first term). Bytes per device; 0 otherwise."""
-    if plan.zero != 2 or plan.dp <= 1:
-        return 0.0
-    return model_state_bytes(n_params, plan)[0]
 
 
 def optimizer_step_bytes(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[tuple[float, float]]:
@@ -179,51 +97,6 @@ def optimizer_step_bytes(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> l
     return out
 
 
-def fsdp2_root_bytes(model: ModelSpec, plan: Plan, vstage: int) -> float:
-    """ZeRO-3 run as FSDP2 (the reference executor): the full parameters of a virtual stage's root
-    unit (its embedding and / or final norm + head; 0 on a middle stage), held during each of its
-    actions beside the gathered layers (``gathered_bytes``). ``fully_shard`` of the stage module
-    makes the parameters outside its layers one unit; its pre-forward and pre-backward hooks
-    all-gather it and its post-forward / post-backward reshard it, so the embedding and head stay
-    gathered from the first op of a forward or backward to the last (torch 2.13
-    ``_fsdp_state._pre_forward`` / ``_root_post_backward_final_callback``). Bytes per device."""
-    if not gathers_layers(plan.zero, plan.dp):
-        return 0.0
-    root = (embedding_params(model, plan) if vstage == 0 else 0.0) + \
-        (head_params(model, plan) if vstage == plan.pp * plan.vpp - 1 else 0.0)
-    return root * plan_state_bytes(plan).param
-
-
-def fsdp2_layer_only_bytes(model: ModelSpec, plan: Plan) -> float:
-    """ZeRO-3 run as FSDP2: of the two layers ``gathered_bytes`` counts, the one a layer's backward
-    holds and the loss's (or the embedding's) does not. FSDP2 prefetches the next unit in backward
-    order, so a layer's backward holds its own parameters and the next layer's, but the loss's
-    backward only the first layer it will reach (torch 2.13 ``FSDPParamGroup.pre_backward`` /
-    ``_backward_prefetch``). Measured on 2 gloo ranks (heldout-gpt, dp = 2, fp32 and bf16 alike):
-    the loss's backward peaks with the root unit, the logits' gradients and exactly one layer's
-    fp32 parameters beside the stash. Bytes per device; 0 unless ZeRO-3 gathers layers."""
-    if not gathers_layers(plan.zero, plan.dp) or plan_stack(plan).zero3_gathered_layers < 2:
-        return 0.0
-    return layer_params(model, plan.tp) * plan_state_bytes(plan).param
-
-
-def fsdp2_post_backward(model: ModelSpec, plan: Plan, groups: list[tuple[int, str]], in_backward: float) -> float:
-    """ZeRO-2/3 as FSDP2: what a layer's post-backward adds to the stage's stash -- its unsharded
-    gradients and the reduce-scatter input they are copied into (``fsdp2_bytes``' second term,
-    ``in_backward``), less what the layer saved, which its nodes have freed by then (the smallest
-    layer of the stage's (layers, policy) ``groups``). Measured on 2 gloo ranks (cpu-small, dp = 2,
-    fp32 and bf16, where a layer's backward is the peak): counting both on top of the whole stash
-    was 3.2-4.3 % high, this is within 1.1 %. Bytes per device."""
-    if not in_backward:
-        return 0.0
-    own = min(layer_activation_bytes(model, plan, policy) for n, policy in groups if n)
-    return max(in_backward - own, 0.0)
-
-
-def uses_fsdp2(cluster: ClusterSpec | None) -> bool:
-    return cluster is not None and cluster.device.tables.fsdp2_copies
-
-
 def gathered_bytes(model: ModelSpec, plan: Plan) -> float:
     """ZeRO-3's (and parameter offload's) gathered layers, held during every action
     (``footprint.gathered_layers``; how many layers at once: the plan's stack)."""
@@ -233,10 +106,12 @@ def gathered_bytes(model: ModelSpec, plan: Plan) -> float:
                                      stack.zero3_max_live_params)
 
 
-def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[StageFootprint]:
-    """``StageFootprint`` of every virtual stage (``fsdp2``: ZeRO-2/3 as FSDP2 runs them). Each
-    stage's terms are pure functions of a few keys (its recompute groups, its rank, whether it is
-    the first / last stage), so each distinct key is priced once."""
+def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
+                     copies_input: bool = False) -> list[StageFootprint]:
+    """``StageFootprint`` of every virtual stage (``fsdp2``: ZeRO-2/3 as FSDP2 runs them;
+    ``copies_input``: over a backend that copies a reduce-scatter's input, ``reduce_scatter_copies``).
+    Each stage's terms are pure functions of a few keys (its recompute groups, its rank, whether it
+    is the first / last stage), so each distinct key is priced once."""
     in_backward = fsdp2_bytes(model, plan, 0.0)[1] if fsdp2 else 0.0
     gathered = gathered_bytes(model, plan)
     ahead = fsdp2_layer_only_bytes(model, plan) if fsdp2 else 0.0
@@ -244,6 +119,8 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[
     counts = stage_layers(model, plan)
     groups = [layer_recompute(plan, s, n) for s, n in enumerate(counts)]
     stash = _stashes(model, plan, groups)
+    roots = [fsdp2_root_post_backward(model, plan, s, gathered + fsdp2_root_bytes(model, plan, s),
+                                      copies_input) if fsdp2 else (0.0, 0.0) for s in range(len(groups))]
     full = [sum(n for n, policy in g if policy == "full") for g in groups]     # ``_full_layers`` of each stage
     weight_working = [in_backward if in_backward else _rank_weight_working(model, plan, r) for r in range(plan.pp)]
     kept_all, kept_input = layer_activation_bytes(model, plan, "none"), layer_activation_bytes(model, plan, "full")
@@ -253,7 +130,7 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[
     residue = [max((w_residue(full[s]) for s in stages_of_rank(plan, r) if s > 0), default=0.0)
                for r in range(plan.pp)]
     # ``_rank_working`` of (rank, weight gradients, layer extra), priced once per distinct key
-    working = cache(lambda r, grads, extra: _rank_working(model, plan, r, stash, grads, extra, full))
+    working = cache(lambda r, grads, extra: _rank_working(model, plan, r, stash, grads, extra, full, roots))
     output = stage_output_bytes(model, plan)
     last = len(groups) - 1
     layer_dy, head_dy = output_grad_bytes(model, plan), head_output_grad_bytes(model, plan)
@@ -292,14 +169,16 @@ def _stash_bytes(model: ModelSpec, plan: Plan, vstage: int, groups: list[tuple[i
 
 
 def _rank_working(model: ModelSpec, plan: Plan, pp_rank: int, stash: list[float], weight_grads: bool,
-                  layer_extra: float = 0.0, full: list[int] | None = None) -> float:
+                  layer_extra: float = 0.0, full: list[int] | None = None,
+                  roots: list[tuple[float, float]] | None = None) -> float:
     """The largest ``backward_working_bytes`` of a rank's virtual stages, ``layer_extra`` on the
     layer phase (a backward's recompute transient and FSDP2 gradients: ``footprint.backward_working``;
     the end of the forward before it, with the stage's fully recomputed layers: ``full``, else
-    ``_full_layers``)."""
+    ``_full_layers``; FSDP2's root unit per virtual stage: ``roots``, ``fsdp2_root_post_backward``)."""
     last = plan.pp * plan.vpp - 1
     return max(backward_working_bytes(model, plan, vstage == 0, vstage == last, stash[vstage], weight_grads,
-                                      layer_extra, _full_layers(model, plan, vstage) if full is None else full[vstage])
+                                      layer_extra, _full_layers(model, plan, vstage) if full is None else full[vstage],
+                                      *(roots[vstage] if roots else ()))
                for vstage in stages_of_rank(plan, pp_rank))
 
 
@@ -315,14 +194,15 @@ def _rank_weight_working(model: ModelSpec, plan: Plan, pp_rank: int) -> float:
 
 
 def rank_backward_working(model: ModelSpec, plan: Plan, pp_rank: int, weight_grads: bool = True,
-                          layer_extra: float = 0.0) -> float:
+                          layer_extra: float = 0.0, roots: list[tuple[float, float]] | None = None) -> float:
     """The backward working set of a pipeline rank (``other``): the largest of its virtual
     stages' (``activations.backward_working_bytes``; a chunk's stash is freed as its backward
-    goes; ``layer_extra`` on its layer phase). One value per rank, so the SimPy timeline, this analytic model and the fast path
+    goes; ``layer_extra`` on its layer phase; ``roots``: FSDP2's root units, ``_rank_working``). One
+    value per rank, so the SimPy timeline, this analytic model and the fast path
     count it alike under interleaving, where it overstates the first and last ranks' other
     chunks by at most the head's or embedding's extra."""
     stash = [_stash_bytes(model, plan, s, stage_recompute(model, plan, s)) for s in range(plan.pp * plan.vpp)]
-    return _rank_working(model, plan, pp_rank, stash, weight_grads, layer_extra)
+    return _rank_working(model, plan, pp_rank, stash, weight_grads, layer_extra, roots=roots)
 
 
 def rank_peak(chunks: list[StageFootprint], moments: list) -> tuple[float, float]:
@@ -350,7 +230,7 @@ def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = 
     if cluster is not None:
         model, cluster, plan = apply_stack(model, cluster, plan)
     fsdp2 = uses_fsdp2(cluster)
-    stages = stage_footprints(model, plan, fsdp2)
+    stages = stage_footprints(model, plan, fsdp2, reduce_scatter_copies(cluster))
     step = optimizer_step_bytes(model, plan, fsdp2)
     out = []
     for r, n_params in enumerate(stage_params(model, plan)):

@@ -53,7 +53,7 @@ from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
 from .compute import ActionCost, action_cost, overlap_cost, stage_shapes
 from .device import device
 from .dp import gradient_sync
-from .memory import MemoryTimeline, optimizer_step_bytes, stage_footprints, static_bytes
+from .memory import MemoryTimeline, optimizer_step_bytes, reduce_scatter_copies, stage_footprints, static_bytes
 from .network import Arrival, Communicator, Ports, device_ports, group_link, group_shape, link_between, ps_time
 from .record import SEND_B, SEND_F, Recorder
 from .symmetry import RankClasses, every_rank, full_mode_classes
@@ -112,7 +112,8 @@ class Simulation:
         self.layout = RankLayout(plan.dp, plan.tp, plan.pp)
         self.num_stages = plan.pp * plan.vpp
         self.shapes = stage_shapes(model, plan)
-        self.footprints = stage_footprints(model, plan, cluster.device.tables.fsdp2_copies)
+        self.footprints = stage_footprints(model, plan, cluster.device.tables.fsdp2_copies,
+                                           reduce_scatter_copies(cluster))
         # per pipeline rank: (parameter bytes released, temporaries held) while its optimizer steps
         self.step_bytes = optimizer_step_bytes(model, plan, cluster.device.tables.fsdp2_copies)
         self.state = state_bytes(plan.dtype)

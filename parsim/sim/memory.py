@@ -30,10 +30,11 @@ What is allocated when (categories of ``parsim.costs.CATEGORIES``; the bytes are
 """
 from __future__ import annotations
 
-from parsim.costs import CATEGORIES, StageFootprint, optimizer_step_bytes, stage_footprints, static_bytes
+from parsim.costs import (CATEGORIES, StageFootprint, optimizer_step_bytes, reduce_scatter_copies, stage_footprints,
+                          static_bytes)
 
 __all__ = ["PARAMS", "GRADS", "OPTIMIZER", "ACTIVATIONS", "OTHER", "MemoryTimeline", "StageFootprint",
-           "optimizer_step_bytes", "stage_footprints", "static_bytes"]
+           "optimizer_step_bytes", "reduce_scatter_copies", "stage_footprints", "static_bytes"]
 
 PARAMS, GRADS, OPTIMIZER, ACTIVATIONS, OTHER = range(len(CATEGORIES))
 

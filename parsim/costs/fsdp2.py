@@ -1,0 +1,124 @@
+"""What ZeRO-2/3 run as FSDP2 (``fully_shard``: one unit per layer and one for the rest of a
+stage; the reference executor, and calibrated profiles with ``zero_copies: fsdp2``) holds beyond
+the ZeRO model states, on one device: the sharded copy beside ZeRO-2's gathered parameters, a
+unit's unsharded gradients with the flat reduce-scatter input they are copied into, the root
+unit's parameters and its post-backward. ``costs.memory`` adds them up."""
+from __future__ import annotations
+
+from parsim.specs import ClusterSpec, ModelSpec, Plan, plan_stack, stage_layers
+
+from . import footprint
+from .activations import layer_activation_bytes
+from .ops import padded_vocab
+from .params import embedding_params, head_params, layer_params
+from .states import model_state_bytes, plan_state_bytes
+from .zero import gathers_layers
+
+
+def uses_fsdp2(cluster: ClusterSpec | None) -> bool:
+    return cluster is not None and cluster.device.tables.fsdp2_copies
+
+
+def reduce_scatter_copies(cluster: ClusterSpec | None) -> bool:
+    """Does the profile's collective backend copy a reduce-scatter's whole input into a buffer of
+    its own? gloo does (``ProcessGroupGloo`` reduces in place on a copy; measured: a 16 MiB
+    ``reduce_scatter_tensor`` on 2 ranks allocates 16 MiB), NCCL does not. A profile calibrated on
+    the host (ZeRO collectives block there, ``tables.zero_blocking``) ran gloo."""
+    return uses_fsdp2(cluster) and cluster.device.tables.zero_blocking
+
+
+def fsdp2_bytes(model: ModelSpec, plan: Plan, n_params: float) -> tuple[float, float]:
+    """ZeRO-2/3 run as FSDP2 (profiles with ``zero_copies: fsdp2``, the reference executor):
+    (bytes held for the whole step, bytes held during a layer's backward) beyond the ZeRO model.
+
+    * ZeRO-2: FSDP2 keeps the sharded parameters (``n_params`` / dp) as the parameters' storage
+      while the gathered ones stay resident across the step (reshard after the last backward).
+    * ZeRO-2/3 backward: a layer's unsharded gradients and the flat reduce-scatter input they
+      are copied into (FSDP2 ``foreach_reduce``) exist together until the collective ends:
+      2 x the layer's gradient bytes."""
+    if plan.zero < 2 or plan.dp <= 1:
+        return 0.0, 0.0
+    sb = plan_state_bytes(plan)
+    step = n_params * sb.param / plan.dp if plan.zero == 2 else 0.0
+    return step, 2 * layer_params(model, plan.tp) * sb.grad
+
+
+def fsdp2_released_at_step(model: ModelSpec, plan: Plan, n_params: float) -> float:
+    """ZeRO-2 run as FSDP2: the gathered parameters of ``n_params`` (the model states' replicated
+    ``params``) are gone at the optimizer step, resharded by the stage's last backward
+    (``executor/zero.py``: ``set_reshard_after_backward``), which steps the shards
+    (``fsdp2_bytes``'s first term). Bytes per device; 0 otherwise."""
+    if plan.zero != 2 or plan.dp <= 1:
+        return 0.0
+    return model_state_bytes(n_params, plan)[0]
+
+
+def fsdp2_root_bytes(model: ModelSpec, plan: Plan, vstage: int) -> float:
+    """ZeRO-3 run as FSDP2 (the reference executor): the full parameters of a virtual stage's root
+    unit (its embedding and / or final norm + head; 0 on a middle stage), held during each of its
+    actions beside the gathered layers (``gathered_bytes``). ``fully_shard`` of the stage module
+    makes the parameters outside its layers one unit; its pre-forward and pre-backward hooks
+    all-gather it and its post-forward / post-backward reshard it, so the embedding and head stay
+    gathered from the first op of a forward or backward to the last (torch 2.13
+    ``_fsdp_state._pre_forward`` / ``_root_post_backward_final_callback``). Bytes per device."""
+    if not gathers_layers(plan.zero, plan.dp):
+        return 0.0
+    root = (embedding_params(model, plan) if vstage == 0 else 0.0) + \
+        (head_params(model, plan) if vstage == plan.pp * plan.vpp - 1 else 0.0)
+    return root * plan_state_bytes(plan).param
+
+
+def fsdp2_root_post_backward(model: ModelSpec, plan: Plan, vstage: int, held: float,
+                             copies_input: bool) -> tuple[float, float]:
+    """ZeRO-2/3 run as FSDP2: (the head's unsharded weight gradient, kept from the head's backward
+    to the end of the virtual stage's; the stage's root unit's post-backward,
+    ``footprint.unit_post_backward``), bytes per device beyond the model states; (0, 0) on a
+    stage without embedding or head. FSDP2 reduce-scatters the root unit (embedding, final norm,
+    head: ``fsdp2_root_bytes``) after the stage's last op (torch 2.13
+    ``_root_post_backward_final_callback``); its first-computed gradient is the head's, else the
+    embedding's (V/t x h in the gradients' dtype). ZeRO-3 reshards the unit before the collective,
+    so what every action holds (``held``: ``StageFootprint.gathered_params``) is gone by then;
+    ZeRO-2 holds its gathered parameters until the step's last microbatch, whose post-backward
+    reshards them too (with one microbatch, that one's), and its first microbatch's new shard is
+    the one the states count. Measured on 2 gloo ranks (an untied 16,000 x 768 vocabulary, fp32,
+    dp = 2): ZeRO-2 pp 1 / 2 and ZeRO-3 pp 1 peaked here, to 0.1 MiB; the model without it was
+    13-30 % low."""
+    last = plan.pp * plan.vpp - 1
+    if plan.zero < 2 or plan.dp <= 1 or vstage not in (0, last):
+        return 0.0, 0.0
+    root = (embedding_params(model, plan) if vstage == 0 else 0.0) + (head_params(model, plan) if vstage == last else 0.0)
+    sb = plan_state_bytes(plan)
+    first = sb.grad * padded_vocab(model, plan) * model.hidden / plan.tp
+    many = plan.num_microbatches > 1
+    post = footprint.unit_post_backward(root * sb.grad, first, plan.dp, plan.zero >= 3 and many, copies_input)
+    if plan.zero >= 3:
+        post -= held
+    elif not many:
+        post -= (stage_layers(model, plan)[vstage] * layer_params(model, plan.tp) + root) * sb.param
+    return (first if vstage == last else 0.0), post
+
+
+def fsdp2_layer_only_bytes(model: ModelSpec, plan: Plan) -> float:
+    """ZeRO-3 run as FSDP2: of the two layers ``gathered_bytes`` counts, the one a layer's backward
+    holds and the loss's (or the embedding's) does not. FSDP2 prefetches the next unit in backward
+    order, so a layer's backward holds its own parameters and the next layer's, but the loss's
+    backward only the first layer it will reach (torch 2.13 ``FSDPParamGroup.pre_backward`` /
+    ``_backward_prefetch``). Measured on 2 gloo ranks (heldout-gpt, dp = 2, fp32 and bf16 alike):
+    the loss's backward peaks with the root unit, the logits' gradients and exactly one layer's
+    fp32 parameters beside the stash. Bytes per device; 0 unless ZeRO-3 gathers layers."""
+    if not gathers_layers(plan.zero, plan.dp) or plan_stack(plan).zero3_gathered_layers < 2:
+        return 0.0
+    return layer_params(model, plan.tp) * plan_state_bytes(plan).param
+
+
+def fsdp2_post_backward(model: ModelSpec, plan: Plan, groups: list[tuple[int, str]], in_backward: float) -> float:
+    """ZeRO-2/3 as FSDP2: what a layer's post-backward adds to the stage's stash -- its unsharded
+    gradients and the reduce-scatter input they are copied into (``fsdp2_bytes``' second term,
+    ``in_backward``), less what the layer saved, which its nodes have freed by then (the smallest
+    layer of the stage's (layers, policy) ``groups``). Measured on 2 gloo ranks (cpu-small, dp = 2,
+    fp32 and bf16, where a layer's backward is the peak): counting both on top of the whole stash
+    was 3.2-4.3 % high, this is within 1.1 %. Bytes per device."""
+    if not in_backward:
+        return 0.0
+    own = min(layer_activation_bytes(model, plan, policy) for n, policy in groups if n)
+    return max(in_backward - own, 0.0)
