@@ -67,9 +67,9 @@ studies: $(STAMP)
 	$(BIN)/python studies/plots_demo/make_demo_plots.py
 	$(BIN)/python studies/at_scale/run.py
 
-# Issue 20's held-out validation: calibrate this machine (no --model), run three models it never
-# saw (15 plans, 2 and 4 ranks) on the executor and the simulator, check the targets. Needs an
-# idle machine: ~13 (AMD EPYC VM) to ~35 (Intel VM) minutes; results in studies/validation_cpu/heldout/ (its README). The smoke
+# Issue 20's held-out validation: calibrate this machine (no --model), run five models it never
+# saw (25 plans, 2 and 4 ranks) on the executor and the simulator, check the targets. Needs an
+# idle machine: ~30 (AMD EPYC VM) to ~50 (Intel VM) minutes; results in studies/validation_cpu/heldout/ (its README). The smoke
 # run (one round, 6 plans, quick calibration) only proves the pipeline works: its numbers are not results.
 heldout: $(STAMP)
 	bash studies/validation_cpu/heldout/run.sh

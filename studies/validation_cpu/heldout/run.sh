@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Held-out validation (issue 20): calibrate this machine once -- the machine grid, no --model --
-# then run three models the calibration never saw on the torch executor and the simulator.
-# On a quiet machine: about 4 minutes of calibration and 25-35 minutes of validation.
+# then run five models the calibration never saw on the torch executor and the simulator.
+# On a quiet machine: about 4 minutes of calibration and 25-50 minutes of validation.
 #   bash studies/validation_cpu/heldout/run.sh            # from the repository root
 # QUICK=1 runs a smoke test instead (quick calibration, one round, each model's first plan on 2
 # ranks and last on 4; ~10 minutes on a loaded 2-core VM) into /tmp/parsim-heldout-smoke.
@@ -20,7 +20,7 @@ if [[ "${QUICK:-0}" == 1 ]]; then
   OUT=${OUT_QUICK:-/tmp/parsim-heldout-smoke}
   mkdir -p "$OUT"
   .venv/bin/parsim calibrate --quick --ranks 2,4 --out "$OUT/profile.yaml"
-  for m in gpt llama deep; do
+  for m in gpt llama deep wide long; do
     $PY - "$HERE/matrix_$m.yaml" "$OUT/matrix_$m.yaml" <<'PYEOF'
 import sys, yaml
 d = yaml.safe_load(open(sys.argv[1]))
@@ -32,14 +32,14 @@ PYEOF
 else
   mkdir -p "$OUT"
   .venv/bin/parsim calibrate --ranks 2,4 --out "$OUT/profile.yaml" | tee "$OUT/calibrate.txt"
-  for m in gpt llama deep; do
+  for m in gpt llama deep wide long; do
     mkdir -p "$OUT/$m"
     .venv/bin/parsim validate --matrix "$HERE/matrix_$m.yaml" --profile "$OUT/profile.yaml" --out "$OUT/$m" --fresh \
       | tee "$OUT/$m/results.txt"
   done
 fi
 # where each plan's error sits, by action kind (F, B, optimizer, other, idle), per model
-for m in gpt llama deep; do
+for m in gpt llama deep wide long; do
   $PY studies/validation_cpu/decompose.py "$OUT/$m" --profile "$OUT/profile.yaml" > "$OUT/$m/decompose.txt"
   $PY $HERE/actions.py "$OUT/$m" > "$OUT/$m/actions.txt"     # and action by action, rank by rank
 done

@@ -1,5 +1,5 @@
-"""The held-out validation against issue 20's targets: every plan of the three models'
-``validation.csv`` under a folder, pooled.
+"""The held-out validation against issue 20's targets: every plan of the five models'
+``validation.csv`` under a folder, pooled (runs before 2026-11-29 17:00 hold the first three).
 
     .venv/bin/python studies/validation_cpu/heldout/summary.py [FOLDER]
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from parsim.study.validate import spearman_rho
 
-MODELS = ("gpt", "llama", "deep")
+MODELS = ("gpt", "llama", "deep", "wide", "long")
 
 
 def summarise(folder: Path) -> str:
