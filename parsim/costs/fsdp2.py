@@ -63,9 +63,14 @@ def fsdp2_root_bytes(model: ModelSpec, plan: Plan, vstage: int) -> float:
     ``_fsdp_state._pre_forward`` / ``_root_post_backward_final_callback``). Bytes per device."""
     if not gathers_layers(plan.zero, plan.dp):
         return 0.0
-    root = (embedding_params(model, plan) if vstage == 0 else 0.0) + \
-        (head_params(model, plan) if vstage == plan.pp * plan.vpp - 1 else 0.0)
-    return root * plan_state_bytes(plan).param
+    return _root_params(model, plan, vstage) * plan_state_bytes(plan).param
+
+
+def _root_params(model: ModelSpec, plan: Plan, vstage: int) -> float:
+    """Parameters of a virtual stage's root unit on one device: the embedding on the first, the
+    final norm and head on the last (``params.embedding_params`` / ``head_params``), none between."""
+    return ((embedding_params(model, plan) if vstage == 0 else 0.0)
+            + (head_params(model, plan) if vstage == plan.pp * plan.vpp - 1 else 0.0))
 
 
 def fsdp2_root_post_backward(model: ModelSpec, plan: Plan, vstage: int, held: float,
@@ -86,7 +91,7 @@ def fsdp2_root_post_backward(model: ModelSpec, plan: Plan, vstage: int, held: fl
     last = plan.pp * plan.vpp - 1
     if plan.zero < 2 or plan.dp <= 1 or vstage not in (0, last):
         return 0.0, 0.0
-    root = (embedding_params(model, plan) if vstage == 0 else 0.0) + (head_params(model, plan) if vstage == last else 0.0)
+    root = _root_params(model, plan, vstage)
     sb = plan_state_bytes(plan)
     first = sb.grad * padded_vocab(model, plan) * model.hidden / plan.tp
     many = plan.num_microbatches > 1

@@ -119,8 +119,10 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
     counts = stage_layers(model, plan)
     groups = [layer_recompute(plan, s, n) for s, n in enumerate(counts)]
     stash = _stashes(model, plan, groups)
-    roots = [fsdp2_root_post_backward(model, plan, s, gathered + fsdp2_root_bytes(model, plan, s),
-                                      copies_input) if fsdp2 else (0.0, 0.0) for s in range(len(groups))]
+    # what every action of a stage holds: ZeRO-3's gathered layers, and under FSDP2 its root unit
+    held = [gathered + (fsdp2_root_bytes(model, plan, s) if fsdp2 else 0.0) for s in range(len(groups))]
+    roots = [fsdp2_root_post_backward(model, plan, s, held[s], copies_input)
+             for s in range(len(groups))] if fsdp2 else None
     full = [sum(n for n, policy in g if policy == "full") for g in groups]     # ``_full_layers`` of each stage
     weight_working = [in_backward if in_backward else _rank_weight_working(model, plan, r) for r in range(plan.pp)]
     kept_all, kept_input = layer_activation_bytes(model, plan, "none"), layer_activation_bytes(model, plan, "full")
@@ -147,9 +149,7 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
             split = dict(kept=counts[s] * layer_dy + (head_dy if s == last else 0.0),
                          backward_input=working(r, False, transient),
                          backward_weight=residue[r] + weight_working[r])
-        root = fsdp2_root_bytes(model, plan, s) if fsdp2 else 0.0
-        out.append(StageFootprint(footprint.held_bytes(stash[s], s == last, output), backward, gathered + root,
-                                  **split))
+        out.append(StageFootprint(footprint.held_bytes(stash[s], s == last, output), backward, held[s], **split))
     return out
 
 
