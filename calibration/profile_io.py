@@ -26,10 +26,13 @@ import yaml
 # and a CPU's attention surface on the FLOPs torch's flash kernel executes,
 # ``RooflineFit.executed``; 12: the synthetic stages over rounds spread across the run,
 # ``calibration.stages.StageRounds``; 13: the collectives measured with the executor's process
-# groups held, ``insitu.executor_groups``, and the in-situ latencies over 60 samples): a quick
+# groups held, ``insitu.executor_groups``, and the in-situ latencies over 60 samples; 14: under
+# ``PARSIM_HOST_MEMORY=keep`` gloo's worker threads share the main arena, so a collective's
+# temporaries over 64 MiB reuse freed memory instead of faulting in fresh pages,
+# ``executor.host_alloc``): a quick
 # profile kept for a host by an older calibration is then measured again, not reused
 # (``parsim.api.hardware.kept_profile_refused``). Profiles without the key are format 1.
-FORMAT = 13
+FORMAT = 14
 
 
 def write_profile(profile: dict[str, Any], path: str | Path) -> Path:

@@ -9,39 +9,56 @@ import warnings
 import pytest
 
 SCRIPT = """
-import json, resource, sys
+import json, resource, sys, threading
 import torch
 from parsim.executor.host_alloc import keep_freed_host_memory
 applied = [keep_freed_host_memory(), keep_freed_host_memory()] if sys.argv[1] == "keep" else None   # idempotent
-for _ in range(8):                              # the heap grows to hold it: in a process this light, a
+elements = int(sys.argv[2])
+out = {"applied": applied}
+
+def churn():
+    for _ in range(8):                          # the heap grows to hold it: in a process this light, a
                                                 # 64-byte-aligned block does not fit the one freed before it
                                                 # until ~6 blocks have grown the heap (glibc memalign)
-    x = torch.ones(12 * 2**20)                  # 48 MiB (above glibc's largest mmap threshold), freed and
-    del x                                       # re-allocated as a backward's gradient buffers are
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(10):
-    x = torch.ones(12 * 2**20)
-    del x
-print(json.dumps({"applied": applied, "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before}))
+        x = torch.ones(elements)                # freed and re-allocated as a backward's gradient buffers,
+        del x                                   # or a gloo collective's temporaries, are
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(10):
+        x = torch.ones(elements)
+        del x
+    out["faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+if sys.argv[3] == "thread":                     # as a process group's worker thread allocates
+    worker = threading.Thread(target=churn)
+    worker.start()
+    worker.join()
+else:
+    churn()
+print(json.dumps(out))
 """
 
 
-def _faults(mode: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=120, check=True)
+def _faults(mode: str, elements: int, where: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", SCRIPT, mode, str(elements), where], capture_output=True, text=True,
+                         timeout=120, check=True)
     return json.loads(out.stdout)
 
 
-def test_kept_freed_memory_is_reused_without_page_faults():
+# 48 MiB on the main thread (above glibc's largest mmap threshold, 32 MiB); 96 MiB on another
+# thread (above a per-thread arena's largest heap, 64 MiB: glibc maps such a block fresh whatever
+# M_MMAP_MAX says, unless every thread shares the main arena)
+@pytest.mark.parametrize("elements,where", [(12 * 2**20, "main"), (24 * 2**20, "thread")])
+def test_kept_freed_memory_is_reused_without_page_faults(elements, where):
     pytest.importorskip("torch")
     if not sys.platform.startswith("linux"):
         pytest.skip("glibc mallopt")
-    default, kept = _faults("default"), _faults("keep")
+    default, kept = _faults("default", elements, where), _faults("keep", elements, where)
     assert kept["applied"] == [True, True]
-    block = 48 * 2**20 // 4096                      # a tensor's 12,288 pages of 4 KiB
+    block = elements * 4 // 4096                    # the pages a tensor spans (4 KiB each)
     assert default["faults"] > 0.8 * 10 * block     # by default every re-allocation touches fresh pages
     # reused: at most a re-allocation or two that still grow the heap, each faulting in the pages
-    # its block spans -- 12,289 when it does not start on a page boundary (posix_memalign to 64
-    # bytes; one run measured 2 x 12,288 + 1)
+    # its block spans -- one more when it does not start on a page boundary (posix_memalign to 64
+    # bytes; one run measured 2 x 12,288 + 1 for 48 MiB)
     assert kept["faults"] <= 2 * (block + 1)
 
 
