@@ -29,10 +29,16 @@ def read_run(run: Path) -> dict:
     out = {"run": run.name}
     for part in (profile_part, rest):
         for label, (key, target, sense) in TARGETS.items():
-            m = re.search(re.escape(label) + r"\s+([0-9.]+)", part)
+            m = re.search(re.escape(label) + r"\s+([0-9.]+)(.*)", part)
             if m and key not in out:
                 value = float(m.group(1))
-                missed = value > target if sense == "<=" else value < target
+                # the summary's own verdict where it printed one: it compares the unrounded value
+                # (a fit report of 5.0016 % prints 5.0 and misses)
+                verdict = m.group(2).strip()
+                if verdict.endswith(("met", "MET")):
+                    missed = verdict.endswith("NOT MET")
+                else:
+                    missed = value > target if sense == "<=" else value < target
                 out[key] = f"{m.group(1)}{'*' if missed else ''}"
     worst = max((ln for ln in text.splitlines() if ln.startswith("heldout-")),
                 key=lambda ln: abs(float(ln.split()[-3].rstrip("%"))))
