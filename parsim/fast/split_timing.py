@@ -43,7 +43,7 @@ from .tables import (H_EMB_BWD, H_EMB_FWD, H_HEAD_BWD, H_HEAD_BWD_W, H_HEAD_FWD,
                      L_TP_RECOMPUTE, L_TP_W_RECOMPUTE, L_W_RECOMPUTE)
 from .dp_end import (_scatter_end, _sync_rounds, blocked_exposed, blocked_zero2_post, rank_scatters,
                      tie_embedding)
-from .timing import _held, _holds, _plan_terms, held_send, rank_scatters_owed
+from .timing import _held, _holds, _plan_terms, held_send, rank_scatters_owed, zero3_unwaited
 from .port import P_ON, Q_B, Q_W, layer_queues, port_rows, queue_node
 from .zero3 import chained, chained_backward, chunk_paid, split_owed
 
@@ -231,7 +231,9 @@ def plan_time_split(out, plan, lrow, hrow, ranks, send, sync, nodes, m_played):
     t = _plan_terms(plan, lrow, hrow, ranks)
     shared, q = layer_queues(t, lrow, ranks)
     passes = pass_times(plan, t, lrow, hrow, ranks, shared, q)
-    unwaited = t.f_wait - t.gather if t.zero3 else 0.0     # ``fast.timing._fill_unwaited``
+    # a first forward waits for no reduce-scatter: ZeRO-3's gather (ZeRO-2's TP collectives
+    # queue on the port node by node, ``queue_node``)
+    unwaited = zero3_unwaited(t)
     makespan, busy, grad, first, added = play(plan, nodes, passes, send, port_rows(plan, t, lrow, ranks, shared, q),
                                               unwaited)
     slope, work, held = period(plan, passes, send)

@@ -216,16 +216,22 @@ def _backward(t, L, vpp):
 
 
 @numba.njit(cache=True, inline="always")
+def zero3_unwaited(t):
+    """ZeRO-3: seconds of a forward's first gather wait behind the previous backward's last
+    reduce-scatter (what ``f_wait`` counts beyond the gather: 1F1B, interleaved), which a forward
+    no backward precedes does not wait; 0 otherwise."""
+    return t.f_wait - t.gather if t.zero3 else 0.0
+
+
+@numba.njit(cache=True, inline="always")
 def _fill_unwaited(plan, t):
     """Seconds of a rank's per-microbatch waits behind a previous backward's DP transfers that
     its first forwards, in the pipeline's fill, do not wait: ZeRO-2's TP collectives behind the
-    reduce-scatters (``f_wait``), ZeRO-3's first gather behind the last reduce-scatter (what
-    ``f_wait`` counts beyond the gather: 1F1B, interleaved)."""
+    reduce-scatters (``f_wait``), ZeRO-3's first gather behind the last reduce-scatter
+    (``zero3_unwaited``)."""
     if t.zero2:
         return plan.vpp * t.f_wait
-    if t.zero3:
-        return plan.vpp * (t.f_wait - t.gather)
-    return 0.0
+    return plan.vpp * zero3_unwaited(t)
 
 
 @numba.njit(cache=True, inline="always")

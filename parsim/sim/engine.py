@@ -40,6 +40,7 @@ import simpy
 
 from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, p2p_holds_sender, stage_params,
                           state_bytes, zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
+from parsim.costs.fsdp2 import uses_fsdp2
 from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing
 from parsim.costs.optimizer import (layer_from_host_s, layer_shard_bytes, rank_tensor_sizes, rank_tensors,
                                    tied_embedding_sync)
@@ -112,10 +113,10 @@ class Simulation:
         self.layout = RankLayout(plan.dp, plan.tp, plan.pp)
         self.num_stages = plan.pp * plan.vpp
         self.shapes = stage_shapes(model, plan)
-        self.footprints = stage_footprints(model, plan, cluster.device.tables.fsdp2_copies,
-                                           reduce_scatter_copies(cluster))
+        fsdp2 = uses_fsdp2(cluster)     # ZeRO-2/3 as FSDP2 runs them (costs.fsdp2)
+        self.footprints = stage_footprints(model, plan, fsdp2, reduce_scatter_copies(cluster))
         # per pipeline rank: (parameter bytes released, temporaries held) while its optimizer steps
-        self.step_bytes = optimizer_step_bytes(model, plan, cluster.device.tables.fsdp2_copies)
+        self.step_bytes = optimizer_step_bytes(model, plan, fsdp2)
         self.state = state_bytes(plan.dtype)
         self.rank_params, self.rank_optimizer_tensors = stage_params(model, plan), rank_tensors(cluster, model, plan)
         self.rank_optimizer_sizes = rank_tensor_sizes(cluster, model, plan)
@@ -140,7 +141,7 @@ class Simulation:
         # collectives waited for in place where FSDP2 has no side streams (CPU), and the
         # copy-in / copy-out of its flat communication buffers on the compute stream
         self.zero_blocking = cluster.device.tables.zero_blocking
-        self.zero_copies = cluster.device.tables.fsdp2_copies
+        self.zero_copies = fsdp2
         self.param_shard_bytes = layer_shard_bytes(model, plan)
         self.param_h2d_s = layer_from_host_s(cluster, model, plan)
         self.num_events = 0
