@@ -57,12 +57,14 @@ class GridPlan:
     membound: list[MemboundPoint]
     stages: list[tuple[ModelSpec, int]]
     membound_passes: int = 1
+    attention_other: dict[str, list[AttentionPoint]] = field(default_factory=dict)   # other dtypes' attention
 
 
 @dataclass
 class GridResults:
     gemm: dict[str, list[tuple[GemmPoint, Summary]]] = field(default_factory=dict)
     attention: list[tuple[AttentionPoint, Summary, Summary]] = field(default_factory=list)
+    attention_other: dict[str, list[tuple[AttentionPoint, Summary, Summary]]] = field(default_factory=dict)
     membound: list[tuple[MemboundPoint, Summary, Summary | None]] = field(default_factory=list)
     stages: list[tuple[ModelSpec, int, Summary, Summary]] = field(default_factory=list)
     stage_rounds: Any = None    # the stages' ``stages.StageRounds`` (``stages`` summarizes it)
@@ -87,24 +89,31 @@ def plan_grid(device_type: str, dtype: str, size: GridSize, rates: dict[str, flo
     call_s = size.call_s or ranges_for(device_type).call_s
     gemm = {dtype: [p for form, count in size.gemm
                     for p in gemm_grid(device_type, form, count, rates[dtype] * call_s)]}
-    for other in DTYPES:
-        if other != dtype and other in rates and size.other_dtype:
-            gemm[other] = gemm_grid(device_type, "linear", size.other_dtype, rates[other] * call_s, seed=1)
-    return GridPlan(gemm=gemm, attention=attention_grid(device_type, size.attention, rates[dtype] * call_s),
+    others = [dt for dt in DTYPES if dt != dtype and dt in rates and size.other_dtype]
+    for other in others:
+        gemm[other] = gemm_grid(device_type, "linear", size.other_dtype, rates[other] * call_s, seed=1)
+    # Attention in every other dtype too, at the calibrated dtype's FLOP cap: a 16-bit run's SDPA
+    # on a CPU is torch's flash kernel accumulating in fp32, no faster than fp32's (2-vCPU AMD VM,
+    # 11-29: heldout-gpt's layer, 3.3 / 7.1 ms forward / backward in bf16 under autocast, 3.2 /
+    # 7.3 in fp32), which no GEMM rate can tell; on a GPU the 16-bit kernels are the ones used.
+    attention_cap = rates[dtype] * call_s
+    return GridPlan(gemm=gemm, attention=attention_grid(device_type, size.attention, attention_cap),
                     membound=membound_grid(device_type, dtype, size.membound),
-                    stages=stages(device_type, quick) + list(extra_stages), membound_passes=size.membound_passes)
+                    stages=stages(device_type, quick) + list(extra_stages), membound_passes=size.membound_passes,
+                    attention_other={dt: attention_grid(device_type, size.attention, attention_cap, seed=1)
+                                     for dt in others})
 
 
 def steps_of(plan: GridPlan, repeats: int) -> int:
     """Progress-bar steps ``measure_grid`` reports."""
-    return (repeats * len(plan.gemm) + len(plan.attention) + plan.membound_passes * len(plan.membound)
-            + len(plan.stages))
+    return (repeats * len(plan.gemm) + len(plan.attention) + sum(map(len, plan.attention_other.values()))
+            + plan.membound_passes * len(plan.membound) + len(plan.stages))
 
 
 def measure_grid(plan: GridPlan, dtype: str, clock, repeats: int, gemm_budget_s: float, op_budget_s: float,
                  step: Callable[[str], None]) -> GridResults:
     """Every point of ``plan``: GEMMs of a dtype sampled round-robin (``timer.measure_many``),
-    then attention one by one, the memory-bound ops in ``membound_passes`` passes over all of
+    then attention one by one (the calibrated dtype's, then the others'), the memory-bound ops in ``membound_passes`` passes over all of
     them (each point the median of its passes: ``median_of``), and a first round of the stages
     (``stages.StageRounds``)."""
     from . import compute
@@ -125,6 +134,11 @@ def measure_grid(plan: GridPlan, dtype: str, clock, repeats: int, gemm_budget_s:
     for p in plan.attention:
         out.attention.append((p, *compute.bench_attention(p, dtype, clock, repeats, op_budget_s, "sdpa")))
         step(f"grid attention bh={p.batch_heads} s={p.seq}")
+    for dt, points in plan.attention_other.items():
+        for p in points:
+            out.attention_other.setdefault(dt, []).append(
+                (p, *compute.bench_attention(p, dt, clock, repeats, op_budget_s, "sdpa")))
+            step(f"grid attention {dt} bh={p.batch_heads} s={p.seq}")
     passes: list[list[tuple]] = []
     for k in range(plan.membound_passes):
         passes.append([])

@@ -113,15 +113,21 @@ def attention_surfaces(results: list, dtype: str, overlap: bool, out: Surfaces, 
     """Fused causal attention per pass over (seq, head dim, batch x heads) on the counted FLOPs,
     or with ``cpu_flash`` (torch's CPU kernel) on those it executes: it skips no key block up to
     s = 512 and a quarter at 1024 (``costs.flops.cpu_flash_causal_fraction``), a step a surface
-    smooth in s cannot follow on the counted FLOPs."""
-    if len(results) < roofline_params(3, False) + 2:
+    smooth in s cannot follow on the counted FLOPs. Each pass's surface may add seconds per
+    (batch, head) pair (``per_batch`` over batch x heads) where that predicts the left-out points
+    better: the CPU kernel loops over (batch, head, query block) and, in 16 bits, its backward
+    pays per head for fp32 accumulators (2-vCPU AMD VM, 11-29, torch 2.13: bf16 backward
+    25-165 us more per head than fp32's at s 32-480; leave-out 90 % without the term, 18 % with)."""
+    if len(results) < roofline_params(3, True) + 2:
         return
     dims = [(p.seq, p.head_dim, p.batch_heads) for p, _, _ in results]
+    heads = [p.batch_heads for p, _, _ in results]
     share = [cpu_flash_causal_fraction(p.seq) if cpu_flash else 1.0 for p, _, _ in results]
     for pass_, column, factor in (("fwd", 1, 1.0), ("bwd", 2, ATTENTION_BWD_FACTOR)):
         pts = Points.of([factor * p.fwd_flops * f for (p, *_), f in zip(results, share)], dims,
-                        [r[column].median for r in results])
-        fit, report = roofline_with_report(pts, overlap=overlap)
+                        [r[column].median for r in results], heads)
+        fit, report = min((roofline_with_report(pts, per_batch=per_head, overlap=overlap)
+                           for per_head in (False, True)), key=lambda fr: fr[1].median)
         out.attention.setdefault(dtype, {})[pass_] = replace(fit, executed=cpu_flash)
         out.report[f"attention.{dtype}.{pass_}"] = report
 
@@ -176,6 +182,8 @@ def fit_surfaces(grid, dtype: str, sms: int | None = None, overlap: bool = False
     out = Surfaces()
     gemm_surfaces(grid.gemm, dtype, sms, overlap, out)
     attention_surfaces(grid.attention, dtype, overlap, out, cpu_flash)
+    for other, results in grid.attention_other.items():
+        attention_surfaces(results, other, overlap, out, cpu_flash)
     membound_surfaces(grid.membound, out, overhead, caches)
     return out
 

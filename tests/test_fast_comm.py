@@ -89,9 +89,10 @@ def test_rank_rows_hold_the_optimizer_step_of_costs(cluster_name, zero, offload,
 def test_optimizer_step_shards_over_dp_from_zero_1_and_runs_on_the_host_with_offload():
     cluster = load_cluster("a100-80g:8")
     n = 1e9
-    plain = optimizer_step(cluster, Plan(dp=8, zero=0), n)
-    sharded = optimizer_step(cluster, Plan(dp=8, zero=1), n)
-    offloaded = optimizer_step(cluster, Plan(dp=8, zero=2, offload="optimizer"), n)
+    gpu = dict(stack="megatron-core")       # 16-bit parameters (an "auto" plan reads as torch's autocast)
+    plain = optimizer_step(cluster, Plan(dp=8, zero=0, **gpu), n)
+    sharded = optimizer_step(cluster, Plan(dp=8, zero=1, **gpu), n)
+    offloaded = optimizer_step(cluster, Plan(dp=8, zero=2, offload="optimizer", **gpu), n)
     assert plain.params == n and sharded.params == offloaded.params == n / 8
     assert plain.step_s == timing.optimizer_time(cluster, n, "bf16")
     assert sharded.step_s == timing.optimizer_time(cluster, n / 8, "bf16")
@@ -99,7 +100,7 @@ def test_optimizer_step_shards_over_dp_from_zero_1_and_runs_on_the_host_with_off
     assert offloaded.grads_to_host_bytes == n / 8 * state_bytes("bf16").grad
     assert offloaded.params_from_host_s == timing.host_transfer_time(cluster, n / 8 * state_bytes("bf16").param)
     assert plain.grads_to_host_s == plain.params_from_host_s == 0.0
-    looped = optimizer_step(_with_per_tensor(cluster, 7e-5), Plan(dp=8, zero=2, offload="optimizer"), n, 291.0)
+    looped = optimizer_step(_with_per_tensor(cluster, 7e-5), Plan(dp=8, zero=2, offload="optimizer", **gpu), n, 291.0)
     assert looped.tensors == 291.0 and looped.step_s == pytest.approx(offloaded.step_s + 291.0 * 7e-5, rel=1e-12)
 
 

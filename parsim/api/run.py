@@ -89,7 +89,7 @@ class RunPlan:
 def run_estimate(model, cluster, plan, tokens: float, step_time_s: float, reliability: Reliability,
                  step_source: str) -> RunPlan:
     """The run estimate for specs already loaded and a step time already known."""
-    from parsim.costs import state_bytes, total_params
+    from parsim.costs import plan_state_bytes, total_params
     from parsim.costs.goodput import Reliability as Inputs
     from parsim.costs.goodput import checkpoint_bytes, estimate_run
     if not tokens > 0:
@@ -97,7 +97,7 @@ def run_estimate(model, cluster, plan, tokens: float, step_time_s: float, reliab
     r = reliability
     power = cluster.device.power_w if r.power_w is None else r.power_w
     source = cluster.device.power_source if r.power_w is None else "given"
-    sb = state_bytes(plan.dtype)
+    sb = plan_state_bytes(plan)
     ckpt = checkpoint_bytes(total_params(model), sb.param, sb.optimizer)
     inputs = Inputs(r.device_mtbf_h * HOUR, r.node_mtbf_h * HOUR, r.write_bandwidth, r.read_bandwidth, r.restart_s)
     est = estimate_run(tokens, plan.gbs * model.seq_len, step_time_s, cluster.num_devices, cluster.num_nodes, ckpt,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from parsim.specs import ModelSpec, Plan, plan_stack
 
-from .memory import state_bytes
+from .memory import plan_state_bytes
 from .ops import DTYPE_BYTES
 from .params import layer_params, stage_params
 
@@ -24,12 +24,23 @@ class Collective:
     after: str = ""  # the op (parsim.costs.ops name) it follows; "" = at the layer start
 
 
-def microbatch_activation_bytes(model: ModelSpec, plan: Plan) -> float:
-    """b*s*h activations of one microbatch in the training dtype, bytes: the full buffer of every
-    TP collective between a layer's ops (Shoeybi et al. 2019 Fig. 3; with SP its all-gathers'
-    output and reduce-scatters' input, Korthikanti et al. 2022 Sec. 4.2.2) and, over t, the
-    pipeline send (``p2p_bytes``)."""
-    return float(plan.mbs * model.seq_len * model.hidden * DTYPE_BYTES[plan.dtype])
+def microbatch_activation_bytes(model: ModelSpec, plan: Plan, element_bytes: float | None = None) -> float:
+    """b*s*h activations of one microbatch in the training dtype (or ``element_bytes`` each),
+    bytes: the full buffer of every TP collective between a layer's ops (Shoeybi et al. 2019
+    Fig. 3; with SP its all-gathers' output and reduce-scatters' input, Korthikanti et al. 2022
+    Sec. 4.2.2) and, over t, the pipeline send (``p2p_bytes``)."""
+    e = DTYPE_BYTES[plan.dtype] if element_bytes is None else element_bytes
+    return float(plan.mbs * model.seq_len * model.hidden * e)
+
+
+def _tp_buffers(model: ModelSpec, plan: Plan) -> tuple[float, float]:
+    """(bytes of a TP collective on a GEMM's 16-bit output or its gradient, bytes of one on the
+    residual stream's side: a norm's output entering the TP region, the embedding's output, or
+    their gradients). Equal, except under ``torch.autocast`` (``saved.precision``), where the
+    residual stream, the norms and the embedding stay fp32 (the executor's TP functions run on
+    what they are given: ``executor/tp_communications.py``)."""
+    from .saved import precision
+    return microbatch_activation_bytes(model, plan), microbatch_activation_bytes(model, plan, precision(plan).res)
 
 
 def tp_collectives_per_layer(model: ModelSpec, plan: Plan, phase: str) -> list[Collective]:
@@ -39,27 +50,27 @@ def tp_collectives_per_layer(model: ModelSpec, plan: Plan, phase: str) -> list[C
     all-reduces the input gradients of QKV and MLP-up ("f") (Shoeybi et al. 2019, Fig. 3).
     With SP: each all-reduce becomes reduce-scatter + all-gather (Korthikanti et al. 2022,
     Sec. 4.2.2): forward all-gathers before QKV and MLP-up and reduce-scatters after
-    attention-out and MLP-down; backward mirrors it. Buffer = b*s*h activations.
+    attention-out and MLP-down; backward mirrors it. Buffer = b*s*h activations (``_tp_buffers``: fp32 on the residual side under autocast).
     """
     if plan.tp == 1:
         return []
-    nbytes = microbatch_activation_bytes(model, plan)
+    out, res = _tp_buffers(model, plan)     # GEMM outputs' side, the residual stream's side
     up = "mlp_up_gate" if model.activation == "swiglu" else "mlp_up"
     if not plan.sp:
         if phase == "fwd":
-            return [Collective("all_reduce", nbytes, "tp", "attn_allreduce", after="attn_out"),
-                    Collective("all_reduce", nbytes, "tp", "mlp_allreduce", after="mlp_down")]
-        return [Collective("all_reduce", nbytes, "tp", "mlp_in_grad_allreduce", after=up),
-                Collective("all_reduce", nbytes, "tp", "attn_in_grad_allreduce", after="qkv")]
+            return [Collective("all_reduce", out, "tp", "attn_allreduce", after="attn_out"),
+                    Collective("all_reduce", out, "tp", "mlp_allreduce", after="mlp_down")]
+        return [Collective("all_reduce", res, "tp", "mlp_in_grad_allreduce", after=up),
+                Collective("all_reduce", res, "tp", "attn_in_grad_allreduce", after="qkv")]
     if phase == "fwd":
-        return [Collective("all_gather", nbytes, "tp", "attn_in_allgather", after="input_norm"),
-                Collective("reduce_scatter", nbytes, "tp", "attn_out_reducescatter", after="attn_out"),
-                Collective("all_gather", nbytes, "tp", "mlp_in_allgather", after="post_attn_norm"),
-                Collective("reduce_scatter", nbytes, "tp", "mlp_out_reducescatter", after="mlp_down")]
-    return [Collective("all_gather", nbytes, "tp", "mlp_out_grad_allgather", after="mlp_residual"),
-            Collective("reduce_scatter", nbytes, "tp", "mlp_in_grad_reducescatter", after=up),
-            Collective("all_gather", nbytes, "tp", "attn_out_grad_allgather", after="attn_residual"),
-            Collective("reduce_scatter", nbytes, "tp", "attn_in_grad_reducescatter", after="qkv")]
+        return [Collective("all_gather", res, "tp", "attn_in_allgather", after="input_norm"),
+                Collective("reduce_scatter", out, "tp", "attn_out_reducescatter", after="attn_out"),
+                Collective("all_gather", res, "tp", "mlp_in_allgather", after="post_attn_norm"),
+                Collective("reduce_scatter", out, "tp", "mlp_out_reducescatter", after="mlp_down")]
+    return [Collective("all_gather", out, "tp", "mlp_out_grad_allgather", after="mlp_residual"),
+            Collective("reduce_scatter", res, "tp", "mlp_in_grad_reducescatter", after=up),
+            Collective("all_gather", out, "tp", "attn_out_grad_allgather", after="attn_residual"),
+            Collective("reduce_scatter", res, "tp", "attn_in_grad_reducescatter", after="qkv")]
 
 
 def tp_collectives_edge(model: ModelSpec, plan: Plan, part: str, phase: str) -> list[Collective]:
@@ -78,7 +89,7 @@ def tp_collectives_edge(model: ModelSpec, plan: Plan, part: str, phase: str) -> 
     ``parsim.executor`` stacks them into one of 2*b*s, as modelled here."""
     if plan.tp == 1:
         return []
-    act = microbatch_activation_bytes(model, plan)
+    act = _tp_buffers(model, plan)[1]       # the embedding's output, the final norm's: the stream's
     tokens = float(plan.mbs * model.seq_len)
     fwd = phase == "fwd"
     if part == "embedding":
@@ -121,23 +132,23 @@ def p2p_holds_sender(plan: Plan, schedule: str | None = None) -> bool:
 
 def dp_grad_bytes(model: ModelSpec, plan: Plan, pp_rank: int) -> float:
     """Gradient bytes a device reduces over its DP group per step (its stage's grads)."""
-    return stage_params(model, plan)[pp_rank] * state_bytes(plan.dtype).grad
+    return stage_params(model, plan)[pp_rank] * plan_state_bytes(plan).grad
 
 
 def dp_param_bytes(model: ModelSpec, plan: Plan, pp_rank: int) -> float:
     """Parameter bytes a ZeRO-1/2 device all-gathers after its sharded optimizer step."""
-    return stage_params(model, plan)[pp_rank] * state_bytes(plan.dtype).param
+    return stage_params(model, plan)[pp_rank] * plan_state_bytes(plan).param
 
 
 def zero3_gather_bytes_per_layer(model: ModelSpec, plan: Plan) -> float:
     """ZeRO-3: parameter bytes all-gathered per layer, in forward and again in backward
     (Rajbhandari et al. 2020 Sec. 7.2.2: 3x the DP volume in all)."""
-    return layer_params(model, plan.tp) * state_bytes(plan.dtype).param
+    return layer_params(model, plan.tp) * plan_state_bytes(plan).param
 
 
 def zero3_reduce_scatter_bytes_per_layer(model: ModelSpec, plan: Plan) -> float:
     """ZeRO-3: gradient bytes reduce-scattered per layer in backward."""
-    return layer_params(model, plan.tp) * state_bytes(plan.dtype).grad
+    return layer_params(model, plan.tp) * plan_state_bytes(plan).grad
 
 
 def dp_buckets(total_bytes: float, bucket_bytes: int) -> list[float]:

@@ -96,7 +96,8 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     kv = model.kv_hidden // t
     f = model.ffn_hidden // t
     stack = plan_stack(plan)
-    ops = [_norm("input_norm", tok_sp * h, e, model, stack), _gemm("qkv", tokens, h // t + 2 * kv, h)]
+    r = _residual_bytes(plan)                            # the residual stream's (fp32 under autocast)
+    ops = [_norm("input_norm", tok_sp * h, r, model, stack), _gemm("qkv", tokens, h // t + 2 * kv, h)]
     if model.position == "rope":
         # rotary embedding of q and k (Su et al. 2021): read and written once by a fused kernel
         # (Megatron-Core / TE ``apply_rotary_pos_emb`` fused), forward and backward (the
@@ -121,8 +122,8 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
             ops.append(_membound("attn_dropout", b * heads * s * s, e, core=True))
         ops.append(_gemm("attn_values", s, d, s, batch=b * heads, has_weight=False, core=True))
     ops.append(_gemm("attn_out", tokens, h, h // t))
-    ops.append(_membound("attn_residual", tok_sp * h, e, reads=2.0))
-    ops.append(_norm("post_attn_norm", tok_sp * h, e, model, stack))
+    ops.append(_membound("attn_residual", tok_sp * h, r, reads=2.0))
+    ops.append(_norm("post_attn_norm", tok_sp * h, r, model, stack))
     if model.activation == "swiglu":
         ops.append(_gemm("mlp_up_gate", tokens, 2 * f, h))
         ops.append(_membound("swiglu", tokens * f, e, reads=2.0, eager="swiglu" if stack.eager_swiglu else ""))
@@ -130,10 +131,54 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
         ops.append(_gemm("mlp_up", tokens, f, h))
         ops.append(_membound("gelu", tokens * f, e))
     ops.append(_gemm("mlp_down", tokens, h, f))
-    ops.append(_membound("mlp_residual", tok_sp * h, e, reads=2.0))
+    ops.append(_membound("mlp_residual", tok_sp * h, r, reads=2.0))
+    ops += _layer_casts(model, plan)
     from .params import layer_params   # params imports this module
     ops.append(_grad_accumulation("layer_grad_accumulate", layer_params(model, t), plan))
     return ops
+
+
+def _residual_bytes(plan: Plan) -> float:
+    """Bytes per element of the residual stream, the norms and the embedding's output: the
+    plan's dtype, fp32 under ``torch.autocast`` (``saved.precision``)."""
+    from .saved import precision      # saved imports this module
+    return precision(plan).res
+
+
+def _cast_op(name: str, fwd_elements: float, bwd_elements: float, plan: Plan) -> list[Op]:
+    """Autocast's dtype conversions as one memory-bound op (none without autocast): each element
+    read in one dtype and written in the other, fp32 (4 bytes) and the plan's 16-bit type (e),
+    forward and backward, priced at the device's streaming rate (``timing.membound_time``:
+    no calibration times a cast alone)."""
+    from .saved import FP32_BYTES, precision
+    p = precision(plan)
+    if not p.casts:
+        return []
+    per = FP32_BYTES + p.act
+    return [_membound(name, fwd_elements, 1, reads=per, writes=0.0, bwd_factor=bwd_elements / fwd_elements)]
+
+
+def _layer_casts(model: ModelSpec, plan: Plan) -> list[Op]:
+    """The conversions ``torch.autocast`` adds to one layer (counted with a TorchDispatchMode over
+    the executor's layer, heldout-gpt / -llama / -deep, torch 2.13; aten ``_to_copy``):
+
+    * forward: every GEMM weight to 16 bits (its cached copy, ``saved.weight_copies``) and the
+      fp32 norm output to 16 bits once per GEMM reading it (q, k, v, up(, gate):
+      ``saved.gemm_inputs``); attention-out and MLP-down read 16-bit outputs, no cast;
+    * backward: each of those gradients back to fp32 (the weight's into ``.grad``, the input's
+      into the residual stream), and the fp32 residual gradient to 16 bits for the two GEMMs
+      whose outputs join the stream (attention-out, MLP-down), on the tokens a residual sees."""
+    from .saved import layer_weight_copy_bytes, precision
+    p = precision(plan)
+    if not p.casts:
+        return []
+    tokens = plan.mbs * model.seq_len
+    tok_sp = tokens // plan.tp if plan.sp else tokens
+    gemm_rows = tokens if (not plan.sp or plan_stack(plan).sp_saves_gathered) else tok_sp
+    readers = 5 if model.activation == "swiglu" else 4
+    weights = layer_weight_copy_bytes(model, plan) / p.weight_copy
+    inputs = readers * gemm_rows * model.hidden
+    return _cast_op("autocast_casts", weights + inputs, weights + inputs + 2 * tok_sp * model.hidden, plan)
 
 
 # Bytes per gradient element of the accumulated (main) gradient: fp32, except fp16 training
@@ -160,8 +205,8 @@ def grad_accumulation_bytes(plan: Plan) -> tuple[float, bool]:
       4 bytes, the add reads 4 + 4 and writes 4, so 18 bytes per parameter. ZeRO-2/3 reduce
       every microbatch's gradient as it is made and accumulate only their 1/dp shard: not
       counted (as on GPUs for every other stack)."""
-    grad = GRAD_BYTES[plan.dtype]
     stack = plan_stack(plan)
+    grad = GRAD_BYTES["fp32" if stack.autocast else plan.dtype]       # autocast: fp32 .grad
     if not stack.autograd_grad_accumulation or plan.zero >= 2:
         return 3.0 * grad, False
     if stack.grad_copy_bytes(plan.dtype) > 0:
@@ -188,7 +233,7 @@ def embedding_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     VocabParallelEmbedding runs on its shard through ``F.embedding``) zero-fills a (V/t) x h
     gradient and adds the looked-up rows into it, so (V/t) * h * bytes more per microbatch,
     however few tokens there are."""
-    e = DTYPE_BYTES[plan.dtype]
+    e = _residual_bytes(plan)                 # the table's dtype: fp32 under autocast
     tokens = plan.mbs * model.seq_len
     from .params import embedding_params
     table = padded_vocab(model, plan) // plan.tp * model.hidden
@@ -206,17 +251,21 @@ def embedding_bwd_bytes(fwd_bytes: float, table_elements: float, act_bytes: int)
 def head_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     """Last stage: final norm, vocab-parallel logits GEMM (2*b*s*h*V/t FLOP, Narayanan 2021
     Eq. 3's last term), and softmax cross-entropy over the local vocab shard, on as many bytes
-    per logit as the stack's loss keeps (fp32: 4; a fused bf16 loss: 2; ``Stack.loss_logits_bytes``)."""
-    e = DTYPE_BYTES[plan.dtype]
+    per logit as the stack's loss keeps (fp32: 4; a fused bf16 loss: 2; ``Stack.loss_logits_bytes``).
+    Under autocast (``_cast_op``) the output weight and the fp32 norm output go to 16 bits and the
+    16-bit logits to fp32 for the loss, and each gradient back (counted as ``_layer_casts``)."""
+    e = _residual_bytes(plan)                 # the final norm's input: the residual stream
     t = plan.tp
     tokens = plan.mbs * model.seq_len
     tok_sp = tokens // t if plan.sp else tokens
     vocab_shard = padded_vocab(model, plan) // t
     stack = plan_stack(plan)
+    casts = (vocab_shard + tokens) * model.hidden + tokens * vocab_shard     # weight, input, logits
     return [
         _norm("final_norm", tok_sp * model.hidden, e, model, stack),
         _gemm("logits", tokens, vocab_shard, model.hidden),
         _membound("cross_entropy", tokens * vocab_shard, stack.loss_logits_bytes),
+        *_cast_op("head_casts", casts, casts, plan),
         _grad_accumulation("head_grad_accumulate", _head_params(model, plan), plan),
     ]
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parsim.specs import ClusterSpec, ModelSpec, Plan
+from parsim.specs import ClusterSpec, ModelSpec, Plan, plan_stack
 
-from .memory import state_bytes
+from .memory import plan_state_bytes
 from .ops import padded_vocab
 from .params import layer_params, optimizer_tensor_sizes, optimizer_tensors
 from .placement import rank_of_stage
@@ -73,7 +73,7 @@ def optimizer_step(cluster: ClusterSpec, plan: Plan, rank_params: float, tensors
     (``rank_tensor_sizes``; under ZeRO-2/3 every tensor is sharded 1/dp, FSDP2, and stepped as a
     DTensor: ``timing.optimizer_time``'s ``sharded``), under ``plan``."""
     shard = zero_shard(rank_params, plan.dp, plan.zero, 1)
-    sb = state_bytes(plan.dtype)
+    sb = plan_state_bytes(plan)
     on_host = plan.offload != "none"
     grads = on_host and plan.zero >= 2
     grad_bytes = shard * sb.grad if grads else 0.0
@@ -83,10 +83,17 @@ def optimizer_step(cluster: ClusterSpec, plan: Plan, rank_params: float, tensors
     return OptimizerStep(
         params=shard, on_host=on_host, grads_to_host=grads, grads_to_host_bytes=grad_bytes,
         grads_to_host_s=host_transfer_time(cluster, grad_bytes) if grads else 0.0,
-        tensors=tensors, step_s=optimizer_time(cluster, shard, plan.dtype, on_host=on_host, tensors=tensors,
+        tensors=tensors, step_s=optimizer_time(cluster, shard, optimizer_dtype(plan), on_host=on_host, tensors=tensors,
                                                sizes=sizes, sharded=plan.zero >= 2 and plan.dp > 1),
         params_from_host_bytes=param_bytes,
         params_from_host_s=host_transfer_time(cluster, param_bytes) if on_host else 0.0)
+
+
+def optimizer_dtype(plan: Plan) -> str:
+    """The dtype whose AdamW bytes (``timing.adamw_bytes_per_param``) a plan's step moves: fp32
+    under ``torch.autocast`` (``Stack.autocast``: the fp32 parameters are the master weights, no
+    16-bit model copy is written back), else the plan's."""
+    return "fp32" if plan_stack(plan).autocast else plan.dtype
 
 
 def bucket_to_host(cluster: ClusterSpec, plan: Plan, bucket_bytes: float) -> tuple[float, float]:
@@ -97,7 +104,7 @@ def bucket_to_host(cluster: ClusterSpec, plan: Plan, bucket_bytes: float) -> tup
 
 def layer_shard_bytes(model: ModelSpec, plan: Plan) -> float:
     """ZeRO-3: bytes of one layer's parameter shard on a rank (1/dp of its parameters)."""
-    return layer_params(model, plan.tp) * state_bytes(plan.dtype).param / plan.dp
+    return layer_params(model, plan.tp) * plan_state_bytes(plan).param / plan.dp
 
 
 def layer_from_host_s(cluster: ClusterSpec, model: ModelSpec, plan: Plan) -> float:

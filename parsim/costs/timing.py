@@ -194,7 +194,7 @@ def _attention_time(device: DeviceProfile, op: Op, pass_: str, dtype: str, flops
     fit = device.tables.attention_fit(dtype, "fwd" if pass_ == "fwd" else "bwd")
     if fit is not None:
         work = flops * cpu_flash_causal_fraction(op.shape[0]) if fit.executed else flops
-        return fit.seconds(work, (op.shape[0], op.shape[2], op.batch))
+        return fit.seconds(work, (op.shape[0], op.shape[2], op.batch), op.batch)     # batch x heads
     table = device.tables.attention_table(dtype)
     if table is not None:
         return flops / _attention_rate(table, op, pass_) + device.kernel_overhead_s

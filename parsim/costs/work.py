@@ -10,7 +10,7 @@ import math
 from parsim.specs import ClusterSpec, ModelSpec, Plan
 from parsim.specs.bounds import WorkEstimate, check_work, estimate_work
 
-from .memory import state_bytes
+from .memory import plan_state_bytes
 from .params import stage_params
 
 
@@ -19,7 +19,7 @@ def gradient_buckets(model: ModelSpec, plan: Plan, mode: str = "representative",
     ``replicas``: devices simulated per pipeline rank (``bounds.estimate_work``)."""
     if plan.dp == 1:
         return 0
-    per_param = state_bytes(plan.dtype).grad
+    per_param = plan_state_bytes(plan).grad
     per_pipeline = sum(math.ceil(p * per_param / plan.dp_bucket_bytes) for p in stage_params(model, plan))
     if replicas is None:
         replicas = plan.dp * plan.tp if mode == "full" else 1

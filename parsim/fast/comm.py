@@ -47,7 +47,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from parsim.costs import (embedding_params, head_params, state_bytes, zero3_gather_bytes_per_layer,
+from parsim.costs import (embedding_params, head_params, plan_state_bytes, zero3_gather_bytes_per_layer,
                           zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs import timing
 from parsim.costs.comm import bucket_split
@@ -130,9 +130,9 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
     (the parameter-server column only when ``with_ps``: it walks every worker); the output head
     on ``head_rank`` (default the last: loop placement; rank 0 under V placement)."""
     head_rank = pp - 1 if head_rank is None else head_rank
-    sb = state_bytes(WORDS["dtype"][dtype])
     out = np.zeros((pp, C_WIDTH))
     plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, dtype=WORDS["dtype"][dtype], stack=stack)
+    sb = plan_state_bytes(plan)
     if head_rank != 0:                  # loop placement (a V holds both ends on rank 0: no sync)
         _tied_columns(out, model, pricer, plan, sb.grad)
     if dp == 1:

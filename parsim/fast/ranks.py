@@ -22,7 +22,7 @@ import numpy as np
 from numba.extending import register_jitable
 
 from parsim.costs import (dp_buckets, optimizer_step, p2p_bytes, p2p_holds_sender, stage_largest_tensors, stage_params,
-                          state_bytes)
+                          plan_state_bytes)
 from parsim.costs.optimizer import bucket_to_host, layer_from_host_s, rank_tensor_sizes, rank_tensors
 from parsim.costs.placement import stages_of_rank
 from parsim.costs.timing import p2p_time
@@ -159,7 +159,7 @@ class RankRows:
         step = optimizer_step(self.cluster, plan, params, tensors, sizes)
         bucket = bucket_all = 0.0
         if plan.offload != "none":
-            buckets = dp_buckets(params * state_bytes(plan.dtype).grad, self.bucket_bytes)
+            buckets = dp_buckets(params * plan_state_bytes(plan).grad, self.bucket_bytes)
             if buckets:
                 bucket = bucket_to_host(self.cluster, plan, buckets[0])[1]
                 bucket_all = len(buckets) * bucket     # every bucket priced as the first (fast.timing)

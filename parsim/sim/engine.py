@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 import simpy
 
 from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, p2p_holds_sender, stage_params,
-                          state_bytes, zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
+                          plan_state_bytes, zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs.fsdp2 import uses_fsdp2
 from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing
 from parsim.costs.optimizer import (layer_from_host_s, layer_shard_bytes, rank_tensor_sizes, rank_tensors,
@@ -117,7 +117,7 @@ class Simulation:
         self.footprints = stage_footprints(model, plan, fsdp2, reduce_scatter_copies(cluster))
         # per pipeline rank: (parameter bytes released, temporaries held) while its optimizer steps
         self.step_bytes = optimizer_step_bytes(model, plan, fsdp2)
-        self.state = state_bytes(plan.dtype)
+        self.state = plan_state_bytes(plan)
         self.rank_params, self.rank_optimizer_tensors = stage_params(model, plan), rank_tensors(cluster, model, plan)
         self.rank_optimizer_sizes = rank_tensor_sizes(cluster, model, plan)
         self.layer_params = layer_params(model, plan.tp)
