@@ -329,8 +329,8 @@ def bench_grad_accumulate(shapes: list[tuple[int, ...]], dtype: str, clock: Cloc
                           budget_s: float) -> Summary:
     """``grad += new`` over gradients of ``shapes`` (what autograd's AccumulateGrad does for
     every microbatch after the first, or every one into a DDP bucket view)."""
-    from parsim.costs.ops import GRAD_BYTES
-    dt = torch.float32 if GRAD_BYTES[dtype] == 4 else torch.float16
+    from parsim.costs import state_bytes
+    dt = torch.float32 if state_bytes(dtype).grad == 4 else torch.float16
     grads = [torch.randn(*s, dtype=dt, device=clock.device) for s in shapes]
     new = [torch.randn(*s, dtype=dt, device=clock.device) for s in shapes]
 

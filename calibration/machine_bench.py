@@ -113,8 +113,8 @@ def steps_of(plan: GridPlan, repeats: int) -> int:
 def measure_grid(plan: GridPlan, dtype: str, clock, repeats: int, gemm_budget_s: float, op_budget_s: float,
                  step: Callable[[str], None]) -> GridResults:
     """Every point of ``plan``: GEMMs of a dtype sampled round-robin (``timer.measure_many``),
-    then attention one by one (the calibrated dtype's, then the others'), the memory-bound ops in ``membound_passes`` passes over all of
-    them (each point the median of its passes: ``median_of``), and a first round of the stages
+    then attention one by one (the calibrated dtype's, then the others'), the memory-bound ops in
+    ``membound_passes`` passes over all of them (each point the median of its passes: ``median_of``), and a first round of the stages
     (``stages.StageRounds``)."""
     from . import compute
     from .stages import StageRounds

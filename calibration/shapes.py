@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from parsim.costs.ops import GRAD_BYTES, embedding_bwd_bytes
+from parsim.costs.ops import embedding_bwd_bytes
 from parsim.costs.timing import adamw_bytes_per_param
-from parsim.costs import DTYPE_BYTES, head_ops, layer_ops, padded_vocab
+from parsim.costs import DTYPE_BYTES, head_ops, layer_ops, padded_vocab, state_bytes
 from parsim.specs import ModelSpec, Plan
 
 # ops.py: a memory-bound op's backward moves 1.5x its forward bytes.
@@ -139,7 +139,7 @@ def membound_points(model: ModelSpec, tps: list[int], mbss: list[int], dtype: st
         params = sum(math.prod(shape) for shape in tensors)
         out.append(MemboundPoint("adamw", (params,), params * adamw_bytes_per_param(dtype), 0.0, f"tp={tp}", tensors))
         # autograd's AccumulateGrad: grad += new over every weight (costs.ops._grad_accumulation)
-        grad_bytes = GRAD_BYTES[dtype]
+        grad_bytes = state_bytes(dtype).grad
         out.append(MemboundPoint("grad_accumulate", (params,), 3.0 * grad_bytes * params, 0.0, f"tp={tp}", tensors))
     return out
 

@@ -50,7 +50,8 @@ def tp_collectives_per_layer(model: ModelSpec, plan: Plan, phase: str) -> list[C
     all-reduces the input gradients of QKV and MLP-up ("f") (Shoeybi et al. 2019, Fig. 3).
     With SP: each all-reduce becomes reduce-scatter + all-gather (Korthikanti et al. 2022,
     Sec. 4.2.2): forward all-gathers before QKV and MLP-up and reduce-scatters after
-    attention-out and MLP-down; backward mirrors it. Buffer = b*s*h activations (``_tp_buffers``: fp32 on the residual side under autocast).
+    attention-out and MLP-down; backward mirrors it. Buffer = b*s*h activations (``_tp_buffers``:
+    fp32 on the residual stream's side under autocast).
     """
     if plan.tp == 1:
         return []

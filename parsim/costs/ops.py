@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from parsim.specs import ModelSpec, Plan, plan_stack
 from parsim.specs.stack import Stack
 
+from .states import plan_state_bytes
 from .zero import zero_shard
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -155,7 +156,7 @@ def _cast_op(name: str, fwd_elements: float, bwd_elements: float, plan: Plan) ->
     if not p.casts:
         return []
     per = FP32_BYTES + p.act
-    return [_membound(name, fwd_elements, 1, reads=per, writes=0.0, bwd_factor=bwd_elements / fwd_elements)]
+    return [Op(name, "membound", 0.0, 0.0, 0.0, fwd_bytes=per * fwd_elements, bwd_bytes=per * bwd_elements)]
 
 
 def _layer_casts(model: ModelSpec, plan: Plan) -> list[Op]:
@@ -168,22 +169,15 @@ def _layer_casts(model: ModelSpec, plan: Plan) -> list[Op]:
     * backward: each of those gradients back to fp32 (the weight's into ``.grad``, the input's
       into the residual stream), and the fp32 residual gradient to 16 bits for the two GEMMs
       whose outputs join the stream (attention-out, MLP-down), on the tokens a residual sees."""
-    from .saved import layer_weight_copy_bytes, precision
+    from .saved import gemm_input_rows, layer_weight_copy_bytes, precision, stream_readers
     p = precision(plan)
     if not p.casts:
         return []
     tokens = plan.mbs * model.seq_len
     tok_sp = tokens // plan.tp if plan.sp else tokens
-    gemm_rows = tokens if (not plan.sp or plan_stack(plan).sp_saves_gathered) else tok_sp
-    readers = 5 if model.activation == "swiglu" else 4
     weights = layer_weight_copy_bytes(model, plan) / p.weight_copy
-    inputs = readers * gemm_rows * model.hidden
+    inputs = len(stream_readers(model)) * gemm_input_rows(model, plan) * model.hidden
     return _cast_op("autocast_casts", weights + inputs, weights + inputs + 2 * tok_sp * model.hidden, plan)
-
-
-# Bytes per gradient element of the accumulated (main) gradient: fp32, except fp16 training
-# that keeps fp16 gradients (``costs.memory.state_bytes``).
-GRAD_BYTES = {"fp32": 4, "bf16": 4, "fp16": 2}
 
 
 def grad_accumulation_bytes(plan: Plan) -> tuple[float, bool]:
@@ -191,13 +185,14 @@ def grad_accumulation_bytes(plan: Plan) -> tuple[float, bool]:
     whether the software stack runs that as kernels of its own on every device).
 
     * Default: ``grad += new`` reads two and writes one gradient-sized tensor, 3 x
-      ``GRAD_BYTES``; Megatron-LM fuses it into the weight-gradient GEMM
+      gradient bytes (``states.plan_state_bytes``: fp32, fp16 training's fp16, fp32 again under
+      autocast); Megatron-LM fuses it into the weight-gradient GEMM
       (``--gradient-accumulation-fusion``: the wgrad GEMM writes into ``main_grad`` with beta =
       1), so only devices whose profile says ``extra.grad_accumulation: unfused`` (the
       calibrated CPU profiles: autograd's AccumulateGrad) pay it.
     * DeepSpeed's engine (``Stack.autograd_grad_accumulation``, ZeRO 0-1): its parameters have
       no ``main_grad``, so autograd adds each microbatch's gradient into ``.grad`` (3 x
-      ``GRAD_BYTES``). Under its BF16 optimizer (``Stack.bf16_grad_copy_bytes``, bf16) the
+      gradient bytes). Under its BF16 optimizer (``Stack.bf16_grad_copy_bytes``, bf16) the
       16-bit ``.grad`` is cleared before every backward and ``update_hp_grads`` runs after it:
       ``hp_grad.add_(lp.grad.to(fp32))`` per tensor (deepspeed/runtime/bf16_optimizer.py,
       DeepSpeed 0.6; the pipeline engine calls it after every microbatch's backward,
@@ -206,7 +201,7 @@ def grad_accumulation_bytes(plan: Plan) -> tuple[float, bool]:
       every microbatch's gradient as it is made and accumulate only their 1/dp shard: not
       counted (as on GPUs for every other stack)."""
     stack = plan_stack(plan)
-    grad = GRAD_BYTES["fp32" if stack.autocast else plan.dtype]       # autocast: fp32 .grad
+    grad = plan_state_bytes(plan).grad
     if not stack.autograd_grad_accumulation or plan.zero >= 2:
         return 3.0 * grad, False
     if stack.grad_copy_bytes(plan.dtype) > 0:

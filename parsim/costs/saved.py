@@ -128,9 +128,26 @@ def weight_copies(model: ModelSpec, plan: Plan, groups: tuple[str, ...]) -> list
     return [Saved(f"{g} weight (16-bit copy)", p.weight_copy * size[g] / t, g) for g in groups] if p.weight_copy else []
 
 
+def up_groups(model: ModelSpec) -> tuple[str, ...]:
+    """The weight groups of the MLP's input GEMMs: up, and gate with SwiGLU."""
+    return ("up", "gate") if model.activation == "swiglu" else ("up",)
+
+
+def stream_readers(model: ModelSpec) -> tuple[str, ...]:
+    """The GEMMs reading a norm's output (the residual stream's side): q, k, v, up(, gate)."""
+    return ("q", "k", "v") + up_groups(model)
+
+
+def gemm_input_rows(model: ModelSpec, plan: Plan) -> float:
+    """Tokens of the input a column-parallel GEMM multiplies: all b*s, or under SP the local s/t
+    where the stack's GEMMs keep the shard (``Stack.sp_saves_gathered`` false: Megatron)."""
+    tokens = model.seq_len * plan.mbs
+    return tokens if (not plan.sp or plan_stack(plan).sp_saves_gathered) else tokens / plan.tp
+
+
 def layer_weight_copy_bytes(model: ModelSpec, plan: Plan) -> float:
     """Autocast's 16-bit copies of all of one layer's GEMM weights (0 with 16-bit parameters)."""
-    groups = ("q", "k", "v", "o", "up", "gate", "down") if model.activation == "swiglu" else ("q", "k", "v", "o", "up", "down")
+    groups = ("q", "k", "v", "o") + up_groups(model) + ("down",)
     return sum(x.nbytes for x in weight_copies(model, plan, groups))
 
 
@@ -141,8 +158,7 @@ def layer_saved(model: ModelSpec, plan: Plan) -> LayerSaved:
     e, t, a, s, sb = p.act, plan.tp, model.heads, model.seq_len, model.seq_len * plan.mbs
     h, kv, f = model.hidden, model.kv_hidden, model.ffn_hidden
     rows = sb / (t if plan.sp else 1)                 # tokens a norm, residual or dropout sees
-    gemm_rows = sb if (not plan.sp or stack.sp_saves_gathered) else rows
-    up_groups = ("up", "gate") if model.activation == "swiglu" else ("up",)
+    gemm_rows, ups = gemm_input_rows(model, plan), up_groups(model)
     out = norm_saved(model, plan, "attn_norm", rows, "attn_norm", input_part="input")
     out += gemm_inputs(plan, "attn_norm output", gemm_rows, h, ("q", "k", "v")) + weight_copies(model, plan, ("q", "k", "v"))
     explicit_gqa = not model.flash_attention and model.kv_heads != model.heads
@@ -179,7 +195,7 @@ def layer_saved(model: ModelSpec, plan: Plan) -> LayerSaved:
     if model.dropout:
         out.append(Saved("attention residual dropout mask", MASK_BYTES * rows * h, None))
     out += norm_saved(model, plan, "mlp_norm", rows, "mlp_norm")
-    out += gemm_inputs(plan, "mlp_norm output", gemm_rows, h, up_groups) + weight_copies(model, plan, up_groups)
+    out += gemm_inputs(plan, "mlp_norm output", gemm_rows, h, ups) + weight_copies(model, plan, ups)
     if model.activation == "swiglu":
         out.append(Saved("gate output (SiLU input)", e * sb * f / t, None))
         if stack.eager_swiglu:                         # the eager product keeps silu(gate) too
