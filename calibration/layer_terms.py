@@ -19,7 +19,7 @@ from parsim.specs import (CalibratedTables, DeviceProfile, LayerComposition, Lay
                           device_from_dict, with_profile_tables)
 
 from .profile_io import write_profile_text
-from .surface_fit import CompositionFit, fit_composition
+from .surface_fit import CompositionFit, fit_composition, fit_overlapped_composition
 from .tables import contention_curve
 
 PROBE_CALL = "parsim.executor.model Block (tp=1): forward, then backward of a fixed output gradient"
@@ -146,19 +146,39 @@ def stage_prices(device: DeviceProfile, dtype: str, spec: ModelSpec, mbs: int) -
     return out
 
 
+def stage_op_seconds(device: DeviceProfile, dtype: str, spec: ModelSpec, mbs: int) -> dict[str, tuple[list, float]]:
+    """Per pass ("fwd", "bwd"): (the seconds of each op of ``stage_ops`` that runs in it -- in
+    the backward its input-gradient half --, seconds of the rest: the weight-gradient halves),
+    priced op by op by ``device``: what ``surface_fit.fit_overlapped_composition`` fits."""
+    from parsim.costs.timing import op_time
+
+    ops = stage_ops(spec, mbs, dtype)
+    fwd = [t for t in (op_time(device, op, "fwd", dtype) for op in ops) if t > 0]
+    bwd = [t for t in (op_time(device, op, "bwd_input", dtype) for op in ops) if t > 0]
+    return {"fwd": (fwd, 0.0), "bwd": (bwd, sum(op_time(device, op, "bwd_weight", dtype) for op in ops))}
+
+
 def composition_terms(device: DeviceProfile, dtype: str) -> StageComposition:
     """measured = factor x priced + per-op seconds x ops, per pass, fitted over the stages of
     ``device.tables.stage_probes`` priced without composition (``surface_fit.fit_composition``,
-    with its leave-one-stage-out error)."""
+    with its leave-one-stage-out error); on a device whose host's issue overlaps its kernels
+    (``StageProbes.overlap``) each op takes the longer of the two
+    (``surface_fit.fit_overlapped_composition``)."""
     from parsim.specs import model_from_dict
 
     raw = replace(device, tables=device.tables.replace(layer_composition=None))
-    stages = device.tables.stage_probes.stages
-    priced = [stage_prices(raw, dtype, model_from_dict(s.spec), int(s.mbs)) for s in stages]
-    fits = {pass_: fit_composition([p[pass_][0] for p in priced], [p[pass_][1] for p in priced],
-                                   [float(getattr(s, f"{pass_}_s")) for s in stages]) for pass_ in ("fwd", "bwd")}
+    probes = device.tables.stage_probes
+    measured = {pass_: [float(getattr(s, f"{pass_}_s")) for s in probes.stages] for pass_ in ("fwd", "bwd")}
+    if probes.overlap:
+        split = [stage_op_seconds(raw, dtype, model_from_dict(s.spec), int(s.mbs)) for s in probes.stages]
+        fits = {pass_: fit_overlapped_composition([x[pass_][0] for x in split], [x[pass_][1] for x in split],
+                                                  measured[pass_]) for pass_ in ("fwd", "bwd")}
+    else:
+        priced = [stage_prices(raw, dtype, model_from_dict(s.spec), int(s.mbs)) for s in probes.stages]
+        fits = {pass_: fit_composition([p[pass_][0] for p in priced], [p[pass_][1] for p in priced], measured[pass_])
+                for pass_ in ("fwd", "bwd")}
     return StageComposition(LayerComposition(fits["fwd"].factor, fits["bwd"].factor, fits["fwd"].per_op_s,
-                                             fits["bwd"].per_op_s), fits["fwd"], fits["bwd"])
+                                             fits["bwd"].per_op_s, probes.overlap), fits["fwd"], fits["bwd"])
 
 
 def refit_data(data: dict[str, Any]) -> dict[str, Any]:

@@ -87,7 +87,7 @@ def build_profile(m: Measurements, name: str) -> dict[str, Any]:
         tables = layer_probe_tables(tables, m.layer, m.layer_blocks, m.comm)
         if m.grid is not None and m.grid.stages:
             rounds = m.grid.stage_rounds.rounds if m.grid.stage_rounds is not None else None
-            tables = tables.replace(stage_probes=stage_probes(m.grid.stages, m.layer, rounds))
+            tables = tables.replace(stage_probes=stage_probes(m.grid.stages, m.layer, rounds, m.device_type == "cuda"))
         tables = fit_layer_terms(device_from_dict({**device, "extra": tables.to_dict()}, name), m.model, m.dtype)
     device["extra"] = tables.to_dict()
     prov = dict(m.provenance)
@@ -191,13 +191,15 @@ def split_overhead(extra: dict[str, float] | None) -> dict[str, float] | None:
     return {"per_layer": max(e1 / b1 - squared, 0.0), "per_layer_squared": squared}
 
 
-def stage_probes(stages, layer, rounds=None) -> StageProbes:
+def stage_probes(stages, layer, rounds=None, overlap: bool = False) -> StageProbes:
     """The synthetic stages' measured seconds, with the real-layer probe of the same run as
-    their reference, and each round's total (``specs.surfaces.StageProbes``)."""
+    their reference, and each round's total (``specs.surfaces.StageProbes``); ``overlap``: a
+    CUDA device, whose host issues kernels ahead of it."""
     _, fwd, bwd = layer
     return StageProbes(stages=tuple(StageProbe(spec=dataclasses.asdict(spec), mbs=mbs, fwd_s=f.median, bwd_s=b.median)
                                     for spec, mbs, f, b in stages),
-                       reference=(fwd.median, bwd.median), rounds=tuple(rounds) if rounds else None)
+                       reference=(fwd.median, bwd.median), rounds=tuple(rounds) if rounds else None,
+                       overlap=overlap)
 
 
 def _network(m: Measurements, collectives: CollectiveTables) -> dict[str, Any]:

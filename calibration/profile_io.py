@@ -30,10 +30,11 @@ import yaml
 # ``PARSIM_HOST_MEMORY=keep`` gloo's worker threads share the main arena, so a collective's
 # temporaries over 64 MiB reuse freed memory instead of faulting in fresh pages,
 # ``executor.host_alloc``; 15: attention surfaces in every dtype, not the calibrated one alone,
-# ``machine_bench.plan_grid``): a quick
+# ``machine_bench.plan_grid``; 16: on CUDA a device-bound stage, ``grid.STAGES`` "stage-wide",
+# and the composition terms in the overlapped form, ``StageProbes.overlap``): a quick
 # profile kept for a host by an older calibration is then measured again, not reused
 # (``parsim.api.hardware.kept_profile_refused``). Profiles without the key are format 1.
-FORMAT = 15
+FORMAT = 16
 
 
 def write_profile(profile: dict[str, Any], path: str | Path) -> Path:

@@ -324,3 +324,51 @@ def fit_composition(priced: Sequence[float], ops: Sequence[float], measured: Seq
         if best is None or report.median < best.report.median * (1.0 - COMPOSITION_MARGIN):
             best = CompositionFit(c, tau, report)
     return best
+
+
+def _overlapped_error(factors: np.ndarray, taus: np.ndarray, running, rest, measured) -> np.ndarray:
+    """Squared relative errors summed over stages, (factors x taus): a stage's pass priced
+    sum_i max(f d_i, tau) over the ops that run (``running``, seconds each) + f x ``rest``."""
+    total = np.zeros((len(factors), len(taus)))
+    for run, other, m in zip(running, rest, measured):
+        run = np.asarray(run, dtype=float)
+        for i, f in enumerate(factors):
+            total[i] += ((np.maximum(f * run[:, None], taus[None, :]).sum(axis=0) + f * other) / m - 1.0) ** 2
+    return total
+
+
+def _overlapped_terms(running, rest, measured) -> tuple[float, float]:
+    """(f, tau) minimising ``_overlapped_error``: a log grid, then a finer one around its best.
+    Where no stage's op outlasts the issue time the factor is not seen; the least error nearest
+    f = 1 (the kernels composed as timed alone) is kept."""
+    longest = max(float(np.max(r)) if len(r) else 0.0 for r in running)
+    per_op = [m / max(len(r), 1) for r, m in zip(running, measured)]
+    factors = np.geomspace(COMPOSITION_MIN_FACTOR, 4.0, 121)
+    taus = np.concatenate([[0.0], np.geomspace(min(per_op) * 1e-3, max(max(per_op), longest) * 2.0, 121)])
+    for _ in range(2):
+        err = _overlapped_error(factors, taus, running, rest, measured)
+        best = err.min()
+        near = np.argwhere(err <= best * (1.0 + 1e-9) + 1e-15)
+        i, j = min(near, key=lambda ij: abs(np.log(factors[ij[0]])))
+        f, tau = float(factors[i]), float(taus[j])
+        factors = np.geomspace(max(f / 1.04, COMPOSITION_MIN_FACTOR), f * 1.04, 41)
+        taus = np.concatenate([[0.0], np.geomspace(max(tau, 1e-9) / 1.06, max(tau, 1e-9) * 1.06, 41)])
+    return f, tau
+
+
+def fit_overlapped_composition(running: Sequence[Sequence[float]], rest: Sequence[float],
+                               measured: Sequence[float]) -> CompositionFit:
+    """The composition terms of one pass over the stages of an asynchronous device (CUDA: the
+    host queues kernels ahead of the device, ``costs.timing.op_time``): measured = sum over
+    the ops that run of max(factor x seconds, per-op issue seconds), + factor x ``rest`` (the
+    weight-gradient halves, which issue with their input gradient's node), least squares on
+    relative residuals; leave-one-stage-out error with three stages or more."""
+    n = len(measured)
+    errors = []
+    for k in range(n if n >= 3 else 0):
+        keep = [i for i in range(n) if i != k]
+        f, tau = _overlapped_terms([running[i] for i in keep], [rest[i] for i in keep], [measured[i] for i in keep])
+        pred = float(np.maximum(f * np.asarray(running[k], dtype=float), tau).sum()) + f * rest[k]
+        errors.append(pred / measured[k] - 1.0)
+    f, tau = _overlapped_terms(running, rest, measured)
+    return CompositionFit(f, tau, summarize_errors(errors or [0.0], n))

@@ -16,18 +16,15 @@
   one channel per NIC and pipelines chunks through the NVLink hops, so a sequential
   intra-RS / inter-AR / intra-AG sum would overstate the time; Jeaugey, "Massively Scale
   Your Deep Learning Training with NCCL 2.4", NVIDIA blog 2019).
-  A calibrated profile's ``collectives`` (alpha + beta*x per op and group size, with a
-  steeper slope past a ``knee`` where the calibration measured one: a host's buffers leaving
-  its last-level cache; ``specs.CollectiveTables``) take precedence, where x is the per-rank tensor passed to the
-  call (input of all_gather, input of reduce_scatter, the buffer of all_reduce, the message
-  of send/recv); TP collectives (``in_situ``) take its ``alpha_insitu`` where the profile
-  has one.
-* GPU GEMMs: optional tile/wave quantisation (``CalibratedTables.gemm_waves``), and fused
-  causal attention (FlashAttention) skips the masked half of the score blocks.
+  A calibrated profile's ``collectives`` (alpha + beta*x per op and group size, steeper past a
+  ``knee``: a host's buffers leaving its last-level cache; ``specs.CollectiveTables``) take
+  precedence, x the per-rank tensor of the call (all_gather's / reduce_scatter's input,
+  all_reduce's buffer, send/recv's message); TP collectives (``in_situ``) its ``alpha_insitu``.
+* GPU GEMMs: optional tile/wave quantisation (``CalibratedTables.gemm_waves``); fused causal
+  attention (FlashAttention) skips the masked half of the score blocks.
 
-Calibrated tables are read from ``DeviceProfile.tables`` (``specs.CalibratedTables``). How
-ranks sharing a CPU host slow each other down is ``costs.host``.
-"""
+Calibrated tables: ``DeviceProfile.tables`` (``specs.CalibratedTables``). Ranks sharing a CPU
+host slow each other down: ``costs.host``."""
 from __future__ import annotations
 
 import math
@@ -144,14 +141,15 @@ def _membound_name(device: DeviceProfile, op: Op) -> str:
 def op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
     """Duration of ``op`` in pass "fwd", "bwd_input", "bwd_weight" or "bwd" (both), seconds.
 
-    Calibrated profiles carry ``tables.layer_composition``: what composing ops into a training
-    pass costs beyond the ops timed alone (autograd's graph and engine, bias-gradient
-    reductions, layout copies, allocation and its page faults, evicted caches). Every op of a
-    pass is scaled by its pass's factor and, where the calibration fitted one over its
-    synthetic stages (``calibration.layer_terms``), pays seconds per op that runs (the
-    backward's once, with its input gradient); ops its benchmarks never time alone
-    (``Op.in_composition``: RoPE) are in those terms: 0 s on a profile of measured memory-bound
-    ops, in that fit as after it. Other profiles: the op alone."""
+    Calibrated profiles carry ``tables.layer_composition`` (``calibration.layer_terms``): what
+    composing ops into a training pass costs beyond the ops timed alone (autograd, layout
+    copies, allocation, evicted caches): a factor on every op of a pass and, where fitted, host
+    seconds per op that runs (the backward's once, with its input gradient). Ops never timed
+    alone (``Op.in_composition``: RoPE) are in those terms. A CPU runs host and kernels on one
+    thread: they add. A CUDA host queues kernels ahead of the device
+    (``LayerComposition.overlap``): an op takes the longer of the two (an H200, 2026-11-29,
+    studies/gpu_check: a gpt3-1.3b layer ran at 1.1x its kernels' sum at mbs 4, at its host's
+    issue time at mbs 1). Other profiles: the op alone."""
     if pass_ == "bwd":
         return op_time(device, op, "bwd_input", dtype) + op_time(device, op, "bwd_weight", dtype)
     composition = device.tables.layer_composition
@@ -159,7 +157,9 @@ def op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
         return _op_time(device, op, pass_, dtype)
     seconds = _op_time(device, op, pass_, dtype) * composition.factor(pass_)
     per_op = composition.per_op_s(pass_)
-    return seconds + per_op if per_op > 0 and seconds > 0 else seconds
+    if per_op <= 0 or seconds <= 0:
+        return seconds
+    return max(seconds, per_op) if composition.overlap else seconds + per_op
 
 
 def _op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:

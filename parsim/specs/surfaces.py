@@ -224,15 +224,20 @@ class StageProbes:
     machine's drift when the probe is re-taken around a run). ``rounds``: each round's sum over
     the stages of the forward + backward medians, seconds, in the order taken (the stages are
     timed in rounds over the calibration, ``calibration.stages.StageRounds``; None: one round,
-    profiles before format 12)."""
+    profiles before format 12). ``overlap``: the device runs apart from its host, whose issue
+    time overlaps the kernels queued before (CUDA; ``calibration.layer_terms`` fits the
+    composition terms in that form)."""
     stages: tuple[StageProbe, ...]
     reference: tuple[float, float]
     rounds: tuple[float, ...] | None = None
+    overlap: bool = False
 
     @classmethod
     def from_dict(cls, where: str, raw: Any) -> "StageProbes":
         d = mapping(where, raw)
-        known(where, d, ("stages", "reference", "rounds"))
+        known(where, d, ("stages", "reference", "rounds", "overlap"))
+        if not isinstance(d.get("overlap", False), bool):
+            raise SpecError(f"{where}.overlap", d["overlap"], "true or false")
         stages = d.get("stages")
         if not isinstance(stages, list) or "reference" not in d:
             raise SpecError(where, raw, "{stages: [...], reference: [forward s, backward s]}")
@@ -241,11 +246,14 @@ class StageProbes:
             raise SpecError(f"{where}.rounds", rounds, "a non-empty list of seconds, one per round")
         return cls(stages=tuple(StageProbe.from_dict(f"{where}.stages[{i}]", s) for i, s in enumerate(stages)),
                    reference=row(f"{where}.reference", d["reference"], (2,)),
-                   rounds=None if rounds is None else tuple(number(f"{where}.rounds[{i}]", x) for i, x in enumerate(rounds)))
+                   rounds=None if rounds is None else tuple(number(f"{where}.rounds[{i}]", x) for i, x in enumerate(rounds)),
+                   overlap=d.get("overlap", False))
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"stages": [s.to_dict() for s in self.stages], "reference": list(self.reference)}
-        return out if self.rounds is None else {**out, "rounds": list(self.rounds)}
+        out: dict[str, Any] = {"stages": [s.to_dict() for s in self.stages], "reference": list(self.reference)}
+        if self.rounds is not None:
+            out["rounds"] = list(self.rounds)
+        return {**out, "overlap": True} if self.overlap else out
 
 
 def read_per_dtype(make):

@@ -131,11 +131,14 @@ class LayerComposition:
     a factor on every op (dimensionless; a real layer's measured time over its ops' priced sum)
     and, where the calibration fitted one over its synthetic stages (``calibration.layer_terms``),
     seconds per op (``per_op_fwd_s`` / ``per_op_bwd_s``: autograd's node and engine, Python
-    module calls). ``costs.timing.op_time`` applies both."""
+    module calls). ``costs.timing.op_time`` applies both: added to the op's time on a device
+    its host drives synchronously (a CPU), or as the op's least time where the host's issue
+    overlaps the kernels it queued before (``overlap``: a CUDA device)."""
     fwd: float
     bwd: float
     per_op_fwd_s: float = 0.0
     per_op_bwd_s: float = 0.0
+    overlap: bool = False
 
     _PER_OP = ("per_op_fwd_s", "per_op_bwd_s")
 
@@ -144,13 +147,15 @@ class LayerComposition:
         ok = isinstance(raw, dict) and all(
             isinstance(raw.get(k), (int, float)) and not isinstance(raw.get(k), bool) and 0 < raw[k] < 10
             for k in ("fwd", "bwd"))
-        if not ok or not {"fwd", "bwd"} <= set(raw) <= {"fwd", "bwd", *cls._PER_OP}:
-            raise SpecError(where, raw, "{fwd: x, bwd: y[, per_op_fwd_s: s, per_op_bwd_s: s]} with 0 < x, y < 10 "
-                                        "(measured time / per-op sum) and seconds per op >= 0")
+        if not ok or not {"fwd", "bwd"} <= set(raw) <= {"fwd", "bwd", "overlap", *cls._PER_OP}:
+            raise SpecError(where, raw, "{fwd: x, bwd: y[, per_op_fwd_s: s, per_op_bwd_s: s, overlap: true|false]} "
+                                        "with 0 < x, y < 10 (measured time / per-op sum) and seconds per op >= 0")
         per_op = {k: number(f"{where}.{k}", raw[k]) for k in cls._PER_OP if k in raw}
         if any(v < 0 for v in per_op.values()):
             raise SpecError(where, raw, "seconds per op >= 0")
-        return cls(raw["fwd"], raw["bwd"], **per_op)
+        if not isinstance(raw.get("overlap", False), bool):
+            raise SpecError(f"{where}.overlap", raw["overlap"], "true or false")
+        return cls(raw["fwd"], raw["bwd"], **per_op, overlap=raw.get("overlap", False))
 
     def factor(self, pass_: str) -> float:
         """The forward factor for "fwd", the backward one for every backward pass."""
@@ -163,12 +168,13 @@ class LayerComposition:
 
     def scaled(self, fwd: float, bwd: float) -> "LayerComposition":
         """Every term of a pass times that pass's factor (a machine running slower)."""
-        return LayerComposition(self.fwd * fwd, self.bwd * bwd, self.per_op_fwd_s * fwd, self.per_op_bwd_s * bwd)
+        return LayerComposition(self.fwd * fwd, self.bwd * bwd, self.per_op_fwd_s * fwd, self.per_op_bwd_s * bwd,
+                                self.overlap)
 
-    def to_dict(self) -> dict[str, float]:
-        out = {"fwd": self.fwd, "bwd": self.bwd}
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"fwd": self.fwd, "bwd": self.bwd}
         out.update({k: getattr(self, k) for k in self._PER_OP if getattr(self, k)})
-        return out
+        return {**out, "overlap": True} if self.overlap else out
 
 
 @dataclass(frozen=True)
