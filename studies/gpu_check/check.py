@@ -55,18 +55,18 @@ def parsim(args: list[str], timeout_s: float) -> tuple[int, str, str, float]:
         return 124, text[0], text[1] + f"\n(timed out after {timeout_s:.0f} s)", timeout_s
 
 
-def write_matrices(n: int, memory_gib: float, out: Path) -> list[Path]:
-    """The matrices to validate: NCCL plans with 2+ GPUs; else the one-GPU ones (the plan that
-    cannot fit added where the card has under 88 GiB)."""
+def write_matrices(n: int, memory_gib: float, out: Path, one_gpu: list[Path] | None = None) -> list[Path]:
+    """The matrices to validate: NCCL plans with 2+ GPUs; else the one-GPU ones (``one_gpu``,
+    in that order; the plan that cannot fit added to gpt3-350m's where the card has under 88 GiB)."""
     if n >= 2:
         matrices = [{"description": "gpu-check: NCCL plans on 2 GPUs", "model": "gpt3-125m", "steps": 6,
                      "warmup": 2, "rounds": 1, "plans": MULTI_GPU_PLANS}]
     else:
-        matrices = [yaml.safe_load(path.read_text()) for path in ONE_GPU_MATRICES]
+        matrices = [yaml.safe_load(path.read_text()) for path in (one_gpu or ONE_GPU_MATRICES)]
         for matrix in matrices:
             matrix.update(description="gpu-check: " + matrix["description"], rounds=1, steps=6, warmup=2)
-        if memory_gib < 88:
-            matrices[0]["plans"].append(TOO_BIG_FOR_ONE_GPU)
+            if memory_gib < 88 and matrix["model"] == "gpt3-350m":
+                matrix["plans"].append(TOO_BIG_FOR_ONE_GPU)
     paths = []
     for i, matrix in enumerate(matrices):
         paths.append(out / f"matrix{i}.yaml")
@@ -110,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="out/gpu_check", help="output folder [out/gpu_check]")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds for the calibration (a third at most) and the validations together")
+    p.add_argument("--matrices", nargs="+", type=Path, default=None,
+                   help="one-GPU matrices to validate, in this order [studies/gpu_h100/matrix.yaml "
+                        "studies/gpu_h100/matrix_1.3b.yaml]")
     args = p.parse_args(argv)
     n, device = gpus()
     if n == 0:
@@ -131,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     calibration = json.loads(stdout)
     print(f"calibrated in {secs:.0f} s: {out / 'profile.yaml'}", flush=True)
     lines, validations, failed = report_lines(device, n, calibration, {})[:-1], [], False
-    matrices = write_matrices(n, memory_gib, out)
+    matrices = write_matrices(n, memory_gib, out, args.matrices)
     for i, matrix in enumerate(matrices):
         code, stdout, stderr, secs = parsim(["validate", "--matrix", str(matrix), "--profile",
                                              str(out / "profile.yaml"), "--out", str(out / f"validation{i}"),

@@ -38,14 +38,76 @@ CASES = [("gpt3-350m", 1), ("gpt3-350m", 4), ("studies/gpu_h100/gpt3-1.3b-flash.
          ("studies/gpu_h100/gpt3-1.3b-flash.yaml", 4)]
 
 
-def measure(spec, mbs: int, dtype: str, device, profile: bool) -> dict:
+def _kernels(forward, backward, sync) -> dict:
+    """The profiler's device seconds per kernel name (the 40 longest) over one forward and
+    backward, the kernels launched, and the host's aten op calls."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        forward()
+        backward()
+        sync()
+    kernels, aten = {}, 0
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[e.name] = kernels.get(e.name, 0.0) + e.device_time_total * 1e-6
+        elif e.name.startswith("aten::"):
+            aten += 1
+    return {"kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:40]), "aten_ops": aten,
+            "kernel_count": sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)}
+
+
+def _chain(spec, mbs: int, held_dtype: str, device, region, sync) -> dict:
+    """Per layer, the forward and backward of ``CHAIN`` layers in a row, synchronised only at
+    their ends (the host runs ahead of the device across layers)."""
+    import torch
+
+    from parsim.executor.layer_probe import TORCH_DTYPES
+    from parsim.executor.model import StageModule, init_stage
+
+    stage = StageModule(replace(spec, layers=CHAIN), 0, CHAIN, is_first=False, is_last=False)
+    init_stage(stage, seed=0)
+    stage.to(device=device, dtype=TORCH_DTYPES[held_dtype])
+    x = torch.randn(mbs, spec.seq_len, spec.hidden, dtype=TORCH_DTYPES[held_dtype], device=device).requires_grad_(True)
+    dy = torch.randn_like(x)
+    chain = {"fwd": [], "bwd": []}
+    for i in range(WARMUP + REPEATS // 2):
+        sync()
+        t0 = time.perf_counter()
+        with region():
+            y = stage(x)
+        sync()
+        t1 = time.perf_counter()
+        y.backward(dy)
+        sync()
+        t2 = time.perf_counter()
+        if i >= WARMUP:
+            chain["fwd"].append((t1 - t0) / CHAIN)
+            chain["bwd"].append((t2 - t1) / CHAIN)
+        del y
+    return {"chain_fwd_s": statistics.median(chain["fwd"]), "chain_bwd_s": statistics.median(chain["bwd"])}
+
+
+def measure(spec, mbs: int, dtype: str, device, profile: bool, autocast: bool = False) -> dict:
+    """One case's row; with ``autocast`` the layer holds fp32 parameters and its forward runs
+    under ``torch.autocast(dtype)``, as the executor runs a 16-bit plan (else every tensor is in
+    ``dtype``, as the calibration's layer probe builds it)."""
+    import contextlib
+
     import torch
 
     from parsim.executor.layer_probe import TORCH_DTYPES, layer_step
-    from parsim.executor.model import StageModule, init_stage
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    forward, backward, _module = layer_step(spec, mbs, dtype, device)
+    held_dtype = "fp32" if autocast else dtype
+    region = ((lambda: torch.autocast(device_type=device.type, dtype=TORCH_DTYPES[dtype])) if autocast
+              else contextlib.nullcontext)
+    plain_forward, backward, _module = layer_step(spec, mbs, held_dtype, device)
+
+    def forward():
+        with region():
+            return plain_forward()
 
     def pass_times(fn) -> tuple[float, float]:
         sync()
@@ -63,49 +125,14 @@ def measure(spec, mbs: int, dtype: str, device, profile: bool) -> dict:
             if i >= WARMUP:
                 synced[name].append(s)
                 host[name].append(h)
-    out = {"model": spec.name, "mbs": mbs, "dtype": dtype}
+    out = {"model": spec.name, "mbs": mbs, "dtype": dtype, "autocast": autocast}
     for name in ("fwd", "bwd"):
         out[f"synced_{name}_s"] = statistics.median(synced[name])
         out[f"host_{name}_s"] = statistics.median(host[name])
     if profile:
-        from torch.profiler import ProfilerActivity, profile as torch_profile
-        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            forward()
-            backward()
-            sync()
-        kernels, aten = {}, 0
-        for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA:
-                kernels[e.name] = kernels.get(e.name, 0.0) + e.device_time_total * 1e-6
-            elif e.name.startswith("aten::"):
-                aten += 1
-        out["kernels"] = dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:40])
-        out["kernel_count"] = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-        out["aten_ops"] = aten
-    del forward, backward, _module
-    # CHAIN layers in a row
-    stage = StageModule(replace(spec, layers=CHAIN), 0, CHAIN, is_first=False, is_last=False)
-    init_stage(stage, seed=0)
-    stage.to(device=device, dtype=TORCH_DTYPES[dtype])
-    x = torch.randn(mbs, spec.seq_len, spec.hidden, dtype=TORCH_DTYPES[dtype], device=device).requires_grad_(True)
-    dy = torch.randn_like(x)
-    chain = {"fwd": [], "bwd": []}
-    for i in range(WARMUP + REPEATS // 2):
-        sync()
-        t0 = time.perf_counter()
-        y = stage(x)
-        sync()
-        t1 = time.perf_counter()
-        y.backward(dy)
-        sync()
-        t2 = time.perf_counter()
-        if i >= WARMUP:
-            chain["fwd"].append((t1 - t0) / CHAIN)
-            chain["bwd"].append((t2 - t1) / CHAIN)
-        del y
-    out["chain_fwd_s"] = statistics.median(chain["fwd"])
-    out["chain_bwd_s"] = statistics.median(chain["bwd"])
-    del stage, x, dy
+        out.update(_kernels(forward, backward, sync))
+    del forward, plain_forward, backward, _module
+    out.update(_chain(spec, mbs, held_dtype, device, region, sync))
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
@@ -129,10 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cpu":     # a check that it runs: small shapes only
         cases = [(s, mbs) for s, mbs in STAGES["cpu"]]
     rows = []
-    for spec, mbs in cases:
-        row = measure(spec, mbs, args.dtype, device, profile=True)
+    modes = [False, True] if args.dtype != "fp32" else [False]
+    for (spec, mbs), autocast in ((case, mode) for case in cases for mode in modes):
+        row = measure(spec, mbs, args.dtype, device, profile=True, autocast=autocast)
         rows.append(row)
-        print(f"{row['model']:18s} mbs {mbs}  fwd synced {row['synced_fwd_s'] * 1e3:7.3f} host "
+        print(f"{row['model']:18s} mbs {mbs} {'autocast' if autocast else 'plain':8s}  fwd synced {row['synced_fwd_s'] * 1e3:7.3f} host "
               f"{row['host_fwd_s'] * 1e3:7.3f} chain {row['chain_fwd_s'] * 1e3:7.3f} ms | bwd synced "
               f"{row['synced_bwd_s'] * 1e3:7.3f} host {row['host_bwd_s'] * 1e3:7.3f} chain "
               f"{row['chain_bwd_s'] * 1e3:7.3f} ms | kernels {row['kernel_count']} aten {row['aten_ops']}", flush=True)
