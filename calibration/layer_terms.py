@@ -72,7 +72,7 @@ def fit_layer_terms(device: DeviceProfile, model, dtype: str) -> CalibratedTable
     if probe is None:
         return tables
     dev = replace(device, tables=tables.replace(layer_composition=None))
-    ops = layer_ops(model, Plan(mbs=int(probe.mbs), gbs=int(probe.mbs), dtype=dtype))
+    ops = layer_ops(model, Plan(mbs=int(probe.mbs), gbs=int(probe.mbs), dtype=dtype, stack=device.default_stack))
     pred = {p: {kind: sum(op_time(dev, op, p, dtype) for op in ops if (op.kind == "membound") == (kind == "m"))
                 for kind in ("g", "m")} for p in ("fwd", "bwd")}
     ops_fwd, ops_bwd = sum(pred["fwd"].values()), sum(pred["bwd"].values())
@@ -123,13 +123,14 @@ class StageComposition:
     bwd: CompositionFit
 
 
-def stage_ops(spec: ModelSpec, mbs: int, dtype: str) -> list:
+def stage_ops(spec: ModelSpec, mbs: int, dtype: str, stack: str = "auto") -> list:
     """The ops of one stage holding every layer of ``spec`` -- embedding, layers, head and
-    loss -- for one microbatch of ``mbs`` (tp = pp = 1), as the synthetic stages run them."""
+    loss -- for one microbatch of ``mbs`` (tp = pp = 1), as the synthetic stages run them
+    (under ``stack``: the calibrated device's executor, ``DeviceProfile.default_stack``)."""
     from parsim.costs import embedding_ops, head_ops, layer_ops
     from parsim.specs import Plan
 
-    plan = Plan(mbs=mbs, gbs=mbs, dtype=dtype)
+    plan = Plan(mbs=mbs, gbs=mbs, dtype=dtype, stack=stack)
     return embedding_ops(spec, plan) + layer_ops(spec, plan) * spec.layers + head_ops(spec, plan)
 
 
@@ -138,7 +139,7 @@ def stage_prices(device: DeviceProfile, dtype: str, spec: ModelSpec, mbs: int) -
     ``device`` (its own composition terms included, if it has any)."""
     from parsim.costs.timing import op_time
 
-    ops = stage_ops(spec, mbs, dtype)
+    ops = stage_ops(spec, mbs, dtype, device.default_stack)
     out = {}
     for pass_, runs in (("fwd", "fwd"), ("bwd", "bwd_input")):
         out[pass_] = (sum(op_time(device, op, pass_, dtype) for op in ops),
@@ -152,7 +153,7 @@ def stage_op_seconds(device: DeviceProfile, dtype: str, spec: ModelSpec, mbs: in
     priced op by op by ``device``: what ``surface_fit.fit_overlapped_composition`` fits."""
     from parsim.costs.timing import op_time
 
-    ops = stage_ops(spec, mbs, dtype)
+    ops = stage_ops(spec, mbs, dtype, device.default_stack)
     fwd = [t for t in (op_time(device, op, "fwd", dtype) for op in ops) if t > 0]
     bwd = [t for t in (op_time(device, op, "bwd_input", dtype) for op in ops) if t > 0]
     return {"fwd": (fwd, 0.0), "bwd": (bwd, sum(op_time(device, op, "bwd_weight", dtype) for op in ops))}

@@ -74,7 +74,9 @@ def build_profile(m: Measurements, name: str) -> dict[str, Any]:
         # the grid's AdamW bandwidth (its per-tensor term apart) before a --model's own rate
         rates = {**(membound["measured"] if membound else {}), **(surfaces.rates if surfaces else {})}
         device["host_memory_bandwidth"] = float(rates.get("adamw", device["memory_bandwidth"]))
-    elif m.base:
+    else:   # the executor on this GPU: CUDA's autocast op lists (``specs.stack`` "torch-cuda")
+        device["default_stack"] = "torch-cuda"
+    if m.device_type != "cpu" and m.base:
         for key in ("host_flops", "host_memory_bandwidth", "usable_memory_fraction"):
             if key in m.base["device"]:
                 device[key] = float(m.base["device"][key])

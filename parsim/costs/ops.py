@@ -118,9 +118,16 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
         # the scores forward, and its backward reads and writes their gradient (the same bytes)
         for name in ("attn_scale", "attn_mask")[:stack.attention_eager_passes]:
             ops.append(_membound(name, b * heads * s * s, e, core=True, bwd_factor=1.0))
-        ops.append(_membound("softmax", b * heads * s * s, e, core=True))
+        # under CUDA's autocast (``Stack.fp32_softmax``) softmax and its dropout run in fp32 between
+        # two casts of the scores: 16 bits to fp32 before softmax, fp32 to 16 bits for the PV
+        # product; backward the gradient's two, back and forth
+        wide = stack.fp32_softmax and r > e              # r: fp32 under autocast
+        ops.append(_membound("softmax", b * heads * s * s, r if wide else e, core=True))
         if model.dropout:
-            ops.append(_membound("attn_dropout", b * heads * s * s, e, core=True))
+            ops.append(_membound("attn_dropout", b * heads * s * s, r if wide else e, core=True))
+        if wide:
+            ops += [replace(c, attention_core=True)
+                    for c in _cast_op("softmax_casts", 2 * b * heads * s * s, 2 * b * heads * s * s, plan)]
         ops.append(_gemm("attn_values", s, d, s, batch=b * heads, has_weight=False, core=True))
     ops.append(_gemm("attn_out", tokens, h, h // t))
     ops.append(_membound("attn_residual", tok_sp * h, r, reads=2.0))

@@ -176,11 +176,18 @@ def layer_saved(model: ModelSpec, plan: Plan) -> LayerSaved:
                 Saved("log-sum-exp", LSE_BYTES * a * sb / t, None, "core")]
     else:
         # the causal mask: one (s, s) per layer and microbatch on every TP rank
+        # fp32 softmax under CUDA's autocast (``Stack.fp32_softmax``): it keeps its fp32 result,
+        # and the PV product the 16-bit cast of what it multiplies (dropout's output, or the
+        # probabilities themselves): 2 bytes a score more than in 16 bits (an H200's peaks,
+        # studies/gpu_check/h200_overlap)
+        wide = stack.fp32_softmax and precision(plan).res > e
         out += [Saved("causal mask", stack.attention_mask_bytes * s * s, None, "core"),
-                Saved("softmax output", scores, None, "core")]
+                Saved("softmax output", scores * FP32_BYTES / e if wide else scores, None, "core")]
         if model.dropout:
             out += [Saved("attention dropout mask", MASK_BYTES * a * s * sb / t, None, "core"),
                     Saved("attention dropout output", scores, None, "core")]
+        elif wide:
+            out.append(Saved("probabilities' 16-bit copy", scores, None, "core"))
         # the scaled scores stay referenced (``Attention.core``'s ``scores``) to the core's end; the
         # masked ones live until ``softmax`` returns, which is the peak unless dropout follows it;
         # GQA's K and V before their repeat stay referenced by ``Attention.body``

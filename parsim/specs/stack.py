@@ -60,6 +60,7 @@ class Stack:
     checkpoint_early_stop: bool = True       # full recompute stops at the layer's last saved tensor (non-reentrant)
     sp_saves_gathered: bool = False          # SP: a column-parallel GEMM keeps its all-gathered input (not the shard)
     autocast: bool = False                   # 16-bit runs: torch.autocast over fp32 parameters (not 16-bit ones)
+    fp32_softmax: bool = False               # under autocast the unfused softmax and its dropout run in fp32 (CUDA)
     vocab_multiple: int = 128                # the vocabulary is padded to a multiple of this x tp
     loss_logits_bytes: float = 4.0           # per logit kept for the loss backward (torch: fp32 log-softmax)
     loss_grad_bytes: float = 8.0             # per logit alive beyond those in the loss backward (torch: 2 fp32 grads)
@@ -278,6 +279,15 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # FSDP1's FlatParameter, allocated flat once, does not.
     Stack("fsdp2", "PyTorch FSDP2 (torchtitan): flash attention (SDPA), prefetched all-gathers",
           fp32_shards=True, fsdp2_copies=True, eager_rmsnorm=False, rope_relayout=False, **FLASH, **HOST, **FUSED_ADAM),
+    # The same executor on a CUDA device: CUDA's autocast runs softmax in fp32 (torch's "Automatic
+    # Mixed Precision" docs, "CUDA Ops that can autocast to float32": softmax; the CPU's list has
+    # no softmax), so an unfused attention's scores are cast to fp32, softmax and its dropout run
+    # and keep fp32, and the probabilities are cast back to 16 bits for the PV product (kernels
+    # of an H200 gpt3-350m layer, studies/gpu_check/h200_overlap/layer_host.json: the two casts
+    # and the fp32 softmax / dropout; peak memory +2 bytes per score element, as measured).
+    # The stack of every CUDA calibration (``calibration.profile``).
+    Stack("torch-cuda", "parsim's executor on a CUDA device: as torch, with softmax in fp32 under autocast",
+          **EAGER_TORCH, fp32_softmax=True),
 )}
 STACKS = tuple(STACK_PRESETS)
 # The plan's default: the profile's ``default_stack`` (the shipped GPU profiles: megatron-core;

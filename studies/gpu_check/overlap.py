@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage-plan", default="mbs=2 gbs=16", help="the gpt3-1.3b plan whose microbatch is the stage")
     args = p.parse_args(argv)
     profile = yaml.safe_load((HERE / "profile.yaml").read_text())
+    profile["device"]["default_stack"] = "torch-cuda"      # what a CUDA calibration now writes
     micro = pd.read_csv(HERE / "microbatches.csv")
     pick = micro[micro.model.str.contains("1.3b") & micro.plan.str.contains(args.stage_plan, regex=False)].iloc[0]
     forms = {"factor (as fitted)": profile, "overlapped": overlapped(profile, pick)}
