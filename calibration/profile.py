@@ -76,9 +76,8 @@ def build_profile(m: Measurements, name: str) -> dict[str, Any]:
         device["host_memory_bandwidth"] = float(rates.get("adamw", device["memory_bandwidth"]))
     else:   # the executor on this GPU: CUDA's autocast op lists (``specs.stack`` "torch-cuda")
         device["default_stack"] = "torch-cuda"
-    if m.device_type != "cpu" and m.base:
         for key in ("host_flops", "host_memory_bandwidth", "usable_memory_fraction"):
-            if key in m.base["device"]:
+            if m.base and key in m.base["device"]:
                 device[key] = float(m.base["device"][key])
     collectives = collective_fits(m.comm)
     tables = _tables(m, surfaces, membound)

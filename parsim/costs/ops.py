@@ -121,11 +121,11 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
         # under CUDA's autocast (``Stack.fp32_softmax``) softmax and its dropout run in fp32 between
         # two casts of the scores: 16 bits to fp32 before softmax, fp32 to 16 bits for the PV
         # product; backward the gradient's two, back and forth
-        wide = stack.fp32_softmax and r > e              # r: fp32 under autocast
-        ops.append(_membound("softmax", b * heads * s * s, r if wide else e, core=True))
+        sm = _softmax_bytes(plan)
+        ops.append(_membound("softmax", b * heads * s * s, sm, core=True))
         if model.dropout:
-            ops.append(_membound("attn_dropout", b * heads * s * s, r if wide else e, core=True))
-        if wide:
+            ops.append(_membound("attn_dropout", b * heads * s * s, sm, core=True))
+        if sm > e:
             ops += [replace(c, attention_core=True)
                     for c in _cast_op("softmax_casts", 2 * b * heads * s * s, 2 * b * heads * s * s, plan)]
         ops.append(_gemm("attn_values", s, d, s, batch=b * heads, has_weight=False, core=True))
@@ -151,6 +151,12 @@ def _residual_bytes(plan: Plan) -> float:
     plan's dtype, fp32 under ``torch.autocast`` (``saved.precision``)."""
     from .saved import precision      # saved imports this module
     return precision(plan).res
+
+
+def _softmax_bytes(plan: Plan) -> float:
+    """Bytes per element an unfused softmax and its dropout move (``saved.precision``)."""
+    from .saved import precision      # saved imports this module
+    return precision(plan).softmax
 
 
 def _cast_op(name: str, fwd_elements: float, bwd_elements: float, plan: Plan) -> list[Op]:

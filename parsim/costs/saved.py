@@ -50,11 +50,14 @@ class Precision:
     GEMMs sharing an input keep one copy each (autocast caches only the casts of leaf tensors
     that require a gradient, the weights); ``weight_copy``: bytes per weight element each GEMM
     keeps per microbatch (autocast's cast of the fp32 weight, cached for the forward's autocast
-    region and saved by the GEMM's node: one copy per microbatch in flight)."""
+    region and saved by the GEMM's node: one copy per microbatch in flight); ``softmax``: an
+    unfused softmax's and its dropout's (fp32 under CUDA's autocast, ``Stack.fp32_softmax``:
+    scores cast to fp32 before it, probabilities back to ``act`` for the PV product)."""
     act: float
     res: float
     casts: bool
     weight_copy: float
+    softmax: float
 
 
 def precision(plan: Plan) -> Precision:
@@ -66,9 +69,11 @@ def precision(plan: Plan) -> Precision:
     embedding's output, every residual add (fp32 + 16-bit) and the norms stay fp32: the residual
     stream is fp32 and each GEMM reading it keeps its own 16-bit cast."""
     e = DTYPE_BYTES[plan.dtype]
-    if plan_stack(plan).autocast and e < FP32_BYTES:
-        return Precision(act=e, res=FP32_BYTES, casts=True, weight_copy=e)
-    return Precision(act=e, res=e, casts=False, weight_copy=0.0)
+    stack = plan_stack(plan)
+    if stack.autocast and e < FP32_BYTES:
+        return Precision(act=e, res=FP32_BYTES, casts=True, weight_copy=e,
+                         softmax=FP32_BYTES if stack.fp32_softmax else e)
+    return Precision(act=e, res=e, casts=False, weight_copy=0.0, softmax=e)
 
 
 @dataclass(frozen=True)
@@ -180,13 +185,12 @@ def layer_saved(model: ModelSpec, plan: Plan) -> LayerSaved:
         # and the PV product the 16-bit cast of what it multiplies (dropout's output, or the
         # probabilities themselves): 2 bytes a score more than in 16 bits (an H200's peaks,
         # studies/gpu_check/h200_overlap)
-        wide = stack.fp32_softmax and precision(plan).res > e
         out += [Saved("causal mask", stack.attention_mask_bytes * s * s, None, "core"),
-                Saved("softmax output", scores * FP32_BYTES / e if wide else scores, None, "core")]
+                Saved("softmax output", scores * p.softmax / e, None, "core")]
         if model.dropout:
             out += [Saved("attention dropout mask", MASK_BYTES * a * s * sb / t, None, "core"),
                     Saved("attention dropout output", scores, None, "core")]
-        elif wide:
+        elif p.softmax > e:
             out.append(Saved("probabilities' 16-bit copy", scores, None, "core"))
         # the scaled scores stay referenced (``Attention.core``'s ``scores``) to the core's end; the
         # masked ones live until ``softmax`` returns, which is the peak unless dropout follows it;

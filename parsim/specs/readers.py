@@ -16,6 +16,13 @@ def number(where: str, raw: Any) -> float:
     return raw
 
 
+def flag(where: str, raw: Any) -> bool:
+    """A YAML boolean (never a number or a string)."""
+    if not isinstance(raw, bool):
+        raise SpecError(where, raw, "true or false")
+    return raw
+
+
 def mapping(where: str, raw: Any) -> dict:
     if not isinstance(raw, dict):
         raise SpecError(where, raw, "a mapping of keys to values")

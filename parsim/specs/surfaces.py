@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .errors import SpecError
-from .readers import known, mapping, number, plain, row
+from .readers import flag, known, mapping, number, plain, row
 
 
 def bytes_time(x, beta: float, knee: float | None = None, beta_beyond: float | None = None):
@@ -104,11 +104,7 @@ class RooflineFit:
         if peak <= 0 or any(h < 0 for h in half):
             raise SpecError(where, raw, "peak > 0 and half-saturation sizes >= 0")
         opt = {k: number(f"{where}.{k}", d[k]) for k in ("per_batch_s", "tile", "sms", "points") if k in d}
-        for flag in ("overlap", "executed"):
-            if flag in d:
-                if not isinstance(d[flag], bool):
-                    raise SpecError(f"{where}.{flag}", d[flag], "true or false")
-                opt[flag] = d[flag]
+        opt.update({k: flag(f"{where}.{k}", d[k]) for k in ("overlap", "executed") if k in d})
         return cls(peak=peak, half=half, overhead_s=number(f"{where}.overhead_s", d["overhead_s"]), **opt)
 
     def to_dict(self) -> dict[str, Any]:
@@ -236,8 +232,6 @@ class StageProbes:
     def from_dict(cls, where: str, raw: Any) -> "StageProbes":
         d = mapping(where, raw)
         known(where, d, ("stages", "reference", "rounds", "overlap"))
-        if not isinstance(d.get("overlap", False), bool):
-            raise SpecError(f"{where}.overlap", d["overlap"], "true or false")
         stages = d.get("stages")
         if not isinstance(stages, list) or "reference" not in d:
             raise SpecError(where, raw, "{stages: [...], reference: [forward s, backward s]}")
@@ -247,7 +241,7 @@ class StageProbes:
         return cls(stages=tuple(StageProbe.from_dict(f"{where}.stages[{i}]", s) for i, s in enumerate(stages)),
                    reference=row(f"{where}.reference", d["reference"], (2,)),
                    rounds=None if rounds is None else tuple(number(f"{where}.rounds[{i}]", x) for i, x in enumerate(rounds)),
-                   overlap=d.get("overlap", False))
+                   overlap=flag(f"{where}.overlap", d.get("overlap", False)))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"stages": [s.to_dict() for s in self.stages], "reference": list(self.reference)}

@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import Any, Callable
 
 from .errors import SpecError
-from .readers import known as _known, mapping, number, plain as _plain, row, rows
+from .readers import flag, known as _known, mapping, number, plain as _plain, row, rows
 from .surfaces import (LeaveOut, MemboundFit, OptimizerLevels, RooflineFit, StageProbes, read_named, read_per_dtype,
                        write_named, write_per_dtype)
 
@@ -153,9 +153,7 @@ class LayerComposition:
         per_op = {k: number(f"{where}.{k}", raw[k]) for k in cls._PER_OP if k in raw}
         if any(v < 0 for v in per_op.values()):
             raise SpecError(where, raw, "seconds per op >= 0")
-        if not isinstance(raw.get("overlap", False), bool):
-            raise SpecError(f"{where}.overlap", raw["overlap"], "true or false")
-        return cls(raw["fwd"], raw["bwd"], **per_op, overlap=raw.get("overlap", False))
+        return cls(raw["fwd"], raw["bwd"], **per_op, overlap=flag(f"{where}.overlap", raw.get("overlap", False)))
 
     def factor(self, pass_: str) -> float:
         """The forward factor for "fwd", the backward one for every backward pass."""
@@ -228,12 +226,6 @@ def _word(*allowed: str):
             raise SpecError(where, raw, f"one of {', '.join(allowed)}")
         return raw
     return read
-
-
-def _flag(where: str, raw: Any) -> bool:
-    if not isinstance(raw, bool):
-        raise SpecError(where, raw, "true or false")
-    return raw
 
 
 @dataclass(frozen=True)
@@ -372,7 +364,7 @@ _KEYS: dict[str, tuple[str, Callable, Callable]] = {
     "p2p_hold": ("p2p_hold", RankCurve.from_dict, RankCurve.to_dict),
     "grad_accumulation": ("grad_accumulation", _word("fused", "unfused"), _same),
     "zero_copies": ("zero_copies", _word("fsdp2", "none"), _same),
-    "zero_overlap": ("zero_overlap", _flag, _same),
+    "zero_overlap": ("zero_overlap", flag, _same),
     "layer_probe": ("layer_probe", LayerProbe.from_dict, LayerProbe.to_dict),
     "contention_gemm_probe": ("contention_gemm_probe", RankCurve.from_dict, RankCurve.to_dict),
     "contention_layer": ("contention_layer", RankCurve.from_dict, RankCurve.to_dict),
