@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from parsim.study.runs.calibrate import fitted_how
 from parsim.study.runs.observations import Observation, read_runs
 from parsim.study.runs.predict import predict, with_values
 from parsim.study.runs.fit import FitParam, fit
@@ -63,6 +64,17 @@ def test_a_number_the_runs_cannot_see_is_reported_and_stays_near_its_start():
     assert res.values[params[0].key] == pytest.approx(0.78, rel=0.03)
     assert params[1].label in res.unidentified
     assert res.values[params[1].key] == pytest.approx(0.5, rel=0.05)
+
+
+def test_a_fitted_numbers_provenance_says_where_it_ended_not_only_how_well_it_is_known():
+    p = FitParam(A, _stack("megatron-lm", "op_overhead_s"), 2e-5, 1e-6, 1e-3, "megatron-lm", source="x; NIC datasheet")
+    assert fitted_how(p, 2.1e-5, True, 0.9) == "weakly identified (1 sigma > 50 %): near its start 2e-05"
+    # moved far from its start although the runs hardly see it: saying "near its start" would be false
+    assert fitted_how(p, 7.864e-6, True, 0.9) == "weakly identified (1 sigma > 50 %): 0.39x its start 2e-05"
+    assert fitted_how(p, 1e-3, True, 0.9) == ("weakly identified (1 sigma > 50 %): at its bound 0.001 (NIC datasheet), "
+                                              "start 2e-05")
+    assert fitted_how(p, 1e-6, False, 0.01) == "fit, at its bound 1e-06"
+    assert fitted_how(p, 5e-5, False, 0.123) == "fit, 1 sigma 12.3 %"
 
 
 @pytest.mark.skipif(not PUBLIC.exists(), reason="../shared/validation/public_runs_train.csv not found")

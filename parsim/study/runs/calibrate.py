@@ -51,6 +51,20 @@ class RunsCalibration:
     warnings: list[str] = field(default_factory=list)
 
 
+def fitted_how(p, value: float, unidentified: bool, spread: float) -> str:
+    """How a fitted number came about, as the report and the profile's comment say it: at a
+    bound (with the bound's source), weakly identified (with its start, and whether it stayed
+    within 10 % of it), or fitted with its 1-sigma spread."""
+    bound = (f"at its bound {p.hi:g} ({p.source.split(';')[-1].strip()})" if value >= p.hi * 0.999
+             else f"at its bound {p.lo:g}" if value <= p.lo * 1.001 else "")
+    if not unidentified:
+        return f"fit, {bound}" if bound else f"fit, 1 sigma {100 * spread:.1f} %"
+    if bound:
+        return f"weakly identified (1 sigma > 50 %): {bound}, start {p.start:g}"
+    near = abs(value / p.start - 1) <= 0.1
+    return f"weakly identified (1 sigma > 50 %): {'near' if near else f'{value / p.start:.2g}x'} its start {p.start:g}"
+
+
 def calibrate_runs(path: str, profiles: dict[str, dict] | None = None, group_column: str | None = None,
                    loso: bool = True, max_iter: int = 15, log=None) -> RunsCalibration:
     obs, skipped = read_runs(path, group_column)
@@ -85,17 +99,14 @@ def fit_all(obs: list[Observation], base: dict[str, dict], max_iter: int = 15, l
         result = fit(evidence, base, params, max_iter=max_iter, log=log)
         final = dict(result.values)
         for p in params:
-            v = result.values[p.key]
-            how = (f"weakly identified (1 sigma > 50 %): near its start {p.start:g}" if p.label in result.unidentified
-                   else f"fit, at its bound {p.hi:g} ({p.source.split(';')[-1].strip()})" if v >= p.hi * 0.999
-                   else f"fit, at its bound {p.lo:g}" if v <= p.lo * 1.001
-                   else f"fit, 1 sigma {100 * result.spread[p.key]:.1f} %")
+            how = fitted_how(p, result.values[p.key], p.label in result.unidentified, result.spread[p.key])
             sources[p.key] = how
             for other in p.tied:
                 sources[(p.profile, *p.path[:-2], other, p.path[-1])] = f"as {p.stack}: {how}"
         values = expand(final, params)
-        warnings += [f"{label}: weakly identified by these runs (1 sigma > 50 %); the weak prior keeps it near "
-                     "its documented start" for label in result.unidentified]
+        warnings += [f"{p.label}: weakly identified by these runs (1 sigma > 50 %): {result.values[p.key]:.4g} "
+                     f"against its documented start {p.start:g}; the data hardly constrain it, so it leans on "
+                     "the weak prior" for p in params if p.label in result.unidentified]
     donor = max(fitted, key=lambda p: runs_per_profile[p]) if fitted else None
     for p in base:
         if p in fitted or donor is None:
