@@ -14,16 +14,21 @@ from .zero import zero_shard
 
 
 def model_states(n_params: float, param_bytes: float, grad_bytes: float, optimizer_bytes: float, dp: int,
-                 zero: int, offload_optimizer: bool, offload_params: bool) -> tuple[float, float, float]:
+                 zero: int, offload_optimizer: bool, offload_params: bool,
+                 zero1_owned: float = -1.0) -> tuple[float, float, float]:
     """(params, grads, optimizer) bytes of ``n_params`` parameters on one of ``dp`` ranks.
 
     ZeRO (Rajbhandari et al. 2020, Sec. 5): stage 1 shards the optimizer states over the dp
     ranks, stage 2 also the gradients, stage 3 also the parameters. ZeRO-Offload (Ren et al.
     2021) keeps the optimizer states on the host and streams the gradients there (none stay on
-    the device); ``offload_params`` ("optimizer+params") moves the parameters too."""
+    the device); ``offload_params`` ("optimizer+params") moves the parameters too. A stage-1
+    partition of whole tensors (``Stack.zero1_whole_tensors``) gives the most-loaded replica
+    ``zero1_owned`` parameters' states (``params.zero1_owned_params``; negative: an even split)."""
     params = zero_shard(n_params * param_bytes, dp, zero, 3)
     grads = zero_shard(n_params * grad_bytes, dp, zero, 2)
     optimizer = zero_shard(n_params * optimizer_bytes, dp, zero, 1)
+    if zero == 1 and dp > 1 and zero1_owned >= 0:
+        optimizer = zero1_owned * optimizer_bytes
     if offload_optimizer:
         grads = 0.0
         optimizer = 0.0

@@ -74,7 +74,7 @@ def _root_params(model: ModelSpec, plan: Plan, vstage: int) -> float:
 
 
 def fsdp2_root_post_backward(model: ModelSpec, plan: Plan, vstage: int, held: float,
-                             copies_input: bool) -> tuple[float, float]:
+                             copies_input: bool, middle_relief: float = 0.0) -> tuple[float, float]:
     """ZeRO-2/3 run as FSDP2: (the head's unsharded weight gradient, kept from the head's backward
     to the end of the virtual stage's; the stage's root unit's post-backward,
     ``footprint.unit_post_backward``), bytes per device beyond the model states; (0, 0) on a
@@ -84,10 +84,15 @@ def fsdp2_root_post_backward(model: ModelSpec, plan: Plan, vstage: int, held: fl
     embedding's (V/t x h in the gradients' dtype). ZeRO-3 reshards the unit before the collective,
     so what every action holds (``held``: ``StageFootprint.gathered_params``) is gone by then;
     ZeRO-2 holds its gathered parameters until the step's last microbatch, whose post-backward
-    reshards them too (with one microbatch, that one's), and its first microbatch's new shard is
-    the one the states count. Measured on 2 gloo ranks (an untied 16,000 x 768 vocabulary, fp32,
-    dp = 2): ZeRO-2 pp 1 / 2 and ZeRO-3 pp 1 peaked here, to 0.1 MiB; the model without it was
-    13-30 % low."""
+    reshards them too (with one microbatch, that one's); its first microbatch's new shard is the
+    one the states count, and from three microbatches on a middle one holds both the gathered
+    parameters and a new shard beside the accumulated one, with ``middle_relief`` bytes of
+    activations fewer held than at the first one (``memory.second_backward_relief``): the larger
+    of the two moments is the stage's. Measured on 2 gloo ranks (an untied
+    16,000 x 768 vocabulary, fp32, dp = 2): ZeRO-2 pp 1 / 2 and ZeRO-3 pp 1 peaked here, to 0.1
+    MiB; the model without it was 13-30 % low. With 4 microbatches (probe-gqa, 12,000 x 384
+    untied, dp 2 pp 1 and pp 2) the peak read one new root shard (17.58 / 8.79 MiB) above the
+    model's 2-microbatch moment."""
     last = plan.pp * plan.vpp - 1
     if plan.zero < 2 or plan.dp <= 1 or vstage not in (0, last):
         return 0.0, 0.0
@@ -96,6 +101,9 @@ def fsdp2_root_post_backward(model: ModelSpec, plan: Plan, vstage: int, held: fl
     first = sb.grad * padded_vocab(model, plan) * model.hidden / plan.tp
     many = plan.num_microbatches > 1
     post = footprint.unit_post_backward(root * sb.grad, first, plan.dp, plan.zero >= 3 and many, copies_input)
+    if plan.zero == 2 and plan.num_microbatches > 2:
+        post = max(post, footprint.unit_post_backward(root * sb.grad, first, plan.dp, True, copies_input)
+                   - middle_relief)
     if plan.zero >= 3:
         post -= held
     elif not many:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from functools import cache
 
+from parsim.schedules import chunk_of_pass, held_at_backwards
 from parsim.specs import ClusterSpec, ModelSpec, Plan, plan_stack, stage_layers
 
 from . import footprint
@@ -21,8 +22,8 @@ from .activations import (backward_working_bytes, embedding_activation_bytes, he
                           layer_activation_bytes, stage_output_bytes)
 from .fsdp2 import (fsdp2_bytes, fsdp2_layer_only_bytes, fsdp2_post_backward, fsdp2_released_at_step,
                     fsdp2_root_bytes, fsdp2_root_post_backward, reduce_scatter_copies, uses_fsdp2)
-from .inflight import rank_moments
-from .params import layer_params, stage_largest_tensors, stage_params
+from .inflight import COUNTED, rank_moments
+from .params import layer_params, stage_largest_tensors, stage_params, zero1_owned_params
 from .placement import rank_of_stage, stages_of_rank
 from .recompute import layer_recompute, recomputes_fully, stage_recompute
 from .split_backward import (head_output_grad_bytes, output_grad_bytes, w_recompute_residue,
@@ -72,11 +73,13 @@ def static_bytes(model: ModelSpec, plan: Plan, pp_rank: int, fsdp2: bool = False
     """(params, grads, optimizer, activations, other) a pipeline rank holds for the whole step:
     its model states and ZeRO-Offload's staging bucket (``fsdp2``: plus what FSDP2 keeps,
     ``fsdp2_bytes``)."""
-    return _static_bytes(model, plan, stage_params(model, plan)[pp_rank], fsdp2)
+    return _static_bytes(model, plan, pp_rank, fsdp2)
 
 
-def _static_bytes(model: ModelSpec, plan: Plan, n_params: float, fsdp2: bool) -> tuple[float, ...]:
-    params, grads, optimizer = model_state_bytes(n_params, plan)
+def _static_bytes(model: ModelSpec, plan: Plan, pp_rank: int, fsdp2: bool) -> tuple[float, ...]:
+    n_params = stage_params(model, plan)[pp_rank]
+    owned = zero1_owned_params(model, plan)[pp_rank] if plan.zero == 1 and plan.dp > 1 else -1.0
+    params, grads, optimizer = model_state_bytes(n_params, plan, owned)
     other = footprint.offload_staging(plan.dp_bucket_bytes, plan.offload != "none")
     if fsdp2:
         params += fsdp2_bytes(model, plan, n_params)[0]
@@ -121,8 +124,11 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
     stash = _stashes(model, plan, groups)
     # what every action of a stage holds: ZeRO-3's gathered layers, and under FSDP2 its root unit
     held = [gathered + (fsdp2_root_bytes(model, plan, s) if fsdp2 else 0.0) for s in range(len(groups))]
-    roots = [fsdp2_root_post_backward(model, plan, s, held[s], copies_input)
-             for s in range(len(groups))] if fsdp2 else None
+    output = stage_output_bytes(model, plan)
+    last = len(groups) - 1
+    roots = [fsdp2_root_post_backward(model, plan, s, held[s], copies_input, second_backward_relief(
+        plan, s, [footprint.held_bytes(stash[v], v == last, output) for v in range(len(groups))]))
+        for s in range(len(groups))] if fsdp2 else None
     full = [sum(n for n, policy in g if policy == "full") for g in groups]     # ``_full_layers`` of each stage
     weight_working = [in_backward if in_backward else _rank_weight_working(model, plan, r) for r in range(plan.pp)]
     kept_all, kept_input = layer_activation_bytes(model, plan, "none"), layer_activation_bytes(model, plan, "full")
@@ -133,8 +139,6 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
                for r in range(plan.pp)]
     # ``_rank_working`` of (rank, weight gradients, layer extra), priced once per distinct key
     working = cache(lambda r, grads, extra: _rank_working(model, plan, r, stash, grads, extra, full, roots))
-    output = stage_output_bytes(model, plan)
-    last = len(groups) - 1
     layer_dy, head_dy = output_grad_bytes(model, plan), head_output_grad_bytes(model, plan)
     out = []
     for s, g in enumerate(groups):
@@ -151,6 +155,26 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
                          backward_weight=residue[r] + weight_working[r])
         out.append(StageFootprint(footprint.held_bytes(stash[s], s == last, output), backward, held[s], **split))
     return out
+
+
+def second_backward_relief(plan: Plan, vstage: int, held_bytes: list[float]) -> float:
+    """Bytes of activations the rank of ``vstage`` holds less as that stage's second backward of
+    a step starts than as its first does (``held_bytes``: what one microbatch holds in each virtual
+    stage, ``footprint.held_bytes``): one microbatch's worth under GPipe, where every forward comes
+    first, none in 1F1B's steady state (``schedules.held_at_backwards``). Walked schedules
+    (``inflight.COUNTED`` lacks them) count none: the second moment is priced as heavy as the
+    first, an upper bound."""
+    if plan.schedule not in COUNTED:
+        return 0.0
+    r, vpp = rank_of_stage(plan, vstage), plan.vpp
+    chunk = stages_of_rank(plan, r).index(vstage)
+    moments = held_at_backwards(plan.schedule, r, plan.pp, plan.num_microbatches, vpp,
+                                min(plan.num_microbatches * vpp, (plan.pp + 2) * vpp))
+    mine = [held for k, held in enumerate(moments) if chunk_of_pass(k, plan.pp, vpp, backward=True) == chunk][:2]
+    if len(mine) < 2:
+        return 0.0
+    stages = stages_of_rank(plan, r)
+    return max(sum((a - b) * held_bytes[stages[c]] for c, (a, b) in enumerate(zip(*mine))), 0.0)
 
 
 def _stashes(model: ModelSpec, plan: Plan, groups: list[list[tuple[int, str]]]) -> list[float]:
@@ -233,8 +257,8 @@ def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = 
     stages = stage_footprints(model, plan, fsdp2, reduce_scatter_copies(cluster))
     step = optimizer_step_bytes(model, plan, fsdp2)
     out = []
-    for r, n_params in enumerate(stage_params(model, plan)):
-        params, grads, optimizer, _, other = _static_bytes(model, plan, n_params, fsdp2)
+    for r in range(plan.pp):
+        params, grads, optimizer, _, other = _static_bytes(model, plan, r, fsdp2)
         chunks = [stages[s] for s in stages_of_rank(plan, r)]
         act, extra = rank_peak(chunks, rank_moments(plan, r))
         released, temporaries = step[r]

@@ -57,12 +57,15 @@ def plan_state_bytes(plan: Plan) -> StateBytes:
     return state_bytes(plan.dtype, plan_stack(plan).autocast)
 
 
-def model_state_bytes(n_params: float, plan: Plan) -> tuple[float, float, float]:
+def model_state_bytes(n_params: float, plan: Plan, zero1_owned: float = -1.0) -> tuple[float, float, float]:
     """(params, grads, optimizer) bytes of ``n_params`` parameters on one device under the plan's
-    dtype, ZeRO stage, offload and stack (``footprint.stack_state_bytes``, ``footprint.model_states``)."""
+    dtype, ZeRO stage, offload and stack (``footprint.stack_state_bytes``, ``footprint.model_states``;
+    ``zero1_owned``: the parameters the most-loaded replica owns where the stack's ZeRO-1 gives
+    tensors whole, ``params.zero1_owned_params``)."""
     sb = plan_state_bytes(plan)
     stack = plan_stack(plan)
     param, grad, optimizer = footprint.stack_state_bytes(sb.param, sb.grad, sb.optimizer, plan.zero, stack.fp32_shards,
                                                          stack.grad_copy_bytes(plan.dtype))
     return footprint.model_states(n_params, param, grad, optimizer, plan.dp, plan.zero,
-                                  plan.offload != "none", plan.offload == "optimizer+params")
+                                  plan.offload != "none", plan.offload == "optimizer+params",
+                                  zero1_owned if stack.zero1_whole_tensors else -1.0)

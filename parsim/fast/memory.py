@@ -20,7 +20,7 @@ import numba
 
 from .codes import O_ACT, O_GRADS, O_OPT, O_OTHER, O_PARAMS, O_PEAK, O_PEAK_STAGE, OFF_NONE, OFF_OPT_PARAMS
 from .inflight import KIND_FIRST_I, KIND_I, KIND_W
-from .ranks import R_CHUNK, R_LARGEST, R_LAST, R_PARAMS
+from .ranks import R_CHUNK, R_LARGEST, R_LAST, R_OWNED, R_PARAMS
 from .rules import (backward_working, gathered_layers, held_bytes, model_states, offload_staging, optimizer_step_peaks,
                     optimizer_temporaries, stack_state_bytes, stash_bytes)
 from .tables import (D_FP32_SHARDS, D_GATHERED_LAYERS, D_GRAD, D_GRAD_COPY, D_MAX_LIVE, D_OPT, D_OPT_TEMPS, D_PARAM,
@@ -44,7 +44,8 @@ def plan_memory(out, dp, pp, vpp, zero, offload, lrow, hrow, drow, ranks, moment
     peak = -1.0
     for r in range(pp):
         params, grads, opt = model_states(ranks[r, R_PARAMS], pb, gb, ob, dp, zero,
-                                          offload_optimizer, offload_params)
+                                          offload_optimizer, offload_params,
+                                          ranks[r, R_OWNED] if drow[D_ZERO1_WHOLE] > 0 else -1.0)
         staging = offload_staging(bucket_bytes, offload_optimizer)
         extra_b = _rank_working(r, pp, vpp, lrow, hrow, ranks, False)
         act, best, extra = 0.0, -1.0, 0.0

@@ -24,6 +24,7 @@ from numba.extending import register_jitable
 from parsim.costs import (dp_buckets, optimizer_step, p2p_bytes, p2p_holds_sender, stage_largest_tensors, stage_params,
                           plan_state_bytes)
 from parsim.costs.optimizer import bucket_to_host, layer_from_host_s, rank_tensor_sizes, rank_tensors
+from parsim.costs.params import zero1_owned_params
 from parsim.costs.placement import stages_of_rank
 from parsim.costs.timing import p2p_time
 from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout, stage_layers
@@ -33,9 +34,10 @@ from .comm import C_WIDTH, CollectivePricer, rank_comm_rows
 from .plans import WORDS
 
 # rank table columns: layers, parameters, the chunk holding the output head (-1: none), the
-# elements of its largest parameter tensor, the fast.comm columns, the optimizer blocks (one per
-# (zero, offload), ``step_block``), then layers per model chunk
-R_LAYERS, R_PARAMS, R_LAST, R_LARGEST, R_COMM = 0, 1, 2, 3, 4
+# elements of its largest parameter tensor, the parameters a ZeRO-1 replica owns at most where
+# tensors go whole (``params.zero1_owned_params``), the fast.comm columns, the optimizer blocks
+# (one per (zero, offload), ``step_block``), then layers per model chunk
+R_LAYERS, R_PARAMS, R_LAST, R_LARGEST, R_OWNED, R_COMM = 0, 1, 2, 3, 4, 5
 R_STEP = R_COMM + C_WIDTH
 # an optimizer block (seconds): ``costs.OptimizerStep``'s step, gradient shard down, parameter
 # shard up; a reduced bucket's shard down and all the buckets'; ZeRO-Infinity's layer shard up
@@ -97,6 +99,7 @@ class RankRows:
         last = pp * vpp - 1
         rows[:, R_LAST] = [stages.index(last) if last in stages else -1 for stages in held]
         rows[:, R_LARGEST] = stage_largest_tensors(self.model, plan)
+        rows[:, R_OWNED] = zero1_owned_params(self.model, plan)
         head_rank = next(r for r, stages in enumerate(held) if last in stages)
         rows[:, R_COMM:R_STEP] = rank_comm_rows(self.model, self.pricer, dp, tp, pp, vpp, dtype, params,
                                                 self.bucket_bytes, self.with_ps, head_rank, self.stack)
