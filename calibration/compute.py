@@ -281,6 +281,11 @@ def membound_case(point: MemboundPoint, dt: torch.dtype, dev: torch.device, pool
         logits = draw((tokens, vocab))
         target = torch.randint(0, vocab, (tokens,), device=dev)
         return (lambda: F.cross_entropy(logits.float(), target, reduction="none")), [logits]
+    if point.name == "rope":
+        # the executor's own tables and rotation (``executor/model.py``), q and k heads as one tensor
+        from parsim.executor.model import apply_rope, rope_tables
+        x = draw(shape)
+        return (lambda: apply_rope(x, *rope_tables(shape[2], shape[3], dev))), [x]
     if point.name == "embedding":
         tokens, vocab, hidden = shape
         table = draw((vocab, hidden))

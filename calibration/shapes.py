@@ -12,7 +12,7 @@ forward reads + writes, backward 1.5x forward; AdamW 28 bytes per fp32 parameter
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from parsim.costs.ops import embedding_bwd_bytes
 from parsim.costs.timing import adamw_bytes_per_param
@@ -135,6 +135,7 @@ def membound_points(model: ModelSpec, tps: list[int], mbss: list[int], dtype: st
             # ops.embedding_ops: backward also writes the local table's dense gradient
             out.append(MemboundPoint("embedding", (tok, vocab, h), 2 * tok * h * e,
                                      embedding_bwd_bytes(2 * tok * h * e, vocab * h, e), tag))
+            out.append(rope_point(model, tp, mbs, dtype, tag))
         tensors = tuple(adamw_param_shapes(model, tp))
         params = sum(math.prod(shape) for shape in tensors)
         out.append(MemboundPoint("adamw", (params,), params * adamw_bytes_per_param(dtype), 0.0, f"tp={tp}", tensors))
@@ -142,6 +143,20 @@ def membound_points(model: ModelSpec, tps: list[int], mbss: list[int], dtype: st
         grad_bytes = state_bytes(dtype).grad
         out.append(MemboundPoint("grad_accumulate", (params,), 3.0 * grad_bytes * params, 0.0, f"tp={tp}", tensors))
     return out
+
+
+def rope_point(model: ModelSpec, tp: int, mbs: int, dtype: str, tag: str) -> MemboundPoint:
+    """The rotary embedding of one layer's q and k heads on one TP rank, as one tensor of
+    (mbs, heads + kv heads, seq, head dim) (``compute.membound_case``), whatever the model's own
+    position encoding: a machine measurement, with the bytes ``costs.ops.layer_ops``' "rope" op
+    counts for that shape (fp32 under autocast, ``saved.Precision.rope``). Timed alone it takes
+    RoPE out of the composition terms, which held it as an average over the synthetic stages
+    (``Op.in_composition``): on a GQA model the executor's eager RoPE took 0.7 ms of a 3.9 ms
+    bf16 layer forward (2-vCPU AMD EPYC, 2026-11-30), priced 15 % fast with it composed."""
+    rotary = replace(model, position="rope")
+    op = next(o for o in layer_ops(rotary, Plan(tp=tp, mbs=mbs, dtype=dtype)) if o.name == "rope")
+    shape = (mbs, (model.heads + model.kv_heads) // tp, model.seq_len, model.head_dim)
+    return MemboundPoint("rope", shape, op.fwd_bytes, op.bwd_bytes, tag)
 
 
 # Memory-bound op names of parsim.costs.ops -> the benchmark that stands for them

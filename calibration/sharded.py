@@ -12,7 +12,7 @@ tensors, and the difference per parameter tensor.
 Around each of its collectives FSDP2 also works on the host per unit (PyTorch FSDP2,
 ``torch/distributed/fsdp/_fully_shard``: its pre-/post-forward and backward hooks unshard and
 reshard the unit's parameters, swap the DTensor and plain views, build the sharded gradient),
-beside the collective and the copies its bytes cost (``costs.timing.fsdp_unit_time`` prices those
+beside the collective and the copies its bytes cost (``costs.fsdp2.fsdp_unit_time`` prices those
 from the streaming rate). ``measure_fsdp_units`` times it where it is alone: a stack of tiny
 units under ``fully_shard`` and plain, every rank at once, with each collective's wall taken
 out; ``fsdp_unit_host_s`` keeps the seconds per unit around an all-gather and around a
@@ -144,7 +144,7 @@ def measure_fsdp_units(world: int, device, dist, torch) -> list[tuple[float, flo
 
 def fsdp_unit_host_s(rank_results: list[dict]) -> tuple[float, float] | None:
     """(seconds FSDP2 adds per unit around an all-gather, around a reduce-scatter) beyond the
-    collectives and the bytes its copies move (``costs.timing.fsdp_unit_time``): the forward's
+    collectives and the bytes its copies move (``costs.fsdp2.fsdp_unit_time``): the forward's
     extra per unit (one all-gather each: copy-in and copy-out of tiny shards, unsharding and
     resharding the parameters, its hooks), and the backward's extra per unit (one all-gather
     and one reduce-scatter each) less the forward's. Medians over ranks and samples, >= 0;

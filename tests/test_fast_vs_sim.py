@@ -319,9 +319,9 @@ def test_fsdp2_copies_on_a_gpu_agree_between_engines(plan):
 def test_fsdp2_on_a_gpu_owes_each_gathers_copy_out_to_the_compute():
     """A ZeRO-3 step of FSDP2 on one GPU node is longer than the same step without FSDP2's copies
     by the copy-outs of the all-gathers it runs: 2 x each gathered unit's bytes through HBM at the
-    profile's streaming rate and one op's host time under the stack (``costs.timing.fsdp_unit_time``),
+    profile's streaming rate and one op's host time under the stack (``costs.fsdp2.fsdp_unit_time``),
     on the compute stream; the reduce-scatters' copy-ins ride their side stream."""
-    from parsim.costs.timing import fsdp_unit_time
+    from parsim.costs.fsdp2 import fsdp_unit_time
     from parsim.fast.tables import with_stack
     from parsim.trace.frame import to_dataframe
     model, plan = load_model("gpt3-1.3b"), parse_plan(FSDP2_GPU[0])

@@ -1,7 +1,7 @@
 """FSDP2's host work per unit around its collectives (issue 20): measured by ``parsim calibrate``
 on a real gloo pair (``calibration.sharded.measure_fsdp_units``), reduced to seconds per unit
 and collective (``fsdp_unit_host_s``), and charged by the SimPy engine once per all-gather and
-reduce-scatter (``costs.timing.fsdp_unit_time``; ``tests/test_sim_modes.py``)."""
+reduce-scatter (``costs.fsdp2.fsdp_unit_time``; ``tests/test_sim_modes.py``)."""
 import pytest
 
 from parsim.calibration.sharded import FSDP_UNITS, fsdp_unit_host_s

@@ -5,13 +5,14 @@ unit's unsharded gradients with the flat reduce-scatter input they are copied in
 unit's parameters and its post-backward. ``costs.memory`` adds them up."""
 from __future__ import annotations
 
-from parsim.specs import ClusterSpec, ModelSpec, Plan, plan_stack, stage_layers
+from parsim.specs import ClusterSpec, DeviceProfile, ModelSpec, Plan, plan_stack, stage_layers
 
 from . import footprint
 from .activations import layer_activation_bytes
 from .ops import padded_vocab
 from .params import embedding_params, head_params, layer_params
 from .states import model_state_bytes, plan_state_bytes
+from .timing import membound_time
 from .zero import gathers_layers
 
 
@@ -135,3 +136,27 @@ def fsdp2_post_backward(model: ModelSpec, plan: Plan, groups: list[tuple[int, st
         return 0.0
     own = min(layer_activation_bytes(model, plan, policy) for n, policy in groups if n)
     return max(in_backward - own, 0.0)
+
+
+def fsdp_unit_time(device: DeviceProfile, op: str, unit_bytes: float, dp: int) -> tuple[float, float]:
+    """(seconds before, seconds after) FSDP2's collective ``op`` of one unit of ``unit_bytes``
+    (its full parameters or gradients, bytes) over ``dp`` ranks, beside the collective itself
+    (PyTorch FSDP2, ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``, torch 2.13):
+
+    * all-gather: copy-in, the rank's shards into the flat input (``all_gather_copy_in``:
+      ``unit_bytes`` / dp read and written), and copy-out of the flat output into the
+      unsharded parameters (``split_with_sizes_copy``: ``unit_bytes`` read and written);
+    * reduce-scatter: copy-in of the unsharded gradients into the flat input (``chunk_cat``:
+      ``unit_bytes`` read and written);
+
+    each a memory-bound pass at the device's streaming rate (``membound_time``, op
+    "fsdp_copy"), plus the host work FSDP2 does per unit around each (unsharding and
+    resharding the parameters, its hooks, the gradient's DTensor), measured by ``parsim
+    calibrate`` (``tables.fsdp_gather_host_s`` / ``fsdp_scatter_host_s``,
+    ``calibration.sharded.fsdp_unit_host_s``; absent: 0), charged before the call."""
+    t = device.tables
+    if op == "all_gather":
+        host = t.fsdp_gather_host_s or 0.0
+        return host + membound_time(device, 2 * unit_bytes / dp, "fsdp_copy"), \
+            membound_time(device, 2 * unit_bytes, "fsdp_copy")
+    return (t.fsdp_scatter_host_s or 0.0) + membound_time(device, 2 * unit_bytes, "fsdp_copy"), 0.0

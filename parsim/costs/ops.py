@@ -102,8 +102,9 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     if model.position == "rope":
         # rotary embedding of q and k (Su et al. 2021): read and written once by a fused kernel
         # (Megatron-Core / TE ``apply_rotary_pos_emb`` fused), forward and backward (the
-        # backward rotates the gradient back); eager chains move ``EAGER_TRAFFIC`` x that
-        ops.append(replace(_membound("rope", tokens * (h // t + kv), e, bwd_factor=1.0,
+        # backward rotates the gradient back); eager chains move ``EAGER_TRAFFIC`` x that; in
+        # fp32 under autocast (``saved.Precision.rope``)
+        ops.append(replace(_membound("rope", tokens * (h // t + kv), _rope_bytes(plan), bwd_factor=1.0,
                                      eager="rope" if stack.eager_rope else ""), in_composition=True))
     if model.flash_attention:
         # FlashAttention (Dao et al. 2022): scores + softmax + PV fused; forward 4*b*s^2*h/t FLOP,
@@ -151,6 +152,12 @@ def _residual_bytes(plan: Plan) -> float:
     plan's dtype, fp32 under ``torch.autocast`` (``saved.precision``)."""
     from .saved import precision      # saved imports this module
     return precision(plan).res
+
+
+def _rope_bytes(plan: Plan) -> float:
+    """Bytes per element the rotary embedding moves (``saved.precision``)."""
+    from .saved import precision      # saved imports this module
+    return precision(plan).rope
 
 
 def _softmax_bytes(plan: Plan) -> float:

@@ -52,12 +52,16 @@ class Precision:
     keeps per microbatch (autocast's cast of the fp32 weight, cached for the forward's autocast
     region and saved by the GEMM's node: one copy per microbatch in flight); ``softmax``: an
     unfused softmax's and its dropout's (fp32 under CUDA's autocast, ``Stack.fp32_softmax``:
-    scores cast to fp32 before it, probabilities back to ``act`` for the PV product)."""
+    scores cast to fp32 before it, probabilities back to ``act`` for the PV product); ``rope``:
+    the rotary embedding's (fp32 under autocast: the executor's cos / sin tables are fp32, so
+    q x cos promotes and the chain runs in fp32 until its cast back, ``executor/model.py``
+    ``apply_rope``)."""
     act: float
     res: float
     casts: bool
     weight_copy: float
     softmax: float
+    rope: float
 
 
 def precision(plan: Plan) -> Precision:
@@ -72,8 +76,8 @@ def precision(plan: Plan) -> Precision:
     stack = plan_stack(plan)
     if stack.autocast and e < FP32_BYTES:
         return Precision(act=e, res=FP32_BYTES, casts=True, weight_copy=e,
-                         softmax=FP32_BYTES if stack.fp32_softmax else e)
-    return Precision(act=e, res=e, casts=False, weight_copy=0.0, softmax=e)
+                         softmax=FP32_BYTES if stack.fp32_softmax else e, rope=FP32_BYTES)
+    return Precision(act=e, res=e, casts=False, weight_copy=0.0, softmax=e, rope=e)
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,9 @@ from typing import Callable
 from parsim.specs import ClusterSpec, DeviceProfile, ModelSpec, Plan
 from parsim.specs.stack import AUTO, Stack, get_stack
 
+from .fsdp2 import fsdp_unit_time
 from .ops import Op
-from .timing import fsdp_unit_time, op_time
+from .timing import op_time
 
 
 def stack_name(cluster: ClusterSpec | None, requested: str) -> str:
@@ -150,7 +151,7 @@ def zero_unit_time(cluster: ClusterSpec, op: str, nbytes: float, dp: int,
     FSDP2 without side streams); ``collective(in_situ)`` prices the bare call, memoised by the
     caller. Around it, where ZeRO runs as FSDP2 (the profile's ``tables.fsdp2_copies``: the
     calibrated executor; the stack's ``fsdp2_copies``), FSDP2's copies and host work
-    (``timing.fsdp_unit_time``): compute the rank runs before and after the call where
+    (``fsdp2.fsdp_unit_time``): compute the rank runs before and after the call where
     collectives block it. Beside side streams (a GPU) only the all-gather's copy-out is owed to
     the compute: FSDP2 runs it on the compute stream once the gather is waited for
     (``FSDPParamGroup.wait_for_unshard``), while its copy-ins run on the streams of the

@@ -104,28 +104,15 @@ SURFACE_OPS = {"attn_residual": "residual_add", "mlp_residual": "residual_add", 
 STREAMING_BACKWARD = frozenset({"attn_scale", "attn_mask"})
 
 
-def fsdp_unit_time(device: DeviceProfile, op: str, unit_bytes: float, dp: int) -> tuple[float, float]:
-    """(seconds before, seconds after) FSDP2's collective ``op`` of one unit of ``unit_bytes``
-    (its full parameters or gradients, bytes) over ``dp`` ranks, beside the collective itself
-    (PyTorch FSDP2, ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``, torch 2.13):
-
-    * all-gather: copy-in, the rank's shards into the flat input (``all_gather_copy_in``:
-      ``unit_bytes`` / dp read and written), and copy-out of the flat output into the
-      unsharded parameters (``split_with_sizes_copy``: ``unit_bytes`` read and written);
-    * reduce-scatter: copy-in of the unsharded gradients into the flat input (``chunk_cat``:
-      ``unit_bytes`` read and written);
-
-    each a memory-bound pass at the device's streaming rate (``membound_time``, op
-    "fsdp_copy"), plus the host work FSDP2 does per unit around each (unsharding and
-    resharding the parameters, its hooks, the gradient's DTensor), measured by ``parsim
-    calibrate`` (``tables.fsdp_gather_host_s`` / ``fsdp_scatter_host_s``,
-    ``calibration.sharded.fsdp_unit_host_s``; absent: 0), charged before the call."""
-    t = device.tables
-    if op == "all_gather":
-        host = t.fsdp_gather_host_s or 0.0
-        return host + membound_time(device, 2 * unit_bytes / dp, "fsdp_copy"), \
-            membound_time(device, 2 * unit_bytes, "fsdp_copy")
-    return (t.fsdp_scatter_host_s or 0.0) + membound_time(device, 2 * unit_bytes, "fsdp_copy"), 0.0
+def _composed(device: DeviceProfile, op: Op) -> bool:
+    """Is an op no calibration timed alone (``Op.in_composition``) priced by ``device``'s
+    composition terms alone? On a calibrated profile that lacks its benchmark (RoPE before
+    ``calibration.shapes.membound_points`` measured it): yes; with it, or from the datasheet, no."""
+    tables = device.tables
+    if not (tables.membound_surface or tables.membound):
+        return False
+    name = _membound_name(device, op)
+    return tables.membound_fit(name) is None and not tables.membound_rate(name)
 
 
 def _membound_name(device: DeviceProfile, op: Op) -> str:
@@ -168,7 +155,7 @@ def _op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
             return 0.0
         return membound_time(device, op.bwd_bytes, _membound_name(device, op))
     if op.kind == "membound":
-        if pass_ == "bwd_weight" or (op.in_composition and (device.tables.membound_surface or device.tables.membound)):
+        if pass_ == "bwd_weight" or (op.in_composition and _composed(device, op)):
             return 0.0
         fwd = pass_ == "fwd"
         return membound_time(device, op.fwd_bytes if fwd else op.bwd_bytes, _membound_name(device, op),

@@ -34,7 +34,7 @@ Where ZeRO collectives block (a profile whose ``zero_overlap`` is false: gloo on
 cores, the reference executor's FSDP2), the ZeRO-2/3 columns are what the rank waits, as the
 SimPy engine's ``actions.zero3_collective`` charges it: the collective priced in situ (called
 right after compute, on the plan's ranks sharing the host) and, under FSDP2, its copies and host
-work per unit (``costs.timing.fsdp_unit_time``; the engine also slows those by the host's
+work per unit (``costs.fsdp2.fsdp_unit_time``; the engine also slows those by the host's
 memory-bound contention, which the fast path leaves out as it does for compute). Beside a side
 stream (a GPU's FSDP2) those copies are compute the rank owes: the layer units' in ``C_OWED_*``,
 which ``fast.timing`` adds to the layers' compute, the root units' in their own columns (the

@@ -241,7 +241,7 @@ def fsdp_copy(env: simpy.Environment, sim: "Simulation", dev: "Device", seconds:
               stage: int, mb: int, layer: int):
     """FSDP2's work before (``copy-in``) or after (``copy-out``) a unit's collective of
     ``nbytes``: its copies into and out of the flat buffers and its host work, ``seconds`` as
-    ``costs.timing.fsdp_unit_time`` prices them solo (Zhao et al. 2023, Sec. 4.2 on the
+    ``costs.fsdp2.fsdp_unit_time`` prices them solo (Zhao et al. 2023, Sec. 4.2 on the
     flat-parameter layout), at the device's memory-bound slowdown; then the collective
     (copy-in) or the layer (copy-out) goes on. With side streams (GPUs) it is compute the
     device owes (``Device.ledger``)."""

@@ -275,7 +275,7 @@ STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # shard in fp32 (it is the optimizer's master weight) and gather bf16 copies (PyTorch FSDP
     # docs, "Mixed precision"): 4 + 4 + 8 bytes per parameter / dp, not 2 + 4 + 12.
     # Around every unit's collective FSDP2 copies the unit into and out of one flat buffer
-    # (``costs.timing.fsdp_unit_time``: torch 2.13 _fully_shard/_fsdp_collectives.py), which
+    # (``costs.fsdp2.fsdp_unit_time``: torch 2.13 _fully_shard/_fsdp_collectives.py), which
     # FSDP1's FlatParameter, allocated flat once, does not.
     Stack("fsdp2", "PyTorch FSDP2 (torchtitan): flash attention (SDPA), prefetched all-gathers",
           fp32_shards=True, fsdp2_copies=True, eager_rmsnorm=False, rope_relayout=False, **FLASH, **HOST, **FUSED_ADAM),

@@ -12,7 +12,7 @@ after FSDP2's own on every layer split each layer's forward into
 and the script prints, per launch, the medians over steps of the per-layer means and of the whole
 forward and backward, next to what the calibrated profile prices for one unit's unshard (the
 in-situ all-gather of the layer's parameters, FSDP2's copy-in and copy-out and its host work:
-``parsim.sim.actions.zero3_collective``, ``costs.timing.fsdp_unit_time``).
+``parsim.sim.actions.zero3_collective``, ``costs.fsdp2.fsdp_unit_time``).
 
     .venv/bin/python studies/validation_cpu/fsdp_unit_split.py [--model M] [--mbs N] [--profile P]
 """

@@ -34,7 +34,7 @@ KERNEL_FIELDS = ("gemm_efficiency", "op_overhead_s")
 # ``foreach_all_gather`` / ``foreach_reduce``), on side streams beside the same compute
 # kernels: the share of NCCL bandwidth those calls reach and the compute NCCL's SMs take
 # from the kernels beside them are NCCL's and the GPU's, not the wrapper's. FSDP2's extra
-# copies into and out of its buffers are priced apart (``costs.timing.fsdp_unit_time``).
+# copies into and out of its buffers are priced apart (``costs.fsdp2.fsdp_unit_time``).
 # DeepSpeed's per-tensor ZeRO-3 is not such a sibling of either.
 ZERO3_FALLBACK = {"fsdp2": "fsdp1"}
 # for the profile comments: which stacks may take which numbers from which
