@@ -75,3 +75,17 @@ def test_the_second_backward_holds_one_microbatch_fewer_under_gpipe_only(schedul
     plan = parse_plan(f"dp=2 pp=2 mbs=1 gbs=8 zero=2 schedule={schedule}")
     held = [3.0, 5.0]                                     # bytes one microbatch holds per stage
     assert [second_backward_relief(plan, s, held) for s in (0, 1)] == [relief * 3.0, relief * 5.0]
+
+
+def test_zero1_all_reduces_beside_ddp_under_torch_and_reduce_scatters_elsewhere():
+    """The executor's ZeRO-1 all-reduces its gradient buckets as DDP does (its traces hold
+    dp_allreduce events only), DeepSpeed's and Megatron's reduce-scatter them."""
+    from parsim.sim import simulate
+
+    def kinds(cluster, stack):
+        plan = parse_plan(f"dp=2 mbs=1 gbs=4 zero=1 dtype=fp32 stack={stack}")
+        return {e.kind for e in simulate(TIED, load_cluster(cluster), plan).trace.events if e.stream == "dp"}
+
+    torch_kinds, megatron_kinds = kinds("cpu-calibrated:2", "torch"), kinds("a100-80g:2", "megatron-lm")
+    assert "dp_allreduce" in torch_kinds and "dp_reducescatter" not in torch_kinds
+    assert "dp_reducescatter" in megatron_kinds and "dp_allreduce" not in megatron_kinds

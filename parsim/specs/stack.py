@@ -70,6 +70,7 @@ class Stack:
     autograd_grad_accumulation: bool = False  # ZeRO 0-1: microbatch gradients add into .grad in their own kernels
     optimizer_temporaries: float = 2.0       # optimizer step: fp32 copies of the largest parameter tensor (shard)
     zero1_whole_tensors: bool = True         # ZeRO-1 gives each tensor whole to one replica (not 1/dp of each)
+    zero1_all_reduce: bool = False           # ZeRO-1 beside DDP: gradients all-reduced, not reduce-scattered
     memory_reserve_bytes: float | None = None  # outside the caching allocator (context, NCCL, cuBLAS), bytes
     fragmentation: float | None = None       # allocator reserved / allocated - 1 at the peak
     # (None, None: the profile's usable_memory_fraction stands)
@@ -199,8 +200,13 @@ FUSED_ADAM = dict(optimizer_temporaries=0.0, zero1_whole_tensors=False)
 #   write the kept ones (the 16-bit logits' fp32 cast; the max-shifted logits). Measured on 2
 #   gloo ranks (heldout-deep head, tp = 2): forward 8 / 6, backward 4 / 6 bytes a logit beyond the
 #   kept softmax in fp32 / bf16 (``activations.logits_grad_bytes``, ``forward_working_bytes``).
+#   Its ZeRO-1 is torch's ZeroRedundancyOptimizer beside DDP (``executor/zero.py`` ZeroOneAdamW):
+#   the gradients are all-reduced as in plain DP, each owner steps its whole tensors and sends them
+#   to the others (``zero1_all_reduce``, ``zero1_whole_tensors``); measured on 2 gloo ranks
+#   (probe-gqa dp 2 mbs 2, 2026-11-30) the executor's traces hold 3 all-reduce buckets, no
+#   reduce-scatter.
 EAGER_TORCH = dict(sp_saves_gathered=True, autocast=True, vocab_multiple=1, tp_loss_grad_bytes=4.0,
-                   loss_forward_bytes=4.0)
+                   loss_forward_bytes=4.0, zero1_all_reduce=True)
 
 STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # parsim's reference executor (eager PyTorch, DDP-style bucketed all-reduce, FSDP2 for
