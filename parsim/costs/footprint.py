@@ -138,7 +138,8 @@ def unit_post_backward(unit_grads: float, first_grad: float, dp: int, shard_exis
     return first_grad + unit_grads + shard + (unit_grads if copies_input else 0.0)
 
 
-def backward_working(layer: float, output: float, head: float, vocab_grad: float, logits_grad: float, tied: bool,
+def backward_working(layer: float, output: float, head: float, vocab_grad: float, embedding_grad: float,
+                     logits_grad: float, tied: bool,
                      first: bool, last: bool, stash: float, layer_extra: float, forward: float = 0.0,
                      head_kept: float = 0.0, root_post: float = 0.0) -> float:
     """Bytes a virtual stage's backward holds beyond its stored activations at the backward's peak
@@ -160,8 +161,9 @@ def backward_working(layer: float, output: float, head: float, vocab_grad: float
       fp32 logits gradients (``logits_grad``), while a layer's backward comes after the head's
       stored bytes (``head``) are freed;
     * the first stage ends with the embedding, whose backward writes a dense V/t x h gradient
-      (``embedding_dense_backward``) when the microbatch's stash is gone (beside the gradient
-      received from the next stage and the embedding output's);
+      (``embedding_grad``: ``embedding_dense_backward``, in the dtype of the gradient it receives)
+      when the microbatch's stash is gone (beside the gradient received from the next stage and
+      the embedding output's);
     * one stage holding both ends of tied embeddings (pp = 1): autograd keeps the head's weight
       gradient until the embedding's arrives to sum them (its input buffer), so the layers run
       their backward beside it, and at the end the two and their sum exist together.
@@ -188,5 +190,6 @@ def backward_working(layer: float, output: float, head: float, vocab_grad: float
                       logits_grad)
     if first:
         # + the gradient received from stage 1 and the embedding output's (none from a loss)
-        working = max(working, vocab_grad * (3 if tied_here else 1) + (0.0 if last else 2 * output) - stash)
+        working = max(working, (vocab_grad * 3 if tied_here else embedding_grad) + (0.0 if last else 2 * output)
+                      - stash)
     return max(working, forward, root_post - stash)

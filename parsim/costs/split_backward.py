@@ -59,6 +59,7 @@ from dataclasses import dataclass
 
 from parsim.specs import ModelSpec, Plan
 
+from .activations import embedding_grad_bytes, vocab_grad_bytes
 from .ops import DTYPE_BYTES, padded_vocab
 from .saved import layer_saved
 
@@ -87,11 +88,12 @@ def weight_grad_working_bytes(model: ModelSpec, plan: Plan, first: bool, last: b
     """What a W holds beyond the stored activations while it runs, on one device: the gradient of
     its largest weight before it is added into ``.grad`` (max(f, h) x h / t elements, as in
     ``activations.layer_working_bytes``), or the dense V/t x h gradient of the embedding / output
-    layer on the first / last stage (``activations.vocab_grad_bytes``)."""
+    layer on the first / last stage (``activations.embedding_grad_bytes`` / ``vocab_grad_bytes``)."""
     e = DTYPE_BYTES[plan.dtype]
     layer = e * max(model.ffn_hidden, model.hidden) * model.hidden / plan.tp
-    vocab = e * padded_vocab(model, plan) * model.hidden / plan.tp
-    return max(layer, vocab) if first or last else layer
+    if first:
+        layer = max(layer, embedding_grad_bytes(model, plan))
+    return max(layer, vocab_grad_bytes(model, plan)) if last else layer
 
 
 def w_recomputes(model: ModelSpec) -> int:

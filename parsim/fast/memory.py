@@ -24,9 +24,9 @@ from .ranks import R_CHUNK, R_LARGEST, R_LAST, R_OWNED, R_PARAMS
 from .rules import (backward_working, gathered_layers, held_bytes, model_states, offload_staging, optimizer_step_peaks,
                     optimizer_temporaries, stack_state_bytes, stash_bytes)
 from .tables import (D_FP32_SHARDS, D_GATHERED_LAYERS, D_GRAD, D_GRAD_COPY, D_MAX_LIVE, D_OPT, D_OPT_TEMPS, D_PARAM,
-                     D_ZERO1_WHOLE, H_EMB_ACT, H_HEAD_ACT, H_HEAD_KEPT, H_LOGITS_GRAD, H_LOSS_FWD, H_SBH, H_TIED,
-                     H_VOCAB_GRAD, L_ACT, L_FWD_COPIES, L_KEPT, L_PARAMS, L_TRANSIENT, L_W_RESIDUE, L_W_RESIDUE_TOP,
-                     L_WORK, L_WORK_I, L_WORK_W)
+                     D_ZERO1_WHOLE, H_EMB_ACT, H_EMB_GRAD, H_HEAD_ACT, H_HEAD_KEPT, H_LOGITS_GRAD, H_LOSS_FWD, H_SBH,
+                     H_TIED, H_VOCAB_GRAD, L_ACT, L_FWD_COPIES, L_KEPT, L_PARAMS, L_TRANSIENT, L_W_RESIDUE,
+                     L_W_RESIDUE_TOP, L_WORK, L_WORK_I, L_WORK_W)
 
 
 @numba.njit(cache=True)
@@ -119,7 +119,8 @@ def _rank_working(r, pp, vpp, lrow, hrow, ranks, input_only):
         # the forward's end: the chunk's recomputed layers' weight copies, the loss's on the last
         forward = ranks[r, R_CHUNK + c] * lrow[L_FWD_COPIES] + (hrow[H_LOSS_FWD] if last else 0.0)
         w = backward_working(lrow[L_WORK_I] if input_only else lrow[L_WORK], hrow[H_SBH], hrow[H_HEAD_ACT],
-                             wg * hrow[H_VOCAB_GRAD], hrow[H_LOGITS_GRAD], hrow[H_TIED] > 0, r == 0 and c == 0,
+                             wg * hrow[H_VOCAB_GRAD], wg * hrow[H_EMB_GRAD], hrow[H_LOGITS_GRAD], hrow[H_TIED] > 0,
+                             r == 0 and c == 0,
                              last, _chunk_stash(r, c, pp, vpp, lrow, hrow, ranks), lrow[L_TRANSIENT], forward)
         best = max(best, w)
     return best
@@ -142,6 +143,8 @@ def _rank_weight_working(r, vpp, lrow, hrow, ranks):
     """The largest weight-gradient working set of the rank's chunks (``split_backward``)."""
     best = lrow[L_WORK_W]
     for c in range(vpp):
-        if (r == 0 and c == 0) or ranks[r, R_LAST] == c:
+        if r == 0 and c == 0:
+            best = max(best, hrow[H_EMB_GRAD])
+        if ranks[r, R_LAST] == c:
             best = max(best, hrow[H_VOCAB_GRAD])
     return best

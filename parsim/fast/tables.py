@@ -33,8 +33,8 @@ from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_p
                           recomputes_collectives, recomputes_fully, rerun, state_bytes, tp_collectives_edge,
                           tp_collectives_per_layer)
 from parsim.costs import timing
-from parsim.costs.activations import (forward_working_bytes, layer_working_bytes, logits_grad_bytes, stage_output_bytes,
-                                      vocab_grad_bytes)
+from parsim.costs.activations import (embedding_grad_bytes, forward_working_bytes, layer_working_bytes,
+                                      logits_grad_bytes, stage_output_bytes, vocab_grad_bytes)
 from parsim.costs.footprint import recompute_transient
 from parsim.costs.host import HostModel
 from parsim.costs.placement import loop_placed, stages_of_rank
@@ -70,8 +70,8 @@ RERUN = {"full": L_RERUN_FULL, "selective": L_RERUN_SELECTIVE}
 # head table columns; the head's weight-gradient time and kept output gradients (the first stage
 # runs its whole backward as W: ``costs.split_backward``)
 (H_EMB_FWD, H_EMB_BWD, H_HEAD_FWD, H_HEAD_BWD, H_EMB_ACT, H_HEAD_ACT, H_EMB_PARAMS, H_HEAD_PARAMS_PP1,
- H_HEAD_PARAMS_PPN, H_SBH, H_VOCAB_GRAD, H_TIED, H_LOGITS_GRAD, H_HEAD_BWD_W, H_HEAD_KEPT, H_HEAD_TP_COVER,
- H_LOSS_FWD, H_WIDTH) = range(18)
+ H_HEAD_PARAMS_PPN, H_SBH, H_VOCAB_GRAD, H_EMB_GRAD, H_TIED, H_LOGITS_GRAD, H_HEAD_BWD_W, H_HEAD_KEPT,
+ H_HEAD_TP_COVER, H_LOSS_FWD, H_WIDTH) = range(19)
 # dtype table columns: bytes per parameter of each model state; and the table's stack's memory
 # terms (``costs.footprint``): fp32 shards (0 / 1), 16-bit gradient copy bytes, layers gathered
 # at once, the most gathered parameters alive, the optimizer step's temporaries (copies of the largest
@@ -249,6 +249,7 @@ def head_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ranks: int
     # the parts of ``backward_working_bytes`` for the first and last stages, and a stage's output
     row[H_SBH] = stage_output_bytes(model, plan)
     row[H_VOCAB_GRAD] = vocab_grad_bytes(model, plan)
+    row[H_EMB_GRAD] = embedding_grad_bytes(model, plan)
     row[H_TIED] = float(model.tied_embeddings)
     row[H_LOGITS_GRAD] = logits_grad_bytes(model, plan)
     row[H_LOSS_FWD] = forward_working_bytes(model, plan, True, 0.0)      # the loss's, at the forward's end

@@ -1,6 +1,7 @@
 """Peak memory per pipeline rank, executor (memory-tracked step, gloo) against the simulator,
-for the ZeRO plans of probe-gqa whose peaks the model used to miss (ZeRO-1's whole-tensor
-owner, FSDP2's middle microbatch) and their neighbours.
+for the plans of probe-gqa whose peaks the model used to miss (ZeRO-1's whole-tensor owner,
+FSDP2's middle microbatch, the embedding's fp32 gradient under bf16 autocast) and their
+neighbours.
 
     OMP_NUM_THREADS=1 PARSIM_HOST_MEMORY=keep .venv/bin/python studies/validation_cpu/probe_gqa/memory.py  # ~30 s
 
@@ -15,7 +16,8 @@ from parsim.specs import load_cluster, load_model, parse_plan
 
 MODEL = Path(__file__).with_name("model.yaml")
 PLANS = {2: ["dp=2 mbs=1 gbs=4 zero=2 dtype=fp32", "dp=2 mbs=1 gbs=8 zero=2 dtype=fp32",
-             "dp=2 mbs=2 gbs=8 zero=1 dtype=fp32", "dp=2 mbs=2 gbs=8 zero=3 dtype=fp32"],
+             "dp=2 mbs=2 gbs=8 zero=1 dtype=fp32", "dp=2 mbs=2 gbs=8 zero=3 dtype=fp32",
+             "pp=2 vpp=2 mbs=1 gbs=8 schedule=interleaved", "pp=2 vpp=2 mbs=1 gbs=8 schedule=interleaved dtype=fp32"],
          4: ["dp=2 pp=2 mbs=1 gbs=8 schedule=1f1b zero=1 dtype=fp32",
              "dp=2 pp=2 mbs=1 gbs=8 schedule=1f1b zero=2 dtype=fp32",
              "dp=2 pp=2 mbs=1 gbs=8 schedule=1f1b zero=2",
