@@ -4,6 +4,7 @@ not. The calibration fits one rate per level of the host's caches (and a step ca
 profile keeps them as ``OptimizerLevels``, and both engines price every tensor a rank steps at
 its level's rate."""
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -74,9 +75,13 @@ def test_one_level_of_data_is_not_enough_for_a_level_fit():
 
 
 def test_the_cpu_grid_spreads_tensor_sizes_over_the_cache_levels():
-    sizes = [p.tensors[0][0] for p in adamw_grid("cpu", "fp32", 24)]
+    points = adamw_grid("cpu", "fp32", 24)
+    sizes = [math.prod(p.tensors[0]) for p in points]
     ws = OPTIMIZER_WORKING_SET_BYTES * np.array(sizes)
     assert (ws <= 2 * 2**20).sum() >= 6 and (ws > 2 * 2**20).sum() >= 6
+    # matrices, as weights are: the executor's AdamW decays every tensor of 2+ dimensions
+    assert all(len(shape) == 2 for p in points for shape in p.tensors)
+    assert all(p.fwd_bytes == 28.0 * sum(math.prod(s) for s in p.tensors) for p in points)
 
 
 def test_levels_read_back_and_bad_levels_are_refused():
