@@ -131,6 +131,15 @@ def p2p_holds_sender(plan: Plan, schedule: str | None = None) -> bool:
     return plan.pp > 1 and schedule in BLOCKING_SCHEDULES and plan_stack(plan).p2p_blocking
 
 
+def zero1_gradient_op(plan: Plan) -> str:
+    """The collective a ZeRO-1 step of ``plan`` reduces its gradient buckets with: a
+    reduce-scatter, each replica keeping the shard it steps (Rajbhandari et al. 2020 Sec. 5.1;
+    DeepSpeed stage 1, Megatron's distributed optimizer), or an all-reduce where the plan's
+    stack runs ZeRO-1 beside DDP (``Stack.zero1_all_reduce``: torch's ZeroRedundancyOptimizer,
+    the executor's ZeroOneAdamW)."""
+    return "all_reduce" if plan_stack(plan).zero1_all_reduce else "reduce_scatter"
+
+
 def dp_grad_bytes(model: ModelSpec, plan: Plan, pp_rank: int) -> float:
     """Gradient bytes a device reduces over its DP group per step (its stage's grads)."""
     return stage_params(model, plan)[pp_rank] * plan_state_bytes(plan).grad

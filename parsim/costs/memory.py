@@ -73,13 +73,18 @@ def static_bytes(model: ModelSpec, plan: Plan, pp_rank: int, fsdp2: bool = False
     """(params, grads, optimizer, activations, other) a pipeline rank holds for the whole step:
     its model states and ZeRO-Offload's staging bucket (``fsdp2``: plus what FSDP2 keeps,
     ``fsdp2_bytes``)."""
-    return _static_bytes(model, plan, pp_rank, fsdp2)
+    return _static_bytes(model, plan, stage_params(model, plan)[pp_rank], fsdp2, _zero1_owned(model, plan)[pp_rank])
 
 
-def _static_bytes(model: ModelSpec, plan: Plan, pp_rank: int, fsdp2: bool) -> tuple[float, ...]:
-    n_params = stage_params(model, plan)[pp_rank]
-    owned = zero1_owned_params(model, plan)[pp_rank] if plan.zero == 1 and plan.dp > 1 else -1.0
-    params, grads, optimizer = model_state_bytes(n_params, plan, owned)
+def _zero1_owned(model: ModelSpec, plan: Plan) -> list[float]:
+    """Per pipeline rank: the parameters ZeRO-1's most-loaded replica owns where tensors go whole
+    (``params.zero1_owned_params``; ``model_state_bytes`` reads them under such a stack), -1
+    without ZeRO-1 over several replicas."""
+    return zero1_owned_params(model, plan) if plan.zero == 1 and plan.dp > 1 else [-1.0] * plan.pp
+
+
+def _static_bytes(model: ModelSpec, plan: Plan, n_params: float, fsdp2: bool, zero1_owned: float) -> tuple[float, ...]:
+    params, grads, optimizer = model_state_bytes(n_params, plan, zero1_owned)
     other = footprint.offload_staging(plan.dp_bucket_bytes, plan.offload != "none")
     if fsdp2:
         params += fsdp2_bytes(model, plan, n_params)[0]
@@ -126,9 +131,13 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
     held = [gathered + (fsdp2_root_bytes(model, plan, s) if fsdp2 else 0.0) for s in range(len(groups))]
     output = stage_output_bytes(model, plan)
     last = len(groups) - 1
-    roots = [fsdp2_root_post_backward(model, plan, s, held[s], copies_input, second_backward_relief(
-        plan, s, [footprint.held_bytes(stash[v], v == last, output) for v in range(len(groups))]))
-        for s in range(len(groups))] if fsdp2 else None
+    roots = None
+    if fsdp2:
+        per_microbatch = [footprint.held_bytes(stash[v], v == last, output) for v in range(len(groups))]
+        # only the first and last stages have a root unit to post-backward
+        roots = [fsdp2_root_post_backward(model, plan, s, held[s], copies_input,
+                                          second_backward_relief(plan, s, per_microbatch) if s in (0, last) else 0.0)
+                 for s in range(len(groups))]
     full = [sum(n for n, policy in g if policy == "full") for g in groups]     # ``_full_layers`` of each stage
     weight_working = [in_backward if in_backward else _rank_weight_working(model, plan, r) for r in range(plan.pp)]
     kept_all, kept_input = layer_activation_bytes(model, plan, "none"), layer_activation_bytes(model, plan, "full")
@@ -167,13 +176,13 @@ def second_backward_relief(plan: Plan, vstage: int, held_bytes: list[float]) -> 
     if plan.schedule not in COUNTED:
         return 0.0
     r, vpp = rank_of_stage(plan, vstage), plan.vpp
-    chunk = stages_of_rank(plan, r).index(vstage)
+    stages = stages_of_rank(plan, r)
+    chunk = stages.index(vstage)
     moments = held_at_backwards(plan.schedule, r, plan.pp, plan.num_microbatches, vpp,
                                 min(plan.num_microbatches * vpp, (plan.pp + 2) * vpp))
     mine = [held for k, held in enumerate(moments) if chunk_of_pass(k, plan.pp, vpp, backward=True) == chunk][:2]
     if len(mine) < 2:
         return 0.0
-    stages = stages_of_rank(plan, r)
     return max(sum((a - b) * held_bytes[stages[c]] for c, (a, b) in enumerate(zip(*mine))), 0.0)
 
 
@@ -257,8 +266,8 @@ def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = 
     stages = stage_footprints(model, plan, fsdp2, reduce_scatter_copies(cluster))
     step = optimizer_step_bytes(model, plan, fsdp2)
     out = []
-    for r in range(plan.pp):
-        params, grads, optimizer, _, other = _static_bytes(model, plan, r, fsdp2)
+    for r, (n_params, owned) in enumerate(zip(stage_params(model, plan), _zero1_owned(model, plan))):
+        params, grads, optimizer, _, other = _static_bytes(model, plan, n_params, fsdp2, owned)
         chunks = [stages[s] for s in stages_of_rank(plan, r)]
         act, extra = rank_peak(chunks, rank_moments(plan, r))
         released, temporaries = step[r]

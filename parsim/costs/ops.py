@@ -97,14 +97,15 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     kv = model.kv_hidden // t
     f = model.ffn_hidden // t
     stack = plan_stack(plan)
-    r = _residual_bytes(plan)                            # the residual stream's (fp32 under autocast)
+    prec = _precision(plan)
+    r = prec.res                                         # the residual stream's (fp32 under autocast)
     ops = [_norm("input_norm", tok_sp * h, r, model, stack), _gemm("qkv", tokens, h // t + 2 * kv, h)]
     if model.position == "rope":
         # rotary embedding of q and k (Su et al. 2021): read and written once by a fused kernel
         # (Megatron-Core / TE ``apply_rotary_pos_emb`` fused), forward and backward (the
         # backward rotates the gradient back); eager chains move ``EAGER_TRAFFIC`` x that; in
         # fp32 under autocast (``saved.Precision.rope``)
-        ops.append(replace(_membound("rope", tokens * (h // t + kv), _rope_bytes(plan), bwd_factor=1.0,
+        ops.append(replace(_membound("rope", tokens * (h // t + kv), prec.rope, bwd_factor=1.0,
                                      eager="rope" if stack.eager_rope else ""), in_composition=True))
     if model.flash_attention:
         # FlashAttention (Dao et al. 2022): scores + softmax + PV fused; forward 4*b*s^2*h/t FLOP,
@@ -122,7 +123,7 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
         # under CUDA's autocast (``Stack.fp32_softmax``) softmax and its dropout run in fp32 between
         # two casts of the scores: 16 bits to fp32 before softmax, fp32 to 16 bits for the PV
         # product; backward the gradient's two, back and forth
-        sm = _softmax_bytes(plan)
+        sm = prec.softmax
         ops.append(_membound("softmax", b * heads * s * s, sm, core=True))
         if model.dropout:
             ops.append(_membound("attn_dropout", b * heads * s * s, sm, core=True))
@@ -147,23 +148,11 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     return ops
 
 
-def _residual_bytes(plan: Plan) -> float:
-    """Bytes per element of the residual stream, the norms and the embedding's output: the
-    plan's dtype, fp32 under ``torch.autocast`` (``saved.precision``)."""
+def _precision(plan: Plan):
+    """``saved.precision(plan)``: bytes per element of the residual stream (``res``), the rotary
+    embedding (``rope``) and an unfused softmax (``softmax``), fp32 under ``torch.autocast``."""
     from .saved import precision      # saved imports this module
-    return precision(plan).res
-
-
-def _rope_bytes(plan: Plan) -> float:
-    """Bytes per element the rotary embedding moves (``saved.precision``)."""
-    from .saved import precision      # saved imports this module
-    return precision(plan).rope
-
-
-def _softmax_bytes(plan: Plan) -> float:
-    """Bytes per element an unfused softmax and its dropout move (``saved.precision``)."""
-    from .saved import precision      # saved imports this module
-    return precision(plan).softmax
+    return precision(plan)
 
 
 def _cast_op(name: str, fwd_elements: float, bwd_elements: float, plan: Plan) -> list[Op]:
@@ -248,7 +237,7 @@ def embedding_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     VocabParallelEmbedding runs on its shard through ``F.embedding``) zero-fills a (V/t) x h
     gradient and adds the looked-up rows into it, so (V/t) * h * bytes more per microbatch,
     however few tokens there are."""
-    e = _residual_bytes(plan)                 # the table's dtype: fp32 under autocast
+    e = _precision(plan).res                  # the table's dtype: fp32 under autocast
     tokens = plan.mbs * model.seq_len
     from .params import embedding_params
     table = padded_vocab(model, plan) // plan.tp * model.hidden
@@ -269,7 +258,7 @@ def head_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     per logit as the stack's loss keeps (fp32: 4; a fused bf16 loss: 2; ``Stack.loss_logits_bytes``).
     Under autocast (``_cast_op``) the output weight and the fp32 norm output go to 16 bits and the
     16-bit logits to fp32 for the loss, and each gradient back (counted as ``_layer_casts``)."""
-    e = _residual_bytes(plan)                 # the final norm's input: the residual stream
+    e = _precision(plan).res                  # the final norm's input: the residual stream
     t = plan.tp
     tokens = plan.mbs * model.seq_len
     tok_sp = tokens // t if plan.sp else tokens

@@ -43,14 +43,6 @@ def reduce_scatters_buckets(zero: int) -> bool:
     return zero >= 1
 
 
-def zero1_gradient_op(all_reduces: bool) -> str:
-    """The collective a ZeRO-1 step reduces its gradient buckets with: a reduce-scatter, each
-    replica keeping the shard it steps (Rajbhandari et al. 2020 Sec. 5.1; DeepSpeed stage 1,
-    Megatron's distributed optimizer), or an all-reduce where the stack's ZeRO-1 sits beside DDP
-    (``Stack.zero1_all_reduce``: torch's ZeroRedundancyOptimizer, the executor's ZeroOneAdamW)."""
-    return "all_reduce" if all_reduces else "reduce_scatter"
-
-
 def gathers_after_step(zero: int) -> bool:
     """Do the updated parameters get all-gathered after the sharded step (ZeRO-1 and -2)?"""
     return zero == 1 or zero == 2

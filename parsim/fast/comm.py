@@ -50,14 +50,13 @@ import numpy as np
 from parsim.costs import (embedding_params, head_params, plan_state_bytes, zero3_gather_bytes_per_layer,
                           zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs import timing
-from parsim.costs.comm import bucket_split
+from parsim.costs.comm import bucket_split, zero1_gradient_op
 from parsim.costs.host import HostModel
 from parsim.costs.links import group_link
 from parsim.costs.optimizer import tied_embedding_sync
 from parsim.costs.stack import comm_compute_slowdown, zero_unit_time
 from parsim.costs.timing import parameter_server_time
-from parsim.costs.zero import zero1_gradient_op
-from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout, plan_stack
+from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
 
 from .plans import WORDS
 
@@ -134,7 +133,6 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
     out = np.zeros((pp, C_WIDTH))
     plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, dtype=WORDS["dtype"][dtype], stack=stack)
     sb = plan_state_bytes(plan)
-    zero1_all_reduce = plan_stack(plan).zero1_all_reduce
     if head_rank != 0:                  # loop placement (a V holds both ends on rank 0: no sync)
         _tied_columns(out, model, pricer, plan, sb.grad)
     if dp == 1:
@@ -155,8 +153,7 @@ def rank_comm_rows(model: ModelSpec, pricer: CollectivePricer, dp: int, tp: int,
         row = out[r]
         row[C_AR_ALL], row[C_AR_LAST] = pricer.bucketed("all_reduce", n * sb.grad, bucket_bytes, group)
         # ZeRO-1's buckets: reduce-scattered, or all-reduced where the stack's ZeRO-1 sits beside DDP
-        row[C_RS_ALL], row[C_RS_LAST] = pricer.bucketed(zero1_gradient_op(zero1_all_reduce), n * sb.grad,
-                                                        bucket_bytes, group)
+        row[C_RS_ALL], row[C_RS_LAST] = pricer.bucketed(zero1_gradient_op(plan), n * sb.grad, bucket_bytes, group)
         row[C_AG_ALL], _ = pricer.bucketed("all_gather", n * sb.param, bucket_bytes, group)
         if with_ps:
             row[C_PS_ALL], row[C_PS_LAST] = bucketed(lambda x: parameter_server_time(cluster, x, list(group)),

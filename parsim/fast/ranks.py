@@ -99,7 +99,8 @@ class RankRows:
         last = pp * vpp - 1
         rows[:, R_LAST] = [stages.index(last) if last in stages else -1 for stages in held]
         rows[:, R_LARGEST] = stage_largest_tensors(self.model, plan)
-        rows[:, R_OWNED] = zero1_owned_params(self.model, plan)
+        if self._zero1_plan(plan).zero == 1:       # a ZeRO-1 replica's states (fast.memory), where the sweep has them
+            rows[:, R_OWNED] = zero1_owned_params(self.model, plan)
         head_rank = next(r for r, stages in enumerate(held) if last in stages)
         rows[:, R_COMM:R_STEP] = rank_comm_rows(self.model, self.pricer, dp, tp, pp, vpp, dtype, params,
                                                 self.bucket_bytes, self.with_ps, head_rank, self.stack)

@@ -32,8 +32,8 @@ import simpy
 
 from parsim.costs import dp_buckets
 from parsim.costs.optimizer import bucket_to_host, optimizer_step
-from parsim.costs.zero import gathers_after_step, reduce_scatters_buckets, zero1_gradient_op
-from parsim.specs import plan_stack
+from parsim.costs.comm import zero1_gradient_op
+from parsim.costs.zero import gathers_after_step, reduce_scatters_buckets
 
 from .actions import fsdp2_gathers
 from .memory import OTHER, PARAMS
@@ -70,7 +70,7 @@ def gradient_sync(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     plan, rec = sim.plan, sim.recorder
     gb = sim.state.grad
     ps = plan.dp_impl == "ps"
-    op = zero1_gradient_op(plan_stack(plan).zero1_all_reduce) if reduce_scatters_buckets(plan.zero) else "all_reduce"
+    op = zero1_gradient_op(plan) if reduce_scatters_buckets(plan.zero) else "all_reduce"
     kind = "ps_gather" if ps else ("dp_allreduce" if op == "all_reduce" else "dp_reducescatter")
     copies = []
     for stage in dev.sync_order:
