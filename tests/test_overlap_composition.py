@@ -100,3 +100,22 @@ def test_overlap_reads_back_and_rejects_what_is_not_a_boolean():
     assert StageProbes.from_dict("s", probes.to_dict()) == probes
     with pytest.raises(SpecError, match=r"s\.overlap"):
         StageProbes.from_dict("s", {"stages": [], "reference": [1.0, 2.0], "overlap": 1})
+
+
+def test_the_composition_rule_is_one_function_on_numbers_and_on_the_fits_grids():
+    import numpy as np
+    alone = np.array([[1e-4], [5e-4], [2e-3]])           # three ops, seconds alone
+    issue = np.array([[0.0, 3e-4, 1e-3]])                 # a grid of per-op seconds
+    for overlap in (False, True):
+        grid = LayerComposition.compose(alone, 1.2, issue, overlap)
+        assert grid.shape == (3, 3)
+        for i in range(3):
+            for j in range(3):
+                one = LayerComposition.compose(float(alone[i, 0]), 1.2, float(issue[0, j]), overlap)
+                assert isinstance(one, float) and grid[i, j] == pytest.approx(one)
+                assert one == pytest.approx(max(1.2 * alone[i, 0], issue[0, j]) if overlap
+                                            else 1.2 * alone[i, 0] + issue[0, j])
+    c = LayerComposition(1.2, 1.1, 3e-4, 2e-4, overlap=True)
+    assert c.seconds(0.0, "fwd") == 0.0                   # an op that does not run costs nothing
+    assert c.seconds(1e-4, "fwd") == pytest.approx(3e-4) and c.seconds(1e-3, "fwd") == pytest.approx(1.2e-3)
+    assert c.seconds(1e-4, "bwd_weight") == pytest.approx(1.1e-4)    # charged with the input gradient

@@ -136,17 +136,14 @@ def op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
     thread: they add. A CUDA host queues kernels ahead of the device
     (``LayerComposition.overlap``): an op takes the longer of the two (an H200, 2026-11-29,
     studies/gpu_check: a gpt3-1.3b layer ran at 1.1x its kernels' sum at mbs 4, at its host's
-    issue time at mbs 1). Other profiles: the op alone."""
+    issue time at mbs 1); ``LayerComposition.compose`` is the rule, which the calibration fits.
+    Other profiles: the op alone."""
     if pass_ == "bwd":
         return op_time(device, op, "bwd_input", dtype) + op_time(device, op, "bwd_weight", dtype)
     composition = device.tables.layer_composition
     if composition is None:
         return _op_time(device, op, pass_, dtype)
-    seconds = _op_time(device, op, pass_, dtype) * composition.factor(pass_)
-    per_op = composition.per_op_s(pass_)
-    if per_op <= 0 or seconds <= 0:
-        return seconds
-    return max(seconds, per_op) if composition.overlap else seconds + per_op
+    return composition.seconds(_op_time(device, op, pass_, dtype), pass_)
 
 
 def _op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:

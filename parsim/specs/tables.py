@@ -131,9 +131,7 @@ class LayerComposition:
     a factor on every op (dimensionless; a real layer's measured time over its ops' priced sum)
     and, where the calibration fitted one over its synthetic stages (``calibration.layer_terms``),
     seconds per op (``per_op_fwd_s`` / ``per_op_bwd_s``: autograd's node and engine, Python
-    module calls). ``costs.timing.op_time`` applies both: added to the op's time on a device
-    its host drives synchronously (a CPU), or as the op's least time where the host's issue
-    overlaps the kernels it queued before (``overlap``: a CUDA device)."""
+    module calls); ``costs.timing.op_time`` applies both as ``compose`` says."""
     fwd: float
     bwd: float
     per_op_fwd_s: float = 0.0
@@ -160,9 +158,26 @@ class LayerComposition:
         return float(self.fwd if pass_ == "fwd" else self.bwd)
 
     def per_op_s(self, pass_: str) -> float:
-        """Seconds added per op that runs in ``pass_`` ("fwd", or "bwd_input": an op's backward
-        node runs once, charged with its input gradient)."""
+        """Seconds per op run in ``pass_`` ("fwd"; "bwd_input": a backward node, run once)."""
         return float(self.per_op_fwd_s if pass_ == "fwd" else self.per_op_bwd_s if pass_ == "bwd_input" else 0.0)
+
+    def seconds(self, alone: float, pass_: str) -> float:
+        """An op's seconds in ``pass_`` from its seconds ``alone`` (``compose``; one not run: 0)."""
+        per_op = self.per_op_s(pass_)
+        return alone * self.factor(pass_) if per_op <= 0 or alone <= 0 else \
+            self.compose(alone, self.factor(pass_), per_op, self.overlap)
+
+    @staticmethod
+    def compose(alone, factor: float, per_op, overlap: bool):
+        """The composition rule, s: ``factor`` x the op alone, plus ``per_op`` host seconds where
+        the host drives the op synchronously (a CPU), at least ``per_op`` where its issue overlaps
+        the kernels it queued before (``overlap``: CUDA). On numpy arrays too (``surface_fit``)."""
+        t = alone * factor
+        if not overlap:
+            return t + per_op
+        import numpy as np
+        scalar = isinstance(t, (int, float)) and isinstance(per_op, (int, float))
+        return max(t, per_op) if scalar else np.maximum(t, per_op)
 
     def scaled(self, fwd: float, bwd: float) -> "LayerComposition":
         """Every term of a pass times that pass's factor (a machine running slower)."""
