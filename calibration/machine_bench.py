@@ -68,11 +68,63 @@ class GridResults:
     membound: list[tuple[MemboundPoint, Summary, Summary | None]] = field(default_factory=list)
     stages: list[tuple[ModelSpec, int, Summary, Summary]] = field(default_factory=list)
     stage_rounds: Any = None    # the stages' ``stages.StageRounds`` (``stages`` summarizes it)
+    membound_rounds: Any = None  # the memory-bound passes (``MemboundPasses``; ``membound`` summarizes them)
 
     def time_stages(self, step: Callable[[str], None] | None = None) -> None:
         """One more round of the stages (``stage_rounds``), ``stages`` then over every round."""
         self.stage_rounds.round(step)
         self.stages = self.stage_rounds.summaries()
+
+    def time_membound(self, step: Callable[[str], None] | None = None, every: bool = False) -> None:
+        """The memory-bound grid's next pass (``every``: all it still owes), if the plan asks for
+        more; ``membound`` then each point's median over every pass so far."""
+        rounds = self.membound_rounds
+        while rounds is not None and rounds.left:
+            rounds.run(step)
+            self.membound = rounds.points()
+            if not every:
+                break
+
+
+class MemboundPasses:
+    """The memory-bound points timed in ``passes`` passes spread over a calibration: the first
+    with the per-op tables, one beside the real-layer probe after each collectives job, any left
+    at the end (``runner.run_calibration``). A shared VM's memory bandwidth has slow spells that
+    pass: on this project's 2-vCPU AMD VM (2026-11-30) one calibration's passes, taken back to
+    back within 20 s, read the streaming ops 30-70 % slower than a calibration 8 minutes later
+    and than the day before's, and priced every bf16 plan after it 10-23 points slower (fp32,
+    whose GEMMs weigh more, 2-10 points: ``studies/validation_cpu/heldout/README.md``). Passes
+    minutes apart let each point's median of its passes set it aside."""
+
+    def __init__(self, points: list, passes: int, dtype: str, clock, repeats: int, budget_s: float):
+        self.points_, self.passes, self.dtype = list(points), passes, dtype
+        self.clock, self.repeats, self.budget_s = clock, repeats, budget_s
+        self.done: list[list[tuple]] = []
+
+    @property
+    def left(self) -> int:
+        return self.passes - len(self.done) if self.points_ else 0
+
+    def run(self, step: Callable[[str], None] | None = None) -> None:
+        """One pass over every point (its forward and backward samples); ``step(label)`` after each."""
+        from . import compute
+        k, out = len(self.done) + 1, []
+        for p in self.points_:
+            out.append(compute.bench_membound(p, self.dtype, self.clock, self.repeats, self.budget_s))
+            if step is not None:
+                step(f"grid {p.name} {p.source}" + (f" (pass {k})" if self.passes > 1 else ""))
+        self.done.append(out)
+
+    def levels(self) -> list[float]:
+        """Per pass, the median over the points of its forward time over the point's median of
+        its passes: how slow the machine's memory ran in that pass (1: as the profile takes it)."""
+        med = [p[1].median for p in self.points()]
+        return [float(np.median([r[i][0].median / m for i, m in enumerate(med) if m > 0])) for r in self.done]
+
+    def points(self) -> list[tuple]:
+        """(point, forward, backward) per point: the median of its passes (``median_of``)."""
+        return [(p, median_of([r[i][0] for r in self.done]), median_of([r[i][1] for r in self.done]))
+                for i, p in enumerate(self.points_)]
 
 
 def estimate_rate(dtype: str, clock) -> float:
@@ -113,9 +165,9 @@ def steps_of(plan: GridPlan, repeats: int) -> int:
 def measure_grid(plan: GridPlan, dtype: str, clock, repeats: int, gemm_budget_s: float, op_budget_s: float,
                  step: Callable[[str], None]) -> GridResults:
     """Every point of ``plan``: GEMMs of a dtype sampled round-robin (``timer.measure_many``),
-    then attention one by one (the calibrated dtype's, then the others'), the memory-bound ops in
-    ``membound_passes`` passes over all of them (each point the median of its passes: ``median_of``), and a first round of the stages
-    (``stages.StageRounds``)."""
+    then attention one by one (the calibrated dtype's, then the others'), the first of the
+    memory-bound ops' ``membound_passes`` passes (``MemboundPasses``: ``GridResults.time_membound``
+    takes the others), and a first round of the stages (``stages.StageRounds``)."""
     from . import compute
     from .stages import StageRounds
 
@@ -139,14 +191,8 @@ def measure_grid(plan: GridPlan, dtype: str, clock, repeats: int, gemm_budget_s:
             out.attention_other.setdefault(dt, []).append(
                 (p, *compute.bench_attention(p, dt, clock, repeats, op_budget_s, "sdpa")))
             step(f"grid attention {dt} bh={p.batch_heads} s={p.seq}")
-    passes: list[list[tuple]] = []
-    for k in range(plan.membound_passes):
-        passes.append([])
-        for p in plan.membound:
-            passes[-1].append(compute.bench_membound(p, dtype, clock, repeats, op_budget_s))
-            step(f"grid {p.name} {p.source}" + (f" (pass {k + 1})" if plan.membound_passes > 1 else ""))
-    out.membound = [(p, median_of([r[i][0] for r in passes]), median_of([r[i][1] for r in passes]))
-                    for i, p in enumerate(plan.membound)]
+    out.membound_rounds = MemboundPasses(plan.membound, plan.membound_passes, dtype, clock, repeats, op_budget_s)
+    out.time_membound(step)        # the first pass; the runner times the others after the collectives
     out.stage_rounds = StageRounds(plan.stages, dtype, clock, repeats)
     out.time_stages(step)          # the first round; the runner times more after the collectives
     return out

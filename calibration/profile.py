@@ -92,6 +92,9 @@ def build_profile(m: Measurements, name: str) -> dict[str, Any]:
         tables = fit_layer_terms(device_from_dict({**device, "extra": tables.to_dict()}, name), m.model, m.dtype)
     device["extra"] = tables.to_dict()
     prov = dict(m.provenance)
+    passes = m.grid.membound_rounds if m.grid is not None else None
+    if passes is not None and len(passes.done) > 1:     # the memory-bound passes' levels (machine_bench)
+        prov["membound_passes"] = [round(x, 3) for x in passes.levels()]
     prov["spread"] = spreads(m.gemm or [p for rows in (m.grid.gemm.values() if m.grid else []) for p in rows],
                              m.attention or (m.grid.attention if m.grid else []),
                              m.membound or (m.grid.membound if m.grid else []), collectives)

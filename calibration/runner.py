@@ -4,9 +4,8 @@ Order: per-op overhead (the membound and attention fits subtract it), GEMMs, att
 memory-bound ops, host copies, other-dtype probes, synthetic stages and one real layer's forward
 and backward (the composition terms), then one process group per group size (contention of a GEMM,
 a streaming add and a real layer, each rank 0 alone and all ranks at once in alternating rounds;
-interference; collectives; in-situ TP collectives), each followed by the real layer and the stages
-again. Compute benchmarks run in this process with one thread, as one executor rank does.
-"""
+interference; collectives; in-situ TP collectives), each followed by the real layer, the stages and
+a memory-bound pass again. Compute benchmarks run in this process with one thread, as one rank does."""
 from __future__ import annotations
 
 import dataclasses
@@ -198,13 +197,15 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
     def probe_block(label: str) -> None:
         single_thread(layer.block)
         step(label)
-        if m.grid is not None and m.grid.stage_rounds is not None:   # after a collectives job
-            single_thread(lambda: m.grid.time_stages(step))
+        if m.grid is not None and m.grid.stage_rounds is not None:   # after a collectives job: the stages
+            single_thread(lambda: (m.grid.time_stages(step), m.grid.time_membound(step)))   # + a membound pass
 
     probe_block("layer probe 1")
     contention_shape = single_thread(lambda: _measure_compute(m, opts, device, gemms, attns, mems, step, bar,
                                                              layer, grid))
     _measure_comm(m, opts, device, ops, contention_shape, step, probe_block)
+    if m.grid is not None:
+        single_thread(lambda: m.grid.time_membound(step, every=True))   # the passes no job was left for
     bar.close()
     m.layer, m.layer_blocks = layer.result()
     _device_totals(m, device)

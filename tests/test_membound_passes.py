@@ -1,7 +1,8 @@
-"""The memory-bound grid in passes (``machine_bench.measure_grid``, ``MEMBOUND_PASSES``): a slow
+"""The memory-bound grid in passes (``machine_bench.MemboundPasses``, ``MEMBOUND_PASSES``): a slow
 phase of a shared VM moves whole points when a point's samples are taken back to back, so the
-full calibration goes over every memory-bound point three times and keeps each point's median
-of its passes."""
+full calibration goes over every memory-bound point three times, minutes apart (the first pass
+with the per-op tables, the next after each collectives job, ``runner.run_calibration``), and
+keeps each point's median of its passes."""
 import pytest
 
 from parsim.calibration.fit import Summary
@@ -33,6 +34,12 @@ def test_measure_grid_goes_over_every_memory_bound_point_once_a_pass():
     plan = GridPlan(gemm={}, attention=[], membound=points, stages=[], membound_passes=3)
     seen: list[str] = []
     out = measure_grid(plan, "fp32", Clock(torch.device("cpu")), 3, 0.01, 0.02, seen.append)
+    assert len(seen) == 2 and all("(pass 1)" in s for s in seen)     # the first pass only
+    assert out.membound_rounds.left == 2
+    out.time_membound(seen.append)                                     # after a collectives job: one more
+    assert len(seen) == 4 and out.membound_rounds.left == 1
+    out.time_membound(seen.append, every=True)                         # at the end: the rest
+    out.time_membound(seen.append, every=True)                         # and no more than the plan asks
     assert len(seen) == steps_of(plan, 3) == 6 and sum("(pass 3)" in s for s in seen) == 2
     assert [p for p, _, _ in out.membound] == points
     for _, fwd, bwd in out.membound:

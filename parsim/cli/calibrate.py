@@ -116,6 +116,10 @@ def render(profile: dict, path: Path) -> str:
                          "rounds over the run: " + " / ".join(f"{x * 1e3:.1f}" for x in rounds)
                          + f" ms ({apart(rounds):.0%} apart; the composition terms take "
                          "the median of all samples)")
+    levels = profile.get("provenance", {}).get("membound_passes")
+    if levels:
+        lines.append(f"  the memory-bound grid in {len(levels)} passes over the run, each point's time over its "
+                     "median: " + " / ".join(f"{x:.2f}" for x in levels) + " (the profile takes the median)")
     lines += fit_report_lines(tables.fit_report or {})
     lines.append("")
     rows = [[op, str(n), f"{f.alpha * 1e3:.3f}", f"{f.alpha_insitu * 1e3:.3f}" if f.alpha_insitu is not None else "-",
