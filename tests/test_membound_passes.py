@@ -44,3 +44,36 @@ def test_measure_grid_goes_over_every_memory_bound_point_once_a_pass():
     assert [p for p, _, _ in out.membound] == points
     for _, fwd, bwd in out.membound:
         assert fwd.n >= 9 and bwd.n >= 9 and 0 < fwd.p10 <= fwd.median <= fwd.p90
+
+
+def test_calibrate_prints_each_passes_level_where_the_profile_keeps_them(tmp_path):
+    from pathlib import Path
+
+    from parsim.cli.calibrate import render
+    from parsim.specs import load_profile_dict
+
+    fixture = Path(__file__).parent / "fixtures" / "cpu-calibrated.yaml"
+    profile = load_profile_dict(fixture)
+    assert "the memory-bound grid in" not in render(profile, fixture)      # profiles before the passes' levels
+    profile["provenance"]["membound_passes"] = [0.98, 1.31, 1.0]
+    lines = [ln for ln in render(profile, fixture).splitlines() if "the memory-bound grid in" in ln]
+    assert lines == ["  the memory-bound grid in 3 passes over the run, each point's time over its median: "
+                     "0.98 / 1.31 / 1.00 (the profile takes the median)"]
+
+
+def test_a_passes_level_is_its_points_time_over_their_median():
+    pytest.importorskip("torch")
+    import torch
+
+    from parsim.calibration.grid import membound_grid
+    from parsim.calibration.machine_bench import MemboundPasses
+    from parsim.calibration.timer import Clock
+
+    points = [p for p in membound_grid("cpu", "fp32", 1) if p.name == "residual_add"]
+    passes = MemboundPasses(points, 3, "fp32", Clock(torch.device("cpu")), 3, 0.01)
+    # three passes as measured: the second one 2x slower on every point (a slow spell)
+    passes.done = [[(Summary(1.0, 0.9, 1.1, 3), None)], [(Summary(2.0, 1.8, 2.2, 3), None)],
+                   [(Summary(1.1, 1.0, 1.2, 3), None)]]
+    assert passes.left == 0
+    assert passes.points()[0][1].median == 1.1                       # the spell set aside
+    assert passes.levels() == pytest.approx([1.0 / 1.1, 2.0 / 1.1, 1.0])
