@@ -68,7 +68,7 @@ class GridResults:
     membound: list[tuple[MemboundPoint, Summary, Summary | None]] = field(default_factory=list)
     stages: list[tuple[ModelSpec, int, Summary, Summary]] = field(default_factory=list)
     stage_rounds: Any = None    # the stages' ``stages.StageRounds`` (``stages`` summarizes it)
-    membound_rounds: Any = None  # the memory-bound passes (``MemboundPasses``; ``membound`` summarizes them)
+    membound_rounds: Any = None  # the memory-bound passes (``MemboundPasses``; ``membound`` holds its summaries)
 
     def time_stages(self, step: Callable[[str], None] | None = None) -> None:
         """One more round of the stages (``stage_rounds``), ``stages`` then over every round."""
@@ -81,7 +81,7 @@ class GridResults:
         rounds = self.membound_rounds
         while rounds is not None and rounds.left:
             rounds.run(step)
-            self.membound = rounds.points()
+            self.membound = rounds.summaries()
             if not every:
                 break
 
@@ -92,24 +92,25 @@ class MemboundPasses:
     at the end (``runner.run_calibration``). A shared VM's memory bandwidth has slow spells that
     pass: on this project's 2-vCPU AMD VM (2026-11-30) one calibration's passes, taken back to
     back within 20 s, read the streaming ops 30-70 % slower than a calibration 8 minutes later
-    and than the day before's, and priced every bf16 plan after it 10-23 points slower (fp32,
-    whose GEMMs weigh more, 2-10 points: ``studies/validation_cpu/heldout/README.md``). Passes
-    minutes apart let each point's median of its passes set it aside."""
+    and than the day before's, and priced the held-out bf16 plans 3-23 points slower than the
+    later one (median 13; fp32, whose GEMMs weigh more, 0-10, median 5.5:
+    ``studies/validation_cpu/heldout/README.md``). Passes minutes apart let each point's median
+    of its passes set a spell shorter than a pass aside."""
 
     def __init__(self, points: list, passes: int, dtype: str, clock, repeats: int, budget_s: float):
-        self.points_, self.passes, self.dtype = list(points), passes, dtype
+        self.points, self.passes, self.dtype = list(points), passes, dtype
         self.clock, self.repeats, self.budget_s = clock, repeats, budget_s
         self.done: list[list[tuple]] = []
 
     @property
     def left(self) -> int:
-        return self.passes - len(self.done) if self.points_ else 0
+        return self.passes - len(self.done) if self.points else 0
 
     def run(self, step: Callable[[str], None] | None = None) -> None:
         """One pass over every point (its forward and backward samples); ``step(label)`` after each."""
         from . import compute
         k, out = len(self.done) + 1, []
-        for p in self.points_:
+        for p in self.points:
             out.append(compute.bench_membound(p, self.dtype, self.clock, self.repeats, self.budget_s))
             if step is not None:
                 step(f"grid {p.name} {p.source}" + (f" (pass {k})" if self.passes > 1 else ""))
@@ -118,13 +119,13 @@ class MemboundPasses:
     def levels(self) -> list[float]:
         """Per pass, the median over the points of its forward time over the point's median of
         its passes: how slow the machine's memory ran in that pass (1: as the profile takes it)."""
-        med = [p[1].median for p in self.points()]
+        med = [p[1].median for p in self.summaries()]
         return [float(np.median([r[i][0].median / m for i, m in enumerate(med) if m > 0])) for r in self.done]
 
-    def points(self) -> list[tuple]:
+    def summaries(self) -> list[tuple]:
         """(point, forward, backward) per point: the median of its passes (``median_of``)."""
         return [(p, median_of([r[i][0] for r in self.done]), median_of([r[i][1] for r in self.done]))
-                for i, p in enumerate(self.points_)]
+                for i, p in enumerate(self.points)]
 
 
 def estimate_rate(dtype: str, clock) -> float:

@@ -75,5 +75,5 @@ def test_a_passes_level_is_its_points_time_over_their_median():
     passes.done = [[(Summary(1.0, 0.9, 1.1, 3), None)], [(Summary(2.0, 1.8, 2.2, 3), None)],
                    [(Summary(1.1, 1.0, 1.2, 3), None)]]
     assert passes.left == 0
-    assert passes.points()[0][1].median == 1.1                       # the spell set aside
+    assert passes.summaries()[0][1].median == 1.1                       # the spell set aside
     assert passes.levels() == pytest.approx([1.0 / 1.1, 2.0 / 1.1, 1.0])
