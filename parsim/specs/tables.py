@@ -15,6 +15,8 @@ from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from typing import Any, Callable
 
+import numpy as np
+
 from .errors import SpecError
 from .readers import flag, known as _known, mapping, number, plain as _plain, row, rows
 from .surfaces import (LeaveOut, MemboundFit, OptimizerLevels, RooflineFit, StageProbes, read_named, read_per_dtype,
@@ -163,20 +165,18 @@ class LayerComposition:
 
     def seconds(self, alone: float, pass_: str) -> float:
         """An op's seconds in ``pass_`` from its seconds ``alone`` (``compose``; one not run: 0)."""
-        per_op = self.per_op_s(pass_)
-        return alone * self.factor(pass_) if per_op <= 0 or alone <= 0 else \
-            self.compose(alone, self.factor(pass_), per_op, self.overlap)
+        if alone <= 0:
+            return alone * self.factor(pass_)
+        return self.compose(alone, self.factor(pass_), self.per_op_s(pass_), self.overlap)
 
     @staticmethod
     def compose(alone, factor: float, per_op, overlap: bool):
-        """The composition rule, s: ``factor`` x the op alone, plus ``per_op`` host seconds where
-        the host drives the op synchronously (a CPU), at least ``per_op`` where its issue overlaps
-        the kernels it queued before (``overlap``: CUDA). On numpy arrays too (``surface_fit``)."""
+        """The composition rule, s: ``factor`` x the op alone, plus ``per_op`` host seconds on a synchronous
+        host (CPU), at least them where its issue overlaps the kernels (``overlap``: CUDA); numpy too."""
         t = alone * factor
         if not overlap:
             return t + per_op
-        import numpy as np
-        scalar = isinstance(t, (int, float)) and isinstance(per_op, (int, float))
+        scalar = isinstance(t, (int, float)) and isinstance(per_op, (int, float))     # op_time's path
         return max(t, per_op) if scalar else np.maximum(t, per_op)
 
     def scaled(self, fwd: float, bwd: float) -> "LayerComposition":
