@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from parsim.specs.surfaces import LeaveOut, MemboundFit, RooflineFit
-from parsim.specs.tables import LayerComposition
+from parsim.costs.timing import composed
 
 FOLDS = 5
 GPU_TILES = (64, 128, 256)        # square output tiles cuBLAS / CUTLASS kernels use
@@ -329,14 +329,14 @@ def fit_composition(priced: Sequence[float], ops: Sequence[float], measured: Seq
 
 def _overlapped_error(factors: np.ndarray, taus: np.ndarray, running, rest, measured) -> np.ndarray:
     """Squared relative errors summed over stages, (factors x taus): a stage's pass priced
-    sum_i max(f d_i, tau) over the ops that run (``running``, seconds each; ``LayerComposition.compose``,
+    sum_i max(f d_i, tau) over the ops that run (``running``, seconds each; ``costs.timing.composed``,
     the rule ``costs.timing.op_time`` prices by) + f x ``rest``."""
     total = np.zeros((len(factors), len(taus)))
     for run, other, m in zip(running, rest, measured):
         run = np.asarray(run, dtype=float)
         for i, f in enumerate(factors):
-            composed = LayerComposition.compose(run[:, None], f, taus[None, :], True)
-            total[i] += ((composed.sum(axis=0) + f * other) / m - 1.0) ** 2
+            priced = composed(run[:, None], f, taus[None, :], True)
+            total[i] += ((priced.sum(axis=0) + f * other) / m - 1.0) ** 2
     return total
 
 
@@ -371,7 +371,7 @@ def fit_overlapped_composition(running: Sequence[Sequence[float]], rest: Sequenc
     for k in range(n if n >= 3 else 0):
         keep = [i for i in range(n) if i != k]
         f, tau = _overlapped_terms([running[i] for i in keep], [rest[i] for i in keep], [measured[i] for i in keep])
-        pred = float(LayerComposition.compose(np.asarray(running[k], dtype=float), f, tau, True).sum()) + f * rest[k]
+        pred = float(composed(np.asarray(running[k], dtype=float), f, tau, True).sum()) + f * rest[k]
         errors.append(pred / measured[k] - 1.0)
     f, tau = _overlapped_terms(running, rest, measured)
     return CompositionFit(f, tau, summarize_errors(errors or [0.0], n))

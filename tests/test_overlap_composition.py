@@ -104,18 +104,28 @@ def test_overlap_reads_back_and_rejects_what_is_not_a_boolean():
 
 def test_the_composition_rule_is_one_function_on_numbers_and_on_the_fits_grids():
     import numpy as np
+
+    from parsim.costs.timing import composed
     alone = np.array([[1e-4], [5e-4], [2e-3]])           # three ops, seconds alone
     issue = np.array([[0.0, 3e-4, 1e-3]])                 # a grid of per-op seconds
     for overlap in (False, True):
-        grid = LayerComposition.compose(alone, 1.2, issue, overlap)
+        grid = composed(alone, 1.2, issue, overlap)
         assert grid.shape == (3, 3)
         for i in range(3):
             for j in range(3):
-                one = LayerComposition.compose(float(alone[i, 0]), 1.2, float(issue[0, j]), overlap)
+                one = composed(float(alone[i, 0]), 1.2, float(issue[0, j]), overlap)
                 assert isinstance(one, float) and grid[i, j] == pytest.approx(one)
                 assert one == pytest.approx(max(1.2 * alone[i, 0], issue[0, j]) if overlap
                                             else 1.2 * alone[i, 0] + issue[0, j])
-    c = LayerComposition(1.2, 1.1, 3e-4, 2e-4, overlap=True)
-    assert c.seconds(0.0, "fwd") == 0.0                   # an op that does not run costs nothing
-    assert c.seconds(1e-4, "fwd") == pytest.approx(3e-4) and c.seconds(1e-3, "fwd") == pytest.approx(1.2e-3)
-    assert c.seconds(1e-4, "bwd_weight") == pytest.approx(1.1e-4)    # charged with the input gradient
+
+
+def test_an_op_that_does_not_run_in_a_pass_costs_nothing_whatever_the_per_op_seconds():
+    raw = _raw()
+    ops = layer_ops(load_model("cpu-small"), Plan(mbs=2, gbs=2, dtype="fp32"))
+    idle = {p: [op for op in ops if op_time(raw, op, p, "fp32") == 0.0] for p in ("fwd", "bwd_input")}
+    assert idle["fwd"] and idle["bwd_input"]        # the gradient accumulation runs in neither
+    for flag in (False, True):
+        device = _with(raw, LayerComposition(1.2, 1.1, 3e-4, 2e-4, overlap=flag))
+        for p, least in (("fwd", 3e-4), ("bwd_input", 2e-4)):
+            assert all(op_time(device, op, p, "fp32") == 0.0 for op in idle[p])
+            assert all(op_time(device, op, p, "fp32") >= least for op in ops if op not in idle[p])

@@ -136,14 +136,28 @@ def op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
     thread: they add. A CUDA host queues kernels ahead of the device
     (``LayerComposition.overlap``): an op takes the longer of the two (an H200, 2026-11-29,
     studies/gpu_check: a gpt3-1.3b layer ran at 1.1x its kernels' sum at mbs 4, at its host's
-    issue time at mbs 1); ``LayerComposition.compose`` is the rule, which the calibration fits.
-    Other profiles: the op alone."""
+    issue time at mbs 1); ``composed`` is the rule, which the calibration fits. Other profiles:
+    the op alone."""
     if pass_ == "bwd":
         return op_time(device, op, "bwd_input", dtype) + op_time(device, op, "bwd_weight", dtype)
-    composition = device.tables.layer_composition
-    if composition is None:
-        return _op_time(device, op, pass_, dtype)
-    return composition.seconds(_op_time(device, op, pass_, dtype), pass_)
+    composition, alone = device.tables.layer_composition, _op_time(device, op, pass_, dtype)
+    if composition is None or alone <= 0:       # an op that does not run in the pass costs nothing
+        return alone if composition is None else alone * composition.factor(pass_)
+    return composed(alone, composition.factor(pass_), composition.per_op_s(pass_), composition.overlap)
+
+
+def composed(alone, factor: float, per_op, overlap: bool):
+    """The composition rule (``LayerComposition``), seconds: ``factor`` x the op's seconds alone,
+    plus ``per_op`` host seconds where the host drives the op synchronously (a CPU), at least
+    ``per_op`` where its issue overlaps the kernels it queued before (``overlap``: CUDA).
+    Elementwise on numpy arrays too: the calibration fits it on grids (``surface_fit``)."""
+    t = alone * factor
+    if not overlap:
+        return t + per_op
+    if isinstance(t, (int, float)) and isinstance(per_op, (int, float)):
+        return max(t, per_op)           # op_time's path
+    import numpy as np                  # the fit's grids only
+    return np.maximum(t, per_op)
 
 
 def _op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:

@@ -15,8 +15,6 @@ from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from typing import Any, Callable
 
-import numpy as np
-
 from .errors import SpecError
 from .readers import flag, known as _known, mapping, number, plain as _plain, row, rows
 from .surfaces import (LeaveOut, MemboundFit, OptimizerLevels, RooflineFit, StageProbes, read_named, read_per_dtype,
@@ -133,7 +131,7 @@ class LayerComposition:
     a factor on every op (dimensionless; a real layer's measured time over its ops' priced sum)
     and, where the calibration fitted one over its synthetic stages (``calibration.layer_terms``),
     seconds per op (``per_op_fwd_s`` / ``per_op_bwd_s``: autograd's node and engine, Python
-    module calls); ``costs.timing.op_time`` applies both as ``compose`` says."""
+    module calls); ``costs.timing.op_time`` applies both (``costs.timing.composed``)."""
     fwd: float
     bwd: float
     per_op_fwd_s: float = 0.0
@@ -162,22 +160,6 @@ class LayerComposition:
     def per_op_s(self, pass_: str) -> float:
         """Seconds per op run in ``pass_`` ("fwd"; "bwd_input": a backward node, run once)."""
         return float(self.per_op_fwd_s if pass_ == "fwd" else self.per_op_bwd_s if pass_ == "bwd_input" else 0.0)
-
-    def seconds(self, alone: float, pass_: str) -> float:
-        """An op's seconds in ``pass_`` from its seconds ``alone`` (``compose``; one not run: 0)."""
-        if alone <= 0:
-            return alone * self.factor(pass_)
-        return self.compose(alone, self.factor(pass_), self.per_op_s(pass_), self.overlap)
-
-    @staticmethod
-    def compose(alone, factor: float, per_op, overlap: bool):
-        """The composition rule, s: ``factor`` x the op alone, plus ``per_op`` host seconds on a synchronous
-        host (CPU), at least them where its issue overlaps the kernels (``overlap``: CUDA); numpy too."""
-        t = alone * factor
-        if not overlap:
-            return t + per_op
-        scalar = isinstance(t, (int, float)) and isinstance(per_op, (int, float))     # op_time's path
-        return max(t, per_op) if scalar else np.maximum(t, per_op)
 
     def scaled(self, fwd: float, bwd: float) -> "LayerComposition":
         """Every term of a pass times that pass's factor (a machine running slower)."""
