@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	# exactly torch==2.13.0: the CPU build pip finds on this machine's disk (an unpinned torch pulls CUDA)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[torch,dev,cluster]'
+	# numba compiles the fast path's kernels once, here, not in the first sweep (parsim/study/warm.py)
+	$(BIN)/python -m parsim.study.warm
 	touch $(STAMP)
 
 demo: $(STAMP)
