@@ -300,18 +300,27 @@ def nonnegative_fit(priced: np.ndarray, ops: np.ndarray, measured: np.ndarray, t
 
 # relative leave-out improvement the per-op composition term must bring to be kept
 COMPOSITION_MARGIN = 0.01
+# the per-op term is fitted only over stages whose op counts span this ratio: over nearly equal
+# counts it is a near-constant offset the stages cannot tell from the factor, and a model with
+# many more ops takes it per op. The machine grid's four stages run 18-26 ops a pass; on a Zen 3
+# EPYC VM (2026-11-30) their backward fitted 0.684 x priced + 1.13 ms per op (a fit of the 13 %
+# the stages drifted between rounds, not of autograd, whose per-op cost is tens of us), and priced
+# a 12-layer model's backward (113 ops) +98 % and a 2-layer one's (19 ops) -33 % (alone, one thread).
+COMPOSITION_OPS_SPAN = 2.0
 
 
 def fit_composition(priced: Sequence[float], ops: Sequence[float], measured: Sequence[float]) -> CompositionFit:
     """The composition terms of one pass over the stages (priced: their ops' priced seconds;
     ops: their op counts; measured: seconds). The per-op term is kept only when it predicts the
     left-out stages clearly better (leave-one-out median lower by ``COMPOSITION_MARGIN``: a
-    near-tie would flip on the profile's rounded numbers when ``refit`` re-derives it) and there
-    are at least three stages."""
+    near-tie would flip on the profile's rounded numbers when ``refit`` re-derives it), there
+    are at least three stages, and their op counts span ``COMPOSITION_OPS_SPAN`` (else the data
+    cannot tell it from the factor)."""
     p, o, m = (np.asarray(x, dtype=float) for x in (priced, ops, measured))
     n = len(m)
+    identified = n >= 3 and o.min() > 0 and o.max() >= COMPOSITION_OPS_SPAN * o.min()
     best: CompositionFit | None = None
-    for two in ((False, True) if n >= 3 else (False,)):
+    for two in ((False, True) if identified else (False,)):
         if n >= 2:
             errors = []
             for i in range(n):

@@ -166,6 +166,23 @@ def test_a_composition_fit_never_keeps_a_factor_that_prices_the_ops_at_under_hal
     assert fit.per_op_s == 0.0 and fit.factor == pytest.approx(nonnegative_fit(priced, ops, measured, False)[0])
 
 
+def test_no_per_op_composition_term_over_stages_of_nearly_equal_op_counts():
+    # the machine grid's stages' backward on a Zen 3 VM (2026-11-30): priced without composition,
+    # op counts, measured (ms). Free, leave-one-out kept 0.684 x priced + 1.13 ms per op: the op
+    # counts span 1.44x, too little to tell a per-op term from the factor
+    priced = np.array([50.0, 61.8, 44.4, 66.5]) * 1e-3
+    ops = np.array([24, 26, 18, 24])
+    measured = np.array([59.5, 62.1, 54.4, 68.4]) * 1e-3
+    from parsim.calibration.surface_fit import COMPOSITION_OPS_SPAN, nonnegative_fit
+    assert ops.max() < COMPOSITION_OPS_SPAN * ops.min()
+    assert nonnegative_fit(priced, ops, measured, True, 0.5)[1] > 5e-4      # what the free fit would keep
+    fit = fit_composition(priced, ops, measured)
+    assert fit.per_op_s == 0.0 and 1.0 < fit.factor < 1.25
+    # the same stages with counts that do span (x3): the term is fitted where it predicts better
+    spread = fit_composition(priced, ops * np.array([1, 3, 1, 1]), measured)
+    assert spread.factor > 0
+
+
 # ----------------------------------------------------------------------------- real grids
 
 def test_h100_grid_peaks_are_physical_and_fp16_is_no_longer_a_launch_bound_probe():
