@@ -178,9 +178,10 @@ def test_no_per_op_composition_term_over_stages_of_nearly_equal_op_counts():
     assert nonnegative_fit(priced, ops, measured, True, 0.5)[1] > 5e-4      # what the free fit would keep
     fit = fit_composition(priced, ops, measured)
     assert fit.per_op_s == 0.0 and 1.0 < fit.factor < 1.25
-    # the same stages with counts that do span (x3): the term is fitted where it predicts better
-    spread = fit_composition(priced, ops * np.array([1, 3, 1, 1]), measured)
-    assert spread.factor > 0
+    # counts that do span (one stage x3): a per-op term the stages follow is recovered
+    spanning = ops * np.array([1, 3, 1, 1])
+    spread = fit_composition(priced, spanning, 1.1 * priced + 1e-4 * spanning)
+    assert spread.factor == pytest.approx(1.1, rel=1e-3) and spread.per_op_s == pytest.approx(1e-4, rel=1e-3)
 
 
 # ----------------------------------------------------------------------------- real grids

@@ -18,11 +18,11 @@ import numpy as np
 def main(dtype: str) -> None:
     import torch
 
-    from parsim.calibration import compute
     from parsim.calibration.cache import cache_levels
     from parsim.calibration.grid import membound_grid
-    from parsim.calibration.machine_bench import median_of
+    from parsim.calibration.machine_bench import MemboundPasses
     from parsim.calibration.machine_fit import Surfaces, membound_surfaces
+    from parsim.calibration.runner import FULL
     from parsim.calibration.timer import Clock
     from parsim.executor.host_alloc import apply_host_memory_policy
 
@@ -32,11 +32,12 @@ def main(dtype: str) -> None:
     clock, caches = Clock(device), cache_levels(device)
     points = [p for p in membound_grid("cpu", dtype, 8) if p.name != "adamw"]
     print(f"{len(points)} points, {dtype}, caches {caches} bytes")
-    passes = []
-    for k in range(3):
+    rounds = MemboundPasses(points, 3, dtype, clock, FULL.repeats, FULL.op_budget_s)   # as a full calibration
+    while rounds.left:
         t0 = time.perf_counter()
-        passes.append([compute.bench_membound(p, dtype, clock, 10, 0.4) for p in points])
-        print(f"pass {k + 1}: {time.perf_counter() - t0:.0f} s", flush=True)
+        rounds.run()
+        print(f"pass {len(rounds.done)}: {time.perf_counter() - t0:.0f} s", flush=True)
+    passes = rounds.done
 
     def leave_out(results: list) -> dict[str, float]:
         s = Surfaces()
@@ -44,8 +45,7 @@ def main(dtype: str) -> None:
         return {k.split(".", 1)[1]: v.median for k, v in s.report.items()}
 
     fits = [leave_out([(p, f, b) for p, (f, b) in zip(points, r)]) for r in passes]
-    fits.append(leave_out([(p, median_of([r[i][0] for r in passes]), median_of([r[i][1] for r in passes]))
-                           for i, p in enumerate(points)]))
+    fits.append(leave_out(rounds.summaries()))
     print(f"\n{'op':16s} leave-out median: pass 1 / 2 / 3 / median of passes | forward spread, median "
           f"over points: between passes, within a pass")
     for name in sorted({p.name for p in points}):
