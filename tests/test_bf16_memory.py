@@ -40,7 +40,7 @@ def measured():
     from parsim.executor import ExecutorConfig, RunSpec, run_plans
 
     plans = [parse_plan(f"{p} dtype=bf16") for _, p in CASES]
-    results = run_plans([RunSpec(spec, plan, ExecutorConfig(steps=3, warmup=2, track_memory=True))
+    results = run_plans([RunSpec(spec, plan, ExecutorConfig(steps=2, warmup=2, track_memory=True))
                          for (spec, _), plan in zip(CASES, plans)])
     return dict(zip(IDS, zip(plans, results)))
 
@@ -56,7 +56,7 @@ def test_bf16_peak_per_rank_matches_the_model_on_two_gloo_ranks(measured, case):
 
 # the embedding's dense gradient under autocast: fp32, as the residual stream's gradient it is made of
 PROBE = replace(load_model("tiny"), layers=4, hidden=384, heads=6, kv_heads=2, ffn_hidden=1024, vocab=12000,
-                seq_len=192, activation="swiglu", norm="rmsnorm", position="rope", tied_embeddings=False,
+                seq_len=96, activation="swiglu", norm="rmsnorm", position="rope", tied_embeddings=False,
                 bias=False, flash_attention=True)
 
 
@@ -66,9 +66,9 @@ def test_the_first_ranks_embedding_backward_holds_an_fp32_gradient_under_autocas
 
     plan = parse_plan("pp=2 vpp=2 mbs=1 gbs=4 schedule=interleaved dtype=bf16")
     assert embedding_grad_bytes(PROBE, plan) == 2 * vocab_grad_bytes(PROBE, plan)   # fp32 beside the bf16 head's
-    result = run_plans([RunSpec(PROBE, plan, ExecutorConfig(steps=3, warmup=2, track_memory=True))])[0]
+    result = run_plans([RunSpec(PROBE, plan, ExecutorConfig(steps=2, warmup=2, track_memory=True))])[0]
     first = memory_by_stage(PROBE, plan, load_cluster("cpu:2", profile="cpu-calibrated"))[0].total
     measured = result.peak_memory_bytes_by_rank[0]
     assert first == pytest.approx(measured, rel=0.01)
-    # counted at 2 bytes an element, this rank's peak read 5 % low (156.7 against 165.8 MiB)
+    # counted at 2 bytes an element, this rank's peak read 6 % low (147.9 against 156.8 MiB)
     assert first - (embedding_grad_bytes(PROBE, plan) - vocab_grad_bytes(PROBE, plan)) < 0.96 * measured

@@ -31,7 +31,7 @@ def measured():
     from parsim.executor import ExecutorConfig, RunSpec, run_plans
 
     plans = [parse_plan(p) for p in PLANS]
-    results = run_plans([RunSpec(SPEC, plan, ExecutorConfig(steps=3, warmup=2, track_memory=True))
+    results = run_plans([RunSpec(SPEC, plan, ExecutorConfig(steps=2, warmup=2, track_memory=True))
                          for plan in plans])
     return dict(zip(PLANS, zip(plans, results)))
 

@@ -34,7 +34,7 @@ CASES = [(TIED, "dp=2 mbs=1 gbs=2 zero=1 dtype=fp32"), (UNTIED, "dp=2 mbs=1 gbs=
 def measured():
     from parsim.executor import ExecutorConfig, RunSpec, run_plans
 
-    runs = [RunSpec(model, parse_plan(text), ExecutorConfig(steps=3, warmup=2, track_memory=True))
+    runs = [RunSpec(model, parse_plan(text), ExecutorConfig(steps=2, warmup=2, track_memory=True))
             for model, text in CASES]
     return {text: max(r.peak_memory_bytes_by_rank) for (_, text), r in zip(CASES, run_plans(runs))}
 
