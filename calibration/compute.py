@@ -276,6 +276,11 @@ def membound_case(point: MemboundPoint, dt: torch.dtype, dev: torch.device, pool
     if point.name in ("gelu", "softmax"):
         x = draw(shape)
         return ((lambda: F.gelu(x)) if point.name == "gelu" else (lambda: torch.softmax(x, dim=-1))), [x]
+    if point.name == "causal_mask":
+        # the executor's explicit attention (``Attention.core``): a bool (s, s) mask built per
+        # call, masked_fill out of place; its backward fills the gradient's masked entries
+        x = draw(shape)
+        return (lambda: x.masked_fill(torch.ones_like(x[0], dtype=torch.bool).triu(1), float("-inf"))), [x]
     if point.name == "cross_entropy":
         tokens, vocab = shape
         logits = draw((tokens, vocab))

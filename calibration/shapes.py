@@ -131,6 +131,11 @@ def membound_points(model: ModelSpec, tps: list[int], mbss: list[int], dtype: st
             add("gelu", (tok, f), 2 * tok * f * e, tag)
             add("swiglu", (tok, f), 3 * tok * f * e, tag)             # ops: swiglu, reads=2
             add("softmax", (mbs * heads, s, s), 2 * mbs * heads * s * s * e, tag)
+            # unfused attention's causal masked_fill (ops: attn_mask; the gradient's bytes backward):
+            # its own point, as eager masked_fill with a broadcast bool (s, s) mask took 9-12x a
+            # residual add's time over the same bytes (2-vCPU Zen 3 EPYC, torch 2.13, 2026-11-30)
+            scores = 2 * mbs * heads * s * s * e
+            out.append(MemboundPoint("causal_mask", (mbs * heads, s, s), scores, scores, tag))
             add("cross_entropy", (tok, vocab), 2 * tok * vocab * 4, tag)   # ops: fp32 logits
             # ops.embedding_ops: backward also writes the local table's dense gradient
             out.append(MemboundPoint("embedding", (tok, vocab, h), 2 * tok * h * e,

@@ -95,11 +95,12 @@ def membound_time(device: DeviceProfile, nbytes: float, op_name: str = "", pass_
 
 
 # ``costs.ops`` op names -> the benchmark standing for them in a fitted membound surface
-# (norms go by ``Op.impl``: layernorm / rmsnorm)
+# (norms go by ``Op.impl``: layernorm / rmsnorm), unless it has the op's own (``OWN_BENCHMARK``)
 SURFACE_OPS = {"attn_residual": "residual_add", "mlp_residual": "residual_add", "attn_dropout": "residual_add",
                "attn_scale": "residual_add", "attn_mask": "residual_add"}
+OWN_BENCHMARK = {"attn_mask": "causal_mask"}      # ``calibration.shapes``: a masked_fill is no add
 # ops whose backward is another streaming elementwise kernel over the same bytes (a scalar
-# multiply, a masked_fill of the gradient): both passes take the benchmark's forward fit (the
+# multiply, a masked_fill of the gradient): both passes take the stand-in's forward fit (the
 # residual add's backward only passes its gradient on, a fixed cost whatever the bytes)
 STREAMING_BACKWARD = frozenset({"attn_scale", "attn_mask"})
 
@@ -122,7 +123,8 @@ def _membound_name(device: DeviceProfile, op: Op) -> str:
         return "grad_accumulate"
     if not device.tables.membound_surface:
         return op.name
-    return op.impl or SURFACE_OPS.get(op.name, op.name)
+    own = OWN_BENCHMARK.get(op.name)
+    return own if own in device.tables.membound_surface else op.impl or SURFACE_OPS.get(op.name, op.name)
 
 
 def op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
@@ -168,9 +170,9 @@ def _op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
     if op.kind == "membound":
         if pass_ == "bwd_weight" or (op.in_composition and _composed(device, op)):
             return 0.0
-        fwd = pass_ == "fwd"
-        return membound_time(device, op.fwd_bytes if fwd else op.bwd_bytes, _membound_name(device, op),
-                             "fwd" if fwd or op.name in STREAMING_BACKWARD else "bwd", op.traffic[0 if fwd else 1])
+        fwd, name = pass_ == "fwd", _membound_name(device, op)
+        return membound_time(device, op.fwd_bytes if fwd else op.bwd_bytes, name, "fwd" if fwd or (
+            op.name in STREAMING_BACKWARD and name == SURFACE_OPS[op.name]) else "bwd", op.traffic[0 if fwd else 1])
     flops = {"fwd": op.fwd_flops, "bwd_input": op.bwd_input_flops, "bwd_weight": op.bwd_weight_flops}[pass_]
     if flops <= 0:
         return 0.0
