@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 from .fit import sampling_plan
 
+CONTENTION_ROUNDS = 7     # alternating rounds of a calibration's contention probes (``_alternating_rounds``)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 # The torch call behind each key; x = the per-rank tensor passed in (shard for all-gather,
 # full buffer for reduce-scatter), as parsim.costs.timing reads alpha + beta * x.
@@ -72,6 +73,10 @@ class CommJob:
     layer_mbs: int = 1
     # CPU seconds of one pipeline message (``p2p_cpu``, CPU only): the activation's bytes; 0 skips it
     line_bytes: int = 0
+    # alternating rounds of each contention probe (``_alternating_rounds``), and whether a 2-rank
+    # job measures FSDP2's host costs (``sharded.measure_fsdp2``): fewer / no for a test's job
+    rounds: int = CONTENTION_ROUNDS
+    fsdp2: bool = True
 
     def insitu_block(self, n: int) -> tuple[int, int, int] | None:
         return next(((m, c, k) for g, m, c, k in self.insitu_blocks if g == n), None)
@@ -135,13 +140,13 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
             fn = gemm_callable(point, job.contention_dtype, device)
         out: dict = _contention(fn, job, clock, dist, torch, device)
         out["process_groups"] = len(dist.distributed_c10d._world.pg_map)     # the default one and ``groups``
-        if job.world == 2:      # a DP pair: FSDP2's sharded parameters under the optimizer, its units
+        if job.world == 2 and job.fsdp2:      # a DP pair: FSDP2's sharded parameters under the optimizer, its units
             from .sharded import measure_fsdp2
             out.update(measure_fsdp2(job.world, device, dist, torch))
         if job.layer_model is not None:
             forward, backward, _ = layer_step(job.layer_model, job.layer_mbs, job.contention_dtype, device)
             out["layer_rounds"] = _alternating_rounds(lambda: (forward(), backward()), job.contention_s, clock, dist,
-                                                      torch, device)
+                                                      torch, device, rounds=job.rounds)
         out["collectives"] = {}
         for op in job.ops:
             if op == "send_recv" and rank > 1:
@@ -184,7 +189,6 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
         dist.destroy_process_group()
 
 
-CONTENTION_ROUNDS = 7
 
 
 def _contention(gemm: Callable[[], object], job: CommJob, clock, dist, torch, device) -> dict:
@@ -194,25 +198,27 @@ def _contention(gemm: Callable[[], object], job: CommJob, clock, dist, torch, de
     from .compute import OPTIMIZER_CALLS, optimizer_step_callable, stream_callable
     out = {}
     with torch.no_grad():
-        out["gemm_rounds"] = _alternating_rounds(gemm, job.contention_s, clock, dist, torch, device)
+        out["gemm_rounds"] = _alternating_rounds(gemm, job.contention_s, clock, dist, torch, device, rounds=job.rounds)
         stream, _ = stream_callable(2**22, "fp32", device)
-        out["stream_rounds"] = _alternating_rounds(stream, job.contention_s / 2, clock, dist, torch, device)
+        out["stream_rounds"] = _alternating_rounds(stream, job.contention_s / 2, clock, dist, torch, device,
+                                                   rounds=job.rounds)
     if job.device_type == "cpu":
-        out["optimizer_rounds"] = _alternating_rounds(optimizer_step_callable(device), job.contention_s / 2,
-                                                      clock, dist, torch, device, min_calls=OPTIMIZER_CALLS)
+        out["optimizer_rounds"] = _alternating_rounds(optimizer_step_callable(device), job.contention_s / 2, clock,
+                                                      dist, torch, device, OPTIMIZER_CALLS, job.rounds)
     with torch.no_grad():
         out["interference"] = _interference(gemm, job, clock, dist, torch, device)
     return out
 
 
 def _alternating_rounds(step: Callable[[], object], budget_s: float, clock, dist, torch, device,
-                        min_calls: int = 2) -> list[list]:
+                        min_calls: int = 2, rounds: int = CONTENTION_ROUNDS) -> list[list]:
     """Per round, [seconds per call of rank 0 alone (None on other ranks), seconds per call of
     this rank while every rank calls at once]. Rank 0's solo phase and the concurrent phase
     alternate within each round (the others wait in a barrier, which does not spin), so a slow
     minute of a shared machine moves both sides of a round's ratio alike; the profile takes
-    the median over ``CONTENTION_ROUNDS`` rounds (on this project's 2-vCPU VM single rounds of
-    the real layer read 0.97x-1.56x within one job, the first round the slowest). The solo
+    the median over ``rounds`` rounds (``CONTENTION_ROUNDS`` in a calibration; on this project's
+    2-vCPU VM single rounds of the real layer read 0.97x-1.56x within one job, the first round
+    the slowest). The solo
     phase runs a fixed number of calls, about ``budget_s`` in all over the rounds' phases; the
     concurrent phase is a window of the same length that every rank fills with calls from one
     barrier on, counting the calls it finishes: every rank computes until the window closes,
@@ -227,7 +233,7 @@ def _alternating_rounds(step: Callable[[], object], budget_s: float, clock, dist
     step()
     clock.sync()
     first, = _slowest([time.perf_counter() - t0], dist, torch, device)
-    calls = max(min_calls, math.ceil(budget_s / (2 * CONTENTION_ROUNDS) / max(first, 1e-6)))
+    calls = max(min_calls, math.ceil(budget_s / (2 * rounds) / max(first, 1e-6)))
 
     def timed() -> float:
         clock.sync()
@@ -250,7 +256,7 @@ def _alternating_rounds(step: Callable[[], object], budget_s: float, clock, dist
                 return elapsed / done
 
     out = []
-    for _ in range(CONTENTION_ROUNDS):
+    for _ in range(rounds):
         dist.barrier()
         solo = timed() if dist.get_rank() == 0 else None
         dist.barrier()

@@ -198,7 +198,7 @@ def test_the_sequence_parallel_collectives_the_executor_calls_run_on_a_real_gloo
     tp_forms = ("all_gather", "reduce_scatter")        # the tensor forms (executor.tp_communications)
     job = CommJob(world=2, device_type="cpu", sizes=(4096, 2**18), ops=tp_forms, repeats=3,
                   point_budget_s=0.05, min_sample_s=1e-3, contention_gemm=(64, 64, 64),
-                  contention_dtype="fp32", contention_s=0.05)
+                  contention_dtype="fp32", contention_s=0.05, rounds=2, fsdp2=False)
     ranks = run_comm_job(job)
     assert len(ranks) == 2 and all(c > 0 for r in ranks for key in ("gemm_rounds", "stream_rounds")
                                    for _, c in r[key])
@@ -283,16 +283,18 @@ def test_gemm_contention_is_fitted_to_the_real_layer_slowdown(quick_profile):
 @pytest.mark.slow
 def test_contention_rounds_alternate_rank0_alone_and_all_ranks_on_a_real_gloo_group():
     pytest.importorskip("torch")
-    from parsim.calibration.comm import CONTENTION_ROUNDS, CommJob, run_comm_job
+    from parsim.calibration.comm import CommJob, run_comm_job
 
     job = CommJob(world=2, device_type="cpu", sizes=(4096,), ops=("all_reduce",), repeats=3,
                   point_budget_s=0.05, min_sample_s=1e-3, contention_gemm=(64, 64, 64),
-                  contention_dtype="fp32", contention_s=0.05, layer_model=load_model("tiny"), layer_mbs=1)
+                  contention_dtype="fp32", contention_s=0.05, layer_model=load_model("tiny"), layer_mbs=1, rounds=3,
+                  fsdp2=False)
     ranks = run_comm_job(job)
+    assert "dtensor_optimizer" not in ranks[0] and "fsdp_units" not in ranks[0]    # FSDP2's costs not measured
     for rank, r in enumerate(ranks):
         for key in ("gemm_rounds", "stream_rounds", "optimizer_rounds", "layer_rounds"):
             rounds = r[key]
-            assert len(rounds) == CONTENTION_ROUNDS, key
+            assert len(rounds) == job.rounds, key
             for solo, together in rounds:
                 assert together > 0
                 assert (solo > 0) if rank == 0 else (solo is None)
