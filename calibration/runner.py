@@ -29,7 +29,7 @@ MAX_RANKS = 64
 
 @dataclass(frozen=True)
 class Settings:
-    """How hard to measure: ``quick`` for tests (~20-40 s), the default for a real profile."""
+    """How hard to measure: ``quick`` for tests (~30-70 s), the default for a real profile."""
 
     mbs: tuple[int, ...]
     repeats: int

@@ -147,7 +147,7 @@ def host_profile(shipped: str | Path = "cpu-calibrated", recalibrate: bool = Fal
     where it was measured here
     (its ``provenance.host_id`` is this host's), else the quick profile kept for this host under
     ``cache_dir()`` unless it was measured while the machine was busy (``kept_profile_refused``),
-    else a fresh ``parsim calibrate --quick`` (machine grid, 2 ranks, ~20-40 s; progress bar on
+    else a fresh ``parsim calibrate --quick`` (machine grid, 2 ranks, ~30-70 s; progress bar on
     stderr) written there, taken once more if the machine was unsteady meanwhile. Timing predictions made with another machine's
     profile are not this machine's; a host id (``calibration.machine.host_id``: machine id, boot
     id, CPU model, cores, hostname) tells them apart where hostnames and CPU strings do not.
@@ -179,7 +179,7 @@ def host_profile(shipped: str | Path = "cpu-calibrated", recalibrate: bool = Fal
             return HostProfile(cached, f"quick profile of this host kept in {cached} ({prov.get('date', '?')})", False)
         elsewhere = refused
     say(f"{elsewhere}; this host is {here} ({cpu_model()}, {os.cpu_count()} cores): calibrating a quick profile "
-        f"of it first (parsim calibrate --quick, about 20-40 s), kept in {cached}")
+        f"of it first (parsim calibrate --quick, about 30-70 s), kept in {cached}")
     os.environ.setdefault("PARSIM_HOST_MEMORY", "keep")
     calibrate(quick=True, ranks=QUICK_RANKS, name=f"cpu-{here}", out=cached, progress=progress)
     drift = probe_drift(load_profile_dict(str(cached)))

@@ -19,7 +19,7 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", default="fp32", help="dtype of the GEMM / attention / memory-bound tables [fp32]")
     p.add_argument("--ranks", default="2,4", help="process-group sizes for collectives and contention [2,4]")
     p.add_argument("--repeats", type=int, default=None, help="samples per point (median, p10/p90) [10; 3 with --quick]")
-    p.add_argument("--quick", action="store_true", help="a smaller grid, sizes <= 4 MiB, 3 repeats (~20-40 s)")
+    p.add_argument("--quick", action="store_true", help="a smaller grid, sizes <= 4 MiB, 3 repeats (~30-70 s)")
     p.add_argument("--mbs", default=None, help="micro-batch sizes whose shapes are measured [1,2,4; 1 with --quick]")
     p.add_argument("--tp", default="1,2,4", help="tensor-parallel degrees whose shard shapes are measured [1,2,4]")
     p.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (nccl, one GPU per rank) [cpu]")

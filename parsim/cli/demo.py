@@ -6,7 +6,7 @@
 2. The same question on this machine: the best plan for a small model on 2 CPU ranks,
    predicted with a profile of *this* machine -- the shipped CPU profile only where it was
    measured on this host (``provenance.host_id``), else a quick profile kept for this host
-   outside the repository, else one calibrated first (``parsim calibrate --quick``, ~20-40 s,
+   outside the repository, else one calibrated first (``parsim calibrate --quick``, ~30-70 s,
    said so, with a progress bar) -- executed for real with the torch executor, measured printed
    beside predicted; also the prediction re-anchored to the calibration's layer probe re-taken
    around the timed steps, as ``parsim validate`` does (a shared machine's speed drifts; the
