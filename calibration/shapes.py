@@ -132,8 +132,9 @@ def membound_points(model: ModelSpec, tps: list[int], mbss: list[int], dtype: st
             add("swiglu", (tok, f), 3 * tok * f * e, tag)             # ops: swiglu, reads=2
             add("softmax", (mbs * heads, s, s), 2 * mbs * heads * s * s * e, tag)
             # unfused attention's causal masked_fill (ops: attn_mask; the gradient's bytes backward):
-            # its own point, as eager masked_fill with a broadcast bool (s, s) mask took 9-12x a
-            # residual add's time over the same bytes (2-vCPU Zen 3 EPYC, torch 2.13, 2026-11-30)
+            # its own point, as eager masked_fill with a broadcast bool (s, s) mask took 3-12x a
+            # residual add's time over the same bytes (2-vCPU Zen 3 EPYC, torch 2.13, 2026-11-30;
+            # studies/validation_cpu/heldout/head_and_mask.py)
             scores = 2 * mbs * heads * s * s * e
             out.append(MemboundPoint("causal_mask", (mbs * heads, s, s), scores, scores, tag))
             add("cross_entropy", (tok, vocab), 2 * tok * vocab * 4, tag)   # ops: fp32 logits
