@@ -189,8 +189,6 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
         dist.destroy_process_group()
 
 
-
-
 def _contention(gemm: Callable[[], object], job: CommJob, clock, dist, torch, device) -> dict:
     """The contention rounds (``_alternating_rounds``) of a GEMM, a streaming add and, on CPU,
     the optimizer step (a GPU rank steps its optimizer on its own device), and the compute an
@@ -218,13 +216,12 @@ def _alternating_rounds(step: Callable[[], object], budget_s: float, clock, dist
     minute of a shared machine moves both sides of a round's ratio alike; the profile takes
     the median over ``rounds`` rounds (``CONTENTION_ROUNDS`` in a calibration; on this project's
     2-vCPU VM single rounds of the real layer read 0.97x-1.56x within one job, the first round
-    the slowest). The solo
-    phase runs a fixed number of calls, about ``budget_s`` in all over the rounds' phases; the
-    concurrent phase is a window of the same length that every rank fills with calls from one
-    barrier on, counting the calls it finishes: every rank computes until the window closes,
-    so none runs with the host to itself at the end, as ranks that had finished a fixed count
-    early would leave the last ones (which read 1.86x for 4 GEMM ranks on 2 cores, below the
-    2x that sharing 2 cores among 4 busy ranks takes at least). Each phase runs at least
+    the slowest). The solo phase runs a fixed number of calls, about ``budget_s`` in all over the
+    rounds' phases; the concurrent phase is a window of the same length that every rank fills
+    with calls from one barrier on, counting the calls it finishes: every rank computes until the
+    window closes, so none runs with the host to itself at the end, as ranks that had finished a
+    fixed count early would leave the last ones (which read 1.86x for 4 GEMM ranks on 2 cores,
+    below the 2x that sharing 2 cores among 4 busy ranks takes at least). Each phase runs at least
     ``min_calls`` calls: a window that holds only a couple of slowed calls ends as its first
     ranks finish theirs, and the last ones then have the host to themselves."""
     step()

@@ -4,8 +4,9 @@ older profiles keep pricing it as a residual add over the same bytes.
 
 On a 2-vCPU Zen 3 EPYC (torch 2.13, 2026-11-30) ``scores.masked_fill(causal, -inf)`` with the
 broadcast bool (s, s) mask took 7-12x a residual add over the same bytes while the scores fit in
-the cache (8 x 128 x 128 fp32: 369-431 against 30-59 us), 3-5x at 8 x 512 x 512, and the held-out deep model (12 layers, explicit attention) ran its forward
-at 1.39x its priced ops where the four flash-attention models ran at 1.07-1.15x."""
+the cache (8 x 128 x 128 fp32: 369-431 against 30-59 us), 3-5x at 8 x 512 x 512, and the held-out
+deep model (12 layers, explicit attention) ran its forward at 1.39x its priced ops where the four
+flash-attention models ran at 1.07-1.15x."""
 from __future__ import annotations
 
 import pytest

@@ -1,15 +1,16 @@
-"""Two ops against the surfaces that price them, on one thread, cold as a training pass finds them.
+"""Two ops against what priced them, on one thread.
 
 1. The explicit attention's causal mask (``executor/model.py``: ``scores.masked_fill(causal,
    -inf)`` with a broadcast bool (s, s) mask) against a residual add over the same bytes, the op
-   that priced it before the calibration timed it on its own (``costs.timing.OWN_BENCHMARK``).
+   that priced it before the calibration timed it on its own (``costs.timing.OWN_BENCHMARK``):
+   the calibration's own forward cases of both (``calibration.compute.membound_case``), warm.
 2. Each held-out model's head GEMM (tokens x vocab x hidden, ``F.linear``) and one of its layer
    GEMMs (tokens x ffn x hidden) against the profile's GEMM surface (``costs.timing.gemm_time``).
 
-    .venv/bin/python studies/validation_cpu/heldout/head_and_mask.py PROFILE > head_and_mask.txt   # ~30 s
+    .venv/bin/python studies/validation_cpu/heldout/head_and_mask.py PROFILE > head_and_mask.txt   # ~10 s
 
-Medians of 7 samples; the operands rotate over copies spanning twice the last-level cache
-(``calibration.compute.gemm_callable(cold=True)``)."""
+Medians of 7 samples; the GEMMs cold, as a training pass finds them: the operands rotate over
+copies spanning twice the last-level cache (``calibration.compute.gemm_callable(cold=True)``)."""
 from __future__ import annotations
 
 import sys
@@ -22,13 +23,14 @@ MASK_SHAPES = ((8, 128), (32, 128), (16, 256), (8, 512))      # (batch x heads, 
 def mask_rows(clock) -> list[str]:
     import torch
 
+    from parsim.calibration.compute import membound_case
+    from parsim.calibration.shapes import MemboundPoint
     from parsim.calibration.timer import measure
     out = []
     for bh, s in MASK_SHAPES:
-        x, y = torch.randn(bh, s, s), torch.randn(bh, s, s)
-        masked = measure(lambda: x.masked_fill(torch.ones_like(x[0], dtype=torch.bool).triu(1), float("-inf")),
-                         clock, 7, 0.3).median
-        added = measure(lambda: x + y, clock, 7, 0.3).median
+        masked, added = (measure(membound_case(MemboundPoint(name, (bh, s, s), 0.0, 0.0, "study"), torch.float32,
+                                               clock.device)[0], clock, 7, 0.3).median
+                         for name in ("causal_mask", "residual_add"))
         out.append(f"mask  {bh:3d} x {s:4d} x {s:4d}  masked_fill {masked * 1e6:8.0f} us  add {added * 1e6:7.0f} us  "
                    f"x{masked / added:5.1f}")
     return out
