@@ -73,8 +73,9 @@ class CommJob:
     layer_mbs: int = 1
     # CPU seconds of one pipeline message (``p2p_cpu``, CPU only): the activation's bytes; 0 skips it
     line_bytes: int = 0
-    # alternating rounds of each contention probe (``_alternating_rounds``), and whether a 2-rank
-    # job measures FSDP2's host costs (``sharded.measure_fsdp2``): fewer / no for a test's job
+    # alternating rounds of each contention probe (``_alternating_rounds``; a quick calibration
+    # runs 3), and whether a 2-rank job measures FSDP2's host costs (``sharded.measure_fsdp2``):
+    # fewer / no for a test's job
     rounds: int = CONTENTION_ROUNDS
     fsdp2: bool = True
 

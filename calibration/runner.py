@@ -20,6 +20,7 @@ from typing import Any, Iterable
 
 from parsim.specs import DTYPES, ModelSpec, SpecError, load_model, load_profile_dict
 
+from .comm import CONTENTION_ROUNDS
 from .fit import MIN_SAMPLES, log_spaced_sizes
 from .profile_io import FORMAT
 from .shapes import attention_points, gemm_points, membound_points, valid_tps
@@ -30,7 +31,6 @@ MAX_RANKS = 64
 @dataclass(frozen=True)
 class Settings:
     """How hard to measure: ``quick`` for tests (~30-70 s), the default for a real profile."""
-
     mbs: tuple[int, ...]
     repeats: int
     gemm_budget_s: float          # per GEMM shape
@@ -39,6 +39,7 @@ class Settings:
     comm_budget_s: float          # per (collective, size)
     comm_min_sample_s: float
     contention_s: float
+    contention_rounds: int        # alternating rounds per contention probe (``comm._alternating_rounds``)
     host_sizes: tuple[int, ...]
     # samples per collective size and of the pipeline-message line: a 2-rank gloo collective's
     # samples spread x7 on a 2-core VM (0.25-1.8 ms at 16 KiB), so a point's mean over 10 of them
@@ -48,10 +49,11 @@ class Settings:
 
 QUICK = Settings(mbs=(1,), repeats=3, gemm_budget_s=0.15, op_budget_s=0.1,
                  comm_sizes=tuple(log_spaced_sizes(4096, 4 * 2**20, 4)), comm_budget_s=0.3, comm_min_sample_s=5e-3,
-                 contention_s=0.3, host_sizes=(4096, 2**20), comm_repeats=3)
+                 contention_s=0.3, contention_rounds=3, host_sizes=(4096, 2**20), comm_repeats=3)
 FULL = Settings(mbs=(1, 2, 4), repeats=10, gemm_budget_s=1.0, op_budget_s=0.4,
                 comm_sizes=tuple(log_spaced_sizes(4096, 64 * 2**20, 2)), comm_budget_s=2.0, comm_min_sample_s=2e-2,
-                contention_s=2.0, host_sizes=tuple(log_spaced_sizes(4096, 64 * 2**20, 16)), comm_repeats=20)
+                contention_s=2.0, contention_rounds=CONTENTION_ROUNDS,
+                host_sizes=tuple(log_spaced_sizes(4096, 64 * 2**20, 16)), comm_repeats=20)
 
 
 @dataclass(frozen=True)
@@ -101,9 +103,10 @@ def make_options(model: str | ModelSpec | None = None, dtype: str = "fp32", rank
     if repeats is not None:
         if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < MIN_SAMPLES:
             raise SpecError("repeats", repeats, f"an integer >= {MIN_SAMPLES} (the median and p10/p90 need samples)")
-        settings = _replace(settings, repeats=repeats, comm_repeats=repeats)
+        settings = dataclasses.replace(settings, repeats=repeats, comm_repeats=repeats)
     if mbs is not None:
-        settings = _replace(settings, mbs=parse_int_list("mbs", mbs, "comma-separated micro-batch sizes >= 1"))
+        settings = dataclasses.replace(settings,
+                                       mbs=parse_int_list("mbs", mbs, "comma-separated micro-batch sizes >= 1"))
     tp_list = tuple(valid_tps(spec, parse_int_list("tp", tps, "comma-separated TP degrees >= 1")))
     if not tp_list:
         raise SpecError("tp", tps, f"TP degrees dividing heads={spec.heads}, kv_heads={spec.kv_heads}, "
@@ -122,13 +125,8 @@ def make_options(model: str | ModelSpec | None = None, dtype: str = "fp32", rank
         raise SpecError("ranks", ranks, "at least one group size >= 2 to measure collectives on, "
                                         "or --base PROFILE to take the network numbers from")
     if not exact and mbs is None:   # the reference layer's micro-batch size for its probes
-        settings = _replace(settings, mbs=(reference_layer(device.split(":")[0])[1],))
+        settings = dataclasses.replace(settings, mbs=(reference_layer(device.split(":")[0])[1],))
     return CalibrationOptions(spec, dtype, group_sizes, tp_list, device, settings, quick, base_dict, exact)
-
-
-def _replace(s: Settings, **kw) -> Settings:
-    from dataclasses import replace
-    return replace(s, **kw)
 
 
 def calibrate(model: str | ModelSpec | None = None, dtype: str = "fp32", ranks: str | Iterable[int] = (2, 4),
@@ -337,7 +335,7 @@ def _measure_comm(m, opts: CalibrationOptions, device, ops: dict[int, tuple[str,
         job = CommJob(world=world, device_type=device.type, sizes=s.comm_sizes, ops=world_ops, repeats=s.comm_repeats,
                       point_budget_s=s.comm_budget_s, min_sample_s=s.comm_min_sample_s,
                       contention_gemm=contention_shape, contention_dtype=opts.dtype, contention_s=s.contention_s,
-                      layer_model=opts.model, layer_mbs=min(s.mbs),
+                      layer_model=opts.model, layer_mbs=min(s.mbs), rounds=s.contention_rounds,
                       insitu_sizes=insitu_sizes(opts.model, opts.dtype, s.mbs),
                       line_bytes=min(insitu_sizes(opts.model, opts.dtype, s.mbs)),
                       insitu_blocks=tuple((n, *g) for n in range(2, world + 1) if world % n == 0

@@ -64,7 +64,7 @@ def what_if(model, cluster, out: Path):
     from parsim.trace.chrome import save_chrome_trace
 
     _section(f"what-if: {model.name} on {cluster.name}:{cluster.num_devices}")
-    result = run_sweep(model, cluster, build_space(gbs=DEMO_GBS), resimulate_top=10, progress=True)
+    result = run_sweep(model, cluster, build_space(gbs=DEMO_GBS), resimulate_top=10, workers=None, progress=True)
     rec = recommend(model, cluster, result, top=3)
     print(f"{rec.num_plans} valid plans, {rec.num_fit} fit; best 10 re-simulated in SimPy")
     print(rec.rule_check)
