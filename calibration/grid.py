@@ -41,7 +41,10 @@ class Ranges:
     multiple: int                    # shapes rounded to multiples of this
 
 
-CPU = Ranges(tokens=(32, 4096), width=(32, 8192), batch=(1, 64), seq=(32, 1024), head_dim=(32, 64, 128),
+# a CPU's GEMM widths reach a small model's vocabulary (the LM head's n, and its gradient's k):
+# there the rate falls with the output's width (``RooflineFit.wide``), which points up to 8192
+# could not show and the fit extrapolated past
+CPU = Ranges(tokens=(32, 4096), width=(32, 32768), batch=(1, 64), seq=(32, 1024), head_dim=(32, 64, 128),
              hidden=(128, 2048), vocab=(1024, 32768), max_elements=2**23, call_s=0.025, multiple=8)
 GPU = Ranges(tokens=(128, 16384), width=(128, 32768), batch=(1, 256), seq=(128, 8192), head_dim=(64, 128),
              hidden=(512, 8192), vocab=(8192, 131072), max_elements=2**28, call_s=0.004, multiple=64)

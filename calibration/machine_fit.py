@@ -61,13 +61,18 @@ def gemm_surfaces(results: dict[str, list], dtype: str, sms: int | None, overlap
         out.gemm.setdefault(dt, {})[form], out.report[f"gemm.{dt}.{form}"] = surface_report
 
     # the forward GEMM first: the other forms' asymptotes stay below its peak (one chip, one peak;
-    # fitted alone, a form measured mostly below saturation can extrapolate past it)
+    # fitted alone, a form measured mostly below saturation can extrapolate past it). On a CPU
+    # each unbatched form is also fitted with a rate falling with the output's width
+    # (``RooflineFit.wide``), kept where it predicts the left-out points better.
     for form in sorted({p.form for p, _ in results.get(dtype, [])}, key=lambda f: f != "linear"):
         pts, per_batch = points(dtype, form), form == "bmm"
         cap = out.gemm.get(dtype, {}).get("linear")
         if pts is not None and len(pts) >= roofline_params(3, per_batch) + 2:
-            keep(dtype, form, roofline_with_report(pts, per_batch=per_batch, sms=sms, overlap=overlap,
-                                                   peak_cap=cap.peak if cap else None))
+            kw = dict(per_batch=per_batch, sms=sms, overlap=overlap, peak_cap=cap.peak if cap else None)
+            options = [roofline_with_report(pts, **kw)]
+            if sms is None and not overlap and not per_batch and len(pts) >= roofline_params(3, False) + 3:
+                options.append(roofline_with_report(pts, wide=True, **kw))
+            keep(dtype, form, min(options, key=lambda fr: fr[1].median))
     main = out.gemm.get(dtype, {}).get("linear")
     batched = points(dtype, "bmm")
     if main is not None and batched is not None and not overlap and "bmm" in out.gemm.get(dtype, {}):
@@ -78,7 +83,7 @@ def gemm_surfaces(results: dict[str, list], dtype: str, sms: int | None, overlap
         pts = points(dt, "linear")
         if dt == dtype or main is None or pts is None:
             continue
-        options = [roofline_with_report(pts, sms=sms, overlap=overlap, half=main.half)]
+        options = [roofline_with_report(pts, sms=sms, overlap=overlap, half=main.half, wide=main.wide or False)]
         if len(pts) >= roofline_params(3, False) + 2:
             options.append(roofline_with_report(pts, sms=sms, overlap=overlap))
         keep(dt, "linear", min(options, key=lambda fr: fr[1].median))

@@ -101,41 +101,47 @@ class Form:
     overlap: bool = False
     half: tuple[float, ...] | None = None
     peak_cap: float | None = None      # the peak stays below it (another form's asymptote on the same units)
+    wide: bool | float = False         # ``RooflineFit.wide``: True fitted, a number held
 
     def params(self, dims: int) -> int:
-        """Parameters fitted: peak, overhead, one half-size per dimension unless fixed(, per batch)."""
-        return 2 + (0 if self.half else dims) + int(self.per_batch)
+        """Parameters fitted: peak, overhead, one half-size per dimension unless fixed(, per batch)(, wide)."""
+        return 2 + (0 if self.half else dims) + int(self.per_batch) + int(self.wide is True)
 
 
-def _unpack(theta: np.ndarray, dims: int, form: Form) -> tuple[float, np.ndarray, float, float]:
-    """(peak, halves, overhead, per-batch) from the log-parameters."""
+def _unpack(theta: np.ndarray, dims: int, form: Form) -> tuple[float, np.ndarray, float, float, float | None]:
+    """(peak, halves, overhead, per-batch, wide) from the log-parameters."""
     if form.half:
         half, rest = np.asarray(form.half, dtype=float), theta[1:]
     else:
         half, rest = np.exp(np.clip(theta[1:1 + dims], -30, 30)), theta[1 + dims:]
     over = float(np.exp(np.clip(rest[0], -60, 5)))
     per_batch = float(np.exp(np.clip(rest[1], -60, 5))) if form.per_batch else 0.0
+    wide = float(np.exp(np.clip(rest[-1], -30, 30))) if form.wide is True else (float(form.wide) or None)
     if form.peak_cap:      # peak = cap x logistic(theta_0): below the cap by construction
-        return float(form.peak_cap / (1.0 + np.exp(-np.clip(theta[0], -60, 60)))), half, over, per_batch
-    return float(np.exp(theta[0])), half, over, per_batch
+        return float(form.peak_cap / (1.0 + np.exp(-np.clip(theta[0], -60, 60)))), half, over, per_batch, wide
+    return float(np.exp(theta[0])), half, over, per_batch, wide
 
 
 def _model(theta: np.ndarray, points: Points, form: Form, waves: np.ndarray) -> np.ndarray:
-    peak, half, over, per_batch = _unpack(theta, points.dims.shape[1], form)
+    peak, half, over, per_batch, wide = _unpack(theta, points.dims.shape[1], form)
     eff = np.prod(points.dims / (points.dims + half), axis=1) * waves
+    if wide:
+        eff = eff / (1.0 + points.dims[:, 1] / wide)
     fixed = over + points.batch * per_batch
     busy = points.work / (peak * eff)
     return np.maximum(fixed, busy) if form.overlap else fixed + busy
 
 
 def fit_roofline(points: Points, per_batch: bool = False, sms: int | None = None, overlap: bool = False,
-                 half: tuple[float, ...] | None = None, peak_cap: float | None = None) -> RooflineFit:
+                 half: tuple[float, ...] | None = None, peak_cap: float | None = None,
+                 wide: bool | float = False) -> RooflineFit:
     """The ``RooflineFit`` of ``points`` (more points than parameters). ``per_batch``: fit a
     seconds-per-batch-element term (batched GEMMs); ``sms``: a GPU's SM count, to fit the wave
     quantisation's tile; ``overlap``: asynchronous launches (GPUs); ``half``: half-saturation
     sizes held fixed (another dtype's GEMMs run the same tiles: only its peak and overhead
-    are fitted); ``peak_cap``: an upper bound on the peak."""
-    form = Form(per_batch, sms, overlap, half, peak_cap)
+    are fitted); ``peak_cap``: an upper bound on the peak; ``wide``: fit (True) or hold (a
+    number) the output width at which the rate halves (``RooflineFit.wide``)."""
+    form = Form(per_batch, sms, overlap, half, peak_cap, wide)
     d = points.dims.shape[1]
     n_params = form.params(d)
     if len(points) <= n_params:
@@ -151,14 +157,16 @@ def fit_roofline(points: Points, per_batch: bool = False, sms: int | None = None
                       math.log(max(float(points.seconds.min()) * 0.2, 1e-9))]
             if per_batch:
                 theta0.append(math.log(max(float((points.seconds / points.batch).min()) * 0.05, 1e-10)))
+            if wide is True:      # from far past the widest point: no fall until the points ask for one
+                theta0.append(math.log(8.0 * float(points.dims[:, 1].max())))
             theta, cost = levenberg_marquardt(
                 lambda th, w=waves: np.log(_model(th, points, form, w)) - log_t, np.array(theta0))
             if best is None or cost < best[0]:
                 best = (cost, theta, tile)
     _, theta, tile = best
-    peak, halves, over, pb = _unpack(theta, d, form)
+    peak, halves, over, pb, wide_n = _unpack(theta, d, form)
     return RooflineFit(peak=peak, half=tuple(float(h) for h in halves), overhead_s=over, per_batch_s=pb,
-                       tile=tile, sms=sms if tile else None, overlap=overlap, points=len(points))
+                       tile=tile, sms=sms if tile else None, overlap=overlap, points=len(points), wide=wide_n)
 
 
 def predict(fit: RooflineFit, points: Points) -> np.ndarray:
@@ -197,13 +205,13 @@ def roofline_params(dims: int, per_batch: bool) -> int:
 
 def roofline_with_report(points: Points, per_batch: bool = False, sms: int | None = None, overlap: bool = False,
                          half: tuple[float, ...] | None = None, peak_cap: float | None = None,
-                         folds: int = FOLDS) -> tuple[RooflineFit, LeaveOut]:
+                         folds: int = FOLDS, wide: bool | float = False) -> tuple[RooflineFit, LeaveOut]:
     """The fit on every point and its k-fold leave-out error (leave-one-out where k folds would
     leave too few points to fit on)."""
     n = len(points)
-    if n - math.ceil(n / folds) <= Form(per_batch, sms, overlap, half).params(points.dims.shape[1]):
+    if n - math.ceil(n / folds) <= Form(per_batch, sms, overlap, half, wide=wide).params(points.dims.shape[1]):
         folds = n
-    args = (per_batch, sms, overlap, half, peak_cap)
+    args = (per_batch, sms, overlap, half, peak_cap, wide)
     report = leave_out(n, lambda idx: fit_roofline(points.take(idx), *args),
                        lambda fit, idx: predict(fit, points.take(idx)), points.seconds, folds)
     return fit_roofline(points, *args), report

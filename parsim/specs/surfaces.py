@@ -12,7 +12,8 @@ any shape with them. A profile YAML keeps them under ``device.extra`` (``Calibra
   fill term per dimension (small dimensions under-fill the register / tensor-core tiles and
   the vector lanes; the ``GemmEfficiency`` curve with one half-saturation size per dimension),
   times the wave quantisation of a GPU (tiles / (ceil(tiles / SMs) x SMs); NVIDIA, "Matrix
-  Multiplication Background User's Guide", Sec. "Wave Quantization"). Every factor is <= 1,
+  Multiplication Background User's Guide", Sec. "Wave Quantization"), and on a CPU where the
+  fit finds it, 1 / (1 + n / wide) for wide outputs (``RooflineFit.efficiency``). Every factor is <= 1,
   so the efficiency is <= 1 by construction and ``peak`` is the fitted asymptote.
 * ``MemboundFit``: seconds = alpha + beta x bytes per pass (Hockney 1994's latency-bandwidth
   model; 1 / beta is the op's achieved bandwidth), and past a knee (the host's last-level
@@ -72,12 +73,19 @@ class RooflineFit:
     overlap: bool = False                # asynchronous launches: the larger of overhead and work, not the sum
     points: int | None = None            # measured points it was fitted on
     executed: bool = False               # attention: work = the CPU flash kernel's executed FLOPs
+    wide: float | None = None            # output width n at which a CPU GEMM's rate has halved (``efficiency``)
 
-    _ORDER = ("peak", "half", "overhead_s", "per_batch_s", "tile", "sms", "overlap", "points", "executed")
+    _ORDER = ("peak", "half", "overhead_s", "per_batch_s", "tile", "sms", "overlap", "points", "executed", "wide")
 
     def efficiency(self, dims: tuple[float, ...], batch: float = 1) -> float:
-        """Achieved fraction of ``peak`` on the work (dimensionless, in (0, 1])."""
+        """Achieved fraction of ``peak`` on the work (dimensionless, in (0, 1]); with ``wide``, times
+        1 / (1 + n / wide): a CPU GEMM's rate falls as its output grows wider (the 2-vCPU Zen 3
+        VM, torch 2.13 fp32 F.linear, 2026-11-30: 60-80 GFLOP/s at n ~ 1000, 35-50 at n = 16384,
+        whatever m (64-1024) and k (256-1024); the fall is n's alone: a term on m or k fitted
+        nothing. ``studies/validation_cpu/heldout/wide_gemm.py``)."""
         eff = math.prod(saturation(d, h) for d, h in zip(dims, self.half))
+        if self.wide:
+            eff /= 1.0 + dims[1] / self.wide
         if self.tile and self.sms:
             eff *= wave_fraction(dims[0], dims[1], batch, int(self.tile), int(self.sms))
         return eff
@@ -103,7 +111,9 @@ class RooflineFit:
         peak = number(f"{where}.peak", d["peak"])
         if peak <= 0 or any(h < 0 for h in half):
             raise SpecError(where, raw, "peak > 0 and half-saturation sizes >= 0")
-        opt = {k: number(f"{where}.{k}", d[k]) for k in ("per_batch_s", "tile", "sms", "points") if k in d}
+        opt = {k: number(f"{where}.{k}", d[k]) for k in ("per_batch_s", "tile", "sms", "points", "wide") if k in d}
+        if opt.get("wide", 1.0) <= 0:
+            raise SpecError(f"{where}.wide", d["wide"], "an output width > 0 (elements)")
         opt.update({k: flag(f"{where}.{k}", d[k]) for k in ("overlap", "executed") if k in d})
         return cls(peak=peak, half=half, overhead_s=number(f"{where}.overhead_s", d["overhead_s"]), **opt)
 
