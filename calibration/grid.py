@@ -90,11 +90,38 @@ def spread_by_work(points: list, flops, cap: float, count: int) -> list:
 FORM_SEEDS = {"linear": 11, "grad_input": 12, "grad_weight": 13, "bmm": 14}
 
 
+# One GEMM in HEAD_SHARE of an unbatched CPU form's grid is an LM head's: a few hundred tokens
+# over a small model's vocabulary, where the rate falls with the output's width
+# (``RooflineFit.wide``); the hypercube over all widths draws few of them under the time cap, and
+# a fit on those few pinned the width weakly (2026-11-30, Zen 3 VM: 63-95 thousand against 24 on a
+# sub-grid of head shapes, ``studies/validation_cpu/heldout/wide_gemm.py``)
+HEAD_SHARE = 8
+HEAD_TOKENS, HEAD_HIDDEN, HEAD_VOCAB = (32, 1024), (128, 1024), (4096, 32768)
+
+
+def head_points(form: str, count: int, flop_cap: float, seed: int = 0) -> list[GemmPoint]:
+    """``count`` LM-head GEMMs of ``form`` under ``flop_cap``: (tokens x hidden) @ (hidden x
+    vocab) forward, as executed: linear (tokens, vocab, hidden), grad_input (tokens, hidden,
+    vocab), grad_weight (hidden, vocab, tokens), from a hypercube over the three sizes."""
+    out = []
+    for a, b, c in latin_hypercube(40 * max(count, 1), 3, FORM_SEEDS[form] + 50 + 100 * seed):
+        tokens, hidden = _log_value(a, *HEAD_TOKENS, CPU.multiple), _log_value(b, *HEAD_HIDDEN, CPU.multiple)
+        vocab = _log_value(c, *HEAD_VOCAB, CPU.multiple)
+        key = {"linear": (tokens, vocab, hidden), "grad_input": (tokens, hidden, vocab),
+               "grad_weight": (hidden, vocab, tokens)}[form]
+        point = GemmPoint(key, 1, form, f"grid {form} head")
+        if point.flops <= flop_cap and len(out) < count:
+            out.append(point)
+    return out
+
+
 def gemm_grid(device_type: str, form: str, count: int, flop_cap: float, seed: int = 0) -> list[GemmPoint]:
     """``count`` GEMM shapes of ``form`` (``shapes.GemmPoint``: key = the executed GEMM's
     (m, n, k)), each under ``flop_cap`` FLOP. A hypercube of 40x the points is drawn and
-    points spread over the work range kept (``spread_by_work``)."""
+    points spread over the work range kept (``spread_by_work``); on a CPU one in ``HEAD_SHARE``
+    of the unbatched forms' points is an LM head's instead (``head_points``)."""
     r = ranges_for(device_type)
+    heads = head_points(form, count // HEAD_SHARE, flop_cap, seed) if device_type != "cuda" and form != "bmm" else []
     u = latin_hypercube(40 * count, 4, FORM_SEEDS[form] + 100 * seed)
     out = []
     for a, b, c, d in u:
@@ -109,7 +136,7 @@ def gemm_grid(device_type: str, form: str, count: int, flop_cap: float, seed: in
             key = (_log_value(a, *r.tokens, r.multiple), _log_value(b, *r.width, r.multiple),
                    _log_value(c, *r.width, r.multiple))
             out.append(GemmPoint(key, 1, form, f"grid {form}"))
-    return spread_by_work(out, lambda p: p.flops, flop_cap, count)
+    return spread_by_work(out, lambda p: p.flops, flop_cap, count - len(heads)) + heads
 
 
 def attention_grid(device_type: str, count: int, flop_cap: float, seed: int = 0) -> list[AttentionPoint]:

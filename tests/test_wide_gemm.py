@@ -99,3 +99,16 @@ def test_an_lm_heads_gemm_is_priced_by_the_width_a_layers_barely():
     assert head == pytest.approx(1 + 16384 / 25000, rel=0.01)
     assert layer == pytest.approx(1 + 768 / 25000, rel=0.01) and layer < 1.04
     assert math.isfinite(head)
+
+
+def test_a_cpu_grid_holds_lm_head_gemms_in_each_unbatched_form_and_a_gpu_grid_none():
+    from parsim.calibration.grid import HEAD_SHARE, HEAD_VOCAB, gemm_grid
+    cap = 70e9 * 0.025
+    for form, vocab_axis in (("linear", 1), ("grad_input", 2), ("grad_weight", 1)):
+        grid = gemm_grid("cpu", form, 48, cap)
+        heads = [p for p in grid if p.source.endswith("head")]
+        assert len(grid) == 48 and len(heads) == 48 // HEAD_SHARE
+        assert all(p.key[vocab_axis] >= HEAD_VOCAB[0] and p.flops <= cap for p in heads)
+        assert len({p.key for p in heads}) == len(heads)
+    assert not [p for p in gemm_grid("cpu", "bmm", 24, cap) if p.source.endswith("head")]
+    assert not [p for p in gemm_grid("cuda", "linear", 48, 1e12) if p.source.endswith("head")]
