@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from parsim.costs.ops import executed_gemm
 from parsim.costs.timing import adamw_bytes_per_param
 from parsim.specs import ModelSpec
 
@@ -103,14 +104,14 @@ def head_points(form: str, count: int, flop_cap: float, seed: int = 0) -> list[G
     """``count`` LM-head GEMMs of ``form`` under ``flop_cap``: (tokens x hidden) @ (hidden x
     vocab) forward, as executed: linear (tokens, vocab, hidden), grad_input (tokens, hidden,
     vocab), grad_weight (hidden, vocab, tokens), from a hypercube over the three sizes."""
-    out = []
+    out: list[GemmPoint] = []
     for a, b, c in latin_hypercube(40 * max(count, 1), 3, FORM_SEEDS[form] + 50 + 100 * seed):
+        if len(out) == count:
+            break
         tokens, hidden = _log_value(a, *HEAD_TOKENS, CPU.multiple), _log_value(b, *HEAD_HIDDEN, CPU.multiple)
-        vocab = _log_value(c, *HEAD_VOCAB, CPU.multiple)
-        key = {"linear": (tokens, vocab, hidden), "grad_input": (tokens, hidden, vocab),
-               "grad_weight": (hidden, vocab, tokens)}[form]
-        point = GemmPoint(key, 1, form, f"grid {form} head")
-        if point.flops <= flop_cap and len(out) < count:
+        point = GemmPoint(executed_gemm((tokens, _log_value(c, *HEAD_VOCAB, CPU.multiple), hidden), form), 1, form,
+                          f"grid {form} head")
+        if point.flops <= flop_cap:
             out.append(point)
     return out
 

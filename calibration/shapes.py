@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from parsim.costs.ops import embedding_bwd_bytes
+from parsim.costs.ops import GEMM_FORMS, embedding_bwd_bytes, executed_gemm
 from parsim.costs.timing import adamw_bytes_per_param
 from parsim.costs import DTYPE_BYTES, head_ops, layer_ops, padded_vocab, state_bytes
 from parsim.specs import ModelSpec, Plan
@@ -89,15 +89,13 @@ def gemm_points(model: ModelSpec, tps: list[int], mbss: list[int], dtype: str) -
             for op in layer_ops(model, plan) + head_ops(model, plan):
                 if op.kind != "gemm":
                     continue
-                m, n, k = op.shape
                 tag = f"{op.name} tp={tp} mbs={mbs}"
                 if op.batch == 1:
-                    cand = [GemmPoint((m, n, k), 1, "linear", f"{tag} fwd"),
-                            GemmPoint((m, k, n), 1, "grad_input", f"{tag} bwd_input"),
-                            GemmPoint((k, n, m), 1, "grad_weight", f"{tag} bwd_weight")]
+                    cand = [GemmPoint(executed_gemm(op.shape, form), 1, form, f"{tag} {pass_}")
+                            for pass_, form in GEMM_FORMS.items()]
                 else:   # no weight: only the input-gradient GEMM in backward (ops._gemm)
-                    cand = [GemmPoint((m, n, k), op.batch, "bmm", f"{tag} fwd"),
-                            GemmPoint((m, k, n), op.batch, "bmm", f"{tag} bwd_input")]
+                    cand = [GemmPoint(executed_gemm(op.shape, GEMM_FORMS[pass_]), op.batch, "bmm", f"{tag} {pass_}")
+                            for pass_ in ("fwd", "bwd_input")]
                 for p in cand:
                     # one row per key: the table has no batch column, and a Linear wins a tie
                     if p.key not in points or (points[p.key].batch > 1 and p.batch == 1):

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from parsim.specs.surfaces import LeaveOut, MemboundFit, RooflineFit
+from parsim.specs.surfaces import LeaveOut, MemboundFit, RooflineFit, wide_fraction
 from parsim.costs.timing import composed
 
 FOLDS = 5
@@ -126,7 +126,7 @@ def _model(theta: np.ndarray, points: Points, form: Form, waves: np.ndarray) -> 
     peak, half, over, per_batch, wide = _unpack(theta, points.dims.shape[1], form)
     eff = np.prod(points.dims / (points.dims + half), axis=1) * waves
     if wide:
-        eff = eff / (1.0 + points.dims[:, 1] / wide)
+        eff = eff * wide_fraction(points.dims[:, 1], wide)
     fixed = over + points.batch * per_batch
     busy = points.work / (peak * eff)
     return np.maximum(fixed, busy) if form.overlap else fixed + busy

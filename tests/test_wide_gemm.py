@@ -3,8 +3,6 @@ fit from synthetic points, a CPU calibration fitting it (a GPU's never), points 
 priced as before, its round trip through a profile and the pricing of a wide GEMM by it."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
@@ -98,7 +96,6 @@ def test_an_lm_heads_gemm_is_priced_by_the_width_a_layers_barely():
     layer = gemm_time(dev(WIDE), 128, 768, 256, "fp32") / gemm_time(dev(PLAIN), 128, 768, 256, "fp32")
     assert head == pytest.approx(1 + 16384 / 25000, rel=0.01)
     assert layer == pytest.approx(1 + 768 / 25000, rel=0.01) and layer < 1.04
-    assert math.isfinite(head)
 
 
 def test_a_cpu_grid_holds_lm_head_gemms_in_each_unbatched_form_and_a_gpu_grid_none():

@@ -57,6 +57,19 @@ def _gemm(name: str, m: int, n: int, k: int, batch: int = 1, has_weight: bool = 
     return Op(name, "gemm", f, 2.0 * f, 0.0, shape=(m, n, k), batch=batch, attention_core=core)
 
 
+# The GEMM each pass of a (m x k)(k x n) product executes: its form and its (m, n, k) as run.
+# dX = dY W^T is (m x n)(n x k); dW = X^T dY is (k x m)(m x n). Priced by ``timing._op_time``,
+# measured under these keys by ``calibration`` (shapes.gemm_points, grid.head_points).
+GEMM_FORMS = {"fwd": "linear", "bwd_input": "grad_input", "bwd_weight": "grad_weight"}
+
+
+def executed_gemm(shape: tuple[int, int, int], form: str) -> tuple[int, int, int]:
+    """(m, n, k) of the GEMM ``form`` (linear, grad_input, grad_weight) runs for the forward
+    product ``shape`` = (m, n, k)."""
+    m, n, k = shape
+    return {"linear": (m, n, k), "grad_input": (m, k, n), "grad_weight": (k, n, m)}[form]
+
+
 # Memory-bound ops a stack runs as chains of eager PyTorch ops instead of one fused kernel
 # (``Stack.eager_rmsnorm`` / ``eager_swiglu`` / ``eager_rope``): the bytes the chain's kernels
 # read and write, forward and backward, as multiples of the fused kernel's (``_membound``'s

@@ -34,7 +34,7 @@ from parsim.specs import AttentionTable, ClusterSpec, DeviceProfile
 
 from .flops import cpu_flash_causal_fraction
 from .links import group_link, link_between, nic_share
-from .ops import Op
+from .ops import GEMM_FORMS, Op, executed_gemm
 
 # Fraction of the counted attention-core FLOPs a causal fused kernel executes (the blocks
 # on and below the diagonal; -> 1/2 for s >> block size). Dao 2023, Sec. 3.1.1.
@@ -178,13 +178,10 @@ def _op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
         return 0.0
     if op.kind == "attention":
         return _attention_time(device, op, pass_, dtype, flops)
-    m, n, k = op.shape
-    # backward GEMMs: dX = dY W^T is (m x n)(n x k); dW = X^T dY is (k x m)(m x n)
-    shape = {"fwd": (m, n, k), "bwd_input": (m, k, n), "bwd_weight": (k, n, m)}[pass_]
-    form = {"fwd": "linear", "bwd_input": "grad_input", "bwd_weight": "grad_weight"}[pass_]
+    form = GEMM_FORMS[pass_]
     # a pass may hold several GEMMs of this shape (activation x activation backward: two)
-    gemms = flops / (2.0 * m * n * k * op.batch)
-    return gemm_time(device, *shape, dtype, batch=op.batch, form=form) * gemms
+    gemms = flops / (2.0 * math.prod(op.shape) * op.batch)
+    return gemm_time(device, *executed_gemm(op.shape, form), dtype, batch=op.batch, form=form) * gemms
 
 
 def _attention_time(device: DeviceProfile, op: Op, pass_: str, dtype: str, flops: float) -> float:

@@ -50,6 +50,12 @@ def saturation(d: float, half: float) -> float:
     return d / (d + half)
 
 
+def wide_fraction(n, wide: float):
+    """1 / (1 + n / wide) for an output ``n`` wide (a number or a numpy array): a CPU GEMM's rate
+    halved at n = wide (``RooflineFit.wide``)."""
+    return 1.0 / (1.0 + n / wide)
+
+
 def wave_fraction(m: float, n: float, batch: float, tile: int, sms: int) -> float:
     """Busy fraction of the last wave of tile_m x tile_n output tiles over ``sms`` SMs."""
     tiles = math.ceil(m / tile) * math.ceil(n / tile) * batch
@@ -85,7 +91,7 @@ class RooflineFit:
         nothing. ``studies/validation_cpu/heldout/wide_gemm.py``)."""
         eff = math.prod(saturation(d, h) for d, h in zip(dims, self.half))
         if self.wide:
-            eff /= 1.0 + dims[1] / self.wide
+            eff *= wide_fraction(dims[1], self.wide)
         if self.tile and self.sms:
             eff *= wave_fraction(dims[0], dims[1], batch, int(self.tile), int(self.sms))
         return eff
