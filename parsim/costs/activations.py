@@ -177,14 +177,21 @@ def forward_working_bytes(model: ModelSpec, plan: Plan, last: bool, recomputed_l
 def backward_working_bytes(model: ModelSpec, plan: Plan, first: bool, last: bool, stash: float,
                            weight_grads: bool = True, layer_extra: float = 0.0,
                            recomputed_layers: float = 0.0, head_kept: float = 0.0,
-                           root_post: float = 0.0) -> float:
+                           root_post: float = 0.0, absent: float = 0.0, after_layers: float = 0.0,
+                           root_grads: bool = False) -> float:
     """``footprint.backward_working`` of a virtual stage of ``model`` under ``plan`` (``first`` /
     ``last`` virtual stage; ``stash``: the bytes one microbatch stores there; ``layer_extra``: the
     bytes only a layer's backward adds, its recompute transient and FSDP2's layer gradients;
     ``recomputed_layers``: the stage's fully recomputed layers, ``forward_working_bytes``;
-    ``head_kept``, ``root_post``: FSDP2's root unit, ``memory.fsdp2_root_post_backward``)."""
+    ``head_kept``, ``root_post``: FSDP2's root unit, ``memory.fsdp2_root_post_backward``; ``absent``:
+    gradient states not yet made, ``fsdp2.fsdp2_absent_grads``; ``after_layers``: what the first
+    stage's embedding no longer holds, ``fsdp2.fsdp2_after_layers``; ``root_grads``: FSDP2's root
+    unit makes the embedding's and head's weight gradients in this backward where ``weight_grads``
+    is off for the layers', counted in ``fsdp2_bytes``)."""
     wg = 1.0 if weight_grads else 0.0
+    embedding_grad = embedding_grad_bytes(model, plan) if weight_grads or root_grads else 0.0
     return backward_working(layer_working_bytes(model, plan, weight_grads), stage_output_bytes(model, plan),
                             head_activation_bytes(model, plan), wg * vocab_grad_bytes(model, plan),
-                            wg * embedding_grad_bytes(model, plan), logits_grad_bytes(model, plan), model.tied_embeddings, first, last, stash, layer_extra,
-                            forward_working_bytes(model, plan, last, recomputed_layers), head_kept, root_post)
+                            embedding_grad, logits_grad_bytes(model, plan), model.tied_embeddings, first, last, stash, layer_extra,
+                            forward_working_bytes(model, plan, last, recomputed_layers), head_kept, root_post, absent,
+                            after_layers)

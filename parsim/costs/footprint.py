@@ -141,7 +141,8 @@ def unit_post_backward(unit_grads: float, first_grad: float, dp: int, shard_exis
 def backward_working(layer: float, output: float, head: float, vocab_grad: float, embedding_grad: float,
                      logits_grad: float, tied: bool,
                      first: bool, last: bool, stash: float, layer_extra: float, forward: float = 0.0,
-                     head_kept: float = 0.0, root_post: float = 0.0) -> float:
+                     head_kept: float = 0.0, root_post: float = 0.0, absent: float = 0.0,
+                     after_layers: float = 0.0) -> float:
     """Bytes a virtual stage's backward holds beyond its stored activations at the backward's peak
     (``other``), on one device; ``stash`` = the bytes one microbatch stores in the stage (freed as
     the backward goes). The largest of:
@@ -173,6 +174,12 @@ def backward_working(layer: float, output: float, head: float, vocab_grad: float
       stage's last op, with the microbatch's stash gone, its root unit's post-backward
       (``root_post``, ``unit_post_backward`` less what is resharded before it).
 
+    * ``absent``: gradient states the model states count but the stage's start does not hold yet
+      (FSDP2 without gradient accumulation: ``fsdp2.fsdp2_absent_grads``), off the forward's end
+      and the head's and loss's moments, before the first reduce-scatter; a layer's moment comes
+      with its own in ``layer_extra``; ``after_layers``: what the model states and the gathered
+      parameters count but the embedding's backward no longer holds (``fsdp2.fsdp2_after_layers``).
+
     and, where it weighs more, the end of the forward before it (``forward``,
     ``activations.forward_working_bytes``): a rank holds as much when a forward ends as when the
     backward after it starts (``costs.inflight``), plus what only the forward holds then.
@@ -186,10 +193,10 @@ def backward_working(layer: float, output: float, head: float, vocab_grad: float
     layer = layer + layer_extra
     working = layer
     if last:
-        working = max(layer - head + vocab_grad * tied_here + head_kept, output + max(vocab_grad, head_kept),
-                      logits_grad)
+        working = max(layer - head + max(embedding_grad * tied_here, head_kept),
+                      output + max(vocab_grad, head_kept) - absent, logits_grad - absent)
     if first:
         # + the gradient received from stage 1 and the embedding output's (none from a loss)
-        working = max(working, (vocab_grad * 3 if tied_here else embedding_grad) + (0.0 if last else 2 * output)
-                      - stash)
-    return max(working, forward, root_post - stash)
+        working = max(working, (embedding_grad * 3 if tied_here else embedding_grad) + (0.0 if last else 2 * output)
+                      - stash - after_layers)
+    return max(working, forward - absent, root_post - stash)

@@ -5,6 +5,8 @@ unit's unsharded gradients with the flat reduce-scatter input they are copied in
 unit's parameters and its post-backward. ``costs.memory`` adds them up."""
 from __future__ import annotations
 
+import math
+
 from parsim.specs import ClusterSpec, DeviceProfile, ModelSpec, Plan, plan_stack, stage_layers
 
 from . import footprint
@@ -112,6 +114,39 @@ def fsdp2_root_post_backward(model: ModelSpec, plan: Plan, vstage: int, held: fl
     return (first if vstage == last else 0.0), post
 
 
+def fsdp2_absent_grads(plan: Plan, rank_grads: float) -> float:
+    """ZeRO-2/3 as FSDP2 with one microbatch a step: the gradient states the model states count
+    (``rank_grads``: the rank's gradient shards) are not there before its units' reduce-scatters
+    make them (the optimizer's ``zero_grad`` sets them to None; the first comes after the stage's
+    first layer's backward), so the forward's end and the head's and loss's backward hold none of
+    them, and the first layer's post-backward only its own (``footprint.backward_working``). With
+    more microbatches the first one's shards are there at every later one. Measured on 2 gloo
+    ranks (a 4-layer h = 128, 1,024-word bf16 model, dp 2, one microbatch, s = 16-64): the loss's
+    backward peaked with no gradient in the tracker, and the model counting them read 8-17 % high.
+    Bytes per device; 0 otherwise."""
+    return rank_grads if plan.zero >= 2 and plan.dp > 1 and plan.num_microbatches == 1 else 0.0
+
+
+def fsdp2_after_layers(model: ModelSpec, plan: Plan) -> float:
+    """ZeRO-2/3 as FSDP2 with one microbatch a step: what the model states and the gathered
+    parameters count but the first stage's embedding backward no longer holds -- the root unit's
+    gradient shard, made by its reduce-scatter after the stage's last op, and under ZeRO-2 the
+    layers' gathered parameters, each resharded by its post-backward in the step's last (here its
+    only) microbatch (``executor/build.py``), less the last layer's reduce-scatter input, which
+    torch 2.13 keeps until the next unit's (``reduce_scatter_max_input_buffers`` = 1; ZeRO-3's
+    gathered layer stands for it). Measured on 2 gloo ranks (a 4-layer h = 128, 4,096-word tied
+    bf16 model, dp 2, s = 16): the embedding's gradients summed beside the root's parameters, the
+    layers' shards and one layer's reduce-scatter input, no layer's parameters. Bytes per device."""
+    if plan.zero < 2 or plan.dp <= 1 or plan.num_microbatches != 1:
+        return 0.0
+    sb = plan_state_bytes(plan)
+    relief = _root_params(model, plan, 0) * sb.grad / plan.dp
+    layers = stage_layers(model, plan)[0]
+    if not gathers_layers(plan.zero, plan.dp) and layers:
+        relief += layer_params(model, plan.tp) * (layers * sb.param - sb.grad)
+    return relief
+
+
 def fsdp2_layer_only_bytes(model: ModelSpec, plan: Plan) -> float:
     """ZeRO-3 run as FSDP2: of the two layers ``gathered_bytes`` counts, the one a layer's backward
     holds and the loss's (or the embedding's) does not. FSDP2 prefetches the next unit in backward
@@ -125,17 +160,39 @@ def fsdp2_layer_only_bytes(model: ModelSpec, plan: Plan) -> float:
     return layer_params(model, plan.tp) * plan_state_bytes(plan).param
 
 
-def fsdp2_post_backward(model: ModelSpec, plan: Plan, groups: list[tuple[int, str]], in_backward: float) -> float:
+def fsdp2_post_backward(model: ModelSpec, plan: Plan, groups: list[tuple[int, str]], in_backward: float,
+                        rank_grads: float = math.inf) -> float:
     """ZeRO-2/3 as FSDP2: what a layer's post-backward adds to the stage's stash -- its unsharded
     gradients and the reduce-scatter input they are copied into (``fsdp2_bytes``' second term,
     ``in_backward``), less what the layer saved, which its nodes have freed by then (the smallest
     layer of the stage's (layers, policy) ``groups``). Measured on 2 gloo ranks (cpu-small, dp = 2,
     fp32 and bf16, where a layer's backward is the peak): counting both on top of the whole stash
-    was 3.2-4.3 % high, this is within 1.1 %. Bytes per device."""
+    was 3.2-4.3 % high, this is within 1.1 %.
+
+    Beside them, the collective's output: a new 1/dp shard of the layer's gradients, where a
+    previous microbatch's exists to be added into (else it is the shard the states count); and
+    torch 2.13's ``FSDPParamGroup.post_backward`` reshards the layer's parameters before
+    ``foreach_reduce`` wherever ``reshard_after_backward`` holds -- every microbatch under ZeRO-3
+    (its gathered layer, ``gathered_bytes``, is gone at the collective), only the stage's last
+    under ZeRO-2 (``executor/build.py``). So ZeRO-3 holds the new shard less the layer's
+    parameters; ZeRO-2 the new shard in a middle microbatch (three or more), and with two the
+    larger of its first (no accumulated shards yet: ``rank_grads``, the rank's gradient states,
+    are not there) and its last (parameters resharded). Measured op by op on 2 gloo ranks (a
+    4-layer h = 128, 1,024-word bf16 model, dp 2, 2 microbatches, s = 16-48, where this moment is
+    the peak): the reduce-scatter's input, gloo's copy of it and the new shard, with the next
+    layer's prefetched parameters (ZeRO-3) or the other layers' gathered ones (ZeRO-2); the model
+    without the two terms read 2.3-3.7 % high, with them within 1 %. Bytes per device."""
     if not in_backward:
         return 0.0
     own = min(layer_activation_bytes(model, plan, policy) for n, policy in groups if n)
-    return max(in_backward - own, 0.0)
+    sb = plan_state_bytes(plan)
+    unit = layer_params(model, plan.tp)
+    many = plan.num_microbatches > 1
+    shard = unit * sb.grad / plan.dp if many else 0.0
+    resharded = unit * sb.param
+    if not gathers_layers(plan.zero, plan.dp):          # ZeRO-2: parameters kept to the last backward
+        resharded = 0.0 if plan.num_microbatches > 2 else min(resharded, rank_grads) if many else resharded
+    return max(in_backward - own + shard - resharded, 0.0)
 
 
 def fsdp_unit_time(device: DeviceProfile, op: str, unit_bytes: float, dp: int) -> tuple[float, float]:

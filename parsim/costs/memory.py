@@ -20,7 +20,7 @@ from parsim.specs import ClusterSpec, ModelSpec, Plan, plan_stack, stage_layers
 from . import footprint
 from .activations import (backward_working_bytes, embedding_activation_bytes, head_activation_bytes,
                           layer_activation_bytes, stage_output_bytes)
-from .fsdp2 import (fsdp2_bytes, fsdp2_layer_only_bytes, fsdp2_post_backward, fsdp2_released_at_step,
+from .fsdp2 import (fsdp2_absent_grads, fsdp2_after_layers, fsdp2_bytes, fsdp2_layer_only_bytes, fsdp2_post_backward, fsdp2_released_at_step,
                     fsdp2_root_bytes, fsdp2_root_post_backward, reduce_scatter_copies, uses_fsdp2)
 from .inflight import COUNTED, rank_moments
 from .params import layer_params, stage_largest_tensors, stage_params, zero1_owned_params
@@ -147,14 +147,20 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
     residue = [max((w_residue(full[s]) for s in stages_of_rank(plan, r) if s > 0), default=0.0)
                for r in range(plan.pp)]
     # ``_rank_working`` of (rank, weight gradients, layer extra), priced once per distinct key
-    working = cache(lambda r, grads, extra: _rank_working(model, plan, r, stash, grads, extra, full, roots))
     layer_dy, head_dy = output_grad_bytes(model, plan), head_output_grad_bytes(model, plan)
+    rank_grads = [model_state_bytes(n, plan)[1] for n in stage_params(model, plan)] if in_backward else [0.0] * plan.pp
+    absent = [fsdp2_absent_grads(plan, g) for g in rank_grads]
+    after_layers = fsdp2_after_layers(model, plan) if in_backward else 0.0
+    working = cache(lambda r, grads, extra: _rank_working(model, plan, r, stash, grads, extra, full, roots, absent[r],
+                                                          after_layers))
+    # a layer's own shard is there from its reduce-scatter on (``fsdp2_absent_grads``)
+    unit_shard = layer_params(model, plan.tp) * plan_state_bytes(plan).grad / plan.dp
     out = []
     for s, g in enumerate(groups):
         transient = footprint.recompute_transient(recomputes_fully(g), kept_all, kept_input)
         r = rank_of_stage(plan, s)
-        post = fsdp2_post_backward(model, plan, g, in_backward)
-        extra = max(transient, post) + ahead
+        post = fsdp2_post_backward(model, plan, g, in_backward, rank_grads[r])
+        extra = max(transient, post) + ahead - max(absent[r] - unit_shard, 0.0)
         backward = working(r, in_backward == 0.0, extra)
         if s == 0:       # no input gradient: its I runs nothing, its W the whole backward (split_backward)
             split = dict(kept=0.0, backward_input=0.0, backward_weight=backward)
@@ -203,15 +209,19 @@ def _stash_bytes(model: ModelSpec, plan: Plan, vstage: int, groups: list[tuple[i
 
 def _rank_working(model: ModelSpec, plan: Plan, pp_rank: int, stash: list[float], weight_grads: bool,
                   layer_extra: float = 0.0, full: list[int] | None = None,
-                  roots: list[tuple[float, float]] | None = None) -> float:
+                  roots: list[tuple[float, float]] | None = None, absent: float = 0.0,
+                  after_layers: float = 0.0) -> float:
     """The largest ``backward_working_bytes`` of a rank's virtual stages, ``layer_extra`` on the
     layer phase (a backward's recompute transient and FSDP2 gradients: ``footprint.backward_working``;
     the end of the forward before it, with the stage's fully recomputed layers: ``full``, else
-    ``_full_layers``; FSDP2's root unit per virtual stage: ``roots``, ``fsdp2_root_post_backward``)."""
+    ``_full_layers``; FSDP2's root unit per virtual stage: ``roots``, ``fsdp2_root_post_backward``;
+    its gradient states not made yet: ``absent``, ``fsdp2_absent_grads``; ``after_layers``,
+    ``fsdp2_after_layers``)."""
     last = plan.pp * plan.vpp - 1
     return max(backward_working_bytes(model, plan, vstage == 0, vstage == last, stash[vstage], weight_grads,
                                       layer_extra, _full_layers(model, plan, vstage) if full is None else full[vstage],
-                                      *(roots[vstage] if roots else ()))
+                                      *(roots[vstage] if roots else ()), absent=absent, after_layers=after_layers,
+                                      root_grads=roots is not None)
                for vstage in stages_of_rank(plan, pp_rank))
 
 
