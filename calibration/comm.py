@@ -78,6 +78,9 @@ class CommJob:
     # fewer / no for a test's job
     rounds: int = CONTENTION_ROUNDS
     fsdp2: bool = True
+    # samples of each in-situ point, at least the calibration's ``repeats``: None takes
+    # ``insitu.INSITU_MIN_SAMPLES`` (a test's job takes a few: the count, not the spread, is tested)
+    insitu_samples: int | None = None
 
     def insitu_block(self, n: int) -> tuple[int, int, int] | None:
         return next(((m, c, k) for g, m, c, k in self.insitu_blocks if g == n), None)
@@ -160,7 +163,7 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
                 progress.report(f"{op} {job.world} ranks")
         if job.insitu_sizes and job.insitu_block(job.world) and job.device_type == "cpu":
             from .insitu import INSITU_MIN_SAMPLES, measure_insitu, measure_subgroups, solo_block_seconds
-            samples = max(job.repeats, INSITU_MIN_SAMPLES)
+            samples = max(job.repeats, job.insitu_samples or INSITU_MIN_SAMPLES)
 
             def block_for(n: int):
                 shape = job.insitu_block(n)

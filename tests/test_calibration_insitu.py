@@ -47,20 +47,20 @@ def test_in_situ_sizes_and_block_follow_the_model_tp_shapes():
 def test_in_situ_probe_runs_on_a_real_gloo_group():
     pytest.importorskip("torch")
     from parsim.calibration.comm import CommJob, run_comm_job
-    from parsim.calibration.insitu import INSITU_MIN_SAMPLES, INSITU_OPS
+    from parsim.calibration.insitu import INSITU_OPS
 
     job = CommJob(world=2, device_type="cpu", sizes=(4096,), ops=("all_reduce",), repeats=3,
                   point_budget_s=0.05, min_sample_s=1e-3, contention_gemm=(64, 64, 64),
                   contention_dtype="fp32", contention_s=0.05, insitu_sizes=(8192,), insitu_blocks=((2, 32, 64, 32),),
-                  line_bytes=8192, rounds=2, fsdp2=False)
+                  line_bytes=8192, rounds=2, fsdp2=False, insitu_samples=5)
     ranks = run_comm_job(job)
-    # every TP op at the per-rank tensor size (all-gather: the shard), one value per sample (at
-    # least INSITU_MIN_SAMPLES of them, above the job's 3 repeats), reduced over the group so
-    # both ranks hold the same numbers
+    # every TP op at the per-rank tensor size (all-gather: the shard), one value per sample (the
+    # job's 5, above its 3 repeats; a calibration's job takes INSITU_MIN_SAMPLES), reduced over the
+    # group so both ranks hold the same numbers
     for op in INSITU_OPS:
         per = ranks[0]["insitu"][op]
         assert set(per) == ({4096} if op == "all_gather" else {8192})
-        assert all(len(v) == INSITU_MIN_SAMPLES > 3 and all(x >= 0 for x in v) for v in per.values())
+        assert all(len(v) == 5 and all(x >= 0 for x in v) for v in per.values())
     assert ranks[0]["insitu"] == ranks[1]["insitu"]
     # measured with the process groups an executor rank holds (insitu.executor_groups): the default
     # one and its pipeline, data, tensor, world and two p2p groups, whose idle gloo loop threads
@@ -96,7 +96,8 @@ def test_in_situ_probe_measures_smaller_tp_groups_sharing_the_host():
 
     job = CommJob(world=4, device_type="cpu", sizes=(4096, 65536), ops=("all_reduce",), repeats=3,
                   point_budget_s=0.05, min_sample_s=1e-3, contention_gemm=(64, 64, 64), contention_dtype="fp32",
-                  contention_s=0.05, insitu_sizes=(8192,), insitu_blocks=((2, 32, 64, 32), (4, 32, 32, 32)), rounds=2)
+                  contention_s=0.05, insitu_sizes=(8192,), insitu_blocks=((2, 32, 64, 32), (4, 32, 32, 32)), rounds=2,
+                  insitu_samples=5)
     ranks = run_comm_job(job)
     groups = ranks[0]["insitu_groups"]
     assert set(groups) == {2} and set(groups[2]["all_reduce"]) == {8192}
