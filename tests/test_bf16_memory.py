@@ -32,10 +32,12 @@ PLANS = ["dp=2 mbs=2 gbs=8", "pp=2 mbs=2 gbs=8 schedule=1f1b", "tp=2 mbs=2 gbs=4
 # ... and one narrow enough that ZeRO-2/3's peak is a layer's post-backward (``memory.fsdp2_post_backward``:
 # the new gradient shard, the layer resharded); at s = 32 the tied embedding's two gradients and their sum
 # top tp=2's full recomputation (``footprint.backward_working``), and without gradient accumulation FSDP2
-# has no gradient shard before its first reduce-scatter (``fsdp2_absent_grads``, ``fsdp2_after_layers``)
+# has no gradient shard before its first reduce-scatter (``fsdp2_absent_grads``, ``fsdp2_after_layers``,
+# ``fsdp2_forward_gather``)
 NARROW = replace(SPEC, vocab=1024)
 CASES = [(SPEC, p) for p in PLANS] + [(NARROW, "dp=2 mbs=2 gbs=8 zero=2"), (NARROW, "dp=2 mbs=2 gbs=8 zero=3"),
                                       (NARROW, "dp=2 mbs=1 gbs=6 zero=2"), (NARROW, "dp=2 mbs=2 gbs=4 zero=3"),
+                                      (NARROW, "dp=2 mbs=2 gbs=4 zero=2"),
                                       (SPEC, "dp=2 mbs=2 gbs=4 zero=2"), (SPEC, "dp=2 mbs=2 gbs=4 zero=3")]
 IDS = [f"{'narrow ' if spec is NARROW else ''}{p}" for spec, p in CASES]
 

@@ -178,7 +178,7 @@ def backward_working_bytes(model: ModelSpec, plan: Plan, first: bool, last: bool
                            weight_grads: bool = True, layer_extra: float = 0.0,
                            recomputed_layers: float = 0.0, head_kept: float = 0.0,
                            root_post: float = 0.0, absent: float = 0.0, after_layers: float = 0.0,
-                           root_grads: bool = False) -> float:
+                           root_grads: bool = False, forward_held: float = 0.0) -> float:
     """``footprint.backward_working`` of a virtual stage of ``model`` under ``plan`` (``first`` /
     ``last`` virtual stage; ``stash``: the bytes one microbatch stores there; ``layer_extra``: the
     bytes only a layer's backward adds, its recompute transient and FSDP2's layer gradients;
@@ -187,11 +187,13 @@ def backward_working_bytes(model: ModelSpec, plan: Plan, first: bool, last: bool
     gradient states not yet made, ``fsdp2.fsdp2_absent_grads``; ``after_layers``: what the first
     stage's embedding no longer holds, ``fsdp2.fsdp2_after_layers``; ``root_grads``: FSDP2's root
     unit makes the embedding's and head's weight gradients in this backward where ``weight_grads``
-    is off for the layers', counted in ``fsdp2_bytes``)."""
+    is off for the layers', counted in ``fsdp2_bytes``; ``forward_held``: what the forward's end
+    holds beside ``forward_working_bytes``, ``fsdp2.fsdp2_forward_gather``)."""
     wg = 1.0 if weight_grads else 0.0
     embedding_grad = embedding_grad_bytes(model, plan) if weight_grads or root_grads else 0.0
     return backward_working(layer_working_bytes(model, plan, weight_grads), stage_output_bytes(model, plan),
                             head_activation_bytes(model, plan), wg * vocab_grad_bytes(model, plan),
                             embedding_grad, logits_grad_bytes(model, plan), model.tied_embeddings, first, last, stash, layer_extra,
-                            forward_working_bytes(model, plan, last, recomputed_layers), head_kept, root_post, absent,
+                            forward_working_bytes(model, plan, last, recomputed_layers) + forward_held, head_kept,
+                            root_post, absent,
                             after_layers)

@@ -20,7 +20,7 @@ from parsim.specs import ClusterSpec, ModelSpec, Plan, plan_stack, stage_layers
 from . import footprint
 from .activations import (backward_working_bytes, embedding_activation_bytes, head_activation_bytes,
                           layer_activation_bytes, stage_output_bytes)
-from .fsdp2 import (fsdp2_absent_grads, fsdp2_after_layers, fsdp2_bytes, fsdp2_layer_only_bytes, fsdp2_post_backward, fsdp2_released_at_step,
+from .fsdp2 import (fsdp2_absent_grads, fsdp2_after_layers, fsdp2_bytes, fsdp2_forward_gather, fsdp2_layer_only_bytes, fsdp2_post_backward, fsdp2_released_at_step,
                     fsdp2_root_bytes, fsdp2_root_post_backward, reduce_scatter_copies, uses_fsdp2)
 from .inflight import COUNTED, rank_moments
 from .params import layer_params, stage_largest_tensors, stage_params, zero1_owned_params
@@ -74,6 +74,16 @@ def static_bytes(model: ModelSpec, plan: Plan, pp_rank: int, fsdp2: bool = False
     its model states and ZeRO-Offload's staging bucket (``fsdp2``: plus what FSDP2 keeps,
     ``fsdp2_bytes``)."""
     return _static_bytes(model, plan, stage_params(model, plan)[pp_rank], fsdp2, _zero1_owned(model, plan)[pp_rank])
+
+
+def unmade_grads(model: ModelSpec, plan: Plan, pp_rank: int, fsdp2: bool = False) -> float:
+    """Of a pipeline rank's gradient states (``static_bytes``), the bytes not there before its
+    first backward: FSDP2's shards without gradient accumulation (``fsdp2_absent_grads``); the
+    analytic moments take them off (``stage_footprints``), the SimPy timeline allocates them at
+    the rank's first backward. 0 otherwise."""
+    if not fsdp2:
+        return 0.0
+    return fsdp2_absent_grads(plan, model_state_bytes(stage_params(model, plan)[pp_rank], plan)[1])
 
 
 def _zero1_owned(model: ModelSpec, plan: Plan) -> list[float]:
@@ -151,8 +161,9 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
     rank_grads = [model_state_bytes(n, plan)[1] for n in stage_params(model, plan)] if in_backward else [0.0] * plan.pp
     absent = [fsdp2_absent_grads(plan, g) for g in rank_grads]
     after_layers = fsdp2_after_layers(model, plan) if in_backward else 0.0
+    forward_held = fsdp2_forward_gather(model, plan) if in_backward else 0.0
     working = cache(lambda r, grads, extra: _rank_working(model, plan, r, stash, grads, extra, full, roots, absent[r],
-                                                          after_layers))
+                                                          after_layers, forward_held))
     # a layer's own shard is there from its reduce-scatter on (``fsdp2_absent_grads``)
     unit_shard = layer_params(model, plan.tp) * plan_state_bytes(plan).grad / plan.dp
     out = []
@@ -210,18 +221,18 @@ def _stash_bytes(model: ModelSpec, plan: Plan, vstage: int, groups: list[tuple[i
 def _rank_working(model: ModelSpec, plan: Plan, pp_rank: int, stash: list[float], weight_grads: bool,
                   layer_extra: float = 0.0, full: list[int] | None = None,
                   roots: list[tuple[float, float]] | None = None, absent: float = 0.0,
-                  after_layers: float = 0.0) -> float:
+                  after_layers: float = 0.0, forward_held: float = 0.0) -> float:
     """The largest ``backward_working_bytes`` of a rank's virtual stages, ``layer_extra`` on the
     layer phase (a backward's recompute transient and FSDP2 gradients: ``footprint.backward_working``;
     the end of the forward before it, with the stage's fully recomputed layers: ``full``, else
     ``_full_layers``; FSDP2's root unit per virtual stage: ``roots``, ``fsdp2_root_post_backward``;
     its gradient states not made yet: ``absent``, ``fsdp2_absent_grads``; ``after_layers``,
-    ``fsdp2_after_layers``)."""
+    ``fsdp2_after_layers``; ``forward_held``, ``fsdp2_forward_gather``)."""
     last = plan.pp * plan.vpp - 1
     return max(backward_working_bytes(model, plan, vstage == 0, vstage == last, stash[vstage], weight_grads,
                                       layer_extra, _full_layers(model, plan, vstage) if full is None else full[vstage],
                                       *(roots[vstage] if roots else ()), absent=absent, after_layers=after_layers,
-                                      root_grads=roots is not None)
+                                      root_grads=roots is not None, forward_held=forward_held)
                for vstage in stages_of_rank(plan, pp_rank))
 
 

@@ -54,17 +54,22 @@ def device(env: simpy.Environment, sim: "Simulation", dev: "Device"):
         during = 0.0 if forward else fp.backward if kind == "B" else fp.during(kind)
         if forward:
             mem.change(start, ACTIVATIONS, fp.activations)
-        elif during:
-            mem.change(start, OTHER, during)
+        else:
+            if during:
+                mem.change(start, OTHER, during)
+            if mem.unmade:      # after ``during``, which may take them off again
+                mem.make_grads(start)
         if fp.gathered_params:
             mem.change(start, OTHER, fp.gathered_params)
         end = yield from compute(env, sim, dev, cost, idx, mb, begin, start, interfered, detail)
         if fp.gathered_params:
             mem.change(end, OTHER, -fp.gathered_params)
-        if during:
+        if during > 0:
             mem.change(end, OTHER, -during)
         if not forward:
             release(mem, end, kind, fp)
+        if during < 0:          # gradient states taken off (``costs.unmade_grads``): back after the release
+            mem.change(end, OTHER, -during)
         rec.busy[rank] += end - begin
         if keep:
             rec.rows.append((rank, stage, "compute", kind, mb, -1, begin, end, 0.0, cost.flops, ACTION))
@@ -156,11 +161,15 @@ def overlapped(env: simpy.Environment, sim: "Simulation", dev: "Device", idx: in
     mem.change(start, ACTIVATIONS, ffp.activations)
     if during:
         mem.change(start, OTHER, during)
+    if mem.unmade:
+        mem.make_grads(start)
     end = yield from compute(env, sim, dev, cost, idx, b.microbatch, begin, start, sim.interference > 0,
                              sim.recorder.detail)
-    if during:
+    if during > 0:
         mem.change(end, OTHER, -during)
     release(mem, end, b.kind, bfp)
+    if during < 0:
+        mem.change(end, OTHER, -during)
     sim.recorder.busy[dev.rank] += end - begin
     if sim.recorder.keep_events:
         flops = {0: 0.0, 1: 0.0}

@@ -54,7 +54,8 @@ from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
 from .compute import ActionCost, action_cost, overlap_cost, stage_shapes
 from .device import device
 from .dp import gradient_sync
-from .memory import MemoryTimeline, optimizer_step_bytes, reduce_scatter_copies, stage_footprints, static_bytes
+from .memory import (MemoryTimeline, optimizer_step_bytes, reduce_scatter_copies, stage_footprints, static_bytes,
+                     unmade_grads)
 from .network import Arrival, Communicator, Ports, device_ports, group_link, group_shape, link_between, ps_time
 from .record import SEND_B, SEND_F, Recorder
 from .symmetry import RankClasses, every_rank, full_mode_classes
@@ -217,7 +218,8 @@ class Simulation:
                 rank=r, pp_rank=p, replica=(d, t), actions=actions, overlaps=overlaps, scale=contention.times(float(slowdown.get(r, 1.0))),
                 ledger=ComputeLedger(self.interference),
                 stepped=self._needs_steps(r, tp, dp), ports=ports[r], tp=tp, dp=dp,
-                memory=MemoryTimeline.starting_with(static_bytes(self.model, plan, p, self.zero_copies)),
+                memory=MemoryTimeline.starting_with(static_bytes(self.model, plan, p, self.zero_copies),
+                                                    unmade_grads(self.model, plan, p, self.zero_copies)),
                 compute=simpy.Resource(env, 1), tp_stream=simpy.Resource(env, 1), dp_stream=simpy.Resource(env, 1),
                 compute_done=env.event(), last_backward={i: s for s, i in last_bwd.items()},
                 sync_order=sorted(last_bwd, key=last_bwd.get),

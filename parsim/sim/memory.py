@@ -11,7 +11,9 @@ What is allocated when (categories of ``parsim.costs.CATEGORIES``; the bytes are
 * step start: parameters, gradients (Megatron-LM's persistent fp32 main-grad buffer) and
   optimizer states of the rank, sharded as ZeRO shards them (Rajbhandari et al. 2020 Sec. 5),
   minus what ZeRO-Offload keeps on the host (Ren et al. 2021); with offload one gradient
-  bucket of pinned staging memory (``other``; DeepSpeed allocates it up front).
+  bucket of pinned staging memory (``other``; DeepSpeed allocates it up front). FSDP2 without
+  gradient accumulation makes its gradient shards in the backward (``costs.unmade_grads``):
+  allocated at the rank's first backward.
 * forward start: the stage's stored activations for one microbatch (Korthikanti et al. 2022,
   Table 2, per layer and recompute policy; embedding dropout mask on stage 0; final-norm input
   and fp32 logits on the last stage; the output sent on the others); freed when the backward
@@ -31,10 +33,10 @@ What is allocated when (categories of ``parsim.costs.CATEGORIES``; the bytes are
 from __future__ import annotations
 
 from parsim.costs import (CATEGORIES, StageFootprint, optimizer_step_bytes, reduce_scatter_copies, stage_footprints,
-                          static_bytes)
+                          static_bytes, unmade_grads)
 
 __all__ = ["PARAMS", "GRADS", "OPTIMIZER", "ACTIVATIONS", "OTHER", "MemoryTimeline", "StageFootprint",
-           "optimizer_step_bytes", "reduce_scatter_copies", "stage_footprints", "static_bytes"]
+           "optimizer_step_bytes", "reduce_scatter_copies", "stage_footprints", "static_bytes", "unmade_grads"]
 
 PARAMS, GRADS, OPTIMIZER, ACTIVATIONS, OTHER = range(len(CATEGORIES))
 
@@ -45,14 +47,24 @@ class MemoryTimeline:
     Changes are kept as (t, category, delta) and the state after each is rebuilt on demand
     (``samples``): a 1T-parameter step makes ~10^5 changes per run."""
 
-    def __init__(self, static: tuple[float, ...]):
+    def __init__(self, static: tuple[float, ...], unmade: float = 0.0):
+        # gradient states made only by the first backward (``costs.unmade_grads``): off the start,
+        # allocated by ``make_grads``
+        static = tuple(b - unmade if c == GRADS else b for c, b in enumerate(static))
+        self.unmade = unmade
         self.start = tuple(static)
         self.level = list(static)
         self.total = sum(static)
         self.changes: list[tuple[float, int, float]] = []
         self.peak, self.peak_time, self.peak_breakdown = self.total, 0.0, self.start
 
-    starting_with = classmethod(lambda cls, static: cls(static))
+    starting_with = classmethod(lambda cls, static, unmade=0.0: cls(static, unmade))
+
+    def make_grads(self, t: float) -> None:
+        """The first backward's start: the gradient states held back at the step's start."""
+        if self.unmade:
+            self.change(t, GRADS, self.unmade)
+            self.unmade = 0.0
 
     def change(self, t: float, category: int, delta: float) -> None:
         self.level[category] += delta
