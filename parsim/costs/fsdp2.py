@@ -114,7 +114,7 @@ def fsdp2_root_post_backward(model: ModelSpec, plan: Plan, vstage: int, held: fl
     return (first if vstage == last else 0.0), post
 
 
-def fsdp2_absent_grads(plan: Plan, rank_grads: float) -> float:
+def fsdp2_absent_grads(plan: Plan, rank_grads: float, first: bool | None = None) -> float:
     """ZeRO-2/3 as FSDP2 with one microbatch a step: the gradient states the model states count
     (``rank_grads``: the rank's gradient shards) are not there before its units' reduce-scatters
     make them (the optimizer's ``zero_grad`` sets them to None; the first comes after the stage's
@@ -123,11 +123,15 @@ def fsdp2_absent_grads(plan: Plan, rank_grads: float) -> float:
     more microbatches the first one's shards are there at every later one. Measured on 2 gloo
     ranks (a 4-layer h = 128, 1,024-word bf16 model, dp 2, one microbatch, s = 16-64): the loss's
     backward peaked with no gradient in the tracker, and the model counting them read 8-17 % high.
+    ``first``: the same for a rank's first backward of a step with more microbatches, and the
+    forwards before it (1F1B's warm-up: dp 2 pp 2 ZeRO-3, two microbatches, the first pipeline
+    rank peaked at its second forward's end with no gradient shard); None: one microbatch a step.
     Bytes per device; 0 otherwise."""
-    return rank_grads if plan.zero >= 2 and plan.dp > 1 and plan.num_microbatches == 1 else 0.0
+    first = plan.num_microbatches == 1 if first is None else first
+    return rank_grads if plan.zero >= 2 and plan.dp > 1 and first else 0.0
 
 
-def fsdp2_after_layers(model: ModelSpec, plan: Plan) -> float:
+def fsdp2_after_layers(model: ModelSpec, plan: Plan, first: bool | None = None) -> float:
     """ZeRO-2/3 as FSDP2 with one microbatch a step: what the model states and the gathered
     parameters count but the first stage's embedding backward no longer holds -- the root unit's
     gradient shard, made by its reduce-scatter after the stage's last op, and under ZeRO-2 the
@@ -136,18 +140,21 @@ def fsdp2_after_layers(model: ModelSpec, plan: Plan) -> float:
     torch 2.13 keeps until the next unit's (``reduce_scatter_max_input_buffers`` = 1; ZeRO-3's
     gathered layer stands for it). Measured on 2 gloo ranks (a 4-layer h = 128, 4,096-word tied
     bf16 model, dp 2, s = 16): the embedding's gradients summed beside the root's parameters, the
-    layers' shards and one layer's reduce-scatter input, no layer's parameters. Bytes per device."""
-    if plan.zero < 2 or plan.dp <= 1 or plan.num_microbatches != 1:
+    layers' shards and one layer's reduce-scatter input, no layer's parameters. ``first``: a rank's
+    first backward of a step with more microbatches, where the root's shard is not made yet either
+    but ZeRO-2 keeps its layers gathered (``fsdp2_absent_grads``). Bytes per device."""
+    first = plan.num_microbatches == 1 if first is None else first
+    if plan.zero < 2 or plan.dp <= 1 or not first:
         return 0.0
     sb = plan_state_bytes(plan)
     relief = _root_params(model, plan, 0) * sb.grad / plan.dp
     layers = stage_layers(model, plan)[0]
-    if not gathers_layers(plan.zero, plan.dp) and layers:
+    if not gathers_layers(plan.zero, plan.dp) and layers and plan.num_microbatches == 1:
         relief += layer_params(model, plan.tp) * (layers * sb.param - sb.grad)
     return relief
 
 
-def fsdp2_forward_gather(model: ModelSpec, plan: Plan) -> float:
+def fsdp2_forward_gather(model: ModelSpec, plan: Plan, first: bool | None = None) -> float:
     """ZeRO-2 as FSDP2 with one microbatch a step: the flat output of the forward's last layer
     all-gather, whose free torch 2.13 defers to the root module's post-forward (``AllGatherState``,
     ``FSDPState._post_forward``), so the forward's end -- the executor's loss runs inside its
@@ -156,8 +163,10 @@ def fsdp2_forward_gather(model: ModelSpec, plan: Plan) -> float:
     forward only, whose end holds none of the gradient shards the states count. Measured on 2 gloo
     ranks (a 4-layer h = 128, 1,024-word bf16 model, dp 2, s = 16-128): the loss's forward peaked
     with one layer's fp32 parameters in a buffer from ``foreach_all_gather``, and the model read
-    1.7-4.6 % low without it. Bytes per device."""
-    if plan.zero != 2 or plan.dp <= 1 or plan.num_microbatches != 1:
+    1.7-4.6 % low without it. ``first``: the forwards before a rank's first backward of a step
+    with more microbatches (``fsdp2_absent_grads``). Bytes per device."""
+    first = plan.num_microbatches == 1 if first is None else first
+    if plan.zero != 2 or plan.dp <= 1 or not first:
         return 0.0
     return layer_params(model, plan.tp) * plan_state_bytes(plan).param
 
@@ -176,7 +185,7 @@ def fsdp2_layer_only_bytes(model: ModelSpec, plan: Plan) -> float:
 
 
 def fsdp2_post_backward(model: ModelSpec, plan: Plan, groups: list[tuple[int, str]], in_backward: float,
-                        rank_grads: float = math.inf) -> float:
+                        rank_grads: float = math.inf, first: bool | None = None) -> float:
     """ZeRO-2/3 as FSDP2: what a layer's post-backward adds to the stage's stash -- its unsharded
     gradients and the reduce-scatter input they are copied into (``fsdp2_bytes``' second term,
     ``in_backward``), less what the layer saved, which its nodes have freed by then (the smallest
@@ -196,7 +205,9 @@ def fsdp2_post_backward(model: ModelSpec, plan: Plan, groups: list[tuple[int, st
     4-layer h = 128, 1,024-word bf16 model, dp 2, 2 microbatches, s = 16-48, where this moment is
     the peak): the reduce-scatter's input, gloo's copy of it and the new shard, with the next
     layer's prefetched parameters (ZeRO-3) or the other layers' gathered ones (ZeRO-2); the model
-    without the two terms read 2.3-3.7 % high, with them within 1 %. Bytes per device."""
+    without the two terms read 2.3-3.7 % high, with them within 1 %. ``first`` (True / False): a
+    rank's first backward of the step, or one after it, priced apart (``fsdp2_absent_grads`` takes
+    the shards off the first); None: both in one. Bytes per device."""
     if not in_backward:
         return 0.0
     own = min(layer_activation_bytes(model, plan, policy) for n, policy in groups if n)
@@ -205,8 +216,12 @@ def fsdp2_post_backward(model: ModelSpec, plan: Plan, groups: list[tuple[int, st
     many = plan.num_microbatches > 1
     shard = unit * sb.grad / plan.dp if many else 0.0
     resharded = unit * sb.param
-    if not gathers_layers(plan.zero, plan.dp):          # ZeRO-2: parameters kept to the last backward
-        resharded = 0.0 if plan.num_microbatches > 2 else min(resharded, rank_grads) if many else resharded
+    m = plan.num_microbatches
+    if not gathers_layers(plan.zero, plan.dp) and m > 1:    # ZeRO-2: parameters kept to the last backward
+        if first is None:
+            resharded = 0.0 if m > 2 else min(resharded, rank_grads)
+        elif first or m > 2:
+            resharded = 0.0
     return max(in_backward - own + shard - resharded, 0.0)
 
 

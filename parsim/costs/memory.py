@@ -22,7 +22,7 @@ from .activations import (backward_working_bytes, embedding_activation_bytes, he
                           layer_activation_bytes, stage_output_bytes)
 from .fsdp2 import (fsdp2_absent_grads, fsdp2_after_layers, fsdp2_bytes, fsdp2_forward_gather, fsdp2_layer_only_bytes, fsdp2_post_backward, fsdp2_released_at_step,
                     fsdp2_root_bytes, fsdp2_root_post_backward, reduce_scatter_copies, uses_fsdp2)
-from .inflight import COUNTED, rank_moments
+from .inflight import COUNTED, Moment, rank_moments
 from .params import layer_params, stage_largest_tensors, stage_params, zero1_owned_params
 from .placement import rank_of_stage, stages_of_rank
 from .recompute import layer_recompute, recomputes_fully, stage_recompute
@@ -76,14 +76,39 @@ def static_bytes(model: ModelSpec, plan: Plan, pp_rank: int, fsdp2: bool = False
     return _static_bytes(model, plan, stage_params(model, plan)[pp_rank], fsdp2, _zero1_owned(model, plan)[pp_rank])
 
 
+def first_backward_apart(plan: Plan, fsdp2: bool) -> bool:
+    """Do both engines price a rank's first backward of the step (and the forwards before it)
+    apart from its others: FSDP2's gradient shards are made by it (``fsdp2_absent_grads``). Where
+    a step has one microbatch every backward is a first; with more, under the schedules whose
+    moments are counted in order (``inflight.COUNTED``); walked schedules keep the shards all step
+    (an upper bound)."""
+    return (fsdp2 and plan.zero >= 2 and plan.dp > 1
+            and (plan.num_microbatches == 1 or plan.schedule in COUNTED))
+
+
 def unmade_grads(model: ModelSpec, plan: Plan, pp_rank: int, fsdp2: bool = False) -> float:
     """Of a pipeline rank's gradient states (``static_bytes``), the bytes not there before its
-    first backward: FSDP2's shards without gradient accumulation (``fsdp2_absent_grads``); the
-    analytic moments take them off (``stage_footprints``), the SimPy timeline allocates them at
-    the rank's first backward. 0 otherwise."""
-    if not fsdp2:
+    first backward (``first_backward_apart``: FSDP2's shards); the analytic moments take them off
+    that backward (``stage_footprints(first=True)``), the SimPy timeline allocates them at its
+    start. 0 otherwise."""
+    if not first_backward_apart(plan, fsdp2):
         return 0.0
-    return fsdp2_absent_grads(plan, model_state_bytes(stage_params(model, plan)[pp_rank], plan)[1])
+    return model_state_bytes(stage_params(model, plan)[pp_rank], plan)[1]
+
+
+def first_apart_peak(chunks: list[StageFootprint], firsts: list[StageFootprint], plan: Plan,
+                     pp_rank: int) -> tuple[float, float]:
+    """``rank_peak`` where the rank's first backward holds ``firsts`` (its chunks as
+    ``stage_footprints(first=True)`` prices them) and the ones after it ``chunks``: the moments of
+    ``inflight.peak_moments`` and one more, the first backward after them, which may hold as many
+    microbatches with the gradient shards made (1F1B's steady state)."""
+    vpp, m = plan.vpp, plan.num_microbatches
+    count = min(min(plan.pp * vpp, m * vpp) + 1, m * vpp)
+    moments = [Moment(chunk_of_pass(k, plan.pp, vpp, backward=True), held)
+               for k, held in enumerate(held_at_backwards(plan.schedule, pp_rank, plan.pp, m, vpp, count))]
+    first = rank_peak(firsts, moments[:1])
+    rest = rank_peak(chunks, moments[1:]) if len(moments) > 1 else (-1.0, 0.0)
+    return first if sum(first) >= sum(rest) else rest
 
 
 def _zero1_owned(model: ModelSpec, plan: Plan) -> list[float]:
@@ -125,9 +150,11 @@ def gathered_bytes(model: ModelSpec, plan: Plan) -> float:
 
 
 def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
-                     copies_input: bool = False) -> list[StageFootprint]:
+                     copies_input: bool = False, first: bool | None = None) -> list[StageFootprint]:
     """``StageFootprint`` of every virtual stage (``fsdp2``: ZeRO-2/3 as FSDP2 runs them;
-    ``copies_input``: over a backend that copies a reduce-scatter's input, ``reduce_scatter_copies``).
+    ``copies_input``: over a backend that copies a reduce-scatter's input, ``reduce_scatter_copies``;
+    ``first``: as a rank's first backward of the step runs, before its gradient shards are made,
+    ``fsdp2_absent_grads``; None: where every backward is a first, one microbatch a step).
     Each stage's terms are pure functions of a few keys (its recompute groups, its rank, whether it
     is the first / last stage), so each distinct key is priced once."""
     in_backward = fsdp2_bytes(model, plan, 0.0)[1] if fsdp2 else 0.0
@@ -159,18 +186,20 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
     # ``_rank_working`` of (rank, weight gradients, layer extra), priced once per distinct key
     layer_dy, head_dy = output_grad_bytes(model, plan), head_output_grad_bytes(model, plan)
     rank_grads = [model_state_bytes(n, plan)[1] for n in stage_params(model, plan)] if in_backward else [0.0] * plan.pp
-    absent = [fsdp2_absent_grads(plan, g) for g in rank_grads]
-    after_layers = fsdp2_after_layers(model, plan) if in_backward else 0.0
-    forward_held = fsdp2_forward_gather(model, plan) if in_backward else 0.0
+    absent = [fsdp2_absent_grads(plan, g, first) for g in rank_grads]
+    after_layers = fsdp2_after_layers(model, plan, first) if in_backward else 0.0
+    forward_held = fsdp2_forward_gather(model, plan, first) if in_backward else 0.0
     working = cache(lambda r, grads, extra: _rank_working(model, plan, r, stash, grads, extra, full, roots, absent[r],
                                                           after_layers, forward_held))
-    # a layer's own shard is there from its reduce-scatter on (``fsdp2_absent_grads``)
+    # a layer's own shard is there from its reduce-scatter on (``fsdp2_absent_grads``); with more
+    # microbatches its post-backward counts it already (``fsdp2_post_backward``)
     unit_shard = layer_params(model, plan.tp) * plan_state_bytes(plan).grad / plan.dp
+    unit_shard *= plan.num_microbatches == 1
     out = []
     for s, g in enumerate(groups):
         transient = footprint.recompute_transient(recomputes_fully(g), kept_all, kept_input)
         r = rank_of_stage(plan, s)
-        post = fsdp2_post_backward(model, plan, g, in_backward, rank_grads[r])
+        post = fsdp2_post_backward(model, plan, g, in_backward, rank_grads[r], first)
         extra = max(transient, post) + ahead - max(absent[r] - unit_shard, 0.0)
         backward = working(r, in_backward == 0.0, extra)
         if s == 0:       # no input gradient: its I runs nothing, its W the whole backward (split_backward)
@@ -284,13 +313,18 @@ def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = 
     if cluster is not None:
         model, cluster, plan = apply_stack(model, cluster, plan)
     fsdp2 = uses_fsdp2(cluster)
-    stages = stage_footprints(model, plan, fsdp2, reduce_scatter_copies(cluster))
+    apart = first_backward_apart(plan, fsdp2) and plan.num_microbatches > 1
+    stages = stage_footprints(model, plan, fsdp2, reduce_scatter_copies(cluster), first=False if apart else None)
+    firsts = stage_footprints(model, plan, fsdp2, reduce_scatter_copies(cluster), first=True) if apart else None
     step = optimizer_step_bytes(model, plan, fsdp2)
     out = []
     for r, (n_params, owned) in enumerate(zip(stage_params(model, plan), _zero1_owned(model, plan))):
         params, grads, optimizer, _, other = _static_bytes(model, plan, n_params, fsdp2, owned)
         chunks = [stages[s] for s in stages_of_rank(plan, r)]
-        act, extra = rank_peak(chunks, rank_moments(plan, r))
+        if firsts is None:
+            act, extra = rank_peak(chunks, rank_moments(plan, r))
+        else:
+            act, extra = first_apart_peak(chunks, [firsts[s] for s in stages_of_rank(plan, r)], plan, r)
         released, temporaries = step[r]
         if footprint.optimizer_step_peaks(act + extra, temporaries, released):
             params, act, extra = params - released, 0.0, temporaries

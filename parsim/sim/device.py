@@ -50,7 +50,7 @@ def device(env: simpy.Environment, sim: "Simulation", dev: "Device"):
             begin = input_start(sim, dev, kind, stage, mb, now, waited=begin)
         start = begin + ledger.pay() if ledger.debt else begin    # compute owed to collectives first
         cost = dev.costs.get((stage, kind)) or sim.cost(dev, stage, kind)
-        fp = footprints[stage]
+        fp = sim.first_footprints[stage] if mem.unmade and not forward else footprints[stage]
         during = 0.0 if forward else fp.backward if kind == "B" else fp.during(kind)
         if forward:
             mem.change(start, ACTIVATIONS, fp.activations)
@@ -156,7 +156,7 @@ def overlapped(env: simpy.Environment, sim: "Simulation", dev: "Device", idx: in
     start = begin + ledger.pay() if ledger.debt else begin
     key = (f.stage, b.stage)
     cost = dev.costs.get((key, "F&" + b.kind)) or sim.cost(dev, key, "F&" + b.kind)
-    ffp, bfp = sim.footprints[f.stage], sim.footprints[b.stage]
+    ffp, bfp = sim.footprints[f.stage], (sim.first_footprints if mem.unmade else sim.footprints)[b.stage]
     during = bfp.during(b.kind) + max(ffp.gathered_params, bfp.gathered_params)
     mem.change(start, ACTIVATIONS, ffp.activations)
     if during:

@@ -54,8 +54,7 @@ from parsim.specs import ClusterSpec, ModelSpec, Plan, RankLayout
 from .compute import ActionCost, action_cost, overlap_cost, stage_shapes
 from .device import device
 from .dp import gradient_sync
-from .memory import (MemoryTimeline, optimizer_step_bytes, reduce_scatter_copies, stage_footprints, static_bytes,
-                     unmade_grads)
+from .memory import MemoryTimeline, footprints_apart, optimizer_step_bytes, reduce_scatter_copies, static_bytes, unmade_grads
 from .network import Arrival, Communicator, Ports, device_ports, group_link, group_shape, link_between, ps_time
 from .record import SEND_B, SEND_F, Recorder
 from .symmetry import RankClasses, every_rank, full_mode_classes
@@ -115,7 +114,8 @@ class Simulation:
         self.num_stages = plan.pp * plan.vpp
         self.shapes = stage_shapes(model, plan)
         fsdp2 = uses_fsdp2(cluster)     # ZeRO-2/3 as FSDP2 runs them (costs.fsdp2)
-        self.footprints = stage_footprints(model, plan, fsdp2, reduce_scatter_copies(cluster))
+        # and as a rank's first backward holds them, where its FSDP2 gradient shards are made by it
+        self.footprints, self.first_footprints = footprints_apart(model, plan, fsdp2, reduce_scatter_copies(cluster))
         # per pipeline rank: (parameter bytes released, temporaries held) while its optimizer steps
         self.step_bytes = optimizer_step_bytes(model, plan, fsdp2)
         self.state = plan_state_bytes(plan)

@@ -11,9 +11,9 @@ What is allocated when (categories of ``parsim.costs.CATEGORIES``; the bytes are
 * step start: parameters, gradients (Megatron-LM's persistent fp32 main-grad buffer) and
   optimizer states of the rank, sharded as ZeRO shards them (Rajbhandari et al. 2020 Sec. 5),
   minus what ZeRO-Offload keeps on the host (Ren et al. 2021); with offload one gradient
-  bucket of pinned staging memory (``other``; DeepSpeed allocates it up front). FSDP2 without
-  gradient accumulation makes its gradient shards in the backward (``costs.unmade_grads``):
-  allocated at the rank's first backward.
+  bucket of pinned staging memory (``other``; DeepSpeed allocates it up front). FSDP2 (ZeRO-2/3)
+  makes its gradient shards in the rank's first backward (``costs.unmade_grads``): allocated at
+  its start, which holds ``stage_footprints(first=True)``.
 * forward start: the stage's stored activations for one microbatch (Korthikanti et al. 2022,
   Table 2, per layer and recompute policy; embedding dropout mask on stage 0; final-norm input
   and fp32 logits on the last stage; the output sent on the others); freed when the backward
@@ -32,13 +32,25 @@ What is allocated when (categories of ``parsim.costs.CATEGORIES``; the bytes are
 """
 from __future__ import annotations
 
-from parsim.costs import (CATEGORIES, StageFootprint, optimizer_step_bytes, reduce_scatter_copies, stage_footprints,
-                          static_bytes, unmade_grads)
+from parsim.costs import (CATEGORIES, StageFootprint, first_backward_apart, optimizer_step_bytes, reduce_scatter_copies,
+                          stage_footprints, static_bytes, unmade_grads)
 
 __all__ = ["PARAMS", "GRADS", "OPTIMIZER", "ACTIVATIONS", "OTHER", "MemoryTimeline", "StageFootprint",
-           "optimizer_step_bytes", "reduce_scatter_copies", "stage_footprints", "static_bytes", "unmade_grads"]
+           "optimizer_step_bytes", "reduce_scatter_copies", "stage_footprints", "static_bytes", "unmade_grads",
+           "footprints_apart"]
 
 PARAMS, GRADS, OPTIMIZER, ACTIVATIONS, OTHER = range(len(CATEGORIES))
+
+
+def footprints_apart(model, plan, fsdp2: bool, copies_input: bool) -> tuple[list[StageFootprint], list[StageFootprint]]:
+    """(``stage_footprints`` of every backward, of a rank's first backward): the same list unless
+    the rank's FSDP2 gradient shards are made by its first backward of several
+    (``costs.first_backward_apart``), as ``costs.memory_by_stage`` prices them."""
+    if not (first_backward_apart(plan, fsdp2) and plan.num_microbatches > 1):
+        same = stage_footprints(model, plan, fsdp2, copies_input)
+        return same, same
+    return (stage_footprints(model, plan, fsdp2, copies_input, first=False),
+            stage_footprints(model, plan, fsdp2, copies_input, first=True))
 
 
 class MemoryTimeline:
