@@ -7,8 +7,9 @@ from .comm import (Collective, dp_buckets, dp_grad_bytes, dp_param_bytes, microb
 from .flops import eq3_flops, hardware_flops_per_step, model_flops_per_step
 from .fsdp2 import reduce_scatter_copies
 from .inflight import Moment, inflight_chunks, inflight_microbatches, peak_held, peak_moments
-from .memory import (CATEGORIES, StageFootprint, StageMemory, device_capacity, first_backward_apart, fits, memory_by_stage,
-                     optimizer_step_bytes, stage_footprints, static_bytes, unmade_grads)
+from .memory import (CATEGORIES, StageFootprint, StageMemory, device_capacity, first_backward_apart, fits,
+                     footprints_apart, memory_by_stage, optimizer_step_bytes, stage_footprints, static_bytes,
+                     unmade_grads)
 from .optimizer import OptimizerStep, optimizer_step
 from .ops import DTYPE_BYTES, Op, embedding_ops, head_ops, layer_ops, padded_vocab
 from .params import (embedding_params, eq2_params, head_params, layer_params, layer_tensors, optimizer_tensor_sizes,

@@ -213,10 +213,9 @@ def fsdp2_post_backward(model: ModelSpec, plan: Plan, groups: list[tuple[int, st
     own = min(layer_activation_bytes(model, plan, policy) for n, policy in groups if n)
     sb = plan_state_bytes(plan)
     unit = layer_params(model, plan.tp)
-    many = plan.num_microbatches > 1
-    shard = unit * sb.grad / plan.dp if many else 0.0
-    resharded = unit * sb.param
     m = plan.num_microbatches
+    shard = unit * sb.grad / plan.dp if m > 1 else 0.0
+    resharded = unit * sb.param
     if not gathers_layers(plan.zero, plan.dp) and m > 1:    # ZeRO-2: parameters kept to the last backward
         if first is None:
             resharded = 0.0 if m > 2 else min(resharded, rank_grads)

@@ -20,8 +20,9 @@ from parsim.specs import ClusterSpec, ModelSpec, Plan, plan_stack, stage_layers
 from . import footprint
 from .activations import (backward_working_bytes, embedding_activation_bytes, head_activation_bytes,
                           layer_activation_bytes, stage_output_bytes)
-from .fsdp2 import (fsdp2_absent_grads, fsdp2_after_layers, fsdp2_bytes, fsdp2_forward_gather, fsdp2_layer_only_bytes, fsdp2_post_backward, fsdp2_released_at_step,
-                    fsdp2_root_bytes, fsdp2_root_post_backward, reduce_scatter_copies, uses_fsdp2)
+from .fsdp2 import (fsdp2_absent_grads, fsdp2_after_layers, fsdp2_bytes, fsdp2_forward_gather, fsdp2_layer_only_bytes,
+                    fsdp2_post_backward, fsdp2_released_at_step, fsdp2_root_bytes, fsdp2_root_post_backward,
+                    reduce_scatter_copies, uses_fsdp2)
 from .inflight import COUNTED, Moment, rank_moments
 from .params import layer_params, stage_largest_tensors, stage_params, zero1_owned_params
 from .placement import rank_of_stage, stages_of_rank
@@ -91,9 +92,23 @@ def unmade_grads(model: ModelSpec, plan: Plan, pp_rank: int, fsdp2: bool = False
     first backward (``first_backward_apart``: FSDP2's shards); the analytic moments take them off
     that backward (``stage_footprints(first=True)``), the SimPy timeline allocates them at its
     start. 0 otherwise."""
-    if not first_backward_apart(plan, fsdp2):
-        return 0.0
-    return model_state_bytes(stage_params(model, plan)[pp_rank], plan)[1]
+    return _rank_grads(model, plan)[pp_rank] if first_backward_apart(plan, fsdp2) else 0.0
+
+
+def _rank_grads(model: ModelSpec, plan: Plan) -> list[float]:
+    """Per pipeline rank: the gradient bytes its model states count."""
+    return [model_state_bytes(n, plan)[1] for n in stage_params(model, plan)]
+
+
+def footprints_apart(model: ModelSpec, plan: Plan, fsdp2: bool = False,
+                     copies_input: bool = False) -> tuple[list[StageFootprint], list[StageFootprint] | None]:
+    """(``stage_footprints`` of a rank's backwards, of its first backward where that one is priced
+    apart, else None): with several microbatches a step and ``first_backward_apart``. Both
+    engines take them from here."""
+    if not (first_backward_apart(plan, fsdp2) and plan.num_microbatches > 1):
+        return stage_footprints(model, plan, fsdp2, copies_input), None
+    return (stage_footprints(model, plan, fsdp2, copies_input, first=False),
+            stage_footprints(model, plan, fsdp2, copies_input, first=True))
 
 
 def first_apart_peak(chunks: list[StageFootprint], firsts: list[StageFootprint], plan: Plan,
@@ -185,7 +200,7 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
                for r in range(plan.pp)]
     # ``_rank_working`` of (rank, weight gradients, layer extra), priced once per distinct key
     layer_dy, head_dy = output_grad_bytes(model, plan), head_output_grad_bytes(model, plan)
-    rank_grads = [model_state_bytes(n, plan)[1] for n in stage_params(model, plan)] if in_backward else [0.0] * plan.pp
+    rank_grads = _rank_grads(model, plan) if in_backward else [0.0] * plan.pp
     absent = [fsdp2_absent_grads(plan, g, first) for g in rank_grads]
     after_layers = fsdp2_after_layers(model, plan, first) if in_backward else 0.0
     forward_held = fsdp2_forward_gather(model, plan, first) if in_backward else 0.0
@@ -313,9 +328,7 @@ def memory_by_stage(model: ModelSpec, plan: Plan, cluster: ClusterSpec | None = 
     if cluster is not None:
         model, cluster, plan = apply_stack(model, cluster, plan)
     fsdp2 = uses_fsdp2(cluster)
-    apart = first_backward_apart(plan, fsdp2) and plan.num_microbatches > 1
-    stages = stage_footprints(model, plan, fsdp2, reduce_scatter_copies(cluster), first=False if apart else None)
-    firsts = stage_footprints(model, plan, fsdp2, reduce_scatter_copies(cluster), first=True) if apart else None
+    stages, firsts = footprints_apart(model, plan, fsdp2, reduce_scatter_copies(cluster))
     step = optimizer_step_bytes(model, plan, fsdp2)
     out = []
     for r, (n_params, owned) in enumerate(zip(stage_params(model, plan), _zero1_owned(model, plan))):

@@ -115,7 +115,8 @@ class Simulation:
         self.shapes = stage_shapes(model, plan)
         fsdp2 = uses_fsdp2(cluster)     # ZeRO-2/3 as FSDP2 runs them (costs.fsdp2)
         # and as a rank's first backward holds them, where its FSDP2 gradient shards are made by it
-        self.footprints, self.first_footprints = footprints_apart(model, plan, fsdp2, reduce_scatter_copies(cluster))
+        self.footprints, firsts = footprints_apart(model, plan, fsdp2, reduce_scatter_copies(cluster))
+        self.first_footprints = firsts if firsts is not None else self.footprints
         # per pipeline rank: (parameter bytes released, temporaries held) while its optimizer steps
         self.step_bytes = optimizer_step_bytes(model, plan, fsdp2)
         self.state = plan_state_bytes(plan)

@@ -32,7 +32,7 @@ What is allocated when (categories of ``parsim.costs.CATEGORIES``; the bytes are
 """
 from __future__ import annotations
 
-from parsim.costs import (CATEGORIES, StageFootprint, first_backward_apart, optimizer_step_bytes, reduce_scatter_copies,
+from parsim.costs import (CATEGORIES, StageFootprint, footprints_apart, optimizer_step_bytes, reduce_scatter_copies,
                           stage_footprints, static_bytes, unmade_grads)
 
 __all__ = ["PARAMS", "GRADS", "OPTIMIZER", "ACTIVATIONS", "OTHER", "MemoryTimeline", "StageFootprint",
@@ -40,17 +40,6 @@ __all__ = ["PARAMS", "GRADS", "OPTIMIZER", "ACTIVATIONS", "OTHER", "MemoryTimeli
            "footprints_apart"]
 
 PARAMS, GRADS, OPTIMIZER, ACTIVATIONS, OTHER = range(len(CATEGORIES))
-
-
-def footprints_apart(model, plan, fsdp2: bool, copies_input: bool) -> tuple[list[StageFootprint], list[StageFootprint]]:
-    """(``stage_footprints`` of every backward, of a rank's first backward): the same list unless
-    the rank's FSDP2 gradient shards are made by its first backward of several
-    (``costs.first_backward_apart``), as ``costs.memory_by_stage`` prices them."""
-    if not (first_backward_apart(plan, fsdp2) and plan.num_microbatches > 1):
-        same = stage_footprints(model, plan, fsdp2, copies_input)
-        return same, same
-    return (stage_footprints(model, plan, fsdp2, copies_input, first=False),
-            stage_footprints(model, plan, fsdp2, copies_input, first=True))
 
 
 class MemoryTimeline:
