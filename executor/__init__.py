@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "run_plan": "launch", "run_plans": "launch", "check_executable": "launch", "ExecutorError": "launch",
+    "run_plan": "launch", "run_plans": "launch", "check_executable": "checks", "ExecutorError": "checks",
     "ExecutionResult": "results", "RankResult": "results",
     "ExecutorConfig": "config", "FaultInjection": "config",
     "RunSpec": "worker",

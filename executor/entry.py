@@ -52,7 +52,7 @@ def execute(args: argparse.Namespace) -> int:
     plan = parse_plan(args.plan)
     config = config_from_args(args)
 
-    from .launch import ExecutorError
+    from .checks import ExecutorError
 
     try:
         result = run_plan(model, plan, config, lambda w: print(f"parsim: warning: {w}", file=sys.stderr))
@@ -75,10 +75,14 @@ def run_plan(model: ModelSpec, plan: Plan, config: ExecutorConfig,
     """Run one plan: ``dp*tp*pp`` fresh processes here, or this process's rank under torchrun
     (None on ranks other than 0). Warnings about the plan go to ``on_warning`` first; a failed
     run raises ``ExecutorError``. Imports torch."""
-    from .launch import RunSpec, check_executable, run_plans, run_this_rank, under_torchrun
+    from .checks import check_executable, under_torchrun
 
     for w in check_executable(model, plan, config):
         on_warning(w)
+    if not under_torchrun():
+        from .forked import start_early
+        start_early()       # its imports run beside ours of torch, below
+    from .launch import RunSpec, run_plans, run_this_rank
     runs = [RunSpec(model, plan, config)]
     results = run_this_rank(runs) if under_torchrun() else run_plans(runs)
     return results[0] if results else None

@@ -22,47 +22,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from parsim.specs import ModelSpec, Plan, SpecError, load_cluster, load_model, parse_plan, validate
+from parsim.specs import ModelSpec, Plan, SpecError, load_model, parse_plan
 
+from .checks import ExecutorError, check_executable, check_launch, under_torchrun  # noqa: F401 (the API's names)
 from .config import ExecutorConfig
 from .host_alloc import host_memory_policy
 from .processes import LaunchError, exit_cause, run_ranks
 from .results import ExecutionResult
 from .worker import ABORT_KEY, ARRIVED_KEY, STEP_KEY, Rendezvous, RunSpec, launched_rank, publish_abort, run_worker
-
-
-class ExecutorError(LaunchError):
-    """A run failed; the message names the first failing rank and the cause. ``pids`` are the
-    rank processes (all gone by now); ``shutdown_s`` is how long they took to stop after the
-    launcher noticed the failure."""
-
-
-def check_executable(model: ModelSpec, plan: Plan, config: ExecutorConfig | None = None,
-                     planned: dict[str, tuple[int, str]] | None = None) -> list[str]:
-    """Validate the plan against the model, plus what this executor does not do, and the
-    run's files (``ExecutorConfig.check_files``; ``planned``: checkpoints earlier runs of the
-    launch write)."""
-    warnings = validate(model, load_cluster(f"cpu:{plan.world_size}"), plan)
-    if plan.offload != "none":
-        where = "on CPU the host memory is the device memory" if not torch.cuda.is_available() else \
-            "ZeRO-Offload is not implemented by the reference executor"
-        raise SpecError("offload", plan.offload, f"none ({where}; use offload=none)")
-    if plan.dp_impl != "allreduce":
-        raise SpecError("dp_impl", plan.dp_impl, "allreduce (the executor has no parameter server)")
-    if config is not None and config.inject_fault is not None and config.inject_fault.rank >= plan.world_size:
-        raise SpecError("inject_fault", config.inject_fault.rank, f"a rank below world size {plan.world_size}")
-    if config is not None:
-        config.check_files(model, planned)      # checkpoint, data and output folders: before any rank starts
-    return warnings
-
-
-def check_launch(runs: list[RunSpec]) -> None:
-    """Every run of a launch, in order: a run may resume from the checkpoint an earlier one saves."""
-    planned: dict[str, tuple[int, str]] = {}
-    for r in runs:
-        check_executable(r.model, r.plan, r.config, planned)
-        if r.config.save_dir is not None:
-            planned[str(r.config.save_dir)] = (r.config.save_at, r.model.name)
 
 
 def run_plan(model: ModelSpec | str, plan: Plan | str, steps: int = 5, warmup: int = 1, **options) -> ExecutionResult:
@@ -124,10 +91,6 @@ def run_this_rank(runs: list[RunSpec]) -> list[ExecutionResult]:
     if rank != 0:
         os.dup2(2, 1)
     return run_worker(rank, local_rank, rdzv, runs)
-
-
-def under_torchrun() -> bool:
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
 if __name__ == "__main__":

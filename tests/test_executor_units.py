@@ -132,6 +132,39 @@ def test_offload_and_unexecutable_options_are_rejected_with_the_field_named():
     assert err.value.field == "tp"
 
 
+# a fresh interpreter: was torch imported when the fork server was first asked to run, and are
+# torch and the server there once run_plan is done?
+_RUN_PLAN = """
+import multiprocessing.forkserver as fs, sys
+from parsim.executor.config import ExecutorConfig
+from parsim.executor.entry import run_plan
+from parsim.specs import SpecError, load_model, parse_plan
+ensure_running = fs.ensure_running
+def first_call():
+    print("server started with torch imported", "torch" in sys.modules)
+    fs.ensure_running = ensure_running
+    ensure_running()
+fs.ensure_running = first_call
+try:
+    run_plan(load_model("tiny"), parse_plan(sys.argv[1]), ExecutorConfig(steps=1, warmup=0), print)
+except SpecError as err:
+    print("rejected", err.field)
+print("torch imported", "torch" in sys.modules, "fork server", fs._forkserver._forkserver_pid is not None)
+"""
+
+
+@pytest.mark.parametrize("plan, said", [("dp=2 dp_impl=ps", ["rejected dp_impl", "torch imported False fork server False"]),
+                                        ("dp=2 gbs=2", ["server started with torch imported False",
+                                                        "torch imported True fork server True"])])
+def test_run_plan_checks_the_plan_and_starts_the_fork_server_before_it_imports_torch(plan, said):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _RUN_PLAN, plan], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-len(said):] == said
+
+
 def test_recompute_policy_per_layer_follows_the_plan():
     from parsim.executor.recompute import layer_policies
 
