@@ -91,9 +91,8 @@ def what_if(model, cluster, out: Path):
 
 def execute_locally(out: Path, steps: int, recalibrate: bool = False) -> None:
     from parsim.calibration.host_alloc import use_profile_policy
-    from parsim.executor import run_plans
     from parsim.executor.config import ExecutorConfig
-    from parsim.executor.worker import RunSpec
+    from parsim.executor.forked import start_early
     from parsim.sim import simulate
     from parsim.specs import cluster_from_dict, load_profile_dict, parse_plan
     from parsim.calibration.anchor import anchored_profile, probe_drift, probe_request
@@ -116,6 +115,9 @@ def execute_locally(out: Path, steps: int, recalibrate: bool = False) -> None:
     use_profile_policy(profile_data)      # the executor's ranks run under the profile's host memory policy
     config = ExecutorConfig(steps=steps, warmup=1, trace_dir=str(out / "executed"),
                             layer_probe=probe_request(profile_data))
+    start_early()       # the ranks' fork server imports torch beside our own import of it, below
+    from parsim.executor import run_plans
+    from parsim.executor.worker import RunSpec
     measured = run_plans([RunSpec(model, p, config) for p in ranked])
     drifts, shifts = [], []
     width = max(len(p.to_string()) for p in ranked)
