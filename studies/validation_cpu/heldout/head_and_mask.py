@@ -4,10 +4,12 @@
    -inf)`` with a broadcast bool (s, s) mask) against a residual add over the same bytes, the op
    that priced it before the calibration timed it on its own (``costs.timing.OWN_BENCHMARK``):
    the calibration's own forward cases of both (``calibration.compute.membound_case``), warm.
-2. Each held-out model's head GEMM (tokens x vocab x hidden, ``F.linear``) and one of its layer
-   GEMMs (tokens x ffn x hidden) against the profile's GEMM surface (``costs.timing.gemm_time``).
+2. Each held-out model's head GEMM (tokens x vocab x hidden) and one of its layer GEMMs (tokens
+   x ffn x hidden), each as the forward (``F.linear``) and the backward runs it (input and weight
+   gradient, ``costs.ops.executed_gemm``), against the profile's GEMM surface for that form
+   (``costs.timing.gemm_time``).
 
-    .venv/bin/python studies/validation_cpu/heldout/head_and_mask.py PROFILE > head_and_mask.txt   # ~10 s
+    .venv/bin/python studies/validation_cpu/heldout/head_and_mask.py PROFILE > head_and_mask.txt   # ~40 s
 
 Medians of 7 samples; the GEMMs cold, as a training pass finds them: the operands rotate over
 copies spanning twice the last-level cache (``calibration.compute.gemm_callable(cold=True)``)."""
@@ -42,6 +44,7 @@ def gemm_rows(profile: str, clock) -> list[str]:
     from parsim.calibration.compute import gemm_callable
     from parsim.calibration.shapes import GemmPoint
     from parsim.calibration.timer import measure
+    from parsim.costs.ops import executed_gemm
     from parsim.costs.timing import gemm_time
     from parsim.specs import load_cluster, load_model
 
@@ -50,17 +53,19 @@ def gemm_rows(profile: str, clock) -> list[str]:
     for name in ("gpt", "llama", "deep", "wide", "long"):
         model = load_model(HERE / f"model_{name}.yaml")
         tokens = model.seq_len
-        for role, shape in (("head", (tokens, model.vocab, model.hidden)),
-                            ("layer", (tokens, model.ffn_hidden, model.hidden))):
-            with torch.no_grad():
-                fn = gemm_callable(GemmPoint(shape, 1, "linear", role), "fp32", clock.device, cold=True,
-                                   pool=clock.pool)
-                measured = measure(fn, clock, 7, 1.0).median
-            priced = gemm_time(device, *shape, "fp32")
-            m, n, k = shape
-            out.append(f"{name:5s} {role:5s} {m:5d} x {n:5d} x {k:4d}  measured {measured * 1e3:7.2f} ms  "
-                       f"priced {priced * 1e3:7.2f} ms  measured / priced {measured / priced:4.2f}  "
-                       f"{2 * m * n * k / measured / 1e9:5.1f} GFLOP/s")
+        for role, forward in (("head", (tokens, model.vocab, model.hidden)),
+                              ("layer", (tokens, model.ffn_hidden, model.hidden))):
+            for form in ("linear", "grad_input", "grad_weight"):
+                shape = executed_gemm(forward, form)
+                with torch.no_grad():
+                    fn = gemm_callable(GemmPoint(shape, 1, form, role), "fp32", clock.device, cold=True,
+                                       pool=clock.pool)
+                    measured = measure(fn, clock, 7, 1.0).median
+                priced = gemm_time(device, *shape, "fp32", form=form)
+                m, n, k = shape
+                out.append(f"{name:5s} {role:5s} {form:11s} {m:5d} x {n:5d} x {k:5d}  measured {measured * 1e3:7.2f} ms  "
+                           f"priced {priced * 1e3:7.2f} ms  measured / priced {measured / priced:4.2f}  "
+                           f"{2 * m * n * k / measured / 1e9:5.1f} GFLOP/s")
     return out
 
 

@@ -7,6 +7,12 @@ and with a factor 1 / (1 + d / wide) on each dimension d in turn (``RooflineFit.
 on n), each with its 5-fold leave-out error.
 
     .venv/bin/python studies/validation_cpu/heldout/wide_gemm.py > studies/validation_cpu/heldout/wide_gemm.txt
+    .venv/bin/python studies/validation_cpu/heldout/wide_gemm.py grad_weight > studies/validation_cpu/heldout/wide_gemm_grad_weight.txt
+
+A form other than linear (grad_input, grad_weight) times that backward GEMM as the calibration
+does (``calibration.compute.gemm_callable``, warm) on the same (m, n, k) executed shapes
+(``costs.ops.executed_gemm``: a weight gradient's m is the layer's input width, n its output
+width, k the tokens).
 
 About a minute. Run it with nothing else on the machine.
 """
@@ -23,21 +29,34 @@ N = (512, 1024, 2048, 4096, 8192, 16384)
 K = (256, 512, 1024)
 
 
-def measure() -> dict[tuple[int, int, int], float]:
+def _call(form: str, m: int, n: int, k: int):
     import torch
     import torch.nn.functional as F
+
+    if form == "linear":
+        x, w = torch.randn(m, k), torch.randn(n, k)
+        return lambda: F.linear(x, w)
+    from parsim.calibration.compute import gemm_callable
+    from parsim.calibration.shapes import GemmPoint
+    with torch.no_grad():
+        return gemm_callable(GemmPoint((m, n, k), 1, form, "wide"), "fp32", torch.device("cpu"))
+
+
+def measure(form: str = "linear") -> dict[tuple[int, int, int], float]:
+    import torch
+
     torch.set_num_threads(1)
     best: dict[tuple[int, int, int], float] = {}
     for _ in range(2):
         for k in K:
             for m in M:
                 for n in N:
-                    x, w = torch.randn(m, k), torch.randn(n, k)
-                    F.linear(x, w)
+                    call = _call(form, m, n, k)
+                    call()
                     times, start = [], time.perf_counter()
                     while time.perf_counter() - start < 0.25 or len(times) < 3:
                         t0 = time.perf_counter()
-                        F.linear(x, w)
+                        call()
                         times.append(time.perf_counter() - t0)
                     best[(m, n, k)] = min(best.get((m, n, k), math.inf), min(times))
     return best
@@ -55,9 +74,10 @@ def fit_report(best: dict[tuple[int, int, int], float], axis: int | None) -> tup
     return report.median, report.p90, fit.wide
 
 
-def main() -> None:
-    best = measure()
-    print(f"# F.linear fp32, 1 thread, GFLOP/s (fastest of two passes); {os.cpu_count()} CPUs")
+def main(form: str = "linear") -> None:
+    best = measure(form)
+    name = "F.linear" if form == "linear" else f"{form} (executed m x n x k)"
+    print(f"# {name} fp32, 1 thread, GFLOP/s (fastest of two passes); {os.cpu_count()} CPUs")
     for k in K:
         print(f"k = {k:4d}   n:" + "".join(f"{n:>7d}" for n in N))
         for m in M:
@@ -70,4 +90,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+    main(*sys.argv[1:2])
