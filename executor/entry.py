@@ -79,12 +79,13 @@ def run_plan(model: ModelSpec, plan: Plan, config: ExecutorConfig,
 
     for w in check_executable(model, plan, config):
         on_warning(w)
-    if not under_torchrun():
+    torchrun = under_torchrun()
+    if not torchrun:
         from .forked import start_early
         start_early()       # its imports run beside ours of torch, below
     from .launch import RunSpec, run_plans, run_this_rank
     runs = [RunSpec(model, plan, config)]
-    results = run_this_rank(runs) if under_torchrun() else run_plans(runs)
+    results = run_this_rank(runs) if torchrun else run_plans(runs)
     return results[0] if results else None
 
 

@@ -9,10 +9,10 @@ on n), each with its 5-fold leave-out error.
     .venv/bin/python studies/validation_cpu/heldout/wide_gemm.py > studies/validation_cpu/heldout/wide_gemm.txt
     .venv/bin/python studies/validation_cpu/heldout/wide_gemm.py grad_weight > studies/validation_cpu/heldout/wide_gemm_grad_weight.txt
 
-A form other than linear (grad_input, grad_weight) times that backward GEMM as the calibration
-does (``calibration.compute.gemm_callable``, warm) on the same (m, n, k) executed shapes
-(``costs.ops.executed_gemm``: a weight gradient's m is the layer's input width, n its output
-width, k the tokens).
+Every form is timed as the calibration runs it (``calibration.compute.gemm_callable``, warm;
+linear is F.linear); grad_input and grad_weight time that backward GEMM on the same (m, n, k)
+executed shapes (``costs.ops.executed_gemm``: a weight gradient's m is the layer's input width,
+n its output width, k the tokens).
 
 About a minute. Run it with nothing else on the machine.
 """
@@ -29,21 +29,11 @@ N = (512, 1024, 2048, 4096, 8192, 16384)
 K = (256, 512, 1024)
 
 
-def _call(form: str, m: int, n: int, k: int):
-    import torch
-    import torch.nn.functional as F
-
-    if form == "linear":
-        x, w = torch.randn(m, k), torch.randn(n, k)
-        return lambda: F.linear(x, w)
-    from parsim.calibration.compute import gemm_callable
-    from parsim.calibration.shapes import GemmPoint
-    with torch.no_grad():
-        return gemm_callable(GemmPoint((m, n, k), 1, form, "wide"), "fp32", torch.device("cpu"))
-
-
 def measure(form: str = "linear") -> dict[tuple[int, int, int], float]:
     import torch
+
+    from parsim.calibration.compute import gemm_callable
+    from parsim.calibration.shapes import GemmPoint
 
     torch.set_num_threads(1)
     best: dict[tuple[int, int, int], float] = {}
@@ -51,7 +41,8 @@ def measure(form: str = "linear") -> dict[tuple[int, int, int], float]:
         for k in K:
             for m in M:
                 for n in N:
-                    call = _call(form, m, n, k)
+                    with torch.no_grad():       # warm operands: the same tensors every call
+                        call = gemm_callable(GemmPoint((m, n, k), 1, form, "wide"), "fp32", torch.device("cpu"))
                     call()
                     times, start = [], time.perf_counter()
                     while time.perf_counter() - start < 0.25 or len(times) < 3:
