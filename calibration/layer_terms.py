@@ -53,8 +53,9 @@ def fit_layer_terms(device: DeviceProfile, model, dtype: str) -> CalibratedTable
       allocation and its page faults, caches a pass evicts); ``timing.op_time`` applies it to
       every op. With the synthetic stages of a machine calibration (``stage_probes``):
       ``composition_terms``, scaled by the layer probe now over the one taken with the stages
-      (1 as calibrated; the machine's drift when anchored to a later probe), and raised where
-      they price the probe's layer below what it measured (``at_least_the_layer``). Without them: the
+      (1 as calibrated; the machine's drift when anchored to a later probe), and, on a device
+      whose host and kernels take turns (a CPU), raised where they price the probe's layer
+      below what it measured (``at_least_the_layer``). Without them: the
       real layer's measured time over its ops' priced sum (``costs.layer_ops`` at tp=1 and the
       probe's mbs), per pass. Dimensionless; 1 = the per-op sum is exact.
     * ``contention``: the per-rank GEMM slowdown when N ranks compute at once, fitted to the
@@ -105,9 +106,19 @@ def at_least_the_layer(device: DeviceProfile, composition: LayerComposition, ops
     The stages and the per-op tables are measured minutes apart; a VM whose speed drifts between
     them can fit terms that price the real layer below its probe (the zero-bubble run j on the
     Intel VM, 2026-11-28: the layer's backward 13 % below it, every plan read fast). Terms that
-    price it at or above the probe are kept as fitted."""
+    price it at or above the probe are kept as fitted.
+
+    Not where the host's issue overlaps the kernels (``composition.overlap``: CUDA). A layer
+    alone there is timed from an empty queue to a synchronised end: nothing hides its host's
+    issue, so it runs slower than inside a stage, where the host queues each op while the ones
+    before it run (an H200, 2026-11-30, studies/gpu_check/h200_s71: the probe's hidden-2048 layer
+    alone 1.05 ms forward and 2.15 ms backward at seq 1024; gpt3-1.3b's hidden-2048 layers at seq
+    2048 ran 0.95 and 1.66 ms each inside the executor's microbatch). Raised to the lone layer,
+    the backward's factor went from 1.04 to 1.50 and priced gpt3-1.3b's backward 34-64 % slow."""
     from parsim.costs.timing import op_time
 
+    if composition.overlap:
+        return composition
     dev = replace(device, tables=device.tables.replace(layer_composition=composition))
     priced = {p: sum(op_time(dev, op, p, dtype) for op in ops) for p in ("fwd", "bwd")}
     raise_f = max(1.0, float(probe.fwd_s) / priced["fwd"]) if priced["fwd"] > 0 else 1.0
