@@ -136,16 +136,14 @@ def split_samples(spec, mbs: int, dtype: str, clock: Clock, layers: tuple[int, .
     model (tp=1): each repeat, for every stage in turn, a forward then the fused backward, and a
     forward then I and W, each pass timed. Returns {L: {"B", "I", "W": seconds per repeat}}
     after ``warmup`` untimed repeats."""
-    from parsim.executor.model import StageModule, init_stage
+    from parsim.executor.model import initialised_stage
     from parsim.executor.split_backward import backward_input, backward_weight
     dt = TORCH_DTYPES[dtype]
     x = torch.randn(mbs, spec.seq_len, spec.hidden, dtype=dt, device=clock.device).requires_grad_(True)
     dy = torch.randn(mbs, spec.seq_len, spec.hidden, dtype=dt, device=clock.device)
     stages = {}
     for n in layers:
-        stages[n] = StageModule(spec, 0, n, is_first=False, is_last=False)
-        init_stage(stages[n], seed=0)
-        stages[n].to(device=clock.device, dtype=dt)
+        stages[n] = initialised_stage(spec, 0, n, False, False, seed=0).to(device=clock.device, dtype=dt)
     samples = {n: {"B": [], "I": [], "W": []} for n in layers}
     for i in range(warmup + repeats):
         for n, stage in stages.items():

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from parsim.executor.model import StageModule, init_stage
+from parsim.executor.model import StageModule, initialised_stage
 from parsim.executor.optimizer import autocast_factory
 from parsim.specs import ModelSpec
 
@@ -32,9 +32,7 @@ def stage_step(spec: ModelSpec, mbs: int, dtype: str, device: torch.device
                ) -> tuple[Callable[[], torch.Tensor], Callable[[], None], StageModule]:
     """(forward, backward, module) of ``spec`` as one stage holding every layer: fp32
     parameters, matmuls in ``dtype`` under autocast (the executor's mixed precision)."""
-    stage = StageModule(spec, 0, spec.layers, is_first=True, is_last=True)
-    init_stage(stage, seed=0)
-    stage.to(device=device)
+    stage = initialised_stage(spec, 0, spec.layers, True, True, seed=0).to(device=device)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(spec.vocab, (mbs, spec.seq_len + 1), generator=gen).to(device)
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()

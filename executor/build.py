@@ -14,7 +14,7 @@ from parsim.schedules.ir import leaf_actions
 from parsim.specs import ModelSpec, Plan, SpecError, stage_layers
 
 from .dp_parallel import DataParallelGradients, apply_ddp
-from .model import StageModule, canonical_init, canonical_name
+from .model import StageModule, blank_stage, canonical_name, fill_parameters
 from .optimizer import AUTOCAST_DTYPES, LossScaler, autocast_factory, make_adamw
 from .parallel_dims import ParallelDims
 from .pp_communications import PipelineP2P
@@ -50,13 +50,16 @@ def build_chunk(model: ModelSpec, plan: Plan, stage: int, dims: ParallelDims, re
                 restore: "CanonicalState | None") -> StageModule:
     counts = stage_layers(model, plan)
     num_stages = plan.pp * plan.vpp
-    chunk = StageModule(model, stage_first_layers(model, plan)[stage], counts[stage],
+    chunk = blank_stage(model, stage_first_layers(model, plan)[stage], counts[stage],
                         is_first=stage == 0, is_last=stage == num_stages - 1)
-    with torch.no_grad():   # full-size initial (or restored) weights, identical on every plan
-        for name, p in chunk.named_parameters():
-            cname = canonical_name(name, model)
-            value = restore.model[cname] if restore is not None else canonical_init(cname, tuple(p.shape), model, seed)
-            p.copy_(value)
+    # full-size initial (or restored) weights, identical on every plan
+    named = [(p, canonical_name(name, model)) for name, p in chunk.named_parameters()]
+    if restore is None:
+        fill_parameters(named, model, seed)
+    else:
+        with torch.no_grad():
+            for p, cname in named:
+                p.copy_(restore.model[cname])
     if plan.tp > 1:
         apply_tp(chunk, dims.tp_group, plan.tp, dims.tp_rank, plan.sp, recorder,
                  subpipe=plan.tp_overlap == "subpipe")

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .model import StageModule, init_stage
+from .model import initialised_stage
 
 # timed passes per phase (after one warm-up): ~0.3 s alone for the cpu-small layer on this VM
 PROBE_STEPS = 4
@@ -48,9 +48,7 @@ def layer_step(spec, mbs: int, dtype: str, device: torch.device) -> tuple[Callab
     ``.grad`` as a microbatch of a step with gradient accumulation does. The calibration times
     it (``calibration.compute.bench_layer``, ``calibration.comm``) and so does ``probe_layer``."""
     dt = TORCH_DTYPES[dtype]
-    stage = StageModule(spec, 0, 1, is_first=False, is_last=False)
-    init_stage(stage, seed=0)
-    stage.to(device=device, dtype=dt)
+    stage = initialised_stage(spec, 0, 1, False, False, seed=0).to(device=device, dtype=dt)
     x = torch.randn(mbs, spec.seq_len, spec.hidden, dtype=dt, device=device).requires_grad_(True)
     dy = torch.randn(mbs, spec.seq_len, spec.hidden, dtype=dt, device=device)
     held: list[torch.Tensor] = []

@@ -194,3 +194,35 @@ def test_every_plan_starts_from_the_same_weights():
     init_stage(last, seed=7)
     for name, p in last.named_parameters():
         assert torch.equal(p, full[canonical_name(name, TINY_LLAMA)])
+
+
+@pytest.mark.parametrize("threads", [False, True], ids=["serial", "threads"])
+@pytest.mark.parametrize("spec", [TINY_GPT, TINY_LLAMA], ids=["gpt", "llama"])
+def test_a_blank_stage_takes_the_canonical_weights_of_randn_times_std(spec, threads, monkeypatch):
+    """``initialised_stage`` builds without nn.Linear's default init and draws in place (on
+    threads for a large model); every parameter is still exactly Normal(0, 1) draws of its own
+    generator times ``init_std`` (norms 1, biases 0), as ``torch.randn(shape, generator) * std``
+    gives them."""
+    import zlib
+
+    from parsim.executor import model
+    from parsim.executor.model import canonical_name, init_std, initialised_stage
+
+    if threads:
+        monkeypatch.setattr(model, "PARALLEL_INIT_ELEMENTS", 0)
+        monkeypatch.setattr("os.cpu_count", lambda: 4)      # the threaded path on any host
+
+    stage = initialised_stage(spec, 0, spec.layers, True, True, seed=11)
+    names = [n for n, _ in stage.named_parameters()]
+    assert any(n.endswith("norm.weight") for n in names) and len(names) > 6
+    for name, p in stage.named_parameters():
+        cname = canonical_name(name, spec)
+        if cname.endswith("norm.weight"):
+            expected = torch.ones(p.shape)
+        elif cname.endswith(".bias"):
+            expected = torch.zeros(p.shape)
+        else:
+            gen = torch.Generator().manual_seed((11 * 1_000_003 + zlib.crc32(cname.encode())) % 2**63)
+            expected = torch.randn(tuple(p.shape), generator=gen) * init_std(cname, spec)
+        assert p.device.type == "cpu" and p.dtype == torch.float32 and p.requires_grad
+        assert torch.equal(p.detach(), expected), name
