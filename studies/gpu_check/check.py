@@ -6,7 +6,7 @@ never saw (``studies/gpu_h100/matrix.yaml``, gpt3-350m, plus one that cannot fit
 card, to see it recorded as "did not fit"; ``matrix_1.3b.yaml``, gpt3-1.3b with fused
 attention) -- and one report. Without a GPU it says so and exits 0.
 
-    python studies/gpu_check/check.py [--out out/gpu_check] [--timeout 600]
+    python studies/gpu_check/check.py [--out out/gpu_check] [--timeout 600] [--plans N] [--regimes]
 
 Exit status: 0 when every stage ran (or there is no GPU), 1 when one failed (its output is
 printed). The report is also written to ``OUT/report.json``.
@@ -55,9 +55,11 @@ def parsim(args: list[str], timeout_s: float) -> tuple[int, str, str, float]:
         return 124, text[0], text[1] + f"\n(timed out after {timeout_s:.0f} s)", timeout_s
 
 
-def write_matrices(n: int, memory_gib: float, out: Path, one_gpu: list[Path] | None = None) -> list[Path]:
+def write_matrices(n: int, memory_gib: float, out: Path, one_gpu: list[Path] | None = None,
+                   plans: int | None = None) -> list[Path]:
     """The matrices to validate: NCCL plans with 2+ GPUs; else the one-GPU ones (``one_gpu``,
-    in that order; the plan that cannot fit added to gpt3-350m's where the card has under 88 GiB)."""
+    in that order; the plan that cannot fit added to gpt3-350m's where the card has under 88 GiB);
+    with ``plans``, each matrix's first that many."""
     if n >= 2:
         matrices = [{"description": "gpu-check: NCCL plans on 2 GPUs", "model": "gpt3-125m", "steps": 6,
                      "warmup": 2, "rounds": 1, "plans": MULTI_GPU_PLANS}]
@@ -69,6 +71,7 @@ def write_matrices(n: int, memory_gib: float, out: Path, one_gpu: list[Path] | N
                 matrix["plans"].append(TOO_BIG_FOR_ONE_GPU)
     paths = []
     for i, matrix in enumerate(matrices):
+        matrix["plans"] = matrix["plans"][:plans]
         paths.append(out / f"matrix{i}.yaml")
         paths[-1].write_text(yaml.safe_dump(matrix, sort_keys=False))
     return paths
@@ -110,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="out/gpu_check", help="output folder [out/gpu_check]")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds for the calibration (a third at most) and the validations together")
+    p.add_argument("--plans", type=int, default=None, help="validate each matrix's first N plans [all]")
+    p.add_argument("--regimes", action="store_true",
+                   help="then time the stages' regimes (stage_regimes.py, up to 4 minutes more) into "
+                        "OUT/stage_regimes.json")
     p.add_argument("--matrices", nargs="+", type=Path, default=None,
                    help="one-GPU matrices to validate, in this order [studies/gpu_h100/matrix.yaml "
                         "studies/gpu_h100/matrix_1.3b.yaml]")
@@ -134,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     calibration = json.loads(stdout)
     print(f"calibrated in {secs:.0f} s: {out / 'profile.yaml'}", flush=True)
     lines, validations, failed = report_lines(device, n, calibration, {})[:-1], [], False
-    matrices = write_matrices(n, memory_gib, out, args.matrices)
+    matrices = write_matrices(n, memory_gib, out, args.matrices, args.plans)
     for i, matrix in enumerate(matrices):
         code, stdout, stderr, secs = parsim(["validate", "--matrix", str(matrix), "--profile",
                                              str(out / "profile.yaml"), "--out", str(out / f"validation{i}"),
@@ -148,6 +155,15 @@ def main(argv: list[str] | None = None) -> int:
         model = yaml.safe_load(matrix.read_text())["model"]
         lines += [f"model {model}"] + validation_lines(validations[-1]) + [f"validated in {secs:.0f} s"]
         print("\n".join(lines[-len(validation_lines(validations[-1])) - 2:]), flush=True)
+    if args.regimes:
+        try:        # ~1-2 minutes on an H200; not counted in --timeout
+            proc = subprocess.run([sys.executable, str(HERE / "stage_regimes.py"), "--out",
+                                   str(out / "stage_regimes.json")], text=True, capture_output=True, timeout=240)
+            lines += ["stage regimes (stage_regimes.py):"] + proc.stdout.splitlines() + proc.stderr.splitlines()[-5:]
+            failed |= proc.returncode != 0
+        except subprocess.TimeoutExpired:
+            lines.append("stage regimes: timed out after 240 s")
+            failed = True
     print("\n".join(lines))
     (out / "report.json").write_text(json.dumps({"gpus": n, "device": device, "calibration": calibration,
                                                  "validations": validations, "report": lines}, indent=1,
