@@ -14,13 +14,14 @@ from parsim.schedules.ir import leaf_actions
 from parsim.specs import ModelSpec, Plan, SpecError, stage_layers
 
 from .dp_parallel import DataParallelGradients, apply_ddp
-from .model import StageModule, blank_stage, canonical_name, fill_parameters
+from .model import StageModule, canonical_name
 from .optimizer import AUTOCAST_DTYPES, LossScaler, autocast_factory, make_adamw
 from .parallel_dims import ParallelDims
 from .pp_communications import PipelineP2P
 from .pp_parallel import PipelineRuntime
 from .recompute import apply_ac
 from .tp_parallel import apply_tp
+from .weights import blank_stage, fill_parameters
 from .zero import ZeroOneAdamW, apply_fsdp
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .model import initialised_stage
+from .weights import initialised_stage
 
 # timed passes per phase (after one warm-up): ~0.3 s alone for the cpu-small layer on this VM
 PROBE_STEPS = 4

@@ -30,7 +30,8 @@ def converted_elements(spec, mbs: int, last: bool) -> dict[str, int]:
     torch = pytest.importorskip("torch")
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from parsim.executor.model import StageModule, init_stage
+    from parsim.executor.model import StageModule
+    from parsim.executor.weights import init_stage
     from parsim.executor.optimizer import autocast_factory
 
     counts = {"fwd": 0, "bwd": 0}

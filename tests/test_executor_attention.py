@@ -8,7 +8,8 @@ torch = pytest.importorskip("torch")
 
 from dataclasses import replace  # noqa: E402
 
-from parsim.executor.model import StageModule, init_stage  # noqa: E402
+from parsim.executor.model import StageModule  # noqa: E402
+from parsim.executor.weights import init_stage  # noqa: E402
 from parsim.specs import load_model  # noqa: E402
 
 

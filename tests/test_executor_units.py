@@ -187,7 +187,8 @@ def test_executor_config_rejects_inconsistent_checkpoint_options():
 
 
 def test_every_plan_starts_from_the_same_weights():
-    from parsim.executor.model import StageModule, build_full_model, canonical_name, init_stage
+    from parsim.executor.model import StageModule, canonical_name
+    from parsim.executor.weights import build_full_model, init_stage
 
     full = dict(build_full_model(TINY_LLAMA, seed=7).named_parameters())
     last = StageModule(TINY_LLAMA, 2, 2, is_first=False, is_last=True)
@@ -205,11 +206,12 @@ def test_a_blank_stage_takes_the_canonical_weights_of_randn_times_std(spec, thre
     gives them."""
     import zlib
 
-    from parsim.executor import model
-    from parsim.executor.model import canonical_name, init_std, initialised_stage
+    from parsim.executor import weights
+    from parsim.executor.model import canonical_name
+    from parsim.executor.weights import init_std, initialised_stage
 
     if threads:
-        monkeypatch.setattr(model, "PARALLEL_INIT_ELEMENTS", 0)
+        monkeypatch.setattr(weights, "PARALLEL_INIT_ELEMENTS", 0)
         monkeypatch.setattr("os.cpu_count", lambda: 4)      # the threaded path on any host
 
     stage = initialised_stage(spec, 0, spec.layers, True, True, seed=11)
@@ -226,3 +228,14 @@ def test_a_blank_stage_takes_the_canonical_weights_of_randn_times_std(spec, thre
             expected = torch.randn(tuple(p.shape), generator=gen) * init_std(cname, spec)
         assert p.device.type == "cpu" and p.dtype == torch.float32 and p.requires_grad
         assert torch.equal(p.detach(), expected), name
+
+
+def test_a_stage_cast_before_its_init_takes_the_same_weights_cast():
+    from parsim.executor.model import StageModule
+    from parsim.executor.weights import build_full_model, init_stage
+
+    full = build_full_model(TINY_GPT, seed=5)
+    cast = StageModule(TINY_GPT, 0, TINY_GPT.layers, is_first=True, is_last=True).to(torch.bfloat16)
+    init_stage(cast, seed=5)
+    for (name, p), q in zip(full.named_parameters(), cast.parameters()):
+        assert q.dtype == torch.bfloat16 and torch.equal(p.to(torch.bfloat16), q), name

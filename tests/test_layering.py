@@ -11,7 +11,7 @@ from the source with ``ast`` and resolved to the parsim module it names. Layers,
 Schedule IR and the Trace schema"), so it sits with ``schedules`` below ``costs``: engines and
 costs may import it, it imports neither. A module may import its own package and any lower
 layer; within a layer, packages do not import each other, except calibration, which uses the
-executor's model, layer step, split backward, optimizer and mixed precision, host memory policy, launcher,
+executor's model and its initial weights, layer step, split backward, optimizer and mixed precision, host memory policy, launcher,
 process groups and TP collective calls, and FSDP2's comm hooks (``ALLOWED``). The top layers are
 ordered too: studies (validate) draw their charts with ``plots``, the Python API runs the studies,
 and the CLI is a thin layer over the Python API.
@@ -32,7 +32,8 @@ LAYER = {"specs": 0, "schedules": 1, "trace": 1, "costs": 2,
          "plots": 4, "study": 5, "api": 6, "cli": 7, "": 8, "__main__": 8}
 TORCH_FREE = ("specs", "schedules", "trace", "costs", "sim", "fast", "partition", "study", "plots", "api", "cli", "")
 # (importing package, imported module): edges within a layer that the design allows
-ALLOWED = {("calibration", "parsim.executor.model"), ("calibration", "parsim.executor.layer_probe"),
+ALLOWED = {("calibration", "parsim.executor.model"), ("calibration", "parsim.executor.weights"),
+           ("calibration", "parsim.executor.layer_probe"),
            ("calibration", "parsim.executor.host_alloc"), ("calibration", "parsim.executor.processes"),
            ("calibration", "parsim.executor.optimizer"), ("calibration", "parsim.executor.split_backward"),
            ("calibration", "parsim.executor.tp_communications"), ("calibration", "parsim.executor.zero"),

@@ -30,7 +30,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from parsim.executor import run_plan, run_reference
-from parsim.executor.model import StageModule, init_stage
+from parsim.executor.model import StageModule
+from parsim.executor.weights import init_stage
 from parsim.executor.optimizer import make_adamw
 from parsim.specs import load_model, parse_plan
 

@@ -64,7 +64,8 @@ def _chain(spec, mbs: int, held_dtype: str, device, region, sync) -> dict:
     import torch
 
     from parsim.executor.layer_probe import TORCH_DTYPES
-    from parsim.executor.model import StageModule, init_stage
+    from parsim.executor.model import StageModule
+    from parsim.executor.weights import init_stage
 
     stage = StageModule(replace(spec, layers=CHAIN), 0, CHAIN, is_first=False, is_last=False)
     init_stage(stage, seed=0)

@@ -98,7 +98,8 @@ def isolated_stage_cpu_time(model, partition: tuple[int, ...], repeats: int = 8)
     import torch
 
     from parsim.executor.host_alloc import apply_host_memory_policy
-    from parsim.executor.model import StageModule, init_stage
+    from parsim.executor.model import StageModule
+    from parsim.executor.weights import init_stage
 
     torch.set_num_threads(1)
     apply_host_memory_policy()        # as the executor's ranks

@@ -39,7 +39,8 @@ def rank_main(rank: int, world: int, port: int, zero: int, model_name: str, mbs:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from torch.distributed.device_mesh import init_device_mesh
 
-    from parsim.executor.model import StageModule, init_stage
+    from parsim.executor.model import StageModule
+    from parsim.executor.weights import init_stage
     from parsim.executor.zero import apply_fsdp
     from parsim.specs import load_model
 
