@@ -136,8 +136,8 @@ def split_samples(spec, mbs: int, dtype: str, clock: Clock, layers: tuple[int, .
     model (tp=1): each repeat, for every stage in turn, a forward then the fused backward, and a
     forward then I and W, each pass timed. Returns {L: {"B", "I", "W": seconds per repeat}}
     after ``warmup`` untimed repeats."""
-    from parsim.executor.weights import initialised_stage
     from parsim.executor.split_backward import backward_input, backward_weight
+    from parsim.executor.weights import initialised_stage
     dt = TORCH_DTYPES[dtype]
     x = torch.randn(mbs, spec.seq_len, spec.hidden, dtype=dt, device=clock.device).requires_grad_(True)
     dy = torch.randn(mbs, spec.seq_len, spec.hidden, dtype=dt, device=clock.device)

@@ -19,8 +19,8 @@ from typing import Callable
 import torch
 
 from parsim.executor.model import StageModule
-from parsim.executor.weights import initialised_stage
 from parsim.executor.optimizer import autocast_factory
+from parsim.executor.weights import initialised_stage
 from parsim.specs import ModelSpec
 
 from .cache import Evictor

@@ -16,8 +16,8 @@ from parsim.specs import ModelSpec, Plan, load_model, parse_plan
 
 from .data import make_source
 from .model import canonical_name
-from .weights import build_full_model
 from .optimizer import LossScaler, autocast_factory, make_adamw
+from .weights import build_full_model
 
 
 @dataclass

@@ -48,13 +48,21 @@ def back_to_back(forward, backward, device) -> tuple[list[float], list[float]]:
         event.record()
         return event
 
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(device)
+
     for _ in range(WARMUP):
-        forward(), backward()
-    torch.cuda.synchronize(device) if cuda else None
+        forward()
+        backward()
+    sync()
     for _ in range(STEPS):
-        a = mark(); forward(); b = mark(); backward(); c = mark()     # noqa: E702
-        marks.append((a, b, c))
-    torch.cuda.synchronize(device) if cuda else None
+        start = mark()
+        forward()
+        middle = mark()
+        backward()
+        marks.append((start, middle, mark()))
+    sync()
     span = (lambda x, y: x.elapsed_time(y) / 1e3) if cuda else (lambda x, y: y - x)
     return [span(a, b) for a, b, _ in marks], [span(b, c) for _, b, c in marks]
 
