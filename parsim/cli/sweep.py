@@ -7,7 +7,6 @@ import sys
 
 from parsim.api import sweep
 from parsim.specs import SpecError
-from parsim.study.sweep import MAX_RESIM_FACTOR
 
 from .common import add_json_argument, emit_json, gib, table
 
@@ -50,6 +49,9 @@ def sweep_options(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the sweep's module (pandas, numba) is imported when a sweep runs, not to build the parser
+    from parsim.study.sweep import MAX_RESIM_FACTOR
+
     if args.top < 1:
         raise SpecError("top", args.top, "a positive integer")
     result = sweep(args.model, args.cluster, resimulate=args.resimulate, out=args.out, **sweep_options(args))
