@@ -58,7 +58,10 @@ def test_bf16_peak_per_rank_matches_the_model_on_two_gloo_ranks(measured, case):
     spec = NARROW if case.startswith("narrow") else SPEC
     predicted = memory_by_stage(spec, plan, load_cluster("cpu:2", profile="cpu-calibrated"))
     for rank, peak in enumerate(result.peak_memory_bytes_by_rank):
-        assert predicted[rank // (plan.dp * plan.tp)].total == pytest.approx(peak, rel=0.03)
+        # the breakdown at the measured peak names what a rare miss held (seen twice in CI-like
+        # runs: narrow ZeRO-3 gbs=4 rank 0 at +0.45 MB over its usual 11,121,436 bytes)
+        assert predicted[rank // (plan.dp * plan.tp)].total == pytest.approx(peak, rel=0.03), \
+            f"rank {rank}: {result.memory_breakdown_by_rank[rank]}"
 
 
 # the embedding's dense gradient under autocast: fp32, as the residual stream's gradient it is made of
@@ -71,7 +74,8 @@ def test_the_first_ranks_embedding_backward_holds_an_fp32_gradient_under_autocas
     from parsim.costs.activations import embedding_grad_bytes, vocab_grad_bytes
     from parsim.executor import ExecutorConfig, RunSpec, run_plans
 
-    plan = parse_plan("pp=2 vpp=2 mbs=1 gbs=4 schedule=interleaved dtype=bf16")
+    # two microbatches (m = pp): the same peak as four (153.5 MiB, no activation live at it), half the bf16 work
+    plan = parse_plan("pp=2 vpp=2 mbs=1 gbs=2 schedule=interleaved dtype=bf16")
     assert embedding_grad_bytes(PROBE, plan) == 2 * vocab_grad_bytes(PROBE, plan)   # fp32 beside the bf16 head's
     result = run_plans([RunSpec(PROBE, plan, ExecutorConfig(steps=2, warmup=2, track_memory=True))])[0]
     first = memory_by_stage(PROBE, plan, load_cluster("cpu:2", profile="cpu-calibrated"))[0].total
