@@ -128,7 +128,7 @@ class MemoryTracker(TorchDispatchMode):
             born, self._born = self._born, outer
         # the backend's own buffers, made during the call and freed by its worker: gloo's
         # reduce-scatter splits a copy of its input, which its thread dropped up to a peak later
-        # (test_bf16_memory's narrow ZeRO-3 plan, 1 run in ~3 beside another test file)
+        # (test_bf16_memory's narrow ZeRO-3 plan: 2 of 4 runs of the memory test files side by side)
         passed = {id(st) for t in tensors for st in get_untyped_storages(t)}
         made = [info for info in born or () if info[1] > 0 and id(info[2]()) not in passed]
         deadline = time.perf_counter() + patience_s
