@@ -46,6 +46,22 @@ def test_cli_rejects_zero_rounds_with_exit_2(capsys, tmp_path):
     assert rc == 2 and "rounds=0" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("bad, field, fragment", [
+    ("pp=2 vpp=4 gbs=4 schedule=interleaved", "matrix.plans[1].pp*vpp", "4 layers"),      # the simulator's rules
+    ("dp=2 gbs=2 dp_impl=ps", "matrix.plans[1].dp_impl", "no parameter server"),          # the executor's own
+])
+def test_a_bad_plan_anywhere_in_the_matrix_fails_before_any_round_naming_its_place(capsys, tmp_path, bad, field,
+                                                                                   fragment):
+    f = tmp_path / "m.yaml"
+    f.write_text(f"model: tiny\nplans: ['dp=2 gbs=2', '{bad}']\n")
+    out = tmp_path / "out"
+    rc = main(["validate", "--matrix", str(f), "--profile", CPU_CALIBRATED, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"{field}=" in err and fragment in err and repr(parse_plan(bad).to_string()) in err
+    assert not out.exists()         # the good first plan did not run either
+
+
 def test_launches_group_consecutive_plans_of_one_world_size():
     plans = [parse_plan(t) for t in ["dp=2", "tp=2", "dp=4", "pp=2", "dp=2 zero=1", "pp=2 gbs=2", "tp=2 gbs=2",
                                      "dp=2 gbs=4"]]

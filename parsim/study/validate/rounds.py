@@ -59,8 +59,7 @@ def validate_matrix(matrix: str | Path, profile: str | Path, out: str | Path, *,
     from parsim.trace.io import load_trace
 
     spec = load_matrix(matrix)
-    for world in sorted({p.world_size for p in spec.plans}):   # the whole profile, before any executor round
-        load_cluster(f"cpu:{world}", profile=profile)
+    check_plans(spec, profile)
     if rounds is not None and rounds < 1:
         raise SpecError("rounds", rounds, "an integer >= 1")
     out = check_output_dir(out, "out")
@@ -82,6 +81,26 @@ def validate_matrix(matrix: str | Path, profile: str | Path, out: str | Path, *,
         report.plots.append(plot_timeline_pair(pred, meas, out / f"worst{i + 1}_timeline.png",
                                                title=f"{r['plan']}  (step error {r['step_error']:+.1%})"))
     return report
+
+
+def check_plans(spec: Matrix, profile: str | Path) -> None:
+    """The whole profile, and every plan of the matrix against its model and cluster
+    (``specs.validate`` on the profile's cluster, then what the executor does not run:
+    ``executor.checks.check_executable``), before any executor round: a bad plan found only when
+    its turn comes would fail a validation after the plans before it had run (minutes to an
+    hour). The error names the plan's place in the matrix: ``matrix.plans[i].<field>``."""
+    from parsim.executor.checks import check_executable
+    from parsim.specs import validate
+
+    clusters = {world: load_cluster(f"cpu:{world}", profile=profile)
+                for world in sorted({p.world_size for p in spec.plans})}
+    for i, plan in enumerate(spec.plans):
+        try:
+            validate(spec.model, clusters[plan.world_size], plan)
+            check_executable(spec.model, plan)
+        except SpecError as err:
+            raise SpecError(f"matrix.plans[{i}].{err.field}", err.value,
+                            f"{err.allowed} (plan {plan.to_string()!r})") from None
 
 
 def run_validation(matrix: Matrix, profile: str, out_dir: str | Path, *, progress: bool = True,
