@@ -58,7 +58,14 @@ def head_activation_bytes(model: ModelSpec, plan: Plan) -> float:
     vocab = padded_vocab(model, plan) / plan.tp
     kept = sum(x.nbytes for x in norm_saved(model, plan, "final norm", rows, "head")
                + gemm_inputs(plan, "logits input", gemm_rows, model.hidden, ("head",)))
-    return kept + p.weight_copy * vocab * model.hidden + stack.loss_logits_bytes * sb * vocab
+    return kept + p.weight_copy * vocab * model.hidden + loss_saved_bytes(model, plan)
+
+
+def loss_saved_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Last stage, per microbatch: the logits' values the loss keeps for its backward (torch's
+    ``F.cross_entropy`` saves its fp32 log-softmax, 4*s*b*V/t; ``Stack.loss_logits_bytes`` per
+    logit). Part of ``head_activation_bytes``."""
+    return plan_stack(plan).loss_logits_bytes * model.seq_len * plan.mbs * padded_vocab(model, plan) / plan.tp
 
 
 def stage_output_bytes(model: ModelSpec, plan: Plan) -> float:

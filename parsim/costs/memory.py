@@ -19,7 +19,7 @@ from parsim.specs import ClusterSpec, ModelSpec, Plan, plan_stack, stage_layers
 
 from . import footprint
 from .activations import (backward_working_bytes, embedding_activation_bytes, head_activation_bytes,
-                          layer_activation_bytes, stage_output_bytes)
+                          layer_activation_bytes, loss_saved_bytes, stage_output_bytes)
 from .fsdp2 import (fsdp2_absent_grads, fsdp2_after_layers, fsdp2_bytes, fsdp2_forward_gather, fsdp2_layer_only_bytes,
                     fsdp2_post_backward, fsdp2_released_at_step, fsdp2_root_bytes, fsdp2_root_post_backward,
                     reduce_scatter_copies, uses_fsdp2)
@@ -27,8 +27,7 @@ from .inflight import COUNTED, Moment, rank_moments
 from .params import layer_params, stage_largest_tensors, stage_params, zero1_owned_params
 from .placement import rank_of_stage, stages_of_rank
 from .recompute import layer_recompute, recomputes_fully, stage_recompute
-from .split_backward import (head_output_grad_bytes, output_grad_bytes, w_recompute_residue,
-                             weight_grad_working_bytes)
+from .split_backward import head_output_grad_bytes, output_grad_bytes, w_recompute_residue, weight_grad_working_bytes
 from .stack import apply_stack, default_stack_cluster
 from .states import StateBytes, model_state_bytes, plan_state_bytes, state_bytes, zero_model_state_bytes  # noqa: F401
 
@@ -62,6 +61,7 @@ class StageFootprint:
     backward: float          # during each of its backwards (``footprint.backward_working``)
     gathered_params: float   # ZeRO-3: full parameters of two layers (FSDP2: and the root unit) during every action
     kept: float = 0.0             # per microbatch from its I's end to its W's end: the output gradients
+    #                               (less, on the last stage, the loss's logits I frees)
     backward_input: float = 0.0   # during each of its input-gradient passes (I)
     backward_weight: float = 0.0  # during each of its weight-gradient passes (W)
 
@@ -200,6 +200,7 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
                for r in range(plan.pp)]
     # ``_rank_working`` of (rank, weight gradients, layer extra), priced once per distinct key
     layer_dy, head_dy = output_grad_bytes(model, plan), head_output_grad_bytes(model, plan)
+    loss_saved = loss_saved_bytes(model, plan)
     rank_grads = _rank_grads(model, plan) if in_backward else [0.0] * plan.pp
     absent = [fsdp2_absent_grads(plan, g, first) for g in rank_grads]
     after_layers = fsdp2_after_layers(model, plan, first) if in_backward else 0.0
@@ -220,8 +221,8 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
         if s == 0:       # no input gradient: its I runs nothing, its W the whole backward (split_backward)
             split = dict(kept=0.0, backward_input=0.0, backward_weight=backward)
         else:
-            split = dict(kept=counts[s] * layer_dy + (head_dy if s == last else 0.0),
-                         backward_input=working(r, False, transient),
+            split = dict(kept=footprint.split_kept(counts[s] * layer_dy, head_dy, loss_saved, s == last),
+                         backward_input=max(working(r, False, transient), _rank_input_end(model, plan, r)),
                          backward_weight=residue[r] + weight_working[r])
         out.append(StageFootprint(footprint.held_bytes(stash[s], s == last, output), backward, held[s], **split))
     return out
@@ -287,8 +288,19 @@ def _full_layers(model: ModelSpec, plan: Plan, vstage: int) -> int:
 
 def _rank_weight_working(model: ModelSpec, plan: Plan, pp_rank: int) -> float:
     """The largest weight-gradient working set of a rank's stages (``split_backward``)."""
-    last = plan.pp * plan.vpp - 1
-    return max(weight_grad_working_bytes(model, plan, s == 0, s == last) for s in stages_of_rank(plan, pp_rank))
+    last, counts = plan.pp * plan.vpp - 1, stage_layers(model, plan)
+    return max(weight_grad_working_bytes(model, plan, s == 0, s == last, counts[s])
+               for s in stages_of_rank(plan, pp_rank))
+
+
+def _rank_input_end(model: ModelSpec, plan: Plan, pp_rank: int) -> float:
+    """The largest ``footprint.input_grad_end`` of a rank's stages with an input gradient (all but
+    the first)."""
+    last, counts = plan.pp * plan.vpp - 1, stage_layers(model, plan)
+    layer_dy, head_dy = output_grad_bytes(model, plan), head_output_grad_bytes(model, plan)
+    dx = stage_output_bytes(model, plan)
+    return max((footprint.input_grad_end(counts[s] * layer_dy, head_dy, dx, s == last)
+                for s in stages_of_rank(plan, pp_rank) if s > 0), default=0.0)
 
 
 def rank_backward_working(model: ModelSpec, plan: Plan, pp_rank: int, weight_grads: bool = True,

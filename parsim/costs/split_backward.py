@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from parsim.specs import ModelSpec, Plan
 
 from .activations import embedding_grad_bytes, vocab_grad_bytes
+from .footprint import weight_working
 from .ops import DTYPE_BYTES, padded_vocab
 from .saved import layer_saved
 
@@ -84,16 +85,16 @@ def head_output_grad_bytes(model: ModelSpec, plan: Plan) -> float:
     return e * sb * (padded_vocab(model, plan) / plan.tp + model.hidden / sp)
 
 
-def weight_grad_working_bytes(model: ModelSpec, plan: Plan, first: bool, last: bool) -> float:
-    """What a W holds beyond the stored activations while it runs, on one device: the gradient of
-    its largest weight before it is added into ``.grad`` (max(f, h) x h / t elements, as in
-    ``activations.layer_working_bytes``), or the dense V/t x h gradient of the embedding / output
-    layer on the first / last stage (``activations.embedding_grad_bytes`` / ``vocab_grad_bytes``)."""
+def weight_grad_working_bytes(model: ModelSpec, plan: Plan, first: bool, last: bool, layers: int = 0) -> float:
+    """``footprint.weight_working`` of a stage of ``layers`` layers on one device: the largest layer
+    weight's gradient, max(f, h) x h / t elements (as in ``activations.layer_working_bytes``), the
+    embedding's / output layer's dense V/t x h one (``activations.embedding_grad_bytes`` /
+    ``vocab_grad_bytes``), the layers' output gradients (``output_grad_bytes``)."""
     e = DTYPE_BYTES[plan.dtype]
     layer = e * max(model.ffn_hidden, model.hidden) * model.hidden / plan.tp
-    if first:
-        layer = max(layer, embedding_grad_bytes(model, plan))
-    return max(layer, vocab_grad_bytes(model, plan)) if last else layer
+    return weight_working(layer, embedding_grad_bytes(model, plan) if first else 0.0,
+                          vocab_grad_bytes(model, plan) if last else 0.0, layers * output_grad_bytes(model, plan),
+                          first, last)
 
 
 def w_recomputes(model: ModelSpec) -> int:

@@ -21,10 +21,12 @@ import numba
 from .codes import O_ACT, O_GRADS, O_OPT, O_OTHER, O_PARAMS, O_PEAK, O_PEAK_STAGE, OFF_NONE, OFF_OPT_PARAMS
 from .inflight import KIND_FIRST_I, KIND_I, KIND_W
 from .ranks import R_CHUNK, R_LARGEST, R_LAST, R_OWNED, R_PARAMS
-from .rules import (backward_working, gathered_layers, held_bytes, model_states, offload_staging, optimizer_step_peaks,
-                    optimizer_temporaries, stack_state_bytes, stash_bytes)
+from .rules import (backward_working, gathered_layers, held_bytes, input_grad_end, model_states, offload_staging,
+                    optimizer_step_peaks, optimizer_temporaries, split_kept, stack_state_bytes, stash_bytes,
+                    weight_working)
 from .tables import (D_FP32_SHARDS, D_GATHERED_LAYERS, D_GRAD, D_GRAD_COPY, D_MAX_LIVE, D_OPT, D_OPT_TEMPS, D_PARAM,
-                     D_ZERO1_WHOLE, H_EMB_ACT, H_EMB_GRAD, H_HEAD_ACT, H_HEAD_KEPT, H_LOGITS_GRAD, H_LOSS_FWD, H_SBH,
+                     D_ZERO1_WHOLE, H_EMB_ACT, H_EMB_GRAD, H_HEAD_ACT, H_HEAD_KEPT, H_LOGITS_GRAD, H_LOSS_FWD,
+                     H_LOSS_SAVED, H_SBH,
                      H_TIED, H_VOCAB_GRAD, L_ACT, L_FWD_COPIES, L_KEPT, L_PARAMS, L_TRANSIENT, L_W_RESIDUE,
                      L_W_RESIDUE_TOP, L_WORK, L_WORK_I, L_WORK_W)
 
@@ -60,7 +62,7 @@ def plan_memory(out, dp, pp, vpp, zero, offload, lrow, hrow, drow, ranks, moment
             kind = moments[i, 2 * width]
             x = extra_b                  # a B, or the first stage's W (its whole backward)
             if kind == KIND_I:
-                x = _rank_working(r, pp, vpp, lrow, hrow, ranks, True)
+                x = max(_rank_working(r, pp, vpp, lrow, hrow, ranks, True), _rank_input_end(r, vpp, lrow, hrow, ranks))
             elif kind == KIND_W:
                 x = _rank_w_residue(r, vpp, lrow, ranks) + _rank_weight_working(r, vpp, lrow, hrow, ranks)
             elif kind == KIND_FIRST_I:
@@ -97,14 +99,24 @@ def _chunk_held(r, c, pp, vpp, lrow, hrow, ranks):
 
 @numba.njit(cache=True)
 def _chunk_kept(r, c, lrow, hrow, ranks):
-    """Output gradients chunk c of rank r keeps from an I to its W (``costs.memory``'s ``kept``;
-    none on the first stage, which runs its whole backward as W)."""
+    """What chunk c of rank r keeps from an I to its W (``costs.memory``'s ``kept``,
+    ``footprint.split_kept``; none on the first stage, which runs its whole backward as W)."""
     if r == 0 and c == 0:
         return 0.0
-    kept = ranks[r, R_CHUNK + c] * lrow[L_KEPT]
-    if ranks[r, R_LAST] == c:
-        kept += hrow[H_HEAD_KEPT]
-    return kept
+    return split_kept(ranks[r, R_CHUNK + c] * lrow[L_KEPT], hrow[H_HEAD_KEPT], hrow[H_LOSS_SAVED],
+                      ranks[r, R_LAST] == c)
+
+
+@numba.njit(cache=True)
+def _rank_input_end(r, vpp, lrow, hrow, ranks):
+    """``costs.memory._rank_input_end``: the largest ``footprint.input_grad_end`` of the rank's
+    chunks but the first stage."""
+    best = 0.0
+    for c in range(vpp):
+        if not (r == 0 and c == 0):
+            best = max(best, input_grad_end(ranks[r, R_CHUNK + c] * lrow[L_KEPT], hrow[H_HEAD_KEPT], hrow[H_SBH],
+                                            ranks[r, R_LAST] == c))
+    return best
 
 
 @numba.njit(cache=True)
@@ -140,11 +152,11 @@ def _rank_w_residue(r, vpp, lrow, ranks):
 
 @numba.njit(cache=True)
 def _rank_weight_working(r, vpp, lrow, hrow, ranks):
-    """The largest weight-gradient working set of the rank's chunks (``split_backward``)."""
-    best = lrow[L_WORK_W]
+    """The largest weight-gradient working set of the rank's chunks (``costs.memory.
+    _rank_weight_working``, ``footprint.weight_working``)."""
+    best = 0.0
     for c in range(vpp):
-        if r == 0 and c == 0:
-            best = max(best, hrow[H_EMB_GRAD])
-        if ranks[r, R_LAST] == c:
-            best = max(best, hrow[H_VOCAB_GRAD])
+        best = max(best, weight_working(lrow[L_WORK_W], hrow[H_EMB_GRAD], hrow[H_VOCAB_GRAD],
+                                        ranks[r, R_CHUNK + c] * lrow[L_KEPT], r == 0 and c == 0,
+                                        ranks[r, R_LAST] == c))
     return best

@@ -34,7 +34,7 @@ from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_p
                           tp_collectives_per_layer)
 from parsim.costs import timing
 from parsim.costs.activations import (embedding_grad_bytes, forward_working_bytes, layer_working_bytes,
-                                      logits_grad_bytes, stage_output_bytes, vocab_grad_bytes)
+                                      logits_grad_bytes, loss_saved_bytes, stage_output_bytes, vocab_grad_bytes)
 from parsim.costs.footprint import recompute_transient
 from parsim.costs.host import HostModel
 from parsim.costs.placement import loop_placed, stages_of_rank
@@ -67,11 +67,11 @@ V_PLACED = tuple(name for name in WORDS["schedule"] if not loop_placed(Plan(sche
  L_WIDTH) = range(35)
 # the forward a backward re-runs under each layer policy that re-runs one (``costs.rerun``)
 RERUN = {"full": L_RERUN_FULL, "selective": L_RERUN_SELECTIVE}
-# head table columns; the head's weight-gradient time and kept output gradients (the first stage
-# runs its whole backward as W: ``costs.split_backward``)
+# head table columns; the head's weight-gradient time and kept output gradients, and the loss's
+# saved logits its I frees (the first stage runs its whole backward as W: ``costs.split_backward``)
 (H_EMB_FWD, H_EMB_BWD, H_HEAD_FWD, H_HEAD_BWD, H_EMB_ACT, H_HEAD_ACT, H_EMB_PARAMS, H_HEAD_PARAMS_PP1,
  H_HEAD_PARAMS_PPN, H_SBH, H_VOCAB_GRAD, H_EMB_GRAD, H_TIED, H_LOGITS_GRAD, H_HEAD_BWD_W, H_HEAD_KEPT,
- H_HEAD_TP_COVER, H_LOSS_FWD, H_WIDTH) = range(19)
+ H_HEAD_TP_COVER, H_LOSS_FWD, H_LOSS_SAVED, H_WIDTH) = range(20)
 # dtype table columns: bytes per parameter of each model state; and the table's stack's memory
 # terms (``costs.footprint``): fp32 shards (0 / 1), 16-bit gradient copy bytes, layers gathered
 # at once, the most gathered parameters alive, the optimizer step's temporaries (copies of the largest
@@ -255,6 +255,7 @@ def head_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ranks: int
     row[H_LOSS_FWD] = forward_working_bytes(model, plan, True, 0.0)      # the loss's, at the forward's end
     row[H_HEAD_BWD_W] = _ops_time(cluster, head, "bwd_weight", dt)
     row[H_HEAD_KEPT] = head_output_grad_bytes(model, plan)
+    row[H_LOSS_SAVED] = loss_saved_bytes(model, plan)
     row[H_HEAD_TP_COVER] = (_tp_seconds(cluster, model, plan, "bwd", host_ranks, "head", cover=False)
                             - _tp_seconds(cluster, model, plan, "bwd", host_ranks, "head"))
     return row
