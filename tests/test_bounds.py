@@ -166,3 +166,15 @@ def test_the_partitioner_refuses_a_model_it_would_take_minutes_and_gigabytes_to_
 def time_now() -> float:
     import time
     return time.monotonic()
+
+
+def test_zero1s_whole_tensor_partition_lists_only_the_replicas_a_tensor_reaches():
+    """With more replicas than tensors each tensor goes alone to an empty one: the replica that
+    owns the most holds the largest tensor, for dp = 10**9 as for dp = the tensor count, and the
+    partition is not laid out over a billion replicas (a sweep's MemoryError, fuzz seed 73)."""
+    from parsim.costs.params import stage_tensors, zero1_owned_params
+    model = load_model("tiny")
+    plan = parse_plan("dp=1000000000 gbs=1000000000 zero=1")
+    tensors = stage_tensors(model, plan)[0]
+    assert zero1_owned_params(model, plan) == [max(tensors)]
+    assert zero1_owned_params(model, plan.replace(dp=len(tensors), gbs=len(tensors))) == [max(tensors)]

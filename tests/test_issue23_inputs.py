@@ -75,8 +75,10 @@ def test_a_folder_given_as_the_model_is_rejected(capsys, tmp_path):
     (["simulate", "--plan", f"dp=8 dp_bucket_bytes={10 ** 309}"], "dp_bucket_bytes", "2**53"),
     (["memory", "--plan", "dp=abc dp=8"], "dp", "sets dp twice"),
     (["memory", "--cluster", "foo:8"], "cluster", "PRESET one of"),
-    (["sweep", "--model", "gpt3-125m", "--cluster", "h100-sxm:1000000000000", "--no-progress"], "space",
-     "candidate plans"),
+    (["sweep", "--model", "gpt3-125m", "--cluster", "h100-sxm:1000000000000", "--no-progress"], "cluster",
+     "devices for a sweep"),
+    (["sweep", "--model", "tiny", "--cluster", "h100-sxm:1010101010", "--no-progress"], "cluster",
+     "at most 2**20"),
     (["schedule", "--microbatches", "1000000000"], "microbatches", "at most 10,000,000 actions"),
 ])
 def test_bad_or_unboundedly_big_plans_are_refused_before_any_work(capsys, argv, field, fragment):

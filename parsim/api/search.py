@@ -110,8 +110,11 @@ def _run_sweep(model: ModelLike, cluster: ClusterLike, *, profile: str | Path | 
 # with numpy's intermediates): 5,000,000 candidates is ~1 GiB. Override: $PARSIM_MAX_SWEEP_PLANS.
 DEFAULT_MAX_SWEEP_PLANS = 5_000_000
 MAX_SWEEP_PLANS_ENV = "PARSIM_MAX_SWEEP_PLANS"
-# A sweep factorises the device count (divisors up to its square root): 2**40 devices is 2**20 tries.
-MAX_SWEEP_DEVICES = 2**40
+# A sweep factorises the device count, and the fast path lays out each plan's data-parallel group
+# rank by rank (``fast.comm.dp_group_ranks``, priced by the nodes it spans): 1,010,101,010 devices
+# of a tiny model ran out of memory building one such group (fuzz seed 73); 2**20 devices, ten
+# times the largest GPU clusters built, sweep the tiny model in 6 s.
+MAX_SWEEP_DEVICES = 2**20
 # The fast path walks some plans layer by layer (ZeRO-2 reduce-scatters, parsim.fast.timing): candidate
 # plans x layers at most 2e9 (~seconds in its compiled kernel).
 MAX_SWEEP_LAYER_STEPS = 2_000_000_000
@@ -124,7 +127,8 @@ def check_sweep_size(model: ModelSpec, cluster: ClusterSpec, plans) -> int:
     from parsim.study.enumerate import count_candidates
     if cluster.num_devices > MAX_SWEEP_DEVICES:
         raise SpecError("cluster", f"{cluster.name}:{cluster.num_devices}",
-                        f"at most 2**40 = {MAX_SWEEP_DEVICES:,} devices for a sweep (it factorises the device count); "
+                        f"at most 2**20 = {MAX_SWEEP_DEVICES:,} devices for a sweep (it lays out each plan's "
+                        "data-parallel groups rank by rank); "
                         "simulate one plan with `parsim simulate` instead")
     raw = os.environ.get(MAX_SWEEP_PLANS_ENV, "").strip() or DEFAULT_MAX_SWEEP_PLANS
     try:

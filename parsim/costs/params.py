@@ -170,9 +170,13 @@ def zero1_owned_params(model: ModelSpec, plan: Plan) -> list[float]:
 
 def _whole_tensor_partition(tensors: list[float], dp: int) -> list[list[float]]:
     """``tensors`` (elements each) given whole, largest first, to the least-loaded of ``dp``
-    replicas (ties: the lowest replica; equal sizes keep their order, as the executor's)."""
-    heap = [(0.0, i) for i in range(dp)]      # (load, replica): the least, lowest first
-    owned: list[list[float]] = [[] for _ in range(dp)]
+    replicas (ties: the lowest replica; equal sizes keep their order, as the executor's). Only the
+    first min(dp, tensors) replicas can receive one (each tensor beyond an empty replica's turn goes
+    to the lowest empty one first), so only they are listed: a sweep's dp reaches the cluster's
+    size (10^9 devices asked a list of 10^9 replicas of a tiny model's few tensors)."""
+    replicas = max(1, min(dp, len(tensors)))
+    heap = [(0.0, i) for i in range(replicas)]      # (load, replica): the least, lowest first
+    owned: list[list[float]] = [[] for _ in range(replicas)]
     for size in sorted(tensors, reverse=True):
         load, r = heapq.heappop(heap)
         heapq.heappush(heap, (load + size, r))
