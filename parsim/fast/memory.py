@@ -156,7 +156,7 @@ def _rank_weight_working(r, vpp, lrow, hrow, ranks):
     _rank_weight_working``, ``footprint.weight_working``)."""
     best = 0.0
     for c in range(vpp):
-        best = max(best, weight_working(lrow[L_WORK_W], hrow[H_EMB_GRAD], hrow[H_VOCAB_GRAD],
-                                        ranks[r, R_CHUNK + c] * lrow[L_KEPT], r == 0 and c == 0,
-                                        ranks[r, R_LAST] == c))
+        if not (r == 0 and c == 0):      # the first stage's W is its whole backward (KIND_OF's B)
+            best = max(best, weight_working(lrow[L_WORK_W], hrow[H_EMB_GRAD], hrow[H_VOCAB_GRAD],
+                                            ranks[r, R_CHUNK + c] * lrow[L_KEPT], False, ranks[r, R_LAST] == c))
     return best
