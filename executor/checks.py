@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from parsim.specs import ModelSpec, Plan, SpecError, load_cluster, validate
+from parsim.specs import ClusterSpec, ModelSpec, Plan, SpecError, load_cluster, validate
 
 from .config import ExecutorConfig
 from .processes import LaunchError
@@ -28,11 +28,12 @@ class ExecutorError(LaunchError):
 
 
 def check_executable(model: ModelSpec, plan: Plan, config: ExecutorConfig | None = None,
-                     planned: dict[str, tuple[int, str]] | None = None) -> list[str]:
-    """Validate the plan against the model, plus what this executor does not do, and the
-    run's files (``ExecutorConfig.check_files``; ``planned``: checkpoints earlier runs of the
-    launch write)."""
-    warnings = validate(model, load_cluster(f"cpu:{plan.world_size}"), plan)
+                     planned: dict[str, tuple[int, str]] | None = None,
+                     cluster: ClusterSpec | None = None) -> list[str]:
+    """Validate the plan against the model on ``cluster`` [``cpu:<world size>``], plus what this
+    executor does not do, and the run's files (``ExecutorConfig.check_files``; ``planned``:
+    checkpoints earlier runs of the launch write)."""
+    warnings = validate(model, cluster or load_cluster(f"cpu:{plan.world_size}"), plan)
     if plan.offload != "none":
         import torch
         where = "on CPU the host memory is the device memory" if not torch.cuda.is_available() else \

@@ -202,7 +202,7 @@ def test_weight_pass_residue_of_recomputed_layers_matches_the_executor(kind, fla
 
     spec = replace(load_model("tiny"), flash_attention=flash, **LAYER_KINDS[kind])
     plan = parse_plan("pp=2 mbs=1 recompute=full dtype=fp32")
-    predicted = w_recompute_residue(spec, plan, layers) + weight_grad_working_bytes(spec, plan, False, False)
+    predicted = w_recompute_residue(spec, plan, layers) + weight_grad_working_bytes(spec, plan, False)
     assert predicted == pytest.approx(_measure_weight_pass(spec, layers), rel=0.01)
 
 
@@ -214,7 +214,7 @@ def test_weight_pass_residue_follows_the_explicit_cores_softmax_peak():
 
     spec = replace(load_model("tiny"), flash_attention=False, seq_len=128)
     plan = parse_plan("pp=2 mbs=1 recompute=full dtype=fp32")
-    predicted = w_recompute_residue(spec, plan, 1) + weight_grad_working_bytes(spec, plan, False, False)
+    predicted = w_recompute_residue(spec, plan, 1) + weight_grad_working_bytes(spec, plan, False)
     assert predicted == pytest.approx(_measure_weight_pass(spec, 1), rel=0.01)
 
 
@@ -231,4 +231,4 @@ def test_weight_pass_of_stored_layers_peaks_where_the_group_walk_says(kind, flas
     spec = replace(load_model("tiny"), flash_attention=flash, seq_len=128, **LAYER_KINDS[kind])
     plan = parse_plan("pp=2 mbs=1 dtype=fp32")
     measured = _measure_weight_pass(spec, layers, recompute=False)
-    assert weight_grad_working_bytes(spec, plan, False, False) == pytest.approx(measured, rel=0.005)
+    assert weight_grad_working_bytes(spec, plan, False) == pytest.approx(measured, rel=0.005)

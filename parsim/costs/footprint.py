@@ -222,14 +222,12 @@ def input_grad_end(layer_dys: float, head_dy: float, input_grad: float, last: bo
     return layer_dys + (head_dy if last else 0.0) + input_grad
 
 
-def weight_working(layer_grad: float, embedding_grad: float, vocab_grad: float, layer_dys: float,
-                   first: bool, last: bool) -> float:
-    """Bytes a W holds over the stored activations while it runs: the gradient of its largest
-    weight before it is added into ``.grad`` (``layer_grad``), or the dense V/t x h gradient of the
-    embedding (``embedding_grad``, first stage) or of the output layer (``vocab_grad``, last
-    stage). ``stage_backward_weight`` runs the parameter groups in module order, so the output
+def weight_working(layer_grad: float, vocab_grad: float, layer_dys: float, last: bool) -> float:
+    """Bytes a W of a stage with an input gradient (not the first, whose W is its whole backward,
+    priced as a B) holds over the stored activations while it runs: a layer's W at its peak
+    (``layer_grad``), or on the last stage the dense V/t x h gradient of the output layer
+    (``vocab_grad``). ``stage_backward_weight`` runs the parameter groups in module order, so the output
     layer's comes after the stage's layers', which have deleted their output gradients
     (``layer_dys``) by then. Measured (as ``split_kept``): the output layer's 16.8 MB gradient is
     made 2.6 MB below the rank's level at W's start."""
-    w = max(layer_grad, embedding_grad) if first else layer_grad
-    return max(w, vocab_grad - layer_dys) if last else w
+    return max(layer_grad, vocab_grad - layer_dys) if last else layer_grad

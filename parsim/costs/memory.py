@@ -192,6 +192,7 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
                  for s in range(len(groups))]
     full = [sum(n for n, policy in g if policy == "full") for g in groups]     # ``_full_layers`` of each stage
     weight_working = [in_backward if in_backward else _rank_weight_working(model, plan, r) for r in range(plan.pp)]
+    input_end = [_rank_input_end(model, plan, r) for r in range(plan.pp)]
     kept_all, kept_input = layer_activation_bytes(model, plan, "none"), layer_activation_bytes(model, plan, "full")
     # W's re-runs of recomputed layers (split_backward): one value per rank, the largest of its
     # stages but the first (whose W is a whole backward), as the working sets
@@ -222,7 +223,7 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
             split = dict(kept=0.0, backward_input=0.0, backward_weight=backward)
         else:
             split = dict(kept=footprint.split_kept(counts[s] * layer_dy, head_dy, loss_saved, s == last),
-                         backward_input=max(working(r, False, transient), _rank_input_end(model, plan, r)),
+                         backward_input=max(working(r, False, transient), input_end[r]),
                          backward_weight=residue[r] + weight_working[r])
         out.append(StageFootprint(footprint.held_bytes(stash[s], s == last, output), backward, held[s], **split))
     return out
@@ -292,7 +293,7 @@ def _rank_weight_working(model: ModelSpec, plan: Plan, pp_rank: int) -> float:
     (``stage_footprints``), so its embedding gradient is not a W's of the rank's other chunks
     (interleaved-zb's rank 0 read 5.6 % high with it, heldout-gpt pp=2 vpp=2)."""
     last, counts = plan.pp * plan.vpp - 1, stage_layers(model, plan)
-    return max((weight_grad_working_bytes(model, plan, False, s == last, counts[s])
+    return max((weight_grad_working_bytes(model, plan, s == last, counts[s])
                 for s in stages_of_rank(plan, pp_rank) if s > 0), default=0.0)
 
 

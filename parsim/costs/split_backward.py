@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 from parsim.specs import ModelSpec, Plan
 
-from .activations import embedding_grad_bytes, vocab_grad_bytes
+from .activations import vocab_grad_bytes
 from .footprint import weight_working
 from .ops import DTYPE_BYTES, padded_vocab
 from .saved import layer_saved
@@ -85,14 +85,12 @@ def head_output_grad_bytes(model: ModelSpec, plan: Plan) -> float:
     return e * sb * (padded_vocab(model, plan) / plan.tp + model.hidden / sp)
 
 
-def weight_grad_working_bytes(model: ModelSpec, plan: Plan, first: bool, last: bool, layers: int = 0) -> float:
+def weight_grad_working_bytes(model: ModelSpec, plan: Plan, last: bool, layers: int = 0) -> float:
     """``footprint.weight_working`` of a stage of ``layers`` layers on one device: a layer's W at
-    its peak (``layer_weight_peak``), the embedding's / output layer's dense V/t x h gradient
-    (``activations.embedding_grad_bytes`` / ``vocab_grad_bytes``), the layers' output gradients
-    (``output_grad_bytes``)."""
-    return weight_working(layer_weight_peak(model, plan), embedding_grad_bytes(model, plan) if first else 0.0,
-                          vocab_grad_bytes(model, plan) if last else 0.0, layers * output_grad_bytes(model, plan),
-                          first, last)
+    its peak (``layer_weight_peak``), the output layer's dense V/t x h gradient
+    (``activations.vocab_grad_bytes``), the layers' output gradients (``output_grad_bytes``)."""
+    return weight_working(layer_weight_peak(model, plan), vocab_grad_bytes(model, plan) if last else 0.0,
+                          layers * output_grad_bytes(model, plan), last)
 
 
 def layer_weight_peak(model: ModelSpec, plan: Plan) -> float:
@@ -272,7 +270,7 @@ def w_residue_top(model: ModelSpec, plan: Plan) -> float:
     its peak (``_top_layer_peak``) less ``w_residue_per_layer`` and the weight gradient that
     ``weight_grad_working_bytes`` counts."""
     return (_top_layer_peak(model, plan) - w_residue_per_layer(model, plan)
-            - weight_grad_working_bytes(model, plan, False, False))
+            - weight_grad_working_bytes(model, plan, False))
 
 
 def _top_layer_peak(model: ModelSpec, plan: Plan) -> float:

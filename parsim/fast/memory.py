@@ -157,6 +157,6 @@ def _rank_weight_working(r, vpp, lrow, hrow, ranks):
     best = 0.0
     for c in range(vpp):
         if not (r == 0 and c == 0):      # the first stage's W is its whole backward (KIND_OF's B)
-            best = max(best, weight_working(lrow[L_WORK_W], hrow[H_EMB_GRAD], hrow[H_VOCAB_GRAD],
-                                            ranks[r, R_CHUNK + c] * lrow[L_KEPT], False, ranks[r, R_LAST] == c))
+            best = max(best, weight_working(lrow[L_WORK_W], hrow[H_VOCAB_GRAD], ranks[r, R_CHUNK + c] * lrow[L_KEPT],
+                                            ranks[r, R_LAST] == c))
     return best

@@ -84,20 +84,18 @@ def validate_matrix(matrix: str | Path, profile: str | Path, out: str | Path, *,
 
 
 def check_plans(spec: Matrix, profile: str | Path) -> None:
-    """The whole profile, and every plan of the matrix against its model and cluster
-    (``specs.validate`` on the profile's cluster, then what the executor does not run:
-    ``executor.checks.check_executable``), before any executor round: a bad plan found only when
-    its turn comes would fail a validation after the plans before it had run (minutes to an
-    hour). The error names the plan's place in the matrix: ``matrix.plans[i].<field>``."""
+    """The whole profile, and every plan of the matrix against its model on the profile's cluster
+    and what the executor does not run (``executor.checks.check_executable``), before any
+    executor round: a bad plan found only when its turn comes would fail a validation after the
+    plans before it had run (minutes to an hour). The error names the plan's place in the
+    matrix: ``matrix.plans[i].<field>``."""
     from parsim.executor.checks import check_executable
-    from parsim.specs import validate
 
     clusters = {world: load_cluster(f"cpu:{world}", profile=profile)
                 for world in sorted({p.world_size for p in spec.plans})}
     for i, plan in enumerate(spec.plans):
         try:
-            validate(spec.model, clusters[plan.world_size], plan)
-            check_executable(spec.model, plan)
+            check_executable(spec.model, plan, cluster=clusters[plan.world_size])
         except SpecError as err:
             raise SpecError(f"matrix.plans[{i}].{err.field}", err.value,
                             f"{err.allowed} (plan {plan.to_string()!r})") from None
