@@ -9,6 +9,7 @@ import pytest
 
 from parsim.calibration.optimizer_fit import fit_optimizer
 from parsim.costs import optimizer_tensors, stage_params, stage_tensors
+from parsim.costs.params import rank_tensor_order, whole_tensor_owners
 from parsim.costs.timing import optimizer_time
 from parsim.fast import PlanTable, evaluate
 from parsim.sim import simulate
@@ -19,32 +20,32 @@ MODELS = [HELDOUT.format(m) for m in ("gpt", "llama", "deep")] + ["cpu-small"]
 
 
 def _executor_parameters(model, plan):
-    """Per pipeline rank: the parameters of the executor's own stage modules (tp=1)."""
+    """Per pipeline rank: the parameters of the executor's own stage modules (tp=1), its chunks in
+    the order ``executor/build.py`` hands them to the optimizer."""
     torch = pytest.importorskip("torch")
+    from parsim.costs.placement import stages_of_rank
     from parsim.executor.model import StageModule
     from parsim.specs import stage_layers
 
     torch.manual_seed(0)
     layers = stage_layers(model, plan)
     chunks = plan.pp * plan.vpp
-    out = [[] for _ in range(plan.pp)]
-    first = 0
-    for v, n in enumerate(layers):
-        module = StageModule(model, first, n, is_first=v == 0, is_last=v == chunks - 1)
-        out[v % plan.pp] += list(module.parameters())
-        first += n
-    return out
+    modules = [StageModule(model, sum(layers[:v]), n, is_first=v == 0, is_last=v == chunks - 1)
+               for v, n in enumerate(layers)]
+    return [[p for v in stages_of_rank(plan, r) for p in modules[v].parameters()] for r in range(plan.pp)]
 
 
 @pytest.mark.parametrize("model_name", MODELS)
-@pytest.mark.parametrize("plan_text", ["dp=2", "pp=2", "pp=2 vpp=2 gbs=8 schedule=interleaved"])
+@pytest.mark.parametrize("plan_text", ["dp=2", "pp=2", "pp=2 vpp=2 gbs=8 schedule=interleaved",
+                                       "pp=2 gbs=8 schedule=zbv"])
 def test_tensor_count_is_the_executors_own_parameter_list(model_name, plan_text):
     model, plan = load_model(model_name), parse_plan(plan_text + " dtype=fp32")
     executor = _executor_parameters(model, plan)
     counted = stage_tensors(model, plan)
     assert [len(t) for t in counted] == [len(p) for p in executor]
     assert optimizer_tensors(model, plan) == [float(len(p)) for p in executor]
-    assert [sorted(t) for t in counted] == [sorted(float(x.numel()) for x in p) for p in executor]
+    # in the optimizer's order, matrices told from vectors (its two groups: footprint.step_window)
+    assert rank_tensor_order(model, plan) == [[(float(x.numel()), x.ndim >= 2) for x in p] for p in executor]
     # the parameters the memory model counts, but for Megatron's vocabulary padding (128 rows)
     assert [sum(t) for t in counted] == pytest.approx(stage_params(model, plan), rel=0.01)
 
@@ -59,6 +60,7 @@ def test_zero1_counts_the_most_tensors_the_executors_partition_gives_one_replica
     params = _executor_parameters(model, plan)[0]
     owners = partition_parameters(params, dp)
     assert optimizer_tensors(model, plan) == [float(max(owners.count(r) for r in range(dp)))]
+    assert whole_tensor_owners(stage_tensors(model, plan)[0], dp) == owners
 
 
 def test_optimizer_fit_recovers_a_known_per_tensor_cost_and_bandwidth():

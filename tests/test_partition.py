@@ -69,10 +69,11 @@ def test_min_max_partition_respects_memory_limits_and_stays_optimal(times, param
     plan = Plan(pp=stages, gbs=8, dtype="fp32")
     # model states and the heavier of: the largest weight's gradient while it is built
     # (StageCoster._working) with, on the first stage, the 1-byte output of its 2 microbatches in
-    # flight (1F1B); the optimizer step's two fp32 copies of the largest weight (the torch stack's
-    # eager AdamW, footprint.optimizer_temporaries)
+    # flight (1F1B); the optimizer step's two fp32 copies of a weight beside the one stepped
+    # before it on the stage (the torch stack's eager AdamW, footprint.step_window)
+    window = lambda a, b: max(2 * params[i] + (params[i - 1] if i > a else 0) for i in range(a, b))   # noqa: E731
     fits = lambda a, b, k: (per_param * sum(params[a:b])   # noqa: E731
-                            + max(4.0 * max(params[a:b]) + (2.0 if k == 0 else 0.0), 8.0 * max(params[a:b]))
+                            + max(4.0 * max(params[a:b]) + (2.0 if k == 0 else 0.0), 4.0 * window(a, b))
                             ) <= limit
     expected = brute_force([t * 1e-3 for t in times], stages, fits)
     if expected is None:

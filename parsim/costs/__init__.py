@@ -13,7 +13,7 @@ from .memory import (CATEGORIES, StageFootprint, StageMemory, device_capacity, f
 from .optimizer import OptimizerStep, optimizer_step
 from .ops import DTYPE_BYTES, Op, embedding_ops, head_ops, layer_ops, padded_vocab
 from .params import (embedding_params, eq2_params, head_params, layer_params, layer_tensors, optimizer_tensor_sizes,
-                     optimizer_tensors, stage_largest_tensors, stage_params, stage_tensors, total_params)
+                     optimizer_tensors, stage_params, stage_tensors, step_windows, total_params)
 from .recompute import (fewest_recomputed, layer_recompute, recomputed_ops, recomputes_collectives, recomputes_fully,
                         rerun, stage_policy, stage_recompute, stops_early)
 from .stage_aware import stage_aware_recompute_layers

@@ -6,9 +6,12 @@ model and plan (``costs.activations``, ``costs.params``), the partitioner
 (``partition.stage_cost``) with those of its cost graph, and the fast path compiles them with
 numba into its sweep kernel (``fast.memory``), fed from its cost tables. So they take plain
 numbers, use only arithmetic, comparisons and ``min``/``max``, and call no function but the ZeRO
-rules of ``costs.zero`` (which the fast path registers with numba: ``fast.rules``).
+rules of ``costs.zero`` (which the fast path registers with numba: ``fast.rules``); the one
+rule over a sequence (``step_window``) the fast path runs where it builds its rank rows.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from .zero import zero_shard
 
@@ -64,18 +67,38 @@ def stack_state_bytes(param_bytes: float, grad_bytes: float, optimizer_bytes: fl
     return param_bytes, grad_bytes, optimizer_bytes
 
 
-def optimizer_temporaries(largest_tensor: float, copies: float, dp: int, zero: int, whole_tensors: bool,
-                          offload_optimizer: bool) -> float:
+def step_window(tensors: Sequence[tuple[float, bool]], copies: float, carry: float) -> float:
+    """Elements of fp32 temporaries an optimizer step holds at its heaviest moment on one device,
+    stepping ``tensors`` ((elements, is a matrix), in order) in two parameter groups, the
+    matrices then the rest (the executor's AdamW: weight decay on >= 2-D tensors only,
+    ``executor/optimizer.py`` ``make_adamw``). torch's single-tensor AdamW (torch 2.13
+    ``optim/adam.py`` ``_single_tensor_adam``; Composer's DecoupledAdamW alike) loops over a
+    group's tensors: ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`` holds
+    sqrt(v) and the quotient of tensor i at once (``copies``: 2) while the previous tensor's
+    ``denom`` stays bound to the name until the assignment (``carry``: 1), so the window is
+    max_i copies s_i + carry s_(i-1), each group starting afresh (a new call). A fused kernel:
+    none (``Stack.optimizer_temporaries`` / ``optimizer_carry``)."""
+    best = 0.0
+    for matrices in (True, False):
+        previous = 0.0
+        for size, matrix in tensors:
+            if matrix == matrices:
+                best = max(best, copies * size + carry * previous)
+                previous = size
+    return best
+
+
+def optimizer_temporaries(window: float, dp: int, zero: int, whole_tensors: bool, offload_optimizer: bool) -> float:
     """Bytes the optimizer step allocates beside the model states while it runs (``other``), on
-    one device: ``copies`` fp32 tensors (the master weights' type) the size of the largest
-    parameter tensor it steps (``Stack.optimizer_temporaries``: a per-tensor loop frees one
-    tensor's before the next's; a fused kernel none). Under ZeRO the step sees each tensor's
-    1/dp shard (``zero_shard`` of stage 1), unless ZeRO-1 gives whole tensors to one replica
-    (``whole_tensors``): then the replica owning the largest steps all of it, and ZeRO-2/3
-    (FSDP2) shard every tensor. ZeRO-Offload steps on the host: none on the device."""
+    one device: ``window`` elements of fp32 temporaries (the master weights' type) at its
+    heaviest moment (``step_window`` of the tensors it steps). Under ZeRO the step sees each
+    tensor's 1/dp shard (``zero_shard`` of stage 1), unless ZeRO-1 gives whole tensors to one
+    replica (``whole_tensors``: the window is then the heaviest replica's own,
+    ``params.step_windows``), and ZeRO-2/3 (FSDP2) shard every tensor. ZeRO-Offload steps on
+    the host: none on the device."""
     if offload_optimizer:
         return 0.0
-    return copies * 4.0 * zero_shard(largest_tensor, dp, zero, 2 if whole_tensors else 1)
+    return 4.0 * zero_shard(window, dp, zero, 2 if whole_tensors else 1)
 
 
 def optimizer_step_peaks(backward_extra: float, temporaries: float, released: float) -> bool:

@@ -24,7 +24,7 @@ from .fsdp2 import (fsdp2_absent_grads, fsdp2_after_layers, fsdp2_bytes, fsdp2_f
                     fsdp2_post_backward, fsdp2_released_at_step, fsdp2_root_bytes, fsdp2_root_post_backward,
                     reduce_scatter_copies, uses_fsdp2)
 from .inflight import COUNTED, Moment, rank_moments
-from .params import layer_params, stage_largest_tensors, stage_params, zero1_owned_params
+from .params import layer_params, stage_params, step_windows, zero1_owned_params
 from .placement import rank_of_stage, stages_of_rank
 from .recompute import layer_recompute, recomputes_fully, stage_recompute
 from .split_backward import head_output_grad_bytes, output_grad_bytes, w_recompute_residue, weight_grad_working_bytes
@@ -144,13 +144,14 @@ def _static_bytes(model: ModelSpec, plan: Plan, n_params: float, fsdp2: bool, ze
 def optimizer_step_bytes(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> list[tuple[float, float]]:
     """Per pipeline rank: (parameter bytes it no longer holds, temporaries it allocates) while
     its optimizer steps, after its last backward (``footprint.optimizer_temporaries`` of the
-    largest parameter tensor it holds, ``params.stage_largest_tensors``, under the plan's stack;
-    ``fsdp2``: ZeRO-2 run as FSDP2, ``fsdp2_released_at_step``)."""
+    heaviest moment of its loop over its tensors, ``params.step_windows``, under the plan's
+    stack; ``fsdp2``: ZeRO-2 run as FSDP2, ``fsdp2_released_at_step``)."""
     stack = plan_stack(plan)
+    whole = stack.zero1_whole_tensors
+    windows = step_windows(model, plan, replicas=whole and plan.zero == 1 and plan.dp > 1)
     out = []
-    for n_params, largest in zip(stage_params(model, plan), stage_largest_tensors(model, plan)):
-        temporaries = footprint.optimizer_temporaries(largest, stack.optimizer_temporaries, plan.dp, plan.zero,
-                                                      stack.zero1_whole_tensors, plan.offload != "none")
+    for n_params, window in zip(stage_params(model, plan), windows):
+        temporaries = footprint.optimizer_temporaries(window, plan.dp, plan.zero, whole, plan.offload != "none")
         out.append((fsdp2_released_at_step(model, plan, n_params) if fsdp2 else 0.0, temporaries))
     return out
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import heapq
 
-from parsim.specs import ModelSpec, Plan, stage_layers
+from parsim.specs import ModelSpec, Plan, plan_stack, stage_layers
 
+from . import footprint
 from .ops import padded_vocab
-from .placement import rank_of_stage
+from .placement import rank_of_stage, stages_of_rank
 
 
 def layer_params(model: ModelSpec, tp: int = 1) -> float:
@@ -79,37 +80,77 @@ def eq2_params(model: ModelSpec) -> float:
 
 # ----------------------------------------------------------------------------- parameter tensors
 
-def layer_tensors(model: ModelSpec, tp: int = 1) -> list[float]:
-    """Elements of each parameter tensor of one transformer layer on one TP rank, as the torch
-    executor builds it (``executor/model.py``: two norms, q / k / v / o and up / (gate) / down
-    ``nn.Linear``s with biases where ``model.bias``; LayerNorm's bias too, RMSNorm has none).
-    Column-parallel weights and biases split tp ways, row-parallel weights split, row biases and
-    norms replicated (Megatron-LM, as ``layer_params``)."""
+def layer_tensor_order(model: ModelSpec, tp: int = 1) -> list[tuple[float, bool]]:
+    """(elements, is a matrix) of each parameter tensor of one transformer layer on one TP rank,
+    in the order the torch executor's ``Block.parameters()`` lists them (``executor/model.py``:
+    attn_norm, q, k, v, o, mlp_norm, up, (gate), down; each ``nn.Linear``'s weight, then its
+    bias where ``model.bias``; LayerNorm's bias too, RMSNorm has none). Column-parallel weights
+    and biases split tp ways, row-parallel weights split, row biases and norms replicated
+    (Megatron-LM, as ``layer_params``)."""
     h, kv, f, b = model.hidden, model.kv_hidden, model.ffn_hidden, model.bias
-    norm = [h, h] if model.norm == "layernorm" and b else [h]
-    column = [(h * h, h), (h * kv, kv), (h * kv, kv)] + [(h * f, f)] * (2 if model.activation == "swiglu" else 1)
-    out = norm * 2
-    for weight, bias in column:
-        out += [weight / tp] + ([bias / tp] if b else [])
-    for weight in (h * h, f * h):                 # o, down: row-parallel
-        out += [weight / tp] + ([h] if b else [])
+    norm = [(float(h), False)] * (2 if model.norm == "layernorm" and b else 1)
+
+    def linear(weight: float, bias: float) -> list[tuple[float, bool]]:
+        return [(weight, True)] + ([(bias, False)] if b else [])
+
+    column_mlp = linear(h * f / tp, f / tp) * (2 if model.activation == "swiglu" else 1)
+    return (norm + linear(h * h / tp, h / tp) + linear(h * kv / tp, kv / tp) * 2 + linear(h * h / tp, h)
+            + norm + column_mlp + linear(f * h / tp, h))
+
+
+def layer_tensors(model: ModelSpec, tp: int = 1) -> list[float]:
+    """Elements of each parameter tensor of one transformer layer on one TP rank
+    (``layer_tensor_order``)."""
+    return [size for size, _ in layer_tensor_order(model, tp)]
+
+
+def rank_tensor_order(model: ModelSpec, plan: Plan) -> list[list[tuple[float, bool]]]:
+    """(elements, is a matrix) of every parameter tensor each pipeline rank holds, in the order
+    the executor hands them to its optimizer (``executor/build.py``: the rank's model chunks as
+    ``placement.stages_of_rank`` orders them, each ``StageModule``'s parameters: the word (+
+    learned position) embedding on the first chunk, its layers, the head's own output weight
+    (its ``Parameter`` comes before its norm's: a module lists its own first) and final norm on
+    the last; the tied embedding is reused only by a single-chunk model). The
+    executor pads the vocabulary to a multiple of tp rows only (``executor/tp_parallel.py``
+    ``padded_rows``), not to Megatron's 128 x tp: sizes decide ZeRO-1's partition."""
+    h = model.hidden
+    words = float(-(-model.vocab // plan.tp) * h)
+    norm = [(float(h), False)] * (2 if model.norm == "layernorm" and model.bias else 1)
+    layer, per_stage = layer_tensor_order(model, plan.tp), stage_layers(model, plan)
+    last = plan.pp * plan.vpp - 1
+    out: list[list[tuple[float, bool]]] = []
+    for rank in range(plan.pp):
+        tensors: list[tuple[float, bool]] = []
+        for vstage in stages_of_rank(plan, rank):
+            if vstage == 0:
+                tensors += [(words, True)] + ([(float(model.seq_len * h), True)] if model.position == "learned" else [])
+            tensors += layer * per_stage[vstage]
+            if vstage == last:
+                tensors += ([] if model.tied_embeddings and last == 0 else [(words, True)]) + norm
+        out.append(tensors)
     return out
 
 
 def stage_tensors(model: ModelSpec, plan: Plan) -> list[list[float]]:
-    """Elements of every parameter tensor each pipeline rank holds (its vpp model chunks):
-    layers, the word (+ learned position) embedding on the first chunk, the final norm and its
-    own output weight on the last (the tied embedding is reused only by a single-chunk model).
-    The executor pads the vocabulary to a multiple of tp rows only (``executor/tp_parallel.py``
-    ``padded_rows``), not to Megatron's 128 x tp: sizes decide ZeRO-1's partition."""
-    words = float(-(-model.vocab // plan.tp) * model.hidden)
-    norm = [model.hidden] * (2 if model.norm == "layernorm" and model.bias else 1)
-    out: list[list[float]] = [[] for _ in range(plan.pp)]
-    chunks = plan.pp * plan.vpp
-    for vstage, n in enumerate(stage_layers(model, plan)):
-        out[vstage % plan.pp] += layer_tensors(model, plan.tp) * n
-    out[0] += [words] + ([model.seq_len * model.hidden] if model.position == "learned" else [])
-    out[(chunks - 1) % plan.pp] += norm + ([] if model.tied_embeddings and chunks == 1 else [words])
+    """Elements of every parameter tensor each pipeline rank holds, in its optimizer's order
+    (``rank_tensor_order``)."""
+    return [[size for size, _ in tensors] for tensors in rank_tensor_order(model, plan)]
+
+
+def step_windows(model: ModelSpec, plan: Plan, replicas: bool = False) -> list[float]:
+    """Per pipeline rank: the elements of fp32 temporaries its optimizer step holds at its
+    heaviest moment (``footprint.step_window`` under the plan's stack) over the tensors it
+    steps, in order: all it holds (ZeRO-2/3 and a flat ZeRO-1 step a 1/dp shard of each,
+    ``footprint.optimizer_temporaries``), or with ``replicas`` (ZeRO-1 giving whole tensors to
+    replicas, ``Stack.zero1_whole_tensors``) the heaviest of the ``plan.dp`` replicas' own
+    tensors, which keep their order (``executor/zero.py``: ``ZeroOneAdamW.owned``)."""
+    stack = plan_stack(plan)
+    out = []
+    for tensors in rank_tensor_order(model, plan):
+        owners = whole_tensor_owners([size for size, _ in tensors], plan.dp) if replicas else [0] * len(tensors)
+        out.append(max((footprint.step_window([t for t, o in zip(tensors, owners) if o == r],
+                                              stack.optimizer_temporaries, stack.optimizer_carry)
+                        for r in set(owners)), default=0.0))
     return out
 
 
@@ -126,22 +167,6 @@ def head_largest_tensor(model: ModelSpec, plan: Plan) -> float:
     if model.tied_embeddings and plan.pp == 1:
         return float(model.hidden)
     return padded_vocab(model, plan) * model.hidden / plan.tp
-
-
-def stage_largest_tensors(model: ModelSpec, plan: Plan) -> list[float]:
-    """Elements of the largest parameter tensor each pipeline rank holds, per TP rank (its model
-    chunks placed as ``stage_params`` places them): a layer's largest weight
-    (``layer_tensors``), the embedding's on the first chunk, the head's on the last; the
-    optimizer step's temporaries scale with it (``footprint.optimizer_temporaries``)."""
-    layer = max(layer_tensors(model, plan.tp))
-    out = [0.0] * plan.pp
-    for vstage, n in enumerate(stage_layers(model, plan)):
-        if n:
-            out[rank_of_stage(plan, vstage)] = layer
-    first, last = rank_of_stage(plan, 0), rank_of_stage(plan, plan.pp * plan.vpp - 1)
-    out[first] = max(out[first], embedding_largest_tensor(model, plan))
-    out[last] = max(out[last], head_largest_tensor(model, plan))
-    return out
 
 
 def optimizer_tensor_sizes(model: ModelSpec, plan: Plan) -> list[list[float]]:
@@ -168,20 +193,28 @@ def zero1_owned_params(model: ModelSpec, plan: Plan) -> list[float]:
             for tensors in stage_tensors(model, plan)]
 
 
-def _whole_tensor_partition(tensors: list[float], dp: int) -> list[list[float]]:
-    """``tensors`` (elements each) given whole, largest first, to the least-loaded of ``dp``
-    replicas (ties: the lowest replica; equal sizes keep their order, as the executor's). Only the
-    first min(dp, tensors) replicas can receive one (each tensor beyond an empty replica's turn goes
-    to the lowest empty one first), so only they are listed: a sweep's dp reaches the cluster's
-    size (10^9 devices asked a list of 10^9 replicas of a tiny model's few tensors)."""
-    replicas = max(1, min(dp, len(tensors)))
-    heap = [(0.0, i) for i in range(replicas)]      # (load, replica): the least, lowest first
-    owned: list[list[float]] = [[] for _ in range(replicas)]
-    for size in sorted(tensors, reverse=True):
+def whole_tensor_owners(tensors: list[float], dp: int) -> list[int]:
+    """The replica each of ``tensors`` (elements each) goes to when given whole, largest first, to
+    the least-loaded of ``dp`` replicas (ties: the lowest replica; equal sizes keep their order),
+    as the executor's ``zero.partition_parameters`` and torch's ZeroRedundancyOptimizer. Only
+    the first min(dp, tensors) replicas can receive one (each tensor beyond an empty replica's
+    turn goes to the lowest empty one first), so only they are on the heap: a sweep's dp reaches
+    the cluster's size (10^9 devices asked a list of 10^9 replicas of a tiny model's few
+    tensors)."""
+    heap = [(0.0, i) for i in range(max(1, min(dp, len(tensors))))]    # (load, replica): least, lowest first
+    owner = [0] * len(tensors)
+    for i in sorted(range(len(tensors)), key=lambda i: (-tensors[i], i)):
         load, r = heapq.heappop(heap)
-        heapq.heappush(heap, (load + size, r))
-        owned[r].append(size)
-    return owned
+        heapq.heappush(heap, (load + tensors[i], r))
+        owner[i] = r
+    return owner
+
+
+def _whole_tensor_partition(tensors: list[float], dp: int) -> list[list[float]]:
+    """``tensors`` (elements each) of each replica that receives any (``whole_tensor_owners``),
+    in their order."""
+    owners = whole_tensor_owners(tensors, dp)
+    return [[t for t, o in zip(tensors, owners) if o == r] for r in sorted(set(owners))]
 
 
 def optimizer_tensors(model: ModelSpec, plan: Plan) -> list[float]:

@@ -20,11 +20,11 @@ import numba
 
 from .codes import O_ACT, O_GRADS, O_OPT, O_OTHER, O_PARAMS, O_PEAK, O_PEAK_STAGE, OFF_NONE, OFF_OPT_PARAMS
 from .inflight import KIND_FIRST_I, KIND_I, KIND_W
-from .ranks import R_CHUNK, R_LARGEST, R_LAST, R_OWNED, R_PARAMS
+from .ranks import R_CHUNK, R_LAST, R_OWNED, R_PARAMS, R_WINDOW, R_WINDOW_OWNED
 from .rules import (backward_working, gathered_layers, held_bytes, input_grad_end, model_states, offload_staging,
                     optimizer_step_peaks, optimizer_temporaries, split_kept, stack_state_bytes, stash_bytes,
                     weight_working)
-from .tables import (D_FP32_SHARDS, D_GATHERED_LAYERS, D_GRAD, D_GRAD_COPY, D_MAX_LIVE, D_OPT, D_OPT_TEMPS, D_PARAM,
+from .tables import (D_FP32_SHARDS, D_GATHERED_LAYERS, D_GRAD, D_GRAD_COPY, D_MAX_LIVE, D_OPT, D_PARAM,
                      D_ZERO1_WHOLE, H_EMB_ACT, H_EMB_GRAD, H_HEAD_ACT, H_HEAD_KEPT, H_LOGITS_GRAD, H_LOSS_FWD,
                      H_LOSS_SAVED, H_SBH,
                      H_TIED, H_VOCAB_GRAD, L_ACT, L_FWD_COPIES, L_KEPT, L_PARAMS, L_TRANSIENT, L_W_RESIDUE,
@@ -70,8 +70,9 @@ def plan_memory(out, dp, pp, vpp, zero, offload, lrow, hrow, drow, ranks, moment
             if held + x > best:
                 best, act, extra = held + x, held, x
         extra += gathered                # held during every action, not by the optimizer step
-        temporaries = optimizer_temporaries(ranks[r, R_LARGEST], drow[D_OPT_TEMPS], dp, zero, drow[D_ZERO1_WHOLE] > 0,
-                                            offload_optimizer)
+        whole = drow[D_ZERO1_WHOLE] > 0
+        window = ranks[r, R_WINDOW_OWNED] if whole and zero == 1 and dp > 1 else ranks[r, R_WINDOW]
+        temporaries = optimizer_temporaries(window, dp, zero, whole, offload_optimizer)
         if optimizer_step_peaks(act + extra, temporaries, 0.0):    # (FSDP2: ``evaluate._fsdp2_memory``)
             act, extra = 0.0, temporaries
         other = staging + extra

@@ -3,8 +3,9 @@
 * rank key (dp, tp, pp, vpp, dtype, placement): per pipeline rank its layers
   (``specs.stage_layers``, placed as the schedule places its stages: loop or V,
   ``costs.placement``) in all and per model chunk, which of its chunks holds the output head, its
-  parameters (``costs.stage_params``) and its largest parameter tensor
-  (``costs.stage_largest_tensors``), its DP communication (``fast.comm.rank_comm_rows``), and
+  parameters (``costs.stage_params``) and the fp32 elements its optimizer step's loop holds at
+  its heaviest (``costs.step_windows``: of all its tensors, and of its heaviest ZeRO-1 replica's
+  where tensors go whole), its DP communication (``fast.comm.rank_comm_rows``), and
   for each (ZeRO stage, offload) its optimizer step (its bytes and, where the profile prices it,
   its parameter tensors: ``costs.optimizer.rank_tensors``) and ZeRO-Offload's host transfers
   (``costs.optimizer``: the same ``OptimizerStep`` the SimPy engine plays at the end of the step);
@@ -21,7 +22,7 @@ from dataclasses import replace
 import numpy as np
 from numba.extending import register_jitable
 
-from parsim.costs import (dp_buckets, optimizer_step, p2p_bytes, p2p_holds_sender, stage_largest_tensors, stage_params,
+from parsim.costs import (dp_buckets, optimizer_step, p2p_bytes, p2p_holds_sender, stage_params, step_windows,
                           plan_state_bytes)
 from parsim.costs.optimizer import bucket_to_host, layer_from_host_s, rank_tensor_sizes, rank_tensors
 from parsim.costs.params import zero1_owned_params
@@ -34,10 +35,11 @@ from .comm import C_WIDTH, CollectivePricer, rank_comm_rows
 from .plans import WORDS
 
 # rank table columns: layers, parameters, the chunk holding the output head (-1: none), the
-# elements of its largest parameter tensor, the parameters a ZeRO-1 replica owns at most where
-# tensors go whole (``params.zero1_owned_params``), the fast.comm columns, the optimizer blocks
-# (one per (zero, offload), ``step_block``), then layers per model chunk
-R_LAYERS, R_PARAMS, R_LAST, R_LARGEST, R_OWNED, R_COMM = 0, 1, 2, 3, 4, 5
+# elements of the optimizer step's temporaries at its heaviest (``costs.step_windows``), the
+# parameters a ZeRO-1 replica owns at most where tensors go whole (``params.zero1_owned_params``)
+# and that replica's step window, the fast.comm columns, the optimizer blocks (one per (zero,
+# offload), ``step_block``), then layers per model chunk
+R_LAYERS, R_PARAMS, R_LAST, R_WINDOW, R_OWNED, R_WINDOW_OWNED, R_COMM = 0, 1, 2, 3, 4, 5, 6
 R_STEP = R_COMM + C_WIDTH
 # an optimizer block (seconds): ``costs.OptimizerStep``'s step, gradient shard down, parameter
 # shard up; a reduced bucket's shard down and all the buckets'; ZeRO-Infinity's layer shard up
@@ -98,9 +100,10 @@ class RankRows:
         rows[:, R_PARAMS] = params
         last = pp * vpp - 1
         rows[:, R_LAST] = [stages.index(last) if last in stages else -1 for stages in held]
-        rows[:, R_LARGEST] = stage_largest_tensors(self.model, plan)
-        if self._zero1_plan(plan).zero == 1:       # a ZeRO-1 replica's states (fast.memory), where the sweep has them
+        rows[:, R_WINDOW] = step_windows(self.model, plan)
+        if self._zero1_plan(plan).zero == 1:       # a ZeRO-1 replica's states and step (fast.memory), where the sweep has them
             rows[:, R_OWNED] = zero1_owned_params(self.model, plan)
+            rows[:, R_WINDOW_OWNED] = step_windows(self.model, plan, replicas=True)
         head_rank = next(r for r, stages in enumerate(held) if last in stages)
         rows[:, R_COMM:R_STEP] = rank_comm_rows(self.model, self.pricer, dp, tp, pp, vpp, dtype, params,
                                                 self.bucket_bytes, self.with_ps, head_rank, self.stack)

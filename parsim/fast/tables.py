@@ -74,10 +74,10 @@ RERUN = {"full": L_RERUN_FULL, "selective": L_RERUN_SELECTIVE}
  H_HEAD_TP_COVER, H_LOSS_FWD, H_LOSS_SAVED, H_WIDTH) = range(20)
 # dtype table columns: bytes per parameter of each model state; and the table's stack's memory
 # terms (``costs.footprint``): fp32 shards (0 / 1), 16-bit gradient copy bytes, layers gathered
-# at once, the most gathered parameters alive, the optimizer step's temporaries (copies of the largest
-# tensor) and whether ZeRO-1 gives whole tensors to a replica (0 / 1)
-(D_PARAM, D_GRAD, D_OPT, D_FP32_SHARDS, D_GRAD_COPY, D_GATHERED_LAYERS, D_MAX_LIVE, D_OPT_TEMPS, D_ZERO1_WHOLE,
- D_WIDTH) = range(10)
+# at once, the most gathered parameters alive, and whether ZeRO-1 gives whole tensors to a replica
+# (0 / 1; the optimizer step's temporaries are the rank table's: ``fast.ranks`` R_WINDOW)
+(D_PARAM, D_GRAD, D_OPT, D_FP32_SHARDS, D_GRAD_COPY, D_GATHERED_LAYERS, D_MAX_LIVE, D_ZERO1_WHOLE,
+ D_WIDTH) = range(9)
 
 
 class CostTables(NamedTuple):
@@ -271,7 +271,7 @@ def dtype_table(stack: str = "torch") -> np.ndarray:
         out[i, D_PARAM], out[i, D_GRAD], out[i, D_OPT] = sb.param, sb.grad, sb.optimizer
         out[i, D_FP32_SHARDS], out[i, D_GRAD_COPY] = float(st.fp32_shards), st.grad_copy_bytes(name)
         out[i, D_GATHERED_LAYERS], out[i, D_MAX_LIVE] = st.zero3_gathered_layers, st.zero3_max_live_params
-        out[i, D_OPT_TEMPS], out[i, D_ZERO1_WHOLE] = st.optimizer_temporaries, float(st.zero1_whole_tensors)
+        out[i, D_ZERO1_WHOLE] = float(st.zero1_whole_tensors)
     return out
 
 

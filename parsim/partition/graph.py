@@ -121,7 +121,7 @@ class Segment:
     layers: int                     # recomputation units it holds (transformer layers)
     recompute_s: float              # extra forward in backward if its units recompute
     recompute_saving_bytes: float   # activation bytes recomputing its units frees
-    params: frozenset[str]
+    params: tuple[str, ...]         # in program order, each once
     common: frozenset[int]
     # the memory-bound and collective shares of fwd_s / bwd_s / recompute_s (``CostNode``)
     fwd_membound_s: float = 0.0
@@ -184,7 +184,7 @@ def build_segments(graph: CostGraph, cuts: list[int]) -> list[Segment]:
             fwd_s=sum(x.fwd_s for x in nodes), bwd_s=sum(x.bwd_s for x in nodes),
             activation_bytes=act, input_bytes=live_bytes[a], layers=layers,
             recompute_s=sum(x.fwd_s if x.rerun_s is None else x.rerun_s for x in recomputed), recompute_saving_bytes=max(saving, 0.0) if layers else 0.0,
-            params=frozenset(p for x in nodes for p in x.params),
+            params=tuple(dict.fromkeys(p for x in nodes for p in x.params)),
             common=frozenset(c for x in nodes for c in x.common_inputs),
             fwd_membound_s=sum(x.fwd_membound_s for x in nodes), bwd_membound_s=sum(x.bwd_membound_s for x in nodes),
             fwd_comm_s=sum(x.fwd_comm_s for x in nodes), bwd_comm_s=sum(x.bwd_comm_s for x in nodes),

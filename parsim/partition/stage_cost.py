@@ -8,8 +8,8 @@ Memory of a stage under its schedule (per device):
                     min(p - i, m), Narayanan et al. 2021 Sec. 2.2.1; walked for the zero-bubble family)
     gathered      = ZeRO-3's gathered layers (analytic graphs: ``costs.memory.gathered_bytes``)
 or, where that weighs more, at its optimizer step (after its last backward, every activation
-freed): model states + the step's temporaries (``costs.footprint.optimizer_temporaries`` of the
-stage's largest parameter tensor, under the plan's stack).
+freed): model states + the step's temporaries (``costs.footprint.optimizer_temporaries`` of its
+loop over the stage's parameter tensors, under the plan's stack).
 A stage that recomputes r of its layers keeps only their inputs (Chen et al. 2016), pays their
 forward again in backward, and briefly holds one layer's full activations while recomputing
 it (as ``parsim.costs.memory_by_stage``). Which layers recompute follows the stage's
@@ -26,7 +26,7 @@ from typing import Callable
 from parsim.costs import fewest_recomputed, model_state_bytes, plan_state_bytes, stage_policy
 from parsim.costs.inflight import rank_inflight
 from parsim.costs.placement import rank_of_stage
-from parsim.costs.footprint import held_bytes, optimizer_step_peaks, optimizer_temporaries
+from parsim.costs.footprint import held_bytes, optimizer_step_peaks, optimizer_temporaries, step_window
 from parsim.specs import Plan, plan_stack
 
 from .graph import CostGraph, Segment, UnionSum
@@ -133,12 +133,16 @@ class StageCoster:
         return lambda stash, transient, recomputed: largest + transient
 
     def _step_temporaries(self, a: int, b: int) -> float:
-        """``footprint.optimizer_temporaries`` of the stage's largest parameter tensor."""
-        names = {p for s in self.segments[a:b] for p in s.params}
+        """``footprint.optimizer_temporaries`` of the stage's parameters stepped in program order
+        (``footprint.step_window``): each name's largest tensor, read as one matrix (an analytic
+        graph's layer, embedding or head: its largest weight beside the name's before it; a
+        traced graph names tensors, the few vectors among them are a norm's or a bias's)."""
+        names = list(dict.fromkeys(p for s in self.segments[a:b] for p in s.params))
         graph, stack = self.graph, plan_stack(self.plan)
-        largest = max((graph.param_largest.get(p, graph.param_numel.get(p, 0.0)) for p in names), default=0.0)
-        return optimizer_temporaries(largest, stack.optimizer_temporaries, self.plan.dp, self.plan.zero,
-                                     stack.zero1_whole_tensors, self.plan.offload != "none")
+        tensors = [(graph.param_largest.get(p, graph.param_numel.get(p, 0.0)), True) for p in names]
+        window = step_window(tensors, stack.optimizer_temporaries, stack.optimizer_carry)
+        return optimizer_temporaries(window, self.plan.dp, self.plan.zero, stack.zero1_whole_tensors,
+                                     self.plan.offload != "none")
 
     def _cost(self, inflight: float, policy: str, first: bool, last: bool, a: int, b: int) -> StageCost:
         states = self.param_numel(a, b) * self.per_param

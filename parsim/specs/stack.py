@@ -68,7 +68,8 @@ class Stack:
     loss_forward_bytes: float = 0.0          # fp32 per logit the loss forward holds beside the logits and those kept
     bf16_grad_copy_bytes: float = 0.0        # bf16 .grad kept beside the fp32 gradient buffer (ZeRO 0-1), per parameter
     autograd_grad_accumulation: bool = False  # ZeRO 0-1: microbatch gradients add into .grad in their own kernels
-    optimizer_temporaries: float = 2.0       # optimizer step: fp32 copies of the largest parameter tensor (shard)
+    optimizer_temporaries: float = 2.0       # optimizer step: fp32 copies of the tensor (shard) being stepped ...
+    optimizer_carry: float = 1.0             # ... beside these of the one stepped before it (costs.footprint.step_window)
     zero1_whole_tensors: bool = True         # ZeRO-1 gives each tensor whole to one replica (not 1/dp of each)
     zero1_all_reduce: bool = False           # ZeRO-1 beside DDP: gradients all-reduced, not reduce-scattered
     memory_reserve_bytes: float | None = None  # outside the caching allocator (context, NCCL, cuBLAS), bytes
@@ -167,18 +168,20 @@ HOST = dict(op_overhead_s=2e-5)
 # torch 2.13 AdamW, torch/optim/adam.py: the single-tensor loop (``_single_tensor_adam``, the
 # default off CUDA) computes ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)``
 # per parameter: sqrt's result and the quotient exist together, 2 tensors of that parameter's
-# size, freed before the next parameter's, so the largest tensor sets the peak; the foreach path
+# size, while the previous parameter's ``denom`` is still bound to the name (freed by the
+# assignment), so a tensor and the one stepped before it set the peak (``costs.footprint.
+# step_window``; measured on the executor's memory tracker, 2026-11-30); the foreach path
 # (``_multi_tensor_adam``, the default on CUDA) allocates ``exp_avg_sq_sqrt = _foreach_sqrt(...)``
 # for a whole param group at once (the group's sum, not its largest: no preset here runs it); the
 # fused kernel (``_fused_adamw_``) none. The executor (``executor/optimizer.py``) writes the
 # single-tensor update out (the defaults) and, under ZeRO-1, gives whole tensors to their owner
-# replica (``executor/zero.py``, as torch's ZeroRedundancyOptimizer): the replica owning the
-# largest steps all of it. Apex / Transformer Engine FusedAdam (Megatron-LM and Megatron-Core,
+# replica (``executor/zero.py``, as torch's ZeroRedundancyOptimizer): each replica steps its own
+# whole tensors, in the model's order. Apex / Transformer Engine FusedAdam (Megatron-LM and Megatron-Core,
 # megatron/core/optimizer/__init__.py) and DeepSpeed's FusedAdam (deepspeed/ops/adam/fused_adam.py)
 # update in one multi-tensor kernel, and their ZeRO-1 (Megatron's distributed optimizer,
 # DeepSpeed stage 1) partitions a flat buffer 1/dp per rank; torchtitan builds AdamW(fused=True)
 # (its default ``optimizer.implementation``).
-FUSED_ADAM = dict(optimizer_temporaries=0.0, zero1_whole_tensors=False)
+FUSED_ADAM = dict(optimizer_temporaries=0.0, optimizer_carry=0.0, zero1_whole_tensors=False)
 
 # The executor's eager PyTorch (``executor/model.py``, ``tp_communications.py``, ``optimizer.py``):
 # * sequence parallelism by an autograd function that returns the all-gathered sequence, which
