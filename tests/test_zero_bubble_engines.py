@@ -84,9 +84,13 @@ def test_overlapped_slot_lies_between_the_longer_pass_and_both_passes(f, fc, b, 
 
 def test_output_gradients_kept_for_w_follow_the_layer_shape():
     model = load_model("gpt3-1.3b")
-    e, s, h = 2, model.seq_len, model.hidden
-    # QKV 3h, attention-out h, MLP-up 4h, MLP-down h, two norms h each (t = 1)
-    assert output_grad_bytes(model, parse_plan("gbs=1")) == e * s * h * (3 + 1 + 4 + 1 + 2)
+    e, r, s, h = 2, 4, model.seq_len, model.hidden
+    # 16-bit parameters: QKV 3h, attention-out h, MLP-up 4h, MLP-down h, two norms h each (t = 1);
+    # the row-parallel biases' adds share their GEMMs' dY
+    assert output_grad_bytes(model, parse_plan("gbs=1 stack=megatron-core")) == e * s * h * (3 + 1 + 4 + 1 + 2)
+    # autocast (the executor): the norms and the two bias adds are fp32 (the residual stream's),
+    # beside the GEMMs' 16-bit dYs
+    assert output_grad_bytes(model, parse_plan("gbs=1 stack=torch")) == s * h * (e * (3 + 1 + 4 + 1) + r * (2 + 2))
 
 
 @pytest.mark.parametrize("schedule", NEW)

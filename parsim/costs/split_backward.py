@@ -62,7 +62,7 @@ from parsim.specs import ModelSpec, Plan
 from .activations import vocab_grad_bytes
 from .footprint import weight_working
 from .ops import DTYPE_BYTES, padded_vocab
-from .saved import layer_saved
+from .saved import layer_saved, precision
 
 
 
@@ -78,11 +78,12 @@ def output_grad_bytes(model: ModelSpec, plan: Plan) -> float:
 
 def head_output_grad_bytes(model: ModelSpec, plan: Plan) -> float:
     """The last stage's dY kept for W: the logits' (e s b V/t, the output layer's weight
-    gradient) and the final norm's (e s b h / sp)."""
-    e = DTYPE_BYTES[plan.dtype]
+    gradient) and the final norm's (r s b h / sp, the residual stream's precision, as
+    ``weight_groups``' norms)."""
+    e, r = DTYPE_BYTES[plan.dtype], precision(plan).res
     sb = model.seq_len * plan.mbs
     sp = plan.tp if plan.sp else 1
-    return e * sb * (padded_vocab(model, plan) / plan.tp + model.hidden / sp)
+    return sb * (e * padded_vocab(model, plan) / plan.tp + r * model.hidden / sp)
 
 
 def weight_grad_working_bytes(model: ModelSpec, plan: Plan, last: bool, layers: int = 0) -> float:
@@ -147,18 +148,25 @@ def weight_groups(model: ModelSpec, plan: Plan) -> list[WeightGroup]:
     """The layer's weight groups in the order W runs them, with the output gradient captured at
     each group's node (q: e s b h/t, k and v: e s b kv/t; attention-out and MLP-down, the
     row-parallel outputs before their reduce(-scatter): e s b h; MLP-up and gate: e s b f/t each;
-    the norms: e s b h/sp), its weight gradient (h x h/t, h x kv/t, f x h/t elements; a norm's h)
-    and what it releases of a re-run (``layer_saved_tensors``). A bias inside its op's node
-    (QKV's and MLP-up's ``addmm``, LayerNorm's) joins its weight's group; attention-out's and
-    MLP-down's are added after their exit collective, by an ``AddBackward`` that saves nothing:
-    groups of their own that re-run nothing and hold their GEMM's dY (freed when the later of the
-    two ends)."""
-    e = DTYPE_BYTES[plan.dtype]
+    the norms: r s b h/sp, in the residual stream's precision r, ``saved.precision``), its weight
+    gradient (h x h/t, h x kv/t, f x h/t elements; a norm's h) and what it releases of a re-run
+    (``layer_saved_tensors``). A bias inside its op's node (QKV's and MLP-up's ``addmm``,
+    LayerNorm's) joins its weight's group; attention-out's and MLP-down's are added after their
+    exit collective, by an ``AddBackward`` that saves nothing: groups of their own that re-run
+    nothing and hold the dY of that add, r s b h/sp, which is the GEMM's own where both are one
+    tensor (one precision, no SP; freed when the later of the two groups ends). Under autocast a
+    16-bit GEMM output plus an fp32 bias is fp32: the add's dY (fp32) and the GEMM's (its 16-bit
+    cast) are two tensors, and so are they under SP (the add's is the sequence shard). Measured
+    (torch's ``stage_backward_input`` on the executor's last stage, heldout-gpt, bf16 autocast):
+    per layer the norms' and the two biases' captured dYs are fp32, 0.52 MB each, beside q, k, v,
+    o, MLP-down 0.26 MB and MLP-up 1.05 MB in bf16; in fp32 each bias add's dY is its GEMM's."""
+    e, r = DTYPE_BYTES[plan.dtype], precision(plan).res
     sb = model.seq_len * plan.mbs
     h, kv, f, t = model.hidden, model.kv_hidden, model.ffn_hidden, plan.tp
     rows = sb / (t if plan.sp else 1)                 # tokens a norm sees
     b = 1 if model.bias else 0                        # a bias row joining its weight's gradient
-    norm = (e * rows * h, e * h * (1 + b if model.norm == "layernorm" else 1))
+    norm = (r * rows * h, e * h * (1 + b if model.norm == "layernorm" else 1))
+    shared = r == e and rows == sb                    # a row-parallel bias add's dY is its GEMM's
     sizes = {"attn_norm": norm, "q": (e * sb * h / t, e * (h + b) * h / t),     # (dY, weight gradient)
              "k": (e * sb * kv / t, e * (h + b) * kv / t), "v": (e * sb * kv / t, e * (h + b) * kv / t),
              "o": (e * sb * h, e * h * h / t), "mlp_norm": norm, "up": (e * sb * f / t, e * f * (h + b) / t),
@@ -173,9 +181,9 @@ def weight_groups(model: ModelSpec, plan: Plan) -> list[WeightGroup]:
         # RMSNorm's weight ``mul`` forms dY * (x * rstd) before summing it into the weight gradient
         working = dw + dy if name.endswith("norm") and model.norm == "rmsnorm" else dw
         bias_apart = model.bias and name in ("o", "down")
-        groups.append(WeightGroup(name, 0.0 if bias_apart else dy, dw, working, released[name]))
+        groups.append(WeightGroup(name, 0.0 if bias_apart and shared else dy, dw, working, released[name]))
         if bias_apart:
-            groups.append(WeightGroup(f"{name}.bias", dy, e * h, e * h, 0.0, reruns=False))
+            groups.append(WeightGroup(f"{name}.bias", r * rows * h, e * h, e * h, 0.0, reruns=False))
     return groups
 
 
