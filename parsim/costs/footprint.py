@@ -225,16 +225,22 @@ def backward_working(layer: float, output: float, head: float, vocab_grad: float
     return max(working, forward - absent, root_post - stash)
 
 
-def split_kept(layer_dys: float, head_dy: float, loss_saved: float, last: bool) -> float:
-    """Bytes a split backward's I leaves per microbatch at its end, until its W ends: the output
-    gradients it captured for W (``layer_dys``: the stage's layers'; ``head_dy``: the output
-    layer's and final norm's on the last stage), less, on the last stage, the logits the loss saved
-    (``loss_saved``): torch's ``stage_backward_input`` detaches the loss once the input gradient
-    is taken, and the loss's nodes, which no weight's gradient passes through (W starts from the
-    output layer's node), go with what they saved; the stage's other stored activations stay with
-    the retained graph. Measured (executor tracker, heldout-gpt, pp = 2, ZB-H1, fp32): at the
-    last rank's peak one microbatch waits for its W with its logits' gradient but no log-softmax."""
-    return layer_dys + (head_dy - loss_saved if last else 0.0)
+def split_kept(layer_dys: float, head_dy: float, loss_saved: float, input_grad: float, output: float,
+               last: bool) -> float:
+    """Bytes a split backward's I leaves per microbatch at its end, until its W ends, beyond what
+    the microbatch held before it (``held_bytes``): the output gradients it captured for W
+    (``layer_dys``: the stage's layers'; ``head_dy``: the output layer's and final norm's on the
+    last stage) and the input gradient it sent back (``input_grad``): ``stage_backward_input``
+    leaves it in the stage input's ``.grad``, and the input lives on in the retained graph (the
+    first norm, or the checkpoint, saved it). Less what I frees: on the last stage the logits the
+    loss saved (``loss_saved``; torch's ``stage_backward_input`` detaches the loss once the input
+    gradient is taken, and the loss's nodes, which no weight's gradient passes through, go with
+    what they saved), on the others the output the stage sent (``output``: detached, no node saved
+    it). The stage's other stored activations stay with the retained graph. Measured (executor
+    tracker, fp32): on heldout-gpt's pp = 2 ZB-H1 last rank one microbatch waits for its W with
+    its logits' gradient and the input's, no log-softmax; on a pp = 4 middle rank the input's
+    gradient outlives I (alive after it, in no captured group) as the sent output does not."""
+    return layer_dys + input_grad + (head_dy - loss_saved if last else -output)
 
 
 def input_grad_end(layer_dys: float, head_dy: float, input_grad: float, last: bool) -> float:

@@ -223,7 +223,7 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
         if s == 0:       # no input gradient: its I runs nothing, its W the whole backward (split_backward)
             split = dict(kept=0.0, backward_input=0.0, backward_weight=backward)
         else:
-            split = dict(kept=footprint.split_kept(counts[s] * layer_dy, head_dy, loss_saved, s == last),
+            split = dict(kept=footprint.split_kept(counts[s] * layer_dy, head_dy, loss_saved, output, output, s == last),
                          backward_input=max(working(r, False, transient), input_end[r]),
                          backward_weight=residue[r] + weight_working[r])
         out.append(StageFootprint(footprint.held_bytes(stash[s], s == last, output), backward, held[s], **split))

@@ -104,8 +104,8 @@ def _chunk_kept(r, c, lrow, hrow, ranks):
     ``footprint.split_kept``; none on the first stage, which runs its whole backward as W)."""
     if r == 0 and c == 0:
         return 0.0
-    return split_kept(ranks[r, R_CHUNK + c] * lrow[L_KEPT], hrow[H_HEAD_KEPT], hrow[H_LOSS_SAVED],
-                      ranks[r, R_LAST] == c)
+    return split_kept(ranks[r, R_CHUNK + c] * lrow[L_KEPT], hrow[H_HEAD_KEPT], hrow[H_LOSS_SAVED], hrow[H_SBH],
+                      hrow[H_SBH], ranks[r, R_LAST] == c)
 
 
 @numba.njit(cache=True)
