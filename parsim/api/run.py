@@ -92,12 +92,15 @@ def run_estimate(model, cluster, plan, tokens: float, step_time_s: float, reliab
     from parsim.costs import plan_state_bytes, total_params
     from parsim.costs.goodput import Reliability as Inputs
     from parsim.costs.goodput import checkpoint_bytes, estimate_run
+    from parsim.costs.stack import apply_stack_to_run
     if not tokens > 0:
         raise SpecError("tokens", tokens, "a positive number of training tokens, e.g. 15e12")
     r = reliability
     power = cluster.device.power_w if r.power_w is None else r.power_w
     source = cluster.device.power_source if r.power_w is None else "given"
-    sb = plan_state_bytes(plan)
+    # the state bytes of the stack that runs the plan (an ``auto`` plan on a GPU profile is its
+    # default stack's, 16-bit parameters + fp32 Adam: 14 bytes a parameter, not torch autocast's 12)
+    sb = plan_state_bytes(apply_stack_to_run(cluster, plan)[2])
     ckpt = checkpoint_bytes(total_params(model), sb.param, sb.optimizer)
     inputs = Inputs(r.device_mtbf_h * HOUR, r.node_mtbf_h * HOUR, r.write_bandwidth, r.read_bandwidth, r.restart_s)
     est = estimate_run(tokens, plan.gbs * model.seq_len, step_time_s, cluster.num_devices, cluster.num_nodes, ckpt,
