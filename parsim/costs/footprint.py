@@ -88,16 +88,20 @@ def step_window(tensors: Sequence[tuple[float, bool]], copies: float, carry: flo
     return best
 
 
-def optimizer_temporaries(window: float, dp: int, zero: int, whole_tensors: bool, offload_optimizer: bool) -> float:
+def optimizer_temporaries(window: float, dp: int, zero: int, whole_tensors: bool, offload_optimizer: bool,
+                          replica_window: float = -1.0) -> float:
     """Bytes the optimizer step allocates beside the model states while it runs (``other``), on
     one device: ``window`` elements of fp32 temporaries (the master weights' type) at its
     heaviest moment (``step_window`` of the tensors it steps). Under ZeRO the step sees each
     tensor's 1/dp shard (``zero_shard`` of stage 1), unless ZeRO-1 gives whole tensors to one
-    replica (``whole_tensors``: the window is then the heaviest replica's own,
-    ``params.step_windows``), and ZeRO-2/3 (FSDP2) shard every tensor. ZeRO-Offload steps on
-    the host: none on the device."""
+    replica (``whole_tensors``): a replica then steps its own tensors, the heaviest replica's
+    window being ``replica_window`` (``params.step_windows``; negative: not known, the rank's
+    whole window), and ZeRO-2/3 (FSDP2) shard every tensor. ZeRO-Offload steps on the host:
+    none on the device."""
     if offload_optimizer:
         return 0.0
+    if whole_tensors and zero == 1 and dp > 1 and replica_window >= 0:
+        return 4.0 * replica_window
     return 4.0 * zero_shard(window, dp, zero, 2 if whole_tensors else 1)
 
 

@@ -147,11 +147,11 @@ def optimizer_step_bytes(model: ModelSpec, plan: Plan, fsdp2: bool = False) -> l
     heaviest moment of its loop over its tensors, ``params.step_windows``, under the plan's
     stack; ``fsdp2``: ZeRO-2 run as FSDP2, ``fsdp2_released_at_step``)."""
     stack = plan_stack(plan)
-    whole = stack.zero1_whole_tensors
-    windows = step_windows(model, plan, replicas=whole and plan.zero == 1 and plan.dp > 1)
+    replicas = step_windows(model, plan, replicas=True) if plan.zero == 1 and plan.dp > 1 else [-1.0] * plan.pp
     out = []
-    for n_params, window in zip(stage_params(model, plan), windows):
-        temporaries = footprint.optimizer_temporaries(window, plan.dp, plan.zero, whole, plan.offload != "none")
+    for n_params, window, replica in zip(stage_params(model, plan), step_windows(model, plan), replicas):
+        temporaries = footprint.optimizer_temporaries(window, plan.dp, plan.zero, stack.zero1_whole_tensors,
+                                                      plan.offload != "none", replica)
         out.append((fsdp2_released_at_step(model, plan, n_params) if fsdp2 else 0.0, temporaries))
     return out
 

@@ -70,9 +70,8 @@ def plan_memory(out, dp, pp, vpp, zero, offload, lrow, hrow, drow, ranks, moment
             if held + x > best:
                 best, act, extra = held + x, held, x
         extra += gathered                # held during every action, not by the optimizer step
-        whole = drow[D_ZERO1_WHOLE] > 0
-        window = ranks[r, R_WINDOW_OWNED] if whole and zero == 1 and dp > 1 else ranks[r, R_WINDOW]
-        temporaries = optimizer_temporaries(window, dp, zero, whole, offload_optimizer)
+        temporaries = optimizer_temporaries(ranks[r, R_WINDOW], dp, zero, drow[D_ZERO1_WHOLE] > 0, offload_optimizer,
+                                            ranks[r, R_WINDOW_OWNED])
         if optimizer_step_peaks(act + extra, temporaries, 0.0):    # (FSDP2: ``evaluate._fsdp2_memory``)
             act, extra = 0.0, temporaries
         other = staging + extra
