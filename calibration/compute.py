@@ -205,7 +205,13 @@ def _explicit_attention(q, k, v):
 def bench_attention(point: AttentionPoint, dtype: str, clock: Clock, repeats: int, budget_s: float,
                     kind: str = "sdpa", cold: bool = True) -> tuple[Summary, Summary]:
     """(forward, backward) seconds of the causal attention core at ``point`` (``cold``: rotating
-    over copies of q, k, v, ``_cases``)."""
+    over copies of q, k, v, ``cold_cases``)."""
+    return _fwd_bwd(attention_case(point, dtype, clock, kind), clock, repeats, budget_s, cold)
+
+
+def attention_case(point: AttentionPoint, dtype: str, clock: Clock, kind: str = "sdpa"):
+    """A function returning (forward, [q, k, v]) of the causal attention core at ``point`` on the
+    next operands of ``clock.pool``."""
     if kind == "explicit" and point.kv_heads != point.heads:
         raise ValueError("the explicit attention benchmark needs kv_heads == heads")
     fn = _sdpa if kind == "sdpa" else _explicit_attention
@@ -216,7 +222,7 @@ def bench_attention(point: AttentionPoint, dtype: str, clock: Clock, repeats: in
         k = _rand((point.mbs, point.kv_heads, point.seq, point.head_dim), dt, clock.device, True, clock.pool)
         v = _rand((point.mbs, point.kv_heads, point.seq, point.head_dim), dt, clock.device, True, clock.pool)
         return (lambda: fn(q, k, v)), [q, k, v]
-    return _fwd_bwd(case, clock, repeats, budget_s, cold)
+    return case
 
 
 def _fwd_bwd(case: Callable[[], tuple[Callable[[], torch.Tensor], list[torch.Tensor]]], clock: Clock,
@@ -224,21 +230,31 @@ def _fwd_bwd(case: Callable[[], tuple[Callable[[], torch.Tensor], list[torch.Ten
     """Forward and backward seconds of ``case()`` = (forward, its inputs): with ``cold``, over
     enough independent cases to span twice the last-level cache, one after the other; backward
     as ``torch.autograd.grad`` on each case's recorded forward."""
-    cases = _cases(case, clock.pool, cold)
+    cases = cold_cases(case, clock.pool, cold)
+    fwd = measure(forward_rotation(cases), clock, repeats, budget_s / 2)
+    return fwd, measure(backward_rotation(cases, clock.pool), clock, repeats, budget_s / 2)
+
+
+def forward_rotation(cases: list) -> Callable[[], torch.Tensor]:
+    """The next case's forward at each call."""
     forwards = cycle([fn for fn, _ in cases])
-    fwd = measure(lambda: next(forwards)(), clock, repeats, budget_s / 2)
+    return lambda: next(forwards)()
+
+
+def backward_rotation(cases: list, pool: OperandPool) -> Callable[[], object]:
+    """The next case's backward at each call (``torch.autograd.grad`` on its recorded forward,
+    the graph kept), output gradients from ``pool``. Holds every case's output and graph."""
     ys = [fn() for fn, _ in cases]
-    clock.pool.reserve(ys[0].dtype, sum(clock.pool.aligned(y.numel(), y.dtype) for y in ys))
-    graphs = [(y, inputs, clock.pool.take(y.shape, y.dtype)) for y, (_, inputs) in zip(ys, cases)]
-    backwards = cycle(graphs)
+    pool.reserve(ys[0].dtype, sum(pool.aligned(y.numel(), y.dtype) for y in ys))
+    backwards = cycle([(y, inputs, pool.take(y.shape, y.dtype)) for y, (_, inputs) in zip(ys, cases)])
 
     def backward():
         y, inputs, g = next(backwards)
         return torch.autograd.grad(y, inputs, g, retain_graph=True)
-    return fwd, measure(backward, clock, repeats, budget_s / 2)
+    return backward
 
 
-def _cases(case, pool: OperandPool, cold: bool) -> list:
+def cold_cases(case, pool: OperandPool, cold: bool) -> list:
     """``case()`` once, or (``cold``) enough times that the inputs, outputs and gradients span twice
     the last-level cache (``cache.copies_for``), all inputs in one contiguous stretch of ``pool``
     (every tensor a case draws is one of its inputs, in one dtype)."""

@@ -107,14 +107,15 @@ class MemboundPasses:
         return self.passes - len(self.done) if self.points else 0
 
     def run(self, step: Callable[[str], None] | None = None) -> None:
-        """One pass over every point (its forward and backward samples); ``step(label)`` after each."""
-        from . import compute
-        k, out = len(self.done) + 1, []
-        for p in self.points:
-            out.append(compute.bench_membound(p, self.dtype, self.clock, self.repeats, self.budget_s))
+        """One pass over every point (its forward and backward samples, round-robin:
+        ``round_robin``); ``step(label)`` after each."""
+        from .round_robin import bench_membound_many
+        k = len(self.done) + 1
+
+        def done(p) -> None:
             if step is not None:
                 step(f"grid {p.name} {p.source}" + (f" (pass {k})" if self.passes > 1 else ""))
-        self.done.append(out)
+        self.done.append(bench_membound_many(self.points, self.dtype, self.clock, self.repeats, self.budget_s, done))
 
     def levels(self) -> list[float]:
         """Per pass, the median over the points of its forward time over the point's median of
@@ -166,10 +167,12 @@ def steps_of(plan: GridPlan, repeats: int) -> int:
 def measure_grid(plan: GridPlan, dtype: str, clock, repeats: int, gemm_budget_s: float, op_budget_s: float,
                  step: Callable[[str], None]) -> GridResults:
     """Every point of ``plan``: GEMMs of a dtype sampled round-robin (``timer.measure_many``),
-    then attention one by one (the calibrated dtype's, then the others'), the first of the
-    memory-bound ops' ``membound_passes`` passes (``MemboundPasses``: ``GridResults.time_membound``
-    takes the others), and a first round of the stages (``stages.StageRounds``)."""
+    then attention round-robin too (``round_robin``; the calibrated dtype's, then the others'),
+    the first of the memory-bound ops' ``membound_passes`` passes (``MemboundPasses``, round-robin:
+    ``GridResults.time_membound`` takes the others), and a first round of the stages
+    (``stages.StageRounds``)."""
     from . import compute
+    from .round_robin import bench_attention_many
     from .stages import StageRounds
 
     out = GridResults()
@@ -184,14 +187,13 @@ def measure_grid(plan: GridPlan, dtype: str, clock, repeats: int, gemm_budget_s:
         out.gemm[dt] = list(zip(points, summaries))
         for _ in range(repeats - rounds[0]):
             step(f"grid GEMMs {dt}")
-    for p in plan.attention:
-        out.attention.append((p, *compute.bench_attention(p, dtype, clock, repeats, op_budget_s, "sdpa")))
-        step(f"grid attention bh={p.batch_heads} s={p.seq}")
+    timed = bench_attention_many(plan.attention, dtype, clock, repeats, op_budget_s,
+                                 lambda p: step(f"grid attention bh={p.batch_heads} s={p.seq}"))
+    out.attention = [(p, *t) for p, t in zip(plan.attention, timed)]
     for dt, points in plan.attention_other.items():
-        for p in points:
-            out.attention_other.setdefault(dt, []).append(
-                (p, *compute.bench_attention(p, dt, clock, repeats, op_budget_s, "sdpa")))
-            step(f"grid attention {dt} bh={p.batch_heads} s={p.seq}")
+        timed = bench_attention_many(points, dt, clock, repeats, op_budget_s,
+                                     lambda p, dt=dt: step(f"grid attention {dt} bh={p.batch_heads} s={p.seq}"))
+        out.attention_other[dt] = [(p, *t) for p, t in zip(points, timed)]
     out.membound_rounds = MemboundPasses(plan.membound, plan.membound_passes, dtype, clock, repeats, op_budget_s)
     out.time_membound(step)        # the first pass; the runner times the others after the collectives
     out.stage_rounds = StageRounds(plan.stages, dtype, clock, repeats)

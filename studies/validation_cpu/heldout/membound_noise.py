@@ -1,11 +1,12 @@
-"""How much of a calibration's memory-bound leave-out error is the machine: the machine grid's
-memory-bound points (AdamW aside) timed in three passes back to back on one thread, as a
-calibration times them; per op, the leave-out error (``device.extra.fit_report``) of the fit of
-each pass alone and of the median of the three, and each point's spread between its passes
-(max / min - 1) and within a pass (p90 / p10 - 1). Where the spreads are as large as the
-leave-out errors, the fit report measures the machine's repeatability, not the surface's form.
+"""How much of a calibration's memory-bound leave-out error is the way the points are timed: the
+machine grid's memory-bound points (AdamW aside) timed in three passes each way, alternately, on
+one thread, as a calibration times them: one point after the other (``compute.bench_membound``,
+every sample of a point back to back, as calibrations did before 2026-12-01) and round-robin
+(``round_robin.bench_membound_many``, what ``parsim calibrate`` runs). Per op, the leave-out
+error (``device.extra.fit_report``) of the fit of the median of the three passes and of each pass
+alone; then how the two ways' point medians compare.
 
-    OMP_NUM_THREADS=1 PARSIM_HOST_MEMORY=keep .venv/bin/python studies/validation_cpu/heldout/membound_noise.py [DTYPE]   # ~20 s
+    OMP_NUM_THREADS=1 PARSIM_HOST_MEMORY=keep .venv/bin/python studies/validation_cpu/heldout/membound_noise.py [DTYPE]   # ~35 s
 """
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ def main(dtype: str) -> None:
     import torch
 
     from parsim.calibration.cache import cache_levels
+    from parsim.calibration.compute import bench_membound
     from parsim.calibration.grid import membound_grid
-    from parsim.calibration.machine_bench import MemboundPasses
+    from parsim.calibration.machine_bench import median_of
     from parsim.calibration.machine_fit import Surfaces, membound_surfaces
+    from parsim.calibration.round_robin import bench_membound_many
     from parsim.calibration.runner import FULL
     from parsim.calibration.timer import Clock
     from parsim.executor.host_alloc import apply_host_memory_policy
@@ -32,28 +35,38 @@ def main(dtype: str) -> None:
     clock, caches = Clock(device), cache_levels(device)
     points = [p for p in membound_grid("cpu", dtype, 8) if p.name != "adamw"]
     print(f"{len(points)} points, {dtype}, caches {caches} bytes")
-    rounds = MemboundPasses(points, 3, dtype, clock, FULL.repeats, FULL.op_budget_s)   # as a full calibration
-    while rounds.left:
-        t0 = time.perf_counter()
-        rounds.run()
-        print(f"pass {len(rounds.done)}: {time.perf_counter() - t0:.0f} s", flush=True)
-    passes = rounds.done
+    ways = {"one by one": [], "round-robin": []}
+    for k in range(3):
+        for way, passes in ways.items():
+            t0 = time.perf_counter()
+            if way == "one by one":
+                passes.append([bench_membound(p, dtype, clock, FULL.repeats, FULL.op_budget_s) for p in points])
+            else:
+                passes.append(bench_membound_many(points, dtype, clock, FULL.repeats, FULL.op_budget_s))
+            print(f"pass {k + 1} {way}: {time.perf_counter() - t0:.1f} s", flush=True)
 
     def leave_out(results: list) -> dict[str, float]:
         s = Surfaces()
         membound_surfaces(results, s, 0.0, caches)
         return {k.split(".", 1)[1]: v.median for k, v in s.report.items()}
 
-    fits = [leave_out([(p, f, b) for p, (f, b) in zip(points, r)]) for r in passes]
-    fits.append(leave_out(rounds.summaries()))
-    print(f"\n{'op':16s} leave-out median: pass 1 / 2 / 3 / median of passes | forward spread, median "
-          f"over points: between passes, within a pass")
-    for name in sorted({p.name for p in points}):
-        idx = [i for i, p in enumerate(points) if p.name == name]
-        between = [max(r[i][0].median for r in passes) / min(r[i][0].median for r in passes) - 1 for i in idx]
-        within = [r[i][0].p90 / r[i][0].p10 - 1 for r in passes for i in idx]
-        lo = " / ".join(f"{f.get(name, float('nan')):5.1%}" for f in fits)
-        print(f"{name:16s} {lo} | {np.median(between):5.1%}, {np.median(within):5.1%}")
+    def medians(passes: list) -> list:
+        return [(p, median_of([r[i][0] for r in passes]), median_of([r[i][1] for r in passes]))
+                for i, p in enumerate(points)]
+
+    fits = {way: [leave_out(medians(passes))] + [leave_out([(p, *r[i]) for i, p in enumerate(points)])
+                                                  for r in passes] for way, passes in ways.items()}
+    print(f"\n{'op':16s} leave-out median: median of 3 passes (pass 1 / 2 / 3)")
+    for name in sorted(fits["one by one"][0]):
+        row = "   ".join(f"{way} {f[0][name]:5.1%} ({' / '.join(f'{x[name]:5.1%}' for x in f[1:])})"
+                         for way, f in fits.items())
+        print(f"{name:16s} {row}")
+    for way, f in fits.items():
+        print(f"median over ops, {way}: {np.median(list(f[0].values())):.1%}")
+    one, rr = medians(ways["one by one"]), medians(ways["round-robin"])
+    ratio = [b[c].median / a[c].median for a, b in zip(one, rr) for c in (1, 2) if a[c] is not None]
+    print(f"round-robin / one-by-one point medians: median {np.median(ratio):.3f}, "
+          f"p10 {np.percentile(ratio, 10):.3f}, p90 {np.percentile(ratio, 90):.3f}")
 
 
 if __name__ == "__main__":
