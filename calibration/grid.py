@@ -230,6 +230,11 @@ STAGES = {
         (_stage("stage-gelu", 2, 256, 4, 1024, 128, 4096, flash_attention=True), 2),
         (_stage("stage-llama", 2, 384, 6, 1024, 96, 3072, kv_heads=2, flash_attention=True, **_LLAMA), 2),
         (_stage("stage-explicit", 1, 640, 10, 2560, 64, 6144, flash_attention=False), 1),
+        # many small ops and few large ones: composing ops costs host seconds per op (module
+        # calls, autograd's nodes) besides a factor on their time, and the stages above, 18-26
+        # ops of similar sizes each, cannot tell the two apart (``surface_fit.fit_composition``)
+        (_stage("stage-many", 6, 128, 2, 512, 64, 1024, flash_attention=True), 1),
+        (_stage("stage-big", 1, 1024, 8, 3072, 128, 6144, flash_attention=True), 1),
         (_stage("stage-reference", 2, 512, 8, 2048, 128, 2048, flash_attention=True), 1),
     ],
     "cuda": [
