@@ -82,3 +82,13 @@ def test_an_h200_calibration_prices_a_model_it_never_saw_within_its_measured_ste
         assert abs(err["refitted"]) < 0.2 and err["written"] > 0.15, (plan, err)
         errors.append(abs(err["refitted"]))
     assert len(errors) == 5 and statistics.mean(errors) < 0.08
+
+
+def test_calibrate_prints_the_per_op_term_where_the_profile_has_one():
+    from parsim.cli.calibrate import render
+
+    profile = load_profile_dict(FIXTURE)
+    profile["device"]["extra"]["layer_composition"] = {"fwd": 1.044, "bwd": 1.118, "per_op_fwd_s": 3.37e-5}
+    [line] = [ln for ln in render(profile, FIXTURE).splitlines() if ln.startswith("real layer")]
+    assert "(x1.044 the per-op sum + 33.7 us per op), backward" in line
+    assert "(x1.118 the per-op sum)" in line and line.count("us per op") == 1

@@ -92,8 +92,11 @@ def render(profile: dict, path: Path) -> str:
                          f"{k}: {v * 1e3:.2f} ms" for k, v in tables.p2p_hold.values) if tables.p2p_hold else ""))
     if tables.layer_composition is not None:
         probe, comp = tables.layer_probe, tables.layer_composition
+        def terms(factor: float, per_op_s: float) -> str:
+            return f"x{factor:.3f} the per-op sum" + (f" + {per_op_s * 1e6:.1f} us per op" if per_op_s else "")
         lines.append(f"real layer (mbs={probe.mbs}, tp=1): forward {probe.fwd_s * 1e3:.1f} ms "
-                     f"(x{comp.fwd:.3f} the per-op sum), backward {probe.bwd_s * 1e3:.1f} ms (x{comp.bwd:.3f})"
+                     f"({terms(comp.fwd, comp.per_op_fwd_s)}), backward {probe.bwd_s * 1e3:.1f} ms "
+                     f"({terms(comp.bwd, comp.per_op_bwd_s)})"
                      + ("; slowdown with N ranks at once " + ", ".join(f"{k}: {v:.2f}" for k, v in
                                                                       tables.contention_layer.values)
                         if tables.contention_layer is not None else ""))
