@@ -234,6 +234,8 @@ STAGES = {
         # calls, autograd's nodes) besides a factor on their time, and the stages above, 18-26
         # ops of similar sizes each, cannot tell the two apart (``surface_fit.fit_composition``)
         (_stage("stage-many", 6, 128, 2, 512, 64, 1024, flash_attention=True), 1),
+        # a second one, so that leaving either out of the fit still leaves a many-op stage in it
+        (_stage("stage-many-llama", 4, 192, 3, 512, 48, 1536, **_LLAMA), 1),
         (_stage("stage-big", 1, 1024, 8, 3072, 128, 6144, flash_attention=True), 1),
         (_stage("stage-reference", 2, 512, 8, 2048, 128, 2048, flash_attention=True), 1),
     ],
