@@ -15,21 +15,44 @@ def clock():
     return Clock(torch.device("cpu"))
 
 
+@pytest.fixture()
+def rotations(monkeypatch):
+    """Every ``measure_many`` call of ``round_robin`` (the real one runs): its callables and the
+    summaries it returned, in order."""
+    from parsim.calibration import round_robin
+
+    calls = []
+    real = round_robin.measure_many
+
+    def spy(fns, *args, **kwargs):
+        out = real(fns, *args, **kwargs)
+        calls.append((list(fns), out))
+        return out
+    monkeypatch.setattr(round_robin, "measure_many", spy)
+    return calls
+
+
 def _points(names, count=2):
     from parsim.calibration.grid import membound_grid
     return [p for p in membound_grid("cpu", "fp32", count) if p.name in names]
 
 
+def _shape_run(fn):
+    """The shape a timed callable works on: a forward's output, a backward's first input gradient."""
+    out = fn()
+    return tuple((out[0] if isinstance(out, tuple) else out).shape)
+
+
 @pytest.mark.timeout(300)
-def test_every_point_gets_its_own_forward_and_backward_in_order(clock, monkeypatch):
+def test_every_point_gets_its_own_forward_and_backward_in_order(clock, monkeypatch, rotations):
     from dataclasses import replace
 
     from parsim.calibration import round_robin
     from parsim.calibration.round_robin import bench_membound_many
 
     small = _points({"gelu"}, 1)[0]
-    # the same op at 1x and 64x the elements, twice, with AdamW between: a summary returned in the
-    # wrong slot would put the large op's time on a small point
+    # the same op at 1x and 64x the rows, twice, with AdamW between: a summary returned in the
+    # wrong slot would be another shape's
     large = replace(small, shape=(small.shape[0] * 64, *small.shape[1:]), fwd_bytes=64 * small.fwd_bytes,
                     bwd_bytes=64 * small.bwd_bytes, source="large")
     adamw = _points({"adamw"}, 1)[0]
@@ -40,17 +63,17 @@ def test_every_point_gets_its_own_forward_and_backward_in_order(clock, monkeypat
     seen = []
     out = bench_membound_many(points, "fp32", clock, 3, 0.05, seen.append)
     assert len(out) == len(points) and sorted(map(id, seen)) == sorted(map(id, points))
-    assert out[2][1] is None                                  # AdamW: no backward
-    for i in (0, 1, 3, 4):
-        fwd, bwd = out[i]
-        assert fwd.n >= 3 and bwd.n >= 3 and 0 < fwd.p10 <= fwd.median <= fwd.p90
-    for s, b in ((0, 1), (3, 4), (0, 4), (3, 1)):
-        assert out[b][0].median > 4 * out[s][0].median       # 64x the bytes: not within 4x
-        assert out[b][1].median > 4 * out[s][1].median
+    assert out[2][1] is None                                  # AdamW: no backward, timed on its own
+    streaming = [0, 1, 3, 4]
+    assert len(rotations) == len(streaming)                   # one rotation a group, a point a group
+    for i, (fns, timed) in zip(streaming, rotations):
+        assert [_shape_run(fn) for fn in fns] == [points[i].shape] * 2      # its forward, its backward
+        assert out[i][0] is timed[0] and out[i][1] is timed[1]
+        assert out[i][0].n >= 3 and out[i][1].n >= 3 and 0 < out[i][0].p10 <= out[i][0].median <= out[i][0].p90
 
 
 @pytest.mark.timeout(300)
-def test_attention_points_come_back_in_order(clock):
+def test_attention_points_come_back_in_order_from_one_rotation(clock, rotations):
     from parsim.calibration.round_robin import bench_attention_many
     from parsim.calibration.shapes import AttentionPoint
 
@@ -59,5 +82,8 @@ def test_attention_points_come_back_in_order(clock):
     seen = []
     out = bench_attention_many(points, "fp32", clock, 3, 0.1, seen.append)
     assert seen == points and len(out) == 2
-    assert out[1][0].median > 4 * out[0][0].median and out[1][1].median > 4 * out[0][1].median
-
+    [(fns, timed)] = rotations                                # both points' passes in one rotation
+    shapes = [(p.mbs, p.heads, p.seq, p.head_dim) for p in points]
+    assert [_shape_run(fn) for fn in fns] == shapes + shapes  # forwards, then backwards
+    for k in range(2):
+        assert out[k][0] is timed[k] and out[k][1] is timed[2 + k]

@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 os.environ.setdefault("PARSIM_HOST_MEMORY", "keep")
 import torch
-from dataclasses import replace
 from parsim.calibration.layer_terms import stage_prices
 from parsim.calibration.stages import stage_step
 from parsim.calibration.compute import pass_samples
@@ -30,7 +29,7 @@ from parsim.executor.host_alloc import apply_host_memory_policy
 from parsim.specs import load_cluster, load_model
 apply_host_memory_policy(); torch.set_num_threads(1)
 device, clock = load_cluster("cpu:1", profile=sys.argv[1]).device, Clock(torch.device("cpu"))
-raw = replace(device, tables=device.tables.replace(layer_composition=None))
+raw = dataclasses.replace(device, tables=device.tables.replace(layer_composition=None))
 rounds = int(os.environ.get("ROUNDS", "10"))
 vs = []
 for spec, mbs in stages("cpu"):
