@@ -11,7 +11,7 @@ CUDA), on 127.0.0.1 with a free port, one thread per rank (OMP_NUM_THREADS=1 and
    time over rank 0's solo time is the compute contention when ``world`` ranks share the
    cores;
 2. measures how much a background all-reduce slows the compute it overlaps
-   (``_interference``);
+   (``interference.measure_interference``);
 3. times every collective over the message sizes. Following the OSU micro-benchmarks and
    nccl-tests, a sample is the mean of ``inner`` back-to-back calls between barriers (the
    calls synchronise the ranks themselves, so the barrier's exit skew is paid once per
@@ -39,6 +39,11 @@ from typing import Any, Callable
 from .fit import sampling_plan
 
 CONTENTION_ROUNDS = 7     # alternating rounds of a calibration's contention probes (``_alternating_rounds``)
+# blocks of ``rounds`` rounds of the real layer's probe, spread over a collectives job (its start,
+# after the collectives, at its end): on this project's Zen 3 VM one block's median read 1.03-1.16
+# for 2 ranks in eleven calibrations, against 1.03-1.12 while the plans ran
+# (studies/validation_cpu/heldout/contention_rounds.py measures the spread)
+LAYER_BLOCKS = 3
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 # The torch call behind each key; x = the per-rank tensor passed in (shard for all-gather,
 # full buffer for reduce-scatter), as parsim.costs.timing reads alpha + beta * x.
@@ -78,6 +83,7 @@ class CommJob:
     # fewer / no for a test's job
     rounds: int = CONTENTION_ROUNDS
     fsdp2: bool = True
+    layer_blocks: int = LAYER_BLOCKS        # blocks of the layer's ``rounds`` over the job
     # samples of each in-situ point, at least the calibration's ``repeats``: None takes
     # ``insitu.INSITU_MIN_SAMPLES`` (a test's job takes a few: the count, not the spread, is tested)
     insitu_samples: int | None = None
@@ -116,7 +122,6 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
     import torch.distributed as dist
 
     from parsim.executor.host_alloc import apply_host_memory_policy
-    from parsim.executor.layer_probe import layer_step
 
     from .compute import gemm_callable
     from .machine import process_cpu_seconds
@@ -147,20 +152,11 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
         if job.world == 2 and job.fsdp2:      # a DP pair: FSDP2's sharded parameters under the optimizer, its units
             from .sharded import measure_fsdp2
             out.update(measure_fsdp2(job.world, device, dist, torch))
-        if job.layer_model is not None:
-            forward, backward, _ = layer_step(job.layer_model, job.layer_mbs, job.contention_dtype, device)
-            out["layer_rounds"] = _alternating_rounds(lambda: (forward(), backward()), job.contention_s, clock, dist,
-                                                      torch, device, rounds=job.rounds)
-        out["collectives"] = {}
-        for op in job.ops:
-            if op == "send_recv" and rank > 1:
-                _idle_through(job, dist, device)
-                continue
-            fns = [_collective(op, size, rank, device, dist, torch) for size in job.sizes]
-            samples = _time_sizes(fns, job, clock, dist, torch, device)
-            out["collectives"][op] = dict(zip(job.sizes, samples))
-            if rank == 0:
-                progress.report(f"{op} {job.world} ranks")
+        layer_block = _layer_blocks(job, clock, dist, torch, device, out)
+        layer_block()
+        out["collectives"] = _collectives(job, rank, clock, dist, torch, device, progress)
+        if job.layer_blocks > 2:
+            layer_block()
         if job.insitu_sizes and job.insitu_block(job.world) and job.device_type == "cpu":
             from .insitu import INSITU_MIN_SAMPLES, measure_insitu, measure_subgroups, solo_block_seconds
             samples = max(job.repeats, job.insitu_samples or INSITU_MIN_SAMPLES)
@@ -186,6 +182,8 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
                     fn, job.line_bytes, LINE_MESSAGES, job.repeats, dist, torch, device)
             if rank == 0:
                 progress.report(f"pipeline messages {job.world} ranks")
+        if job.layer_blocks > 1:
+            layer_block()
         dist.barrier()
         out["cpu_s"], out["parent"] = process_cpu_seconds(), os.getppid()
         return out
@@ -193,11 +191,46 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
         dist.destroy_process_group()
 
 
+def _collectives(job: CommJob, rank: int, clock, dist, torch, device, progress) -> dict[str, dict[int, list]]:
+    """{op: {bytes: samples}} of every collective of the job over its sizes (``_time_sizes``);
+    point-to-point runs on ranks 0 and 1, the others wait it out."""
+    out = {}
+    for op in job.ops:
+        if op == "send_recv" and rank > 1:
+            _idle_through(job, dist, device)
+            continue
+        fns = [_collective(op, size, rank, device, dist, torch) for size in job.sizes]
+        out[op] = dict(zip(job.sizes, _time_sizes(fns, job, clock, dist, torch, device)))
+        if rank == 0:
+            progress.report(f"{op} {job.world} ranks")
+    return out
+
+
+def _layer_blocks(job: CommJob, clock, dist, torch, device, out: dict) -> Callable[[], None]:
+    """A block of the real layer's contention rounds (``_alternating_rounds`` of one forward +
+    backward of ``job.layer_model``), appended to ``out["layer_rounds"]`` at each call: the
+    job calls it ``job.layer_blocks`` times at points spread over its run, so the profile's
+    median over every round does not rest on one minute of a shared machine. A no-op without a
+    layer model."""
+    if job.layer_model is None:
+        return lambda: None
+    from parsim.executor.layer_probe import layer_step
+
+    forward, backward, _ = layer_step(job.layer_model, job.layer_mbs, job.contention_dtype, device)
+    out["layer_rounds"] = []
+
+    def block() -> None:
+        out["layer_rounds"] += _alternating_rounds(lambda: (forward(), backward()), job.contention_s, clock, dist,
+                                                   torch, device, rounds=job.rounds)
+    return block
+
+
 def _contention(gemm: Callable[[], object], job: CommJob, clock, dist, torch, device) -> dict:
     """The contention rounds (``_alternating_rounds``) of a GEMM, a streaming add and, on CPU,
     the optimizer step (a GPU rank steps its optimizer on its own device), and the compute an
-    overlapped all-reduce takes (``_interference``)."""
+    overlapped all-reduce takes (``interference.measure_interference``)."""
     from .compute import OPTIMIZER_CALLS, optimizer_step_callable, stream_callable
+    from .interference import measure_interference
     out = {}
     with torch.no_grad():
         out["gemm_rounds"] = _alternating_rounds(gemm, job.contention_s, clock, dist, torch, device, rounds=job.rounds)
@@ -208,7 +241,7 @@ def _contention(gemm: Callable[[], object], job: CommJob, clock, dist, torch, de
         out["optimizer_rounds"] = _alternating_rounds(optimizer_step_callable(device), job.contention_s / 2, clock,
                                                       dist, torch, device, OPTIMIZER_CALLS, job.rounds)
     with torch.no_grad():
-        out["interference"] = _interference(gemm, job, clock, dist, torch, device)
+        out["interference"] = measure_interference(gemm, job.contention_s, clock, dist, torch, device)
     return out
 
 
@@ -233,7 +266,7 @@ def _alternating_rounds(step: Callable[[], object], budget_s: float, clock, dist
     t0 = time.perf_counter()
     step()
     clock.sync()
-    first, = _slowest([time.perf_counter() - t0], dist, torch, device)
+    first, = slowest([time.perf_counter() - t0], dist, torch, device)
     calls = max(min_calls, math.ceil(budget_s / (2 * rounds) / max(first, 1e-6)))
 
     def timed() -> float:
@@ -265,51 +298,6 @@ def _alternating_rounds(step: Callable[[], object], budget_s: float, clock, dist
     return out
 
 
-INTERFERENCE_BYTES = 4 * 2**20     # a DP gradient bucket's order of magnitude (fp32, 1M elements)
-
-
-def _interference(gemm: Callable[[], object], job: CommJob, clock, dist, torch, device) -> list[float]:
-    """Compute lost to an overlapped collective, per second of collective: every rank runs
-    ``n`` GEMMs alone (T0), ``k`` all-reduces of 4 MiB alone (C), then the same ``k``
-    all-reduces issued asynchronously while it runs the ``n`` GEMMs (T1); a sample is
-    (T1 - T0) / C, 0 when the collective costs the compute nothing (its own engines), about
-    1 when they share one core. ``k`` keeps the collectives to about half of T0 so they end
-    inside the compute. Three samples."""
-    x = torch.zeros(INTERFERENCE_BYTES // 4, dtype=torch.float32, device=device)
-
-    def timed(fn, calls: int) -> float:
-        clock.sync()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        clock.sync()
-        return time.perf_counter() - t0
-
-    gemm()
-    dist.all_reduce(x)
-    per_gemm, = _slowest([timed(gemm, 4) / 4], dist, torch, device)
-    per_reduce, = _slowest([timed(lambda: dist.all_reduce(x), 4) / 4], dist, torch, device)
-    n = max(4, int(job.contention_s / 2 / per_gemm))
-    k = max(1, int(0.5 * n * per_gemm / per_reduce))
-    samples = []
-    for _ in range(3):
-        alone = timed(gemm, n)
-        comm = timed(lambda: dist.all_reduce(x), k)
-        clock.sync()
-        dist.barrier()
-        t0 = time.perf_counter()
-        works = [dist.all_reduce(x, async_op=True) for _ in range(k)]
-        for _ in range(n):
-            gemm()
-        clock.sync()
-        both = time.perf_counter() - t0
-        for w in works:
-            w.wait()
-        samples.append(max(both - alone, 0.0) / comm)
-    return samples
-
-
 def _collective(op: str, nbytes: int, rank: int, device, dist, torch) -> Callable[[], object]:
     world = dist.get_world_size()
     numel = nbytes // 4
@@ -338,7 +326,7 @@ def _collective(op: str, nbytes: int, rank: int, device, dist, torch) -> Callabl
     raise ValueError(f"unknown collective {op!r}")
 
 
-def _slowest(values: list[float], dist, torch, device) -> list[float]:
+def slowest(values: list[float], dist, torch, device) -> list[float]:
     """Each value's maximum over the ranks (every rank gets the same list back)."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -349,7 +337,7 @@ def _plans(firsts: list[float], job: CommJob, dist, torch, device) -> list[tuple
     """(calls per sample, samples) per size from one timed call each, max-reduced over the
     ranks so every rank runs the same collectives."""
     return [sampling_plan(x, job.repeats, job.point_budget_s, job.min_sample_s)
-            for x in _slowest(firsts, dist, torch, device)]
+            for x in slowest(firsts, dist, torch, device)]
 
 
 def _time_sizes(fns: list, job: CommJob, clock, dist, torch, device) -> list[list[float]]:

@@ -210,7 +210,7 @@ def message_hold_curve(comm: dict[int, list[dict]], cores: int) -> RankCurve | N
 
 
 def interference_curve(comm: dict[int, list[dict]]) -> RankCurve:
-    """Compute seconds lost per second of overlapped all-reduce (``comm._interference``), per
+    """Compute seconds lost per second of overlapped all-reduce (``interference.measure_interference``), per
     group size: the median over ranks and samples."""
     return RankCurve(tuple((world, float(np.median([x for r in ranks for x in r.get("interference", [])])))
                            for world, ranks in sorted(comm.items()) if any(r.get("interference") for r in ranks)))
