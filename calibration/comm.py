@@ -88,6 +88,11 @@ class CommJob:
     # ``insitu.INSITU_MIN_SAMPLES`` (a test's job takes a few: the count, not the spread, is tested)
     insitu_samples: int | None = None
 
+    def __post_init__(self):
+        if not 1 <= self.layer_blocks <= 3:
+            raise ValueError(f"layer_blocks={self.layer_blocks!r}: allowed 1 (the job's start), 2 (and its end) "
+                             f"or 3 (and after its collectives)")
+
     def insitu_block(self, n: int) -> tuple[int, int, int] | None:
         return next(((m, c, k) for g, m, c, k in self.insitu_blocks if g == n), None)
 

@@ -199,9 +199,8 @@ def run_calibration(opts: CalibrationOptions, name: str | None = None, progress:
             single_thread(lambda: (m.grid.time_stages(step), m.grid.time_membound(step)))   # + a membound pass
 
     probe_block("layer probe 1")
-    contention_shape = single_thread(lambda: _measure_compute(m, opts, device, gemms, attns, mems, step, bar,
-                                                             layer, grid))
-    _measure_comm(m, opts, device, ops, contention_shape, step, probe_block)
+    single_thread(lambda: _measure_compute(m, opts, device, gemms, attns, mems, step, bar, layer, grid))
+    _measure_comm(m, opts, device, ops, step, probe_block)
     if m.grid is not None:
         single_thread(lambda: m.grid.time_membound(step, every=True))   # the passes no job was left for
     bar.close()
@@ -268,8 +267,8 @@ def _plan_grid(opts: CalibrationOptions, device):
 
 
 def _measure_compute(m, opts: CalibrationOptions, device, gemms, attns, mems, step, bar,
-                     layer: LayerProbe, grid) -> tuple[int, int, int]:
-    """The single-process benchmarks, into ``m``; returns the GEMM shape used for contention."""
+                     layer: LayerProbe, grid) -> None:
+    """The single-process benchmarks, into ``m``."""
     from . import compute
     from .machine_bench import measure_grid
     from .timer import Clock
@@ -284,7 +283,6 @@ def _measure_compute(m, opts: CalibrationOptions, device, gemms, attns, mems, st
         _measure_model_shapes(m, opts, clock, gemms, attns, mems, step, bar)
     layer.block()           # the real layer again right after the per-op tables and stages
     step("layer probe 2")
-    return _contention_shape(opts)
 
 
 def _measure_model_shapes(m, opts: CalibrationOptions, clock, gemms, attns, mems, step, bar) -> None:
@@ -320,27 +318,28 @@ def _ranks_cpu_s(comm: dict[int, list[dict]]) -> float:
                if rank.get("parent") != os.getpid())
 
 
-def _contention_shape(opts: CalibrationOptions) -> tuple[int, int, int]:
-    """The contention GEMM (comm jobs): the probe layer's MLP-up at the smallest TP degree."""
-    spec, mbs = opts.model, min(opts.settings.mbs)
-    return spec.seq_len * mbs, spec.ffn_hidden // min(opts.tps), spec.hidden
+def comm_job(opts: CalibrationOptions, world: int, ops: tuple[str, ...], device_type: str):
+    """The collectives job of ``world`` ranks a calibration with ``opts`` runs (``comm.CommJob``)."""
+    from .comm import CommJob
+
+    s, spec = opts.settings, opts.model
+    buffers = insitu_sizes(spec, opts.dtype, s.mbs)
+    # the contention GEMM: the probe layer's MLP-up at the smallest TP degree
+    contention_gemm = (spec.seq_len * min(s.mbs), spec.ffn_hidden // min(opts.tps), spec.hidden)
+    return CommJob(world=world, device_type=device_type, sizes=s.comm_sizes, ops=ops, repeats=s.comm_repeats,
+                   point_budget_s=s.comm_budget_s, min_sample_s=s.comm_min_sample_s,
+                   contention_gemm=contention_gemm, contention_dtype=opts.dtype, contention_s=s.contention_s,
+                   layer_model=opts.model, layer_mbs=min(s.mbs), rounds=s.contention_rounds,
+                   insitu_sizes=buffers, line_bytes=min(buffers),
+                   insitu_blocks=tuple((n, *g) for n in range(2, world + 1) if world % n == 0
+                                       for g in [insitu_gemm(opts.model, n, min(s.mbs))] if g))
 
 
-def _measure_comm(m, opts: CalibrationOptions, device, ops: dict[int, tuple[str, ...]],
-                  contention_shape: tuple[int, int, int], step, probe_block) -> None:
-    from .comm import CommJob, run_comm_job
+def _measure_comm(m, opts: CalibrationOptions, device, ops: dict[int, tuple[str, ...]], step, probe_block) -> None:
+    from .comm import run_comm_job
 
-    s = opts.settings
     for world, world_ops in ops.items():
-        job = CommJob(world=world, device_type=device.type, sizes=s.comm_sizes, ops=world_ops, repeats=s.comm_repeats,
-                      point_budget_s=s.comm_budget_s, min_sample_s=s.comm_min_sample_s,
-                      contention_gemm=contention_shape, contention_dtype=opts.dtype, contention_s=s.contention_s,
-                      layer_model=opts.model, layer_mbs=min(s.mbs), rounds=s.contention_rounds,
-                      insitu_sizes=insitu_sizes(opts.model, opts.dtype, s.mbs),
-                      line_bytes=min(insitu_sizes(opts.model, opts.dtype, s.mbs)),
-                      insitu_blocks=tuple((n, *g) for n in range(2, world + 1) if world % n == 0
-                                          for g in [insitu_gemm(opts.model, n, min(s.mbs))] if g))
-        m.comm[world] = run_comm_job(job, on_progress=step)
+        m.comm[world] = run_comm_job(comm_job(opts, world, world_ops, device.type), on_progress=step)
         probe_block(f"layer probe after {world} ranks")
 
 

@@ -280,6 +280,16 @@ def test_gemm_contention_is_fitted_to_the_real_layer_slowdown(quick_profile):
         assert slow * (g + m) <= g + c_m * m
 
 
+@pytest.mark.parametrize("blocks", [0, 4])
+def test_a_comm_job_takes_the_layer_probe_in_one_to_three_blocks(blocks):
+    from parsim.calibration.comm import CommJob
+
+    with pytest.raises(ValueError, match=f"layer_blocks={blocks}: allowed 1"):
+        CommJob(world=2, device_type="cpu", sizes=(4096,), ops=("all_reduce",), repeats=3, point_budget_s=0.05,
+                min_sample_s=1e-3, contention_gemm=(64, 64, 64), contention_dtype="fp32", contention_s=0.05,
+                layer_blocks=blocks)
+
+
 @pytest.mark.slow
 def test_contention_rounds_alternate_rank0_alone_and_all_ranks_on_a_real_gloo_group():
     pytest.importorskip("torch")

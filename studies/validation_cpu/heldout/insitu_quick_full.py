@@ -16,16 +16,7 @@ from parsim.calibration.comm import COLLECTIVES, CommJob, run_comm_job
 
 
 def job(quick: bool) -> CommJob:
-    opts = runner.make_options(quick=quick, ranks="2")
-    s = opts.settings
-    sizes = runner.insitu_sizes(opts.model, "fp32", s.mbs)
-    block = runner.insitu_gemm(opts.model, 2, min(s.mbs))
-    return CommJob(world=2, device_type="cpu", sizes=s.comm_sizes, ops=COLLECTIVES, repeats=s.comm_repeats,
-                   point_budget_s=s.comm_budget_s, min_sample_s=s.comm_min_sample_s,
-                   contention_gemm=runner._contention_shape(opts), contention_dtype="fp32",
-                   contention_s=s.contention_s, layer_model=opts.model, layer_mbs=min(s.mbs),
-                   rounds=s.contention_rounds, insitu_sizes=sizes, line_bytes=min(sizes),
-                   insitu_blocks=((2, *block),) if block else ())
+    return runner.comm_job(runner.make_options(quick=quick, ranks="2"), 2, COLLECTIVES, "cpu")
 
 
 if __name__ == "__main__":
