@@ -5,11 +5,12 @@ One job = ``world`` ranks on this machine, started by the executor's launcher
 CUDA), on 127.0.0.1 with a free port, one thread per rank (OMP_NUM_THREADS=1 and
 ``torch.set_num_threads(1)``, as the executor runs them). Each rank
 
-1. runs the same GEMM (and a streaming add, and one real layer's forward + backward: the
-   executor's ``Block``, whose slowdown is what a training step sees) in alternating rounds:
-   rank 0 alone, then all ranks at once (``_alternating_rounds``); per round the concurrent
-   time over rank 0's solo time is the compute contention when ``world`` ranks share the
-   cores;
+1. runs the same GEMM (and a streaming add, the optimizer step, and one real layer's forward +
+   backward: the executor's ``Block``, whose slowdown is what a training step sees) in
+   alternating rounds: rank 0 alone, then all ranks at once (``_alternating_rounds``); per
+   round the concurrent time over rank 0's solo time is the compute contention when ``world``
+   ranks share the cores (the add's, the optimizer's and the layer's rounds in blocks spread
+   over the job, ``_contention_blocks``);
 2. measures how much a background all-reduce slows the compute it overlaps
    (``interference.measure_interference``);
 3. times every collective over the message sizes. Following the OSU micro-benchmarks and
@@ -27,6 +28,7 @@ collective is done when its slowest member is).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
@@ -39,11 +41,12 @@ from typing import Any, Callable
 from .fit import sampling_plan
 
 CONTENTION_ROUNDS = 7     # alternating rounds of a calibration's contention probes (``_alternating_rounds``)
-# blocks of ``rounds`` rounds of the real layer's probe, spread over a collectives job (its start,
-# after the collectives, at its end): on this project's Zen 3 VM one block's median read 1.03-1.16
-# for 2 ranks in eleven calibrations, against 1.03-1.12 while the plans ran
-# (studies/validation_cpu/heldout/contention_rounds.py measures the spread)
-LAYER_BLOCKS = 3
+# blocks of ``rounds`` rounds of the real layer's, the streaming add's and the optimizer's probes,
+# spread over a collectives job (its start, after the collectives, at its end): on this project's
+# Zen 3 VM one block of the layer read 1.03-1.16 for 2 ranks in eleven calibrations, against
+# 1.03-1.12 while the plans ran (studies/validation_cpu/heldout/contention_rounds.py measures the
+# spread), and one block of the add 1.04-2.08 and of AdamW 1.05-1.58 in five (2026-12-01)
+CONTENTION_BLOCKS = 3
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 # The torch call behind each key; x = the per-rank tensor passed in (shard for all-gather,
 # full buffer for reduce-scatter), as parsim.costs.timing reads alpha + beta * x.
@@ -83,14 +86,14 @@ class CommJob:
     # fewer / no for a test's job
     rounds: int = CONTENTION_ROUNDS
     fsdp2: bool = True
-    layer_blocks: int = LAYER_BLOCKS        # blocks of the layer's ``rounds`` over the job
+    contention_blocks: int = CONTENTION_BLOCKS     # blocks of the probes' ``rounds`` over the job
     # samples of each in-situ point, at least the calibration's ``repeats``: None takes
     # ``insitu.INSITU_MIN_SAMPLES`` (a test's job takes a few: the count, not the spread, is tested)
     insitu_samples: int | None = None
 
     def __post_init__(self):
-        if not 1 <= self.layer_blocks <= 3:
-            raise ValueError(f"layer_blocks={self.layer_blocks!r}: allowed 1 (the job's start), 2 (and its end) "
+        if not 1 <= self.contention_blocks <= 3:
+            raise ValueError(f"contention_blocks={self.contention_blocks!r}: allowed 1 (the job's start), 2 (and its end) "
                              f"or 3 (and after its collectives)")
 
     def insitu_block(self, n: int) -> tuple[int, int, int] | None:
@@ -157,11 +160,11 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
         if job.world == 2 and job.fsdp2:      # a DP pair: FSDP2's sharded parameters under the optimizer, its units
             from .sharded import measure_fsdp2
             out.update(measure_fsdp2(job.world, device, dist, torch))
-        layer_block = _layer_blocks(job, clock, dist, torch, device, out)
-        layer_block()
+        contention_block = _contention_blocks(job, clock, dist, torch, device, out)
+        contention_block()
         out["collectives"] = _collectives(job, rank, clock, dist, torch, device, progress)
-        if job.layer_blocks > 2:
-            layer_block()
+        if job.contention_blocks > 2:
+            contention_block()
         if job.insitu_sizes and job.insitu_block(job.world) and job.device_type == "cpu":
             from .insitu import INSITU_MIN_SAMPLES, measure_insitu, measure_subgroups, solo_block_seconds
             samples = max(job.repeats, job.insitu_samples or INSITU_MIN_SAMPLES)
@@ -187,8 +190,8 @@ def _run_rank(rank: int, port: int, job: CommJob, progress) -> dict:
                     fn, job.line_bytes, LINE_MESSAGES, job.repeats, dist, torch, device)
             if rank == 0:
                 progress.report(f"pipeline messages {job.world} ranks")
-        if job.layer_blocks > 1:
-            layer_block()
+        if job.contention_blocks > 1:
+            contention_block()
         dist.barrier()
         out["cpu_s"], out["parent"] = process_cpu_seconds(), os.getppid()
         return out
@@ -211,43 +214,42 @@ def _collectives(job: CommJob, rank: int, clock, dist, torch, device, progress) 
     return out
 
 
-def _layer_blocks(job: CommJob, clock, dist, torch, device, out: dict) -> Callable[[], None]:
-    """A block of the real layer's contention rounds (``_alternating_rounds`` of one forward +
-    backward of ``job.layer_model``), appended to ``out["layer_rounds"]`` at each call: the
-    job calls it ``job.layer_blocks`` times at points spread over its run, so the profile's
-    median over every round does not rest on one minute of a shared machine. A no-op without a
-    layer model."""
-    if job.layer_model is None:
-        return lambda: None
-    from parsim.executor.layer_probe import layer_step
+def _contention_blocks(job: CommJob, clock, dist, torch, device, out: dict) -> Callable[[], None]:
+    """A block of the contention rounds (``_alternating_rounds``) of the real layer (one forward +
+    backward of ``job.layer_model``; none without one), a streaming add and, on CPU, the
+    optimizer step (a GPU rank steps its optimizer on its own device), appended to
+    ``out["layer_rounds"]``, ``out["stream_rounds"]`` and ``out["optimizer_rounds"]`` at each
+    call: the job calls it ``job.contention_blocks`` times at points spread over its run, so the
+    profile's median over every round does not rest on one minute of a shared machine."""
+    from .compute import OPTIMIZER_CALLS, optimizer_step_callable, stream_callable
 
-    forward, backward, _ = layer_step(job.layer_model, job.layer_mbs, job.contention_dtype, device)
-    out["layer_rounds"] = []
+    probes: dict[str, tuple[Callable[[], object], float, int]] = {}
+    if job.layer_model is not None:
+        from parsim.executor.layer_probe import layer_step
+        forward, backward, _ = layer_step(job.layer_model, job.layer_mbs, job.contention_dtype, device)
+        probes["layer_rounds"] = (lambda: (forward(), backward()), job.contention_s, 2)
+    stream, _ = stream_callable(2**22, "fp32", device)
+    probes["stream_rounds"] = (stream, job.contention_s / 2, 2)
+    if job.device_type == "cpu":
+        probes["optimizer_rounds"] = (optimizer_step_callable(device), job.contention_s / 2, OPTIMIZER_CALLS)
+    for key in probes:
+        out[key] = []
 
     def block() -> None:
-        out["layer_rounds"] += _alternating_rounds(lambda: (forward(), backward()), job.contention_s, clock, dist,
-                                                   torch, device, rounds=job.rounds)
+        for key, (step, budget_s, min_calls) in probes.items():
+            with torch.no_grad() if key == "stream_rounds" else contextlib.nullcontext():
+                out[key] += _alternating_rounds(step, budget_s, clock, dist, torch, device, min_calls, job.rounds)
     return block
 
 
 def _contention(gemm: Callable[[], object], job: CommJob, clock, dist, torch, device) -> dict:
-    """The contention rounds (``_alternating_rounds``) of a GEMM, a streaming add and, on CPU,
-    the optimizer step (a GPU rank steps its optimizer on its own device), and the compute an
-    overlapped all-reduce takes (``interference.measure_interference``)."""
-    from .compute import OPTIMIZER_CALLS, optimizer_step_callable, stream_callable
+    """The contention rounds (``_alternating_rounds``) of a GEMM, and the compute an overlapped
+    all-reduce takes (``interference.measure_interference``)."""
     from .interference import measure_interference
-    out = {}
     with torch.no_grad():
-        out["gemm_rounds"] = _alternating_rounds(gemm, job.contention_s, clock, dist, torch, device, rounds=job.rounds)
-        stream, _ = stream_callable(2**22, "fp32", device)
-        out["stream_rounds"] = _alternating_rounds(stream, job.contention_s / 2, clock, dist, torch, device,
-                                                   rounds=job.rounds)
-    if job.device_type == "cpu":
-        out["optimizer_rounds"] = _alternating_rounds(optimizer_step_callable(device), job.contention_s / 2, clock,
-                                                      dist, torch, device, OPTIMIZER_CALLS, job.rounds)
-    with torch.no_grad():
-        out["interference"] = measure_interference(gemm, job.contention_s, clock, dist, torch, device)
-    return out
+        return {"gemm_rounds": _alternating_rounds(gemm, job.contention_s, clock, dist, torch, device,
+                                                   rounds=job.rounds),
+                "interference": measure_interference(gemm, job.contention_s, clock, dist, torch, device)}
 
 
 def _alternating_rounds(step: Callable[[], object], budget_s: float, clock, dist, torch, device,

@@ -198,7 +198,7 @@ def test_the_sequence_parallel_collectives_the_executor_calls_run_on_a_real_gloo
     tp_forms = ("all_gather", "reduce_scatter")        # the tensor forms (executor.tp_communications)
     job = CommJob(world=2, device_type="cpu", sizes=(4096, 2**18), ops=tp_forms, repeats=3,
                   point_budget_s=0.05, min_sample_s=1e-3, contention_gemm=(64, 64, 64),
-                  contention_dtype="fp32", contention_s=0.05, rounds=2, fsdp2=False)
+                  contention_dtype="fp32", contention_s=0.05, rounds=2, fsdp2=False, contention_blocks=1)
     ranks = run_comm_job(job)
     assert len(ranks) == 2 and all(c > 0 for r in ranks for key in ("gemm_rounds", "stream_rounds")
                                    for _, c in r[key])
@@ -281,13 +281,13 @@ def test_gemm_contention_is_fitted_to_the_real_layer_slowdown(quick_profile):
 
 
 @pytest.mark.parametrize("blocks", [0, 4])
-def test_a_comm_job_takes_the_layer_probe_in_one_to_three_blocks(blocks):
+def test_a_comm_job_takes_its_contention_probes_in_one_to_three_blocks(blocks):
     from parsim.calibration.comm import CommJob
 
-    with pytest.raises(ValueError, match=f"layer_blocks={blocks}: allowed 1"):
+    with pytest.raises(ValueError, match=f"contention_blocks={blocks}: allowed 1"):
         CommJob(world=2, device_type="cpu", sizes=(4096,), ops=("all_reduce",), repeats=3, point_budget_s=0.05,
                 min_sample_s=1e-3, contention_gemm=(64, 64, 64), contention_dtype="fp32", contention_s=0.05,
-                layer_blocks=blocks)
+                contention_blocks=blocks)
 
 
 @pytest.mark.slow
@@ -304,8 +304,9 @@ def test_contention_rounds_alternate_rank0_alone_and_all_ranks_on_a_real_gloo_gr
     for rank, r in enumerate(ranks):
         for key in ("gemm_rounds", "stream_rounds", "optimizer_rounds", "layer_rounds"):
             rounds = r[key]
-            # the layer's rounds: one block at the job's start, after the collectives and at its end
-            assert len(rounds) == job.rounds * (job.layer_blocks if key == "layer_rounds" else 1), key
+            # the GEMM's rounds once; the layer's, the add's and AdamW's in a block at the job's
+            # start, after the collectives and at its end
+            assert len(rounds) == job.rounds * (1 if key == "gemm_rounds" else job.contention_blocks), key
             for solo, together in rounds:
                 assert together > 0
                 assert (solo > 0) if rank == 0 else (solo is None)

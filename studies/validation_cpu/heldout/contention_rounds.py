@@ -11,7 +11,7 @@ all-reduces for about as long as a block, as a collectives job runs collectives 
 Each block's ratio is what one calibration reads (``calibration.tables.contention_curve``: the
 median of its rounds' ratios). It prints every block's median, then the spread of three
 estimates over the run: one block (the calibration before), the median of the rounds of three
-blocks next to each other, and of three blocks a third of the run apart (``LAYER_BLOCKS``)."""
+blocks next to each other, and of three blocks a third of the run apart (``CONTENTION_BLOCKS``)."""
 from __future__ import annotations
 
 import argparse
