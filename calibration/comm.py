@@ -28,7 +28,6 @@ collective is done when its slowest member is).
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import tempfile
@@ -223,21 +222,22 @@ def _contention_blocks(job: CommJob, clock, dist, torch, device, out: dict) -> C
     profile's median over every round does not rest on one minute of a shared machine."""
     from .compute import OPTIMIZER_CALLS, optimizer_step_callable, stream_callable
 
-    probes: dict[str, tuple[Callable[[], object], float, int]] = {}
+    # per probe: (step, seconds of budget, calls per phase at least, autograd on: the layer's backward needs it)
+    probes: dict[str, tuple[Callable[[], object], float, int, bool]] = {}
     if job.layer_model is not None:
         from parsim.executor.layer_probe import layer_step
         forward, backward, _ = layer_step(job.layer_model, job.layer_mbs, job.contention_dtype, device)
-        probes["layer_rounds"] = (lambda: (forward(), backward()), job.contention_s, 2)
+        probes["layer_rounds"] = (lambda: (forward(), backward()), job.contention_s, 2, True)
     stream, _ = stream_callable(2**22, "fp32", device)
-    probes["stream_rounds"] = (stream, job.contention_s / 2, 2)
+    probes["stream_rounds"] = (stream, job.contention_s / 2, 2, False)
     if job.device_type == "cpu":
-        probes["optimizer_rounds"] = (optimizer_step_callable(device), job.contention_s / 2, OPTIMIZER_CALLS)
+        probes["optimizer_rounds"] = (optimizer_step_callable(device), job.contention_s / 2, OPTIMIZER_CALLS, True)
     for key in probes:
         out[key] = []
 
     def block() -> None:
-        for key, (step, budget_s, min_calls) in probes.items():
-            with torch.no_grad() if key == "stream_rounds" else contextlib.nullcontext():
+        for key, (step, budget_s, min_calls, grad) in probes.items():
+            with torch.set_grad_enabled(grad):
                 out[key] += _alternating_rounds(step, budget_s, clock, dist, torch, device, min_calls, job.rounds)
     return block
 

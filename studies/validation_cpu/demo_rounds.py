@@ -20,10 +20,14 @@ import statistics
 import time
 
 
-def measure(model, plans, rounds: int, timed: int, config_cls, run_plans, run_spec) -> list[float]:
+def measure(model, plans, rounds: int, timed: int) -> list[float]:
     """Each plan's measured step (its median round) under ``rounds`` rounds of ``timed`` steps."""
-    config = config_cls(steps=timed + 1, warmup=1)
-    runs = run_plans([run_spec(model, p, config) for _ in range(rounds) for p in plans])
+    from parsim.executor import run_plans
+    from parsim.executor.config import ExecutorConfig
+    from parsim.executor.worker import RunSpec
+
+    config = ExecutorConfig(steps=timed + 1, warmup=1)
+    runs = run_plans([RunSpec(model, p, config) for _ in range(rounds) for p in plans])
     return [statistics.median(r.step_time_s for r in runs[i::len(plans)]) for i in range(len(plans))]
 
 
@@ -35,16 +39,12 @@ def main() -> None:
 
     from parsim.calibration.host_alloc import use_profile_policy
     from parsim.cli.demo import CPU_MODEL
-    from parsim.executor.config import ExecutorConfig
     from parsim.executor.forked import start_early
     from parsim.specs import load_model, load_profile_dict, parse_plan
 
     if args.profile:
         use_profile_policy(load_profile_dict(args.profile))
-    start_early()
-    from parsim.executor import run_plans
-    from parsim.executor.worker import RunSpec
-
+    start_early()       # the ranks' fork server imports torch before this process does (``measure``)
     model = load_model(CPU_MODEL)
     plans = [parse_plan(p) for p in ("dp=2 gbs=8 dtype=fp32", "tp=2 gbs=8 dtype=fp32 sp=true",
                                      "pp=2 gbs=8 dtype=fp32 schedule=1f1b")]
@@ -54,7 +54,7 @@ def main() -> None:
     for k in range(args.repeats):
         for way, (rounds, timed) in ways.items():
             t0 = time.perf_counter()
-            got[way].append(measure(model, plans, rounds, timed, ExecutorConfig, run_plans, RunSpec))
+            got[way].append(measure(model, plans, rounds, timed))
             print(f"repeat {k + 1} {way:22s} {time.perf_counter() - t0:5.1f} s: "
                   + "  ".join(f"{s * 1e3:7.1f}" for s in got[way][-1]) + " ms", flush=True)
     print(f"\n{'plan':38s} {'way':22s} {'median ms':>9s} {'sd(log)':>8s} {'p10-p90 / median':>17s}")
