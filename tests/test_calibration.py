@@ -297,7 +297,7 @@ def test_contention_rounds_alternate_rank0_alone_and_all_ranks_on_a_real_gloo_gr
 
     job = CommJob(world=2, device_type="cpu", sizes=(4096,), ops=("all_reduce",), repeats=3,
                   point_budget_s=0.05, min_sample_s=1e-3, contention_gemm=(64, 64, 64),
-                  contention_dtype="fp32", contention_s=0.05, layer_model=load_model("tiny"), layer_mbs=1, rounds=3,
+                  contention_dtype="fp32", contention_s=0.05, layer_model=load_model("tiny"), layer_mbs=1, rounds=2,
                   fsdp2=False)
     ranks = run_comm_job(job)
     assert "dtensor_optimizer" not in ranks[0] and "fsdp_units" not in ranks[0]    # FSDP2's costs not measured

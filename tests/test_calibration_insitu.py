@@ -52,7 +52,7 @@ def test_in_situ_probe_runs_on_a_real_gloo_group():
     job = CommJob(world=2, device_type="cpu", sizes=(4096,), ops=("all_reduce",), repeats=3,
                   point_budget_s=0.05, min_sample_s=1e-3, contention_gemm=(64, 64, 64),
                   contention_dtype="fp32", contention_s=0.05, insitu_sizes=(8192,), insitu_blocks=((2, 32, 64, 32),),
-                  line_bytes=8192, rounds=2, fsdp2=False, insitu_samples=5)
+                  line_bytes=8192, rounds=2, fsdp2=False, insitu_samples=5, contention_blocks=1)
     ranks = run_comm_job(job)
     # every TP op at the per-rank tensor size (all-gather: the shard), one value per sample (the
     # job's 5, above its 3 repeats; a calibration's job takes INSITU_MIN_SAMPLES), reduced over the
@@ -97,7 +97,7 @@ def test_in_situ_probe_measures_smaller_tp_groups_sharing_the_host():
     job = CommJob(world=4, device_type="cpu", sizes=(4096, 65536), ops=("all_reduce",), repeats=3,
                   point_budget_s=0.05, min_sample_s=1e-3, contention_gemm=(64, 64, 64), contention_dtype="fp32",
                   contention_s=0.05, insitu_sizes=(8192,), insitu_blocks=((2, 32, 64, 32), (4, 32, 32, 32)), rounds=2,
-                  insitu_samples=5)
+                  insitu_samples=5, contention_blocks=1)
     ranks = run_comm_job(job)
     groups = ranks[0]["insitu_groups"]
     assert set(groups) == {2} and set(groups[2]["all_reduce"]) == {8192}
@@ -134,7 +134,7 @@ _UNGUARDED = """
 from parsim.calibration.comm import CommJob, run_comm_job
 job = CommJob(world=2, device_type="cpu", sizes=(4096,), ops=("all_reduce",), repeats=3, point_budget_s=0.05,
               min_sample_s=1e-3, contention_gemm=(64, 64, 64), contention_dtype="fp32", contention_s=0.05, rounds=2,
-              fsdp2=False)
+              fsdp2=False, contention_blocks=1)
 ranks = run_comm_job(job)
 print("measured", sorted(ranks[0]["collectives"]["all_reduce"]))
 """
