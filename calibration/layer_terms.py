@@ -60,11 +60,15 @@ def fit_layer_terms(device: DeviceProfile, model, dtype: str) -> CalibratedTable
       probe's mbs), per pass. Dimensionless; 1 = the per-op sum is exact.
     * ``contention``: the per-rank GEMM slowdown when N ranks compute at once, fitted to the
       real layer's slowdown L(N) (``contention_layer``) instead of one GEMM repeated: the
-      layer's op sum is G (GEMMs and attention) + M (memory-bound ops, whose slowdown c_m(N)
-      the streaming probe measures), so L(N) (G + M) = c_g(N) G + c_m(N) M gives
-      c_g(N) = (L(N) (G + M) - c_m(N) M) / G (>= 1).
+      layer's op sum is G (GEMMs and attention) + M (memory-bound ops), of which D runs from
+      DRAM at N ranks (the backward's, and the forward's by ``costs.host.dram_share``) at the
+      streaming probe's slowdown c_m(N) and the rest at the GEMMs' c_g(N), as the simulator
+      prices them (``costs.host.ComputeScale``), so
+      L(N) (G + M) = c_g(N) (G + M - D) + c_m(N) D gives
+      c_g(N) = (L(N) (G + M) - c_m(N) D) / (G + M - D) (>= 1).
     * the probe's ``ops_fwd_s`` / ``ops_bwd_s``: its ops' priced sums, seconds."""
     from parsim.costs import layer_ops
+    from parsim.costs.host import dram_share
     from parsim.costs.timing import op_time
     from parsim.specs import Plan
 
@@ -93,8 +97,14 @@ def fit_layer_terms(device: DeviceProfile, model, dtype: str) -> CalibratedTable
         g = pred["fwd"]["g"] + pred["bwd"]["g"]
         mem = pred["fwd"]["m"] + pred["bwd"]["m"]
         membound = tables.contention_membound or RankCurve()
+
+        def from_dram(n: int) -> float:      # seconds of the layer's memory-bound ops out of cache
+            cache = tables.last_level_cache / n if tables.last_level_cache else None
+            return sum(op_time(dev, op, p, dtype) * (dram_share(op.fwd_bytes, cache) if p == "fwd" else 1.0)
+                       for op in ops if op.kind == "membound" for p in ("fwd", "bwd"))
         tables = tables.replace(contention=RankCurve(tuple(
-            (n, max(1.0, (float(slow) * (g + mem) - float(membound.get(n, 1.0)) * mem) / g)) for n, slow in layer.values)))
+            (n, max(1.0, (float(slow) * (g + mem) - float(membound.get(n, 1.0)) * d) / (g + mem - d)))
+            for n, slow in layer.values for d in [from_dram(int(n))])))
     return tables
 
 

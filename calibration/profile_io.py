@@ -31,10 +31,12 @@ import yaml
 # temporaries over 64 MiB reuse freed memory instead of faulting in fresh pages,
 # ``executor.host_alloc``; 15: attention surfaces in every dtype, not the calibrated one alone,
 # ``machine_bench.plan_grid``; 16: on CUDA a device-bound stage, ``grid.STAGES`` "stage-wide",
-# and the composition terms in the overlapped form, ``StageProbes.overlap``): a quick
+# and the composition terms in the overlapped form, ``StageProbes.overlap``; 17: the GEMM
+# contention fitted with the layer's memory-bound ops split by what fits in a rank's cache,
+# ``costs.host.dram_share``, ``layer_terms.fit_layer_terms``): a quick
 # profile kept for a host by an older calibration is then measured again, not reused
 # (``parsim.api.hardware.kept_profile_refused``). Profiles without the key are format 1.
-FORMAT = 16
+FORMAT = 17
 
 
 def write_profile(profile: dict[str, Any], path: str | Path) -> Path:

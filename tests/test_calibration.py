@@ -254,11 +254,14 @@ def test_composition_terms_reproduce_every_synthetic_stage_within_its_leave_out_
 @ALONE
 @pytest.mark.slow
 def test_gemm_contention_is_fitted_to_the_real_layer_slowdown(quick_profile):
-    """c_g(N) G + c_m(N) M = L(N) (G + M): the GEMM-kind contention the host model uses
-    reproduces the measured slowdown of a real layer with N ranks computing at once."""
+    """c_g(N) (G + M - D) + c_m(N) D = L(N) (G + M): the GEMM-kind contention the host model
+    uses reproduces the measured slowdown of a real layer with N ranks computing at once, its
+    memory-bound ops priced as the simulator prices them (D: their seconds from DRAM, the
+    backward's and the forward's past a rank's cache share, ``costs.host.ComputeScale``)."""
     from dataclasses import replace
 
     from parsim.costs import layer_ops
+    from parsim.costs.host import HostModel
     from parsim.costs.timing import op_time
 
     path, _ = quick_profile
@@ -274,10 +277,14 @@ def test_gemm_contention_is_fitted_to_the_real_layer_slowdown(quick_profile):
     g = sum(op_time(raw, op, p, "fp32") for op in ops if op.kind != "membound" for p in ("fwd", "bwd"))
     m = sum(op_time(raw, op, p, "fp32") for op in ops if op.kind == "membound" for p in ("fwd", "bwd"))
     c_g, c_m, slow = tables.contention.get(2), tables.contention_membound.get(2), tables.contention_layer.get(2)
+    # the layer's ops priced at 2 ranks as the engine prices them
+    scale = HostModel(load_cluster("cpu:2", profile=path), 2).slowdown(2)
+    assert tables.last_level_cache > 0 and scale.cache_bytes == tables.last_level_cache / 2 and (scale.gemm, scale.membound) == (c_g, c_m)
+    priced = sum(op_time(raw, op, p, "fp32") * scale.of(op, p) for op in ops for p in ("fwd", "bwd"))
     if c_g > 1.0:                    # not clamped
-        assert c_g * g + c_m * m == pytest.approx(slow * (g + m), rel=1e-5)
+        assert priced == pytest.approx(slow * (g + m), rel=1e-5)
     else:
-        assert slow * (g + m) <= g + c_m * m
+        assert slow * (g + m) <= priced
 
 
 @pytest.mark.parametrize("blocks", [0, 4])

@@ -1,4 +1,5 @@
 """Cost formulas pinned to their published sources."""
+import math
 import pytest
 
 from parsim.costs import (eq2_params, eq3_flops, hardware_flops_per_step, inflight_microbatches,
@@ -313,3 +314,49 @@ def test_gradient_accumulation_costs_time_only_where_the_profile_says_unfused(tm
     z2 = [op for op in layer_ops(model, plan.replace(zero=2)) if op.grad_accumulation][0]
     assert z2.bwd_bytes == pytest.approx(acc[0].bwd_bytes / 2)
     assert any(op.grad_accumulation for op in head_ops(model, plan))
+
+
+def test_a_memory_bound_op_contends_for_dram_only_past_its_share_of_the_cache():
+    """``dram_share``: 0 up to half a rank's cache share, 1 from twice it, log-linear between
+    (1/2 at the share itself); without a cache size every byte counts."""
+    mib = 2**20
+    share = 16 * mib
+    assert host.dram_share(4 * mib, share) == 0.0 and host.dram_share(8 * mib, share) == 0.0
+    assert host.dram_share(16 * mib, share) == pytest.approx(0.5)
+    assert host.dram_share(24 * mib, share) == pytest.approx(0.5 * math.log2(3))
+    assert host.dram_share(32 * mib, share) == 1.0 and host.dram_share(1e12, share) == 1.0
+    assert host.dram_share(1 * mib, None) == 1.0
+    sizes = [2**k for k in range(16, 30)]
+    assert all(a <= b for a, b in zip((host.dram_share(x, share) for x in sizes),
+                                      (host.dram_share(x, share) for x in sizes[1:])))
+
+
+def test_a_forward_op_in_cache_takes_the_gemm_factor_a_backward_one_the_memory_bound_one():
+    from parsim.costs.ops import Op
+    scale = host.ComputeScale(gemm=1.1, membound=1.9, optimizer=1.4, cache_bytes=16 * 2**20)
+    small = Op("norm", "membound", 0.0, 0.0, 0.0, fwd_bytes=2**20, bwd_bytes=2**21)
+    large = Op("logits", "membound", 0.0, 0.0, 0.0, fwd_bytes=2**27, bwd_bytes=2**27)
+    middle = Op("act", "membound", 0.0, 0.0, 0.0, fwd_bytes=16 * 2**20, bwd_bytes=2**24)
+    gemm = Op("fc", "gemm", 1e9, 2e9, 0.0, shape=(64, 64, 64))
+    assert scale.of(small, "fwd") == pytest.approx(1.1) and scale.of(large, "fwd") == pytest.approx(1.9)
+    assert scale.of(middle, "fwd") == pytest.approx(1.5)
+    assert all(scale.of(op, p) == pytest.approx(1.9) for op in (small, large) for p in ("bwd", "bwd_input"))
+    assert scale.of(gemm, "fwd") == scale.of(gemm, "bwd") == pytest.approx(1.1)
+    # linear in each factor (the engine splits an action's solo time by doubling one: ``solo_seconds``)
+    twice = host.ComputeScale(gemm=2.2, membound=1.9, cache_bytes=16 * 2**20)
+    assert twice.of(middle, "fwd") - scale.of(middle, "fwd") == pytest.approx(0.5 * 1.1)
+    assert scale.times(2.0).cache_bytes == scale.cache_bytes
+    # without a cache size (GPU profiles, CPU profiles without a last-level cache): as before
+    assert host.ComputeScale(1.1, 1.9).of(small, "fwd") == pytest.approx(1.9)
+
+
+def test_a_ranks_cache_share_is_the_profiles_last_level_cache_over_the_ranks_on_the_host(tmp_path):
+    llc = 32 * 2**20
+    c = _cpu_cluster(tmp_path, 4, membound_surface={"add": {"fwd": [1e-6, 1e-10, 2e-10], "points": 5, "knee": llc},
+                                                      "gelu": {"fwd": [1e-6, 1e-10], "points": 5}},
+                     contention={"2": 1.05, "4": 2.1}, contention_membound={"2": 1.8, "4": 3.4})
+    assert c.device.tables.last_level_cache == llc
+    assert host.rank_cache_bytes(c, 2) == llc / 2 and host.rank_cache_bytes(c, 4) == llc / 4
+    assert host.HostModel(c, 4).slowdown(2).cache_bytes == llc / 4     # the plan's ranks on the host
+    assert host.rank_cache_bytes(load_cluster("a100-80g:8"), 8) is None
+    assert _cpu_cluster(tmp_path, 2).device.tables.last_level_cache is None

@@ -4,7 +4,8 @@ On a calibrated CPU profile the ranks of a plan are processes on the same cores 
 memory bandwidth. Four measured effects (``parsim calibrate``; ``specs.CalibratedTables``):
 
 * **contention**: with ``n`` ranks computing at once each GEMM second stretches to ``g(n)``
-  seconds and each memory-bound second to ``m(n)`` (``host_contention``);
+  seconds and each memory-bound second from DRAM to ``m(n)`` (``host_contention``,
+  ``dram_share``);
 * **interference**: a collective is CPU work too (gloo's threads, the loopback TCP stack),
   so one that runs while its rank computes takes ``comm_interference`` x the overlap from
   that compute (``ComputeLedger``);
@@ -18,13 +19,13 @@ memory bandwidth. Four measured effects (``parsim calibrate``; ``specs.Calibrate
   mean-field fixed point on the average number of ranks computing (``HostModel.settle``).
 
 A GPU owns its device: every factor is 1; interference is what NCCL's kernels take from the
-compute they overlap, as the software stack runs them (``costs.stack.comm_compute_slowdown``;
-0 unless the stack states it).
-``HostModel`` is the one interface: the SimPy engine, the partitioner's shared-host replay
-and the fast path (which prices each rank alone: its rows are solo times) ask it.
+compute they overlap (``costs.stack.comm_compute_slowdown``; 0 unless the stack states it).
+``HostModel`` is the one interface the SimPy engine, the partitioner's shared-host replay and
+the fast path (which prices each rank alone: solo times) ask.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -42,33 +43,58 @@ SharingLaw = Callable[[int], tuple[float, float, float]]   # jobs computing at o
 class ComputeScale:
     """Factors on a rank's compute time: GEMMs and attention, memory-bound ops (which
     slow down more when ranks share a host's memory bandwidth than GEMMs do), and the
-    optimizer step (``host_contention``'s "optimizer")."""
+    optimizer step (``host_contention``'s "optimizer"). ``cache_bytes``: a rank's share of the
+    last-level cache (``rank_cache_bytes``), which splits a forward memory-bound op between the
+    GEMM and the memory-bound factor (``dram_share``: a forward chain's tensors were just
+    written); a backward one reads activations saved a whole forward earlier, from DRAM, and
+    takes the memory-bound factor, as every one does with None."""
     gemm: float = 1.0
     membound: float = 1.0
     optimizer: float = 1.0
+    cache_bytes: float | None = None
 
-    def of(self, op: Op) -> float:
-        return self.membound if op.kind == "membound" else self.gemm
+    def of(self, op: Op, pass_: str = "fwd") -> float:
+        if op.kind != "membound":
+            return self.gemm
+        w = dram_share(op.fwd_bytes, self.cache_bytes) if pass_ == "fwd" else 1.0
+        return (1.0 - w) * self.gemm + w * self.membound
 
     def times(self, factor: float) -> "ComputeScale":
-        return ComputeScale(self.gemm * factor, self.membound * factor, self.optimizer * factor)
+        return ComputeScale(self.gemm * factor, self.membound * factor, self.optimizer * factor, self.cache_bytes)
+
+
+def dram_share(nbytes: float, cache_bytes: float | None) -> float:
+    """The share of a memory-bound op's time that contends for the host's memory bandwidth when
+    ranks compute at once, by the bytes it moves in one pass (``costs.ops``) against a rank's
+    share of the last-level cache: 0 up to half of it (its tensors stay in cache: the GEMM
+    factor), 1 from twice it (all from DRAM: the streaming add's ``contention_membound``),
+    log-linear between. A 2-rank streaming add on this project's 2-vCPU AMD VM (32 MiB L3 for
+    both: 16 MiB a rank) read 1.0-1.1x up to 2 MiB tensors (6 MiB moved), 1.3x at 4, 2.4-3.1x at
+    8 (alone still partly in cache), 1.6-1.8x from 16 on (``studies/validation_cpu/heldout/
+    stream_sizes.txt``); the ramp's ends (not fitted) give 1.0 / 1.22 / 1.6 / 1.75. In [0, 1]."""
+    if cache_bytes is None or cache_bytes <= 0:
+        return 1.0
+    return min(math.log2(nbytes / (0.5 * cache_bytes)) / 2.0, 1.0) if nbytes > 0.5 * cache_bytes else 0.0
+
+
+def rank_cache_bytes(cluster: ClusterSpec, ranks: int) -> float | None:
+    """Bytes of last-level cache a rank has, ``ranks`` on one host (``CalibratedTables.
+    last_level_cache`` over the ranks on the host); None without one (GPU profiles)."""
+    llc = cluster.device.tables.last_level_cache
+    return llc / max(_on_host(cluster, ranks), 1) if llc else None
 
 
 def host_contention(cluster: ClusterSpec, ranks: float, kind: str = "gemm") -> float:
     """Compute slowdown when ``ranks`` processes of one plan compute at once on a host's cores.
 
-    Calibrated CPU profiles carry ``contention``: {concurrent ranks: measured per-rank GEMM
-    slowdown when that many ranks multiply at once}, ``contention_membound`` (the same for
-    a streaming add: memory bandwidth is shared even when cores are not) and
+    Calibrated CPU profiles carry ``contention`` ({concurrent ranks: per-rank GEMM slowdown}),
+    ``contention_membound`` (a streaming add of 3 x 16 MiB, from DRAM: ``dram_share``) and
     ``contention_optimizer`` (the executor's AdamW step, ``calibration.compute.
-    optimizer_step_callable``: its elementwise passes are bounded by a core's own issue rate as
-    much as by the shared bandwidth, so it slows down less than the streaming add: 1.15-1.35x
-    at 2 ranks on this project's 2-vCPU AMD VM where the add read 1.1-1.95x); ``kind`` picks
-    "gemm", "membound" (which falls back to the GEMM table) or "optimizer" (which falls back
-    to the memory-bound one, as profiles measured before it priced the step).
-    Between measured counts the slowdown is interpolated linearly (``ranks`` may be a
-    fraction: the average number of ranks computing, ``HostModel.settle``); beyond the
-    largest it scales with ranks per core (processor sharing). GPUs and uncalibrated
+    optimizer_step_callable``: bounded by a core's issue rate as much as by the bandwidth,
+    1.15-1.35x at 2 ranks on this project's 2-vCPU AMD VM where the add read 1.1-1.95x); ``kind``
+    picks "gemm", "membound" (falls back to the GEMM table) or "optimizer" (to the memory-bound
+    one). Linear between measured counts (``ranks`` may be a fraction: ``HostModel.settle``);
+    past the largest it scales with ranks per core (processor sharing). GPUs and uncalibrated
     profiles: 1 (each rank owns its device)."""
     tables = cluster.device.tables
     curve = ((tables.contention_optimizer if kind == "optimizer" else None)
@@ -176,7 +202,8 @@ class HostModel:
 
     def slowdown(self, computing: float) -> ComputeScale:
         """(GEMM, memory-bound, optimizer) slowdown with ``computing`` ranks computing at once."""
-        return ComputeScale(*(host_contention(self.cluster, computing, kind) for kind in ("gemm", "membound", "optimizer")))
+        return ComputeScale(*(host_contention(self.cluster, computing, kind) for kind in ("gemm", "membound", "optimizer")),
+                            rank_cache_bytes(self.cluster, self.ranks))
 
     @property
     def shared(self) -> bool:
@@ -248,7 +275,7 @@ class HostModel:
                                                      (target.optimizer, now.optimizer))):
             return None
         return ComputeScale(0.5 * (now.gemm + target.gemm), 0.5 * (now.membound + target.membound),
-                            0.5 * (now.optimizer + target.optimizer))
+                            0.5 * (now.optimizer + target.optimizer), target.cache_bytes)
 
 
 # ----------------------------------------------------------------------------- processor sharing

@@ -108,7 +108,7 @@ def _chain(ops, pass_: str, kind: str, layer: int, collectives, device, dtype: s
     flop_of = {"fwd": lambda o: o.fwd_flops, "bwd": lambda o: o.bwd_flops,
                "bwd_input": lambda o: o.bwd_input_flops, "bwd_weight": lambda o: o.bwd_weight_flops}[pass_]
     for op in ops:
-        run_t += op_time(device, op, pass_, dtype) * scale.of(op)
+        run_t += op_time(device, op, pass_, dtype) * scale.of(op, pass_)
         run_f += flop_of(op)
         names.append(op.name)
         if op.name in after:

@@ -154,7 +154,9 @@ class Simulation:
         self._solo: dict[tuple, tuple[float, float, float]] = {}
         self._overlapped: dict[int, float] = {}
         # a given scale (the mean-field iteration's), else decided by ``_share_host``; GPUs: identity
-        self.contention = ComputeScale() if contention is None else contention
+        # (a shared host's: its memory-bound ops split by what fits in a rank's cache, ``ComputeScale``)
+        self.contention = (ComputeScale(cache_bytes=self.host.slowdown(1).cache_bytes) if self.host.shared else ComputeScale()) \
+            if contention is None else contention
         self.sharing: ProcessorSharing | None = None      # whole actions as jobs on a shared host
         self.classes = self._rank_classes(slowdown, symmetric)
         self.devices = self._build_devices(slowdown)

@@ -291,6 +291,13 @@ class CalibratedTables:
     def membound_fit(self, name: str) -> MemboundFit | None:
         return (self.membound_surface or {}).get(name)
 
+    @property
+    def last_level_cache(self) -> float | None:
+        """Bytes of the host's last-level cache: the knee the calibration's memory-bound fits
+        found (``MemboundFit.knee``, ``calibration.cache.cache_levels``); None without one."""
+        knees = [f.knee for f in (self.membound_surface or {}).values() if f.knee]
+        return max(knees) if knees else None
+
     def membound_rate(self, op_name: str) -> float | None:
         """Measured bytes/s of a memory-bound op (None, or 0, when not measured)."""
         return (self.membound or {}).get(op_name)
