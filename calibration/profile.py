@@ -143,6 +143,7 @@ def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
         curve_rms = fit_gemm_efficiency([tuple(r[:3]) for r in gemm_rows], [r[3] for r in gemm_rows], peak).rms_log
     return CalibratedTables(
         cores=cores,
+        cache_levels=tuple(m.caches) or None,   # () on a GPU: its L2 is no host cache (costs.host.dram_share)
         gemm={m.dtype: GemmTable(tuple(gemm_rows))} if exact else None,
         gemm_fit_rms_log=curve_rms,
         attention={m.dtype: attention_table(m.attention)} if exact else None,

@@ -280,6 +280,10 @@ def test_gemm_contention_is_fitted_to_the_real_layer_slowdown(quick_profile):
     # the layer's ops priced at 2 ranks as the engine prices them
     scale = HostModel(load_cluster("cpu:2", profile=path), 2).slowdown(2)
     assert tables.last_level_cache > 0 and scale.cache_bytes == tables.last_level_cache / 2 and (scale.gemm, scale.membound) == (c_g, c_m)
+    import torch
+
+    from parsim.calibration.cache import cache_levels
+    assert tables.cache_levels == (cache_levels(torch.device("cpu")) or None)    # sysfs, as calibrated
     priced = sum(op_time(raw, op, p, "fp32") * scale.of(op, p) for op in ops for p in ("fwd", "bwd"))
     if c_g > 1.0:                    # not clamped
         assert priced == pytest.approx(slow * (g + m), rel=1e-5)

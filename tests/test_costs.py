@@ -360,3 +360,7 @@ def test_a_ranks_cache_share_is_the_profiles_last_level_cache_over_the_ranks_on_
     assert host.HostModel(c, 4).slowdown(2).cache_bytes == llc / 4     # the plan's ranks on the host
     assert host.rank_cache_bytes(load_cluster("a100-80g:8"), 8) is None
     assert _cpu_cluster(tmp_path, 2).device.tables.last_level_cache is None
+    # the sizes the calibration read from sysfs, where the profile has them, whatever the fits found
+    levels = _cpu_cluster(tmp_path, 2, cache_levels=[2**20, 64 * 2**20], membound_surface={
+        "add": {"fwd": [1e-6, 1e-10, 2e-10], "points": 5, "knee": llc}})
+    assert levels.device.tables.last_level_cache == 64 * 2**20 and host.rank_cache_bytes(levels, 2) == 32 * 2**20

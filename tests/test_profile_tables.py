@@ -37,6 +37,12 @@ def test_an_unknown_or_malformed_calibrated_table_is_a_spec_error_naming_the_key
     with pytest.raises(SpecError) as e:
         profile_tables(data)
     assert e.value.field == "profile.device.extra.contention"
+    for bad in ([64 * 2**20, 2**20], [0], [], "32M"):       # smallest level first, bytes > 0
+        data = load_profile_dict("cpu-calibrated")
+        data["device"]["extra"]["cache_levels"] = bad
+        with pytest.raises(SpecError) as e:
+            profile_tables(data)
+        assert e.value.field == "profile.device.extra.cache_levels" and "smallest level first" in e.value.allowed
     data = load_profile_dict("cpu-calibrated")
     del data["network"]["collectives"]["all_reduce"]["2"]["beta"]
     with pytest.raises(SpecError) as e:

@@ -192,7 +192,6 @@ class GemmWaves:
         return {"sms": self.sms, "tile_m": self.tile_m, "tile_n": self.tile_n}
 
 
-
 def _per_dtype(make: Callable[[tuple], Any], widths: tuple[int, ...]):
     def read(where: str, raw: Any) -> dict:
         return {str(dt): make(rows(f"{where}.{dt}", r, widths)) for dt, r in mapping(where, raw).items()}
@@ -231,6 +230,7 @@ class CalibratedTables:
     None (or empty) where the profile has no such table. Uncalibrated profiles (datasheet
     GPUs) have none at all."""
     cores: int | None = None                                  # the host's cores at calibration
+    cache_levels: tuple[float, ...] | None = None             # bytes of its cache levels >= 2 (sysfs)
     gemm: dict[str, GemmTable] | None = None                  # dtype -> measured GEMM rates
     gemm_fit_rms_log: float | None = None                     # how well GemmEfficiency fits them
     attention: dict[str, AttentionTable] | None = None        # dtype -> fused attention (SDPA)
@@ -293,8 +293,10 @@ class CalibratedTables:
 
     @property
     def last_level_cache(self) -> float | None:
-        """Bytes of the host's last-level cache: the knee the calibration's memory-bound fits
-        found (``MemboundFit.knee``, ``calibration.cache.cache_levels``); None without one."""
+        """Bytes of the host's last-level cache: the last of ``cache_levels`` (sysfs, ``calibration.
+        cache.cache_levels``); in older profiles the memory-bound fits' knee there; None without."""
+        if self.cache_levels:
+            return self.cache_levels[-1]
         knees = [f.knee for f in (self.membound_surface or {}).values() if f.knee]
         return max(knees) if knees else None
 
@@ -348,9 +350,18 @@ def _rows_out(per_dtype: dict) -> dict:
 
 
 _same = lambda x: x  # noqa: E731
+
+
+def _levels(where: str, raw: Any) -> tuple[float, ...]:
+    """Cache sizes in bytes > 0, smallest level first."""
+    sizes = tuple(number(where, x) for x in raw) if isinstance(raw, (list, tuple)) else ()
+    if not sizes or any(x <= 0 for x in sizes) or list(sizes) != sorted(sizes):
+        raise SpecError(where, raw, "a list of cache sizes in bytes > 0, smallest level first")
+    return sizes
 _KEYS: dict[str, tuple[str, Callable, Callable]] = {
     # YAML key: (attribute, reader(where, raw), writer(value)); in the order calibration writes them
     "cores": ("cores", number, _same),
+    "cache_levels": ("cache_levels", _levels, list),
     "gemm_table": ("gemm", _per_dtype(GemmTable, (4, 5)), _rows_out),
     "gemm_fit_rms_log": ("gemm_fit_rms_log", number, _same),
     "attention_table": ("attention", _per_dtype(AttentionTable, (5,)), _rows_out),
