@@ -20,8 +20,7 @@ memory bandwidth. Four measured effects (``parsim calibrate``; ``specs.Calibrate
 
 A GPU owns its device: every factor is 1; interference is what NCCL's kernels take from the
 compute they overlap (``costs.stack.comm_compute_slowdown``; 0 unless the stack states it).
-``HostModel`` is the one interface the SimPy engine, the partitioner's shared-host replay and
-the fast path (which prices each rank alone: solo times) ask.
+``HostModel`` is what the SimPy engine, the partitioner's replay and the fast path (solo times) ask.
 """
 from __future__ import annotations
 
@@ -41,22 +40,17 @@ SharingLaw = Callable[[int], tuple[float, float, float]]   # jobs computing at o
 
 @dataclass(frozen=True)
 class ComputeScale:
-    """Factors on a rank's compute time: GEMMs and attention, memory-bound ops (which
-    slow down more when ranks share a host's memory bandwidth than GEMMs do), and the
-    optimizer step (``host_contention``'s "optimizer"). ``cache_bytes``: a rank's share of the
-    last-level cache (``rank_cache_bytes``), which splits a forward memory-bound op between the
-    GEMM and the memory-bound factor (``dram_share``: a forward chain's tensors were just
-    written); a backward one reads activations saved a whole forward earlier, from DRAM, and
-    takes the memory-bound factor, as every one does with None."""
+    """Factors on a rank's compute time: GEMMs and attention, memory-bound ops (slowed more
+    than GEMMs where ranks share a host's memory bandwidth), the optimizer step
+    (``host_contention``'s "optimizer"). ``cache_bytes``: a rank's share of the last-level cache
+    (``rank_cache_bytes``), which splits a memory-bound op between the two (``dram_weight``)."""
     gemm: float = 1.0
     membound: float = 1.0
     optimizer: float = 1.0
     cache_bytes: float | None = None
 
     def of(self, op: Op, pass_: str = "fwd") -> float:
-        if op.kind != "membound":
-            return self.gemm
-        w = dram_share(op.fwd_bytes, self.cache_bytes) if pass_ == "fwd" else 1.0
+        w = dram_weight(op, pass_, self.cache_bytes)
         return (1.0 - w) * self.gemm + w * self.membound
 
     def times(self, factor: float) -> "ComputeScale":
@@ -75,6 +69,16 @@ def dram_share(nbytes: float, cache_bytes: float | None) -> float:
     if cache_bytes is None or cache_bytes <= 0:
         return 1.0
     return min(math.log2(nbytes / (0.5 * cache_bytes)) / 2.0, 1.0) if nbytes > 0.5 * cache_bytes else 0.0
+
+
+def dram_weight(op: Op, pass_: str, cache_bytes: float | None) -> float:
+    """The share of ``op``'s time in ``pass_`` that takes the memory-bound contention, the rest
+    the GEMM's (``ComputeScale.of``; the partitioner's shared-host replay, ``partition.spec_graph.
+    pass_times``): a forward (or its re-run) by ``dram_share``, as its chain's tensors were just
+    written; a backward 1, as it reads activations saved a whole forward earlier, from DRAM."""
+    if op.kind != "membound":
+        return 0.0
+    return dram_share(op.fwd_bytes, cache_bytes) if pass_ == "fwd" else 1.0
 
 
 def rank_cache_bytes(cluster: ClusterSpec, ranks: int) -> float | None:
@@ -108,12 +112,11 @@ def host_contention(cluster: ClusterSpec, ranks: float, kind: str = "gemm") -> f
 def comm_interference(cluster: ClusterSpec, ranks: float) -> float:
     """Seconds of compute a rank loses per second of collective that runs while it computes.
 
-    Calibrated CPU profiles carry ``comm_interference``: {ranks: measured (T_both -
-    T_compute) / T_comm} when ``ranks`` ranks compute while all-reducing 4 MiB buffers in the
-    background (``calibration.comm``), interpolated linearly between counts and held beyond
-    the largest. GPUs (no curve): the NCCL kernels' share of the SMs under the device's stack
-    (``costs.stack.comm_compute_slowdown``; 0 without one, and for uncalibrated CPU profiles).
-    Dimensionless, >= 0."""
+    Calibrated CPU profiles carry ``comm_interference``: {ranks: measured (T_both - T_compute)
+    / T_comm} with ``ranks`` ranks computing while all-reducing 4 MiB buffers in the background
+    (``calibration.comm``), linear between counts, held beyond the largest. GPUs: the NCCL
+    kernels' share of the SMs under the device's stack (``costs.stack.comm_compute_slowdown``;
+    0 without one, and for uncalibrated CPU profiles). Dimensionless, >= 0."""
     curve = cluster.device.tables.comm_interference
     if not curve:
         return comm_compute_slowdown(cluster)
@@ -133,9 +136,8 @@ def message_cpu(cluster: ClusterSpec, ranks: float, nbytes: float = 0.0) -> tupl
     line of ``ranks`` ranks that pass an activation on after each block of compute, at two
     message sizes (``calibration.p2p_cpu``). They count only where the ranks outnumber the
     host's cores (the profile's ``cores``): with a core per rank that CPU runs while its rank
-    would wait anyway (what follows the arrival is in the measured send-receive latency); with
-    fewer cores it is taken from the ranks that compute. Linear between measured counts, held
-    beyond the largest. GPUs and uncalibrated profiles: (0, 0)."""
+    would wait anyway (the rest is in the measured send-receive latency); with fewer cores it is
+    taken from the ranks that compute. Linear between counts, held beyond. Else (GPUs): (0, 0)."""
     tables = cluster.device.tables
     on_host = _beyond_cores(cluster, ranks)
     if on_host is None:
@@ -152,17 +154,15 @@ def message_hold(cluster: ClusterSpec, ranks: float) -> float:
     computing meanwhile, so the others get its core).
 
     With more ranks than cores a receive completes on gloo's thread, which must first be given a
-    core, and then wakes its rank, which must be given one too; under Linux's fair scheduler
-    (EEVDF since 6.6) each may wait out a running rank's time slice (its base slice, 0.75 ms
-    scaled by 1 + log2(CPUs), per wait).
-    Calibrated CPU profiles carry ``p2p_hold``: {ranks: seconds}, measured on the line of
-    ``calibration.p2p_cpu`` as each receive's return less max(its call, the matching send's call),
-    less the same where the ranks fit on the cores (``calibration.tables.message_hold_curve``).
-    On this project's 2-vCPU AMD VM the executor's 4-rank interleaved pipeline started each such
-    action 1.7-3.2 ms after its input was sent against 0.25 ms on 2 ranks
-    (``studies/validation_cpu/oversubscribed_pipeline.txt``). Counted only where the ranks
-    outnumber the profile's ``cores``; linear between measured counts, held beyond the largest.
-    GPUs and uncalibrated profiles: 0."""
+    core, then wakes its rank, which must be given one too; under Linux's fair scheduler (EEVDF
+    since 6.6) each may wait out a running rank's slice (0.75 ms x (1 + log2(CPUs)) per wait).
+    Calibrated CPU profiles carry ``p2p_hold``: {ranks: seconds}, each receive's return less
+    max(its call, the matching send's call) on the line of ``calibration.p2p_cpu``, less the same
+    where the ranks fit on the cores (``calibration.tables.message_hold_curve``). On this
+    project's 2-vCPU AMD VM the executor's 4-rank interleaved pipeline started each such action
+    1.7-3.2 ms after its input was sent, 0.25 ms on 2 ranks (``studies/validation_cpu/
+    oversubscribed_pipeline.txt``). Counted only where the ranks outnumber the profile's
+    ``cores``; linear between measured counts, held beyond the largest. Else (GPUs): 0."""
     tables = cluster.device.tables
     on_host = _beyond_cores(cluster, ranks)
     if on_host is None or not tables.p2p_hold:

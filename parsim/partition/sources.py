@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from parsim.costs.host import rank_cache_bytes
 from parsim.specs import ClusterSpec, ModelSpec, Plan, SpecError, load_model
 
 from .graph import CostGraph
@@ -89,7 +90,8 @@ def build_graph(source: ModelSource, plan: Plan, cluster: ClusterSpec, graph: st
     _traced_plan_ok(plan)
     module, inputs = load_factory(source.factory, plan.mbs)
     from .trace import trace_module
-    return trace_module(module, inputs, name=source.name, cluster=cluster, dtype=plan.dtype)
+    return trace_module(module, inputs, name=source.name, cluster=cluster, dtype=plan.dtype,
+                        cache_bytes=rank_cache_bytes(cluster, plan.world_size))
 
 
 def _traced_plan_ok(plan: Plan) -> None:
@@ -109,7 +111,7 @@ def _trace_reference(spec: ModelSpec, plan: Plan, cluster: ClusterSpec, referenc
 
     module, inputs = load_factory(functools.partial(reference_model, spec), plan.mbs)
     return trace_module(module, inputs, name=spec.name, cluster=cluster, dtype=plan.dtype,
-                        unit_of=_layer_of, layers=spec.layers)
+                        unit_of=_layer_of, layers=spec.layers, cache_bytes=rank_cache_bytes(cluster, plan.world_size))
 
 
 def _layer_of(path: str) -> int | None:

@@ -18,6 +18,7 @@ from parsim.costs import (embedding_activation_bytes, embedding_ops, embedding_p
                           layer_params, layer_tensors, microbatch_activation_bytes, recomputed_ops, rerun,
                           tp_collectives_per_layer)
 from parsim.costs.activations import backward_working_bytes, stage_output_bytes
+from parsim.costs.host import dram_weight, rank_cache_bytes
 from parsim.costs.memory import gathered_bytes
 from parsim.costs.params import embedding_largest_tensor, head_largest_tensor
 from parsim.costs.stack import tp_covered
@@ -37,16 +38,20 @@ class PassTimes:
     bwd_membound: float = 0.0
 
 
-def pass_times(device: DeviceProfile, ops, dtype: str, recompute_core: bool = False) -> PassTimes:
+def pass_times(device: DeviceProfile, ops, dtype: str, recompute_core: bool = False,
+               cache_bytes: float | None = None) -> PassTimes:
     """``op_time`` summed over ``ops`` per pass. ``recompute_core``: selective recomputation
-    re-runs the attention core in backward (Korthikanti et al. 2022, Sec. 5)."""
-    fwd = [(op, op_time(device, op, "fwd", dtype)) for op in ops]
-    bwd = [(op, op_time(device, op, "bwd", dtype)) for op in ops]
-    rerun_ops = recomputed_ops(ops, "selective" if recompute_core else "none")
-    bwd += [(op, op_time(device, op, "fwd", dtype)) for op in rerun_ops]
+    re-runs the attention core in backward (Korthikanti et al. 2022, Sec. 5). The memory-bound
+    parts are the seconds a shared host slows by its memory-bound factor, as the SimPy engine
+    splits them (``costs.host.dram_weight`` with ``cache_bytes``, a rank's share of the
+    last-level cache: ``costs.host.rank_cache_bytes``; None: every memory-bound op whole)."""
+    fwd = [(op, "fwd") for op in ops]
+    bwd = [(op, "bwd") for op in ops] + [(op, "fwd") for op in recomputed_ops(
+        ops, "selective" if recompute_core else "none")]   # a re-run is priced as a forward
 
     def total(pairs, membound_only=False):
-        return sum(t for op, t in pairs if not membound_only or op.kind == "membound")
+        return sum(op_time(device, op, p, dtype) * (dram_weight(op, p, cache_bytes) if membound_only else 1.0)
+                   for op, p in pairs)
     return PassTimes(total(fwd), total(bwd), total(fwd, True), total(bwd, True))
 
 
@@ -75,10 +80,10 @@ def analytic_graph(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> CostGr
     policy = "selective" if selective else "none"
     # the residual stream between layers: b x s x h (s/t with sequence parallelism)
     boundary = stage_output_bytes(model, plan)
-    dev = cluster.device
-    emb = pass_times(dev, embedding_ops(model, plan), plan.dtype)
-    layer = pass_times(dev, layer_ops(model, plan), plan.dtype, recompute_core=selective)
-    head = pass_times(dev, head_ops(model, plan), plan.dtype)
+    dev, cache = cluster.device, rank_cache_bytes(cluster, plan.world_size)
+    emb = pass_times(dev, embedding_ops(model, plan), plan.dtype, cache_bytes=cache)
+    layer = pass_times(dev, layer_ops(model, plan), plan.dtype, recompute_core=selective, cache_bytes=cache)
+    head = pass_times(dev, head_ops(model, plan), plan.dtype, cache_bytes=cache)
     tp_f, tp_b, tp_edge, tp_rerun = _tp_times(model, plan, cluster)
     rerun_s = pass_times(dev, rerun(model, plan, "full")[0], plan.dtype).fwd + tp_rerun
     L = model.layers

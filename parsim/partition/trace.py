@@ -30,13 +30,15 @@ TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def trace_module(module, example_inputs, *, name: str, cluster: ClusterSpec, dtype: str = "fp32",
-                 unit_of: Callable[[str], int | None] | None = None, layers: int | None = None) -> CostGraph:
+                 unit_of: Callable[[str], int | None] | None = None, layers: int | None = None,
+                 cache_bytes: float | None = None) -> CostGraph:
     """The cost graph of ``module`` called on ``example_inputs`` (a tensor, a tuple of
     positional inputs, or a dict of keyword inputs), priced on ``cluster.device`` in ``dtype``.
     ``unit_of(module_path)`` names the layer a submodule belongs to (cuts go at layer starts;
     layers are the recomputation units); by default the layers are the children of the
     module's largest ``ModuleList``/``ModuleDict``/``Sequential`` (``find_layers``), and with
-    none, cuts go wherever the fewest tensors are live."""
+    none, cuts go wherever the fewest tensors are live. ``cache_bytes``: a rank's share of the
+    last-level cache, which splits the memory-bound seconds as the engine does (``pass_times``)."""
     import torch
     import torch.fx as fx
 
@@ -61,7 +63,7 @@ def trace_module(module, example_inputs, *, name: str, cluster: ClusterSpec, dty
     gm = fx.GraphModule(module, graph)
     recorder = _Recorder(gm, module, cluster, dtype)
     recorder.run(*_placeholder_values(gm, args, kwargs))
-    return recorder.cost_graph(name, unit_of, layers)
+    return recorder.cost_graph(name, unit_of, layers, cache_bytes)
 
 
 def find_layers(module) -> tuple[str, int]:
@@ -241,7 +243,7 @@ class _Recorder:
             self.saved_bytes[self.current] = self.saved_bytes.get(self.current, 0.0) + nbytes
         return t
 
-    def cost_graph(self, name: str, unit_of, layers: int | None) -> CostGraph:
+    def cost_graph(self, name: str, unit_of, layers: int | None, cache_bytes: float | None = None) -> CostGraph:
         import torch
         common_idx: dict[str, int] = {}
         seq_idx: dict[str, int] = {}
@@ -255,7 +257,7 @@ class _Recorder:
             ins = [i for i in n.all_input_nodes if i.op != "get_attr"]
             is_common = n.op == "placeholder" or (not self.params[n.name] and all(i.name in common_idx for i in ins))
             flat = _flat_tensors(self.outputs[n.name])
-            times = pass_times(self.device, self.ops[n.name], self.dtype)
+            times = pass_times(self.device, self.ops[n.name], self.dtype, cache_bytes=cache_bytes)
             unit = _unit(n, unit_of)
             node = CostNode(
                 name=n.name, fwd_s=times.fwd, bwd_s=0.0 if is_common else times.bwd,
