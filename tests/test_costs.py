@@ -316,6 +316,31 @@ def test_gradient_accumulation_costs_time_only_where_the_profile_says_unfused(tm
     assert any(op.grad_accumulation for op in head_ops(model, plan))
 
 
+def test_a_tied_embedding_on_one_stage_sums_its_two_gradients_where_autograd_accumulates(tmp_path):
+    """pp = 1 with tied embeddings: autograd adds the output GEMM's and the lookup's (V/t) x h
+    gradients (2 reads, 1 write) -- whole, under ZeRO-2/3 too -- priced as autograd's gradient
+    kernels are; none with untied weights, with the two ends on two stages, or under Megatron's
+    fused accumulation."""
+    from dataclasses import replace
+
+    from parsim.costs import embedding_ops
+    from parsim.costs.ops import padded_vocab
+    model, plan = load_model("cpu-small"), Plan(tp=2, dp=2, gbs=8, dtype="fp32")
+    assert model.tied_embeddings
+    table = padded_vocab(model, plan) // 2 * model.hidden
+    for p in (plan, plan.replace(zero=3)):
+        tied = [op for op in embedding_ops(model, p) if op.name == "tied_gradient_sum"]
+        assert len(tied) == 1 and tied[0].bwd_bytes == pytest.approx(3 * 4 * table)
+    for m, p in ((replace(model, tied_embeddings=False), plan), (model, plan.replace(pp=2, dp=1))):
+        assert not [op for op in embedding_ops(m, p) if op.name == "tied_gradient_sum"]
+    op = next(op for op in embedding_ops(model, plan) if op.name == "tied_gradient_sum")
+    assert timing.op_time(load_cluster("a100-80g:8").device, op, "bwd", "fp32") == 0.0
+    unfused = _cpu_cluster(tmp_path, 2, grad_accumulation="unfused").device
+    t = timing.op_time(unfused, op, "bwd", "fp32")
+    assert t == pytest.approx(timing.membound_time(unfused, op.bwd_bytes, "grad_accumulate")) and t > 0
+    assert timing.op_time(unfused, op, "fwd", "fp32") == 0.0
+
+
 def test_a_memory_bound_op_contends_for_dram_only_past_its_share_of_the_cache():
     """``dram_share``: 0 up to half a rank's cache share, 1 from twice it, log-linear between
     (1/2 at the share itself); without a cache size every byte counts."""

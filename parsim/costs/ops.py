@@ -256,7 +256,26 @@ def embedding_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     table = padded_vocab(model, plan) // plan.tp * model.hidden
     lookup = _membound("embedding", tokens * model.hidden, e)
     return [replace(lookup, bwd_bytes=embedding_bwd_bytes(lookup.fwd_bytes, table, e)),
-            _grad_accumulation("embedding_grad_accumulate", embedding_params(model, plan), plan)]
+            _grad_accumulation("embedding_grad_accumulate", embedding_params(model, plan), plan),
+            *_tied_gradient_sum(model, plan, table)]
+
+
+def _tied_gradient_sum(model: ModelSpec, plan: Plan, table: float) -> list[Op]:
+    """A tied word embedding on one stage (pp = 1) is one parameter that two ops use, the output
+    GEMM and the lookup: one backward hands autograd two (V/t) x h gradients for it, which its
+    input buffer adds out of place (``torch/csrc/autograd/input_buffer.cpp``) before the one
+    ``AccumulateGrad``: 2 reads and 1 write of the table's gradient, 3 x its bytes. Charged as
+    autograd's own gradient kernels are (``timing.op_time``: where the profile says
+    ``grad_accumulation: unfused``; Megatron's fused wgrad writes the output GEMM's share into
+    ``main_grad`` and hands autograd none). The whole table's, as FSDP2 sums the gathered
+    parameter's gradients before it reduce-scatters them. Seen under torch.profiler in the
+    executor's 12-layer h = 256 model with a 16,384-word tied table (2-vCPU Zen 3 VM, fp32,
+    2026-12-02): one ``aten::add`` of [16384, 256] + [16384, 256] a backward (0.9 ms in a bare
+    loop; ``studies/validation_cpu/heldout/README.md``, "A tied embedding's two gradients")."""
+    if not (model.tied_embeddings and plan.pp == 1):
+        return []
+    return [Op("tied_gradient_sum", "membound", 0.0, 0.0, 0.0, bwd_bytes=3.0 * plan_state_bytes(plan).grad * table,
+               grad_accumulation=True)]
 
 
 def embedding_bwd_bytes(fwd_bytes: float, table_elements: float, act_bytes: int) -> float:
