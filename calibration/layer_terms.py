@@ -68,7 +68,7 @@ def fit_layer_terms(device: DeviceProfile, model, dtype: str) -> CalibratedTable
       c_g(N) = (L(N) (G + M) - c_m(N) D) / (G + M - D) (>= 1).
     * the probe's ``ops_fwd_s`` / ``ops_bwd_s``: its ops' priced sums, seconds."""
     from parsim.costs import layer_ops
-    from parsim.costs.host import dram_share
+    from parsim.costs.host import dram_weight
     from parsim.costs.timing import op_time
     from parsim.specs import Plan
 
@@ -100,10 +100,11 @@ def fit_layer_terms(device: DeviceProfile, model, dtype: str) -> CalibratedTable
 
         def from_dram(n: int) -> float:      # seconds of the layer's memory-bound ops out of cache
             cache = tables.last_level_cache / n if tables.last_level_cache else None
-            return sum(op_time(dev, op, p, dtype) * (dram_share(op.fwd_bytes, cache) if p == "fwd" else 1.0)
+            return sum(op_time(dev, op, p, dtype) * dram_weight(op, p, cache)
                        for op in ops if op.kind == "membound" for p in ("fwd", "bwd"))
+        # c_m as the engine takes it: a measured slowdown below 1 (noise) is 1 (costs.host.host_contention)
         tables = tables.replace(contention=RankCurve(tuple(
-            (n, max(1.0, (float(slow) * (g + mem) - float(membound.get(n, 1.0)) * d) / (g + mem - d)))
+            (n, max(1.0, (float(slow) * (g + mem) - max(float(membound.get(n, 1.0)), 1.0) * d) / (g + mem - d)))
             for n, slow in layer.values for d in [from_dram(int(n))])))
     return tables
 

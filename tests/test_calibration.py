@@ -279,7 +279,9 @@ def test_gemm_contention_is_fitted_to_the_real_layer_slowdown(quick_profile):
     c_g, c_m, slow = tables.contention.get(2), tables.contention_membound.get(2), tables.contention_layer.get(2)
     # the layer's ops priced at 2 ranks as the engine prices them
     scale = HostModel(load_cluster("cpu:2", profile=path), 2).slowdown(2)
-    assert tables.last_level_cache > 0 and scale.cache_bytes == tables.last_level_cache / 2 and (scale.gemm, scale.membound) == (c_g, c_m)
+    # a measured slowdown below 1 (noise) is taken as 1, by the engine and by the fit alike
+    assert tables.last_level_cache > 0 and scale.cache_bytes == tables.last_level_cache / 2
+    assert (scale.gemm, scale.membound) == (c_g, max(c_m, 1.0))
     import torch
 
     from parsim.calibration.cache import cache_levels

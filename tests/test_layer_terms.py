@@ -92,3 +92,22 @@ def test_calibrate_prints_the_per_op_term_where_the_profile_has_one():
     [line] = [ln for ln in render(profile, FIXTURE).splitlines() if ln.startswith("real layer")]
     assert "(x1.044 the per-op sum + 33.7 us per op), backward" in line
     assert "(x1.118 the per-op sum)" in line and line.count("us per op") == 1
+
+
+def test_a_memory_bound_slowdown_measured_below_1_is_fitted_as_the_engine_takes_it():
+    """The GEMM contention is fitted to the real layer's slowdown with the memory-bound ops at
+    the streaming probe's slowdown as the engine applies it: a reading below 1 (noise: two ranks
+    do not speed each other up) counts as 1 (``costs.host.host_contention``), so the fit prices
+    the layer as the engine will."""
+    from parsim.calibration.layer_terms import fit_layer_terms
+    from parsim.specs import RankCurve
+
+    device, _, _ = _setup()
+
+    def fitted(c_m: float) -> float:
+        tables = device.tables.replace(contention_layer=RankCurve(((1, 1.0), (2, 1.3))),
+                                       contention_membound=RankCurve(((1, 1.0), (2, c_m))))
+        return fit_layer_terms(replace(device, tables=tables), load_model("cpu-small"), "fp32").contention.get(2)
+
+    assert fitted(0.9) == pytest.approx(fitted(1.0), rel=1e-12) and fitted(0.9) > 1.0
+    assert fitted(1.8) < fitted(1.0)          # more of the layer's slowdown is its memory-bound ops'
