@@ -49,10 +49,11 @@ def pass_times(device: DeviceProfile, ops, dtype: str, recompute_core: bool = Fa
     bwd = [(op, "bwd") for op in ops] + [(op, "fwd") for op in recomputed_ops(
         ops, "selective" if recompute_core else "none")]   # a re-run is priced as a forward
 
-    def total(pairs, membound_only=False):
-        return sum(op_time(device, op, p, dtype) * (dram_weight(op, p, cache_bytes) if membound_only else 1.0)
-                   for op, p in pairs)
-    return PassTimes(total(fwd), total(bwd), total(fwd, True), total(bwd, True))
+    def totals(pairs) -> tuple[float, float]:         # (all seconds, the memory-bound part): each op priced once
+        priced = [(op_time(device, op, p, dtype), dram_weight(op, p, cache_bytes)) for op, p in pairs]
+        return sum(t for t, _ in priced), sum(t * w for t, w in priced)
+    (f, f_membound), (b, b_membound) = totals(fwd), totals(bwd)
+    return PassTimes(f, b, f_membound, b_membound)
 
 
 def _tp_times(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> tuple[float, float, float, float]:

@@ -41,7 +41,7 @@ import simpy
 from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, p2p_holds_sender, stage_params,
                           plan_state_bytes, zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs.fsdp2 import uses_fsdp2
-from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing
+from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing, rank_cache_bytes
 from parsim.costs.optimizer import (layer_from_host_s, layer_shard_bytes, rank_tensor_sizes, rank_tensors,
                                    tied_embedding_sync)
 from parsim.costs.placement import loop_placed, rank_of_stage, remote_messages, stages_of_rank
@@ -155,8 +155,8 @@ class Simulation:
         self._overlapped: dict[int, float] = {}
         # a given scale (the mean-field iteration's), else decided by ``_share_host``; GPUs: identity
         # (a shared host's: its memory-bound ops split by what fits in a rank's cache, ``ComputeScale``)
-        self.contention = (ComputeScale(cache_bytes=self.host.slowdown(1).cache_bytes) if self.host.shared else ComputeScale()) \
-            if contention is None else contention
+        self.contention = (ComputeScale(cache_bytes=rank_cache_bytes(cluster, plan.world_size)) if self.host.shared
+                           else ComputeScale()) if contention is None else contention
         self.sharing: ProcessorSharing | None = None      # whole actions as jobs on a shared host
         self.classes = self._rank_classes(slowdown, symmetric)
         self.devices = self._build_devices(slowdown)

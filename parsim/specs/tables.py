@@ -349,15 +349,15 @@ def _rows_out(per_dtype: dict) -> dict:
     return {dt: [list(r) for r in t.rows] for dt, t in per_dtype.items()}
 
 
-_same = lambda x: x  # noqa: E731
-
-
 def _levels(where: str, raw: Any) -> tuple[float, ...]:
     """Cache sizes in bytes > 0, smallest level first."""
     sizes = tuple(number(where, x) for x in raw) if isinstance(raw, (list, tuple)) else ()
     if not sizes or any(x <= 0 for x in sizes) or list(sizes) != sorted(sizes):
         raise SpecError(where, raw, "a list of cache sizes in bytes > 0, smallest level first")
     return sizes
+
+
+_same = lambda x: x  # noqa: E731
 _KEYS: dict[str, tuple[str, Callable, Callable]] = {
     # YAML key: (attribute, reader(where, raw), writer(value)); in the order calibration writes them
     "cores": ("cores", number, _same),
