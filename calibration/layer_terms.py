@@ -68,7 +68,7 @@ def fit_layer_terms(device: DeviceProfile, model, dtype: str) -> CalibratedTable
       c_g(N) = (L(N) (G + M) - c_m(N) D) / (G + M - D) (>= 1).
     * the probe's ``ops_fwd_s`` / ``ops_bwd_s``: its ops' priced sums, seconds."""
     from parsim.costs import layer_ops
-    from parsim.costs.host import dram_weight
+    from parsim.costs.host import cache_share, dram_weight
     from parsim.costs.timing import op_time
     from parsim.specs import Plan
 
@@ -99,7 +99,7 @@ def fit_layer_terms(device: DeviceProfile, model, dtype: str) -> CalibratedTable
         membound = tables.contention_membound or RankCurve()
 
         def from_dram(n: int) -> float:      # seconds of the layer's memory-bound ops out of cache
-            cache = tables.last_level_cache / n if tables.last_level_cache else None
+            cache = cache_share(tables, n)
             return sum(op_time(dev, op, p, dtype) * dram_weight(op, p, cache)
                        for op in ops if op.kind == "membound" for p in ("fwd", "bwd"))
         # c_m as the engine takes it: a measured slowdown below 1 (noise) is 1 (costs.host.host_contention)

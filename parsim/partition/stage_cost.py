@@ -50,7 +50,7 @@ class StageCost:
 
     def host_jobs(self) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
         """Forward and backward as (fixed, GEMM, memory-bound) solo seconds: the jobs a host
-        shared by several ranks runs (``costs.host.ProcessorSharing.run``); collectives are fixed."""
+        shared by several ranks runs (``costs.sharing.ProcessorSharing.run``); collectives are fixed."""
         def split(total: float, membound: float, comm: float) -> tuple[float, float, float]:
             return comm, max(total - membound - comm, 0.0), membound
         return (split(self.fwd_s, self.fwd_membound_s, self.fwd_comm_s),

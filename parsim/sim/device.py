@@ -229,7 +229,7 @@ def start_whole(env: simpy.Environment, sim: "Simulation", dev: "Device", cost: 
     """Start an action with nothing shared inside: returns (the event at its end, the stretch
     of its inside offsets). One timeout of its duration, the wait for its input folded in;
     or, on a host whose cores the ranks share, one processor-sharing job
-    (``costs.host.ProcessorSharing``) whose inside stretches by the sharing at its start. Its
+    (``costs.sharing.ProcessorSharing``) whose inside stretches by the sharing at its start. Its
     gradients' readiness and its ZeRO-2 reduce-scatters hang on the inside offsets."""
     now, stage, kind = env.now, cost.stage, cost.kind
     if sim.sharing is not None:
