@@ -142,6 +142,18 @@ def test_a_sweep_of_a_trillion_layers_is_refused_before_the_fast_path_walks_them
     assert err.value.field == "model.layers" and "layer by layer" in str(err.value)
 
 
+def test_the_memory_of_a_trillion_layers_is_one_clear_refusal_not_a_memory_error(tmp_path, capsys):
+    from parsim.cli import main
+    f = tmp_path / "model.yaml"
+    f.write_text("layers: 1000000000000\nhidden: 64\nheads: 4\n")
+    assert main(["memory", "--json", "--model", str(f), "--cluster", "a100-80g:1", "--plan", "dp=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "model.layers=1000000000000" in err and "pipeline stages" in err
+    # a large but bounded model is priced: 20,000 layers on 4 stages
+    f.write_text("layers: 20000\nhidden: 64\nheads: 4\n")
+    assert main(["memory", "--json", "--model", str(f), "--cluster", "a100-80g:4", "--plan", "pp=4 gbs=4"]) == 0
+
+
 def test_a_long_naive_pipeline_dry_runs_in_linear_time():
     import time
 

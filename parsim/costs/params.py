@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import heapq
 
-from parsim.specs import ModelSpec, Plan, plan_stack, stage_layers
+from parsim.specs import ModelSpec, Plan, SpecError, plan_stack, stage_layers
 
 from . import footprint
 from .ops import padded_vocab
@@ -104,6 +104,12 @@ def layer_tensors(model: ModelSpec, tp: int = 1) -> list[float]:
     return [size for size, _ in layer_tensor_order(model, tp)]
 
 
+# the most parameter tensors one pipeline rank may hold (``rank_tensor_order`` lists each, ~70
+# bytes apiece): ~60,000 layers of 16 tensors, 400x the largest published models' ranks; past it a
+# model is unbounded (10^12 layers took `parsim memory` to a MemoryError, make fuzz, 2026-12-02)
+MAX_RANK_TENSORS = 1_000_000
+
+
 def rank_tensor_order(model: ModelSpec, plan: Plan) -> list[list[tuple[float, bool]]]:
     """(elements, is a matrix) of every parameter tensor each pipeline rank holds, in the order
     the executor hands them to its optimizer (``executor/build.py``: the rank's model chunks as
@@ -117,6 +123,12 @@ def rank_tensor_order(model: ModelSpec, plan: Plan) -> list[list[tuple[float, bo
     words = float(-(-model.vocab // plan.tp) * h)
     norm = [(float(h), False)] * (2 if model.norm == "layernorm" and model.bias else 1)
     layer, per_stage = layer_tensor_order(model, plan.tp), stage_layers(model, plan)
+    held = max(sum(per_stage[v] for v in stages_of_rank(plan, r)) for r in range(plan.pp)) * len(layer)
+    if held > MAX_RANK_TENSORS:
+        raise SpecError("model.layers", model.layers,
+                        f"at most {MAX_RANK_TENSORS:,} parameter tensors on one pipeline rank (its layers x "
+                        f"{len(layer)} tensors a layer: {held:,}; the memory model lists them one by one): "
+                        f"fewer layers, or more pipeline stages")
     last = plan.pp * plan.vpp - 1
     out: list[list[tuple[float, bool]]] = []
     for rank in range(plan.pp):
