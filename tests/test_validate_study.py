@@ -114,6 +114,18 @@ def test_validation_runs_rounds_on_real_processes_and_resumes_without_rerunning(
     assert [r["measured_step_s"] for r in again.rows] == pytest.approx([r["measured_step_s"] for r in report.rows])
     with (out / "validation.csv").open() as fh:
         assert len(list(csv.DictReader(fh))) == 2
+    # asked for a third round, it runs only that round of each plan and judges both again over three
+    more = run_validation(matrix, CPU_CALIBRATED, out, progress=False, rounds=3)
+    rounds = read_rounds(out)
+    assert sorted((m.plan, m.round) for m in rounds) == sorted((p.to_string(), k) for p in matrix.plans
+                                                               for k in (0, 1, 2))
+    assert (out / "rounds.csv").read_text().startswith(before)       # the first two rounds kept as they were
+    for row in more.rows:
+        mine = [m.step_time_s for m in sorted(rounds, key=lambda m: m.round) if m.plan == row["plan"]]
+        assert json.loads(row["measured_rounds_s"]) == pytest.approx(mine, abs=1e-6)
+        assert row["measured_step_s"] == pytest.approx(statistics.median(mine))
+    with (out / "validation.csv").open() as fh:
+        assert sorted(r["plan"] for r in csv.DictReader(fh)) == sorted(p.to_string() for p in matrix.plans)
 
 
 def _probes_like(profile, scale=1.0, contention=None, world=2):

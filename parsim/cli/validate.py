@@ -15,7 +15,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="studies/validation_cpu", help="output folder (CSV, plots, traces); resumable")
     p.add_argument("--fresh", action="store_true", help="discard finished rows and rounds in --out and start over")
     p.add_argument("--rounds", type=int, default=None,
-                   help="executor runs per plan, interleaved over the matrix; the median counts [matrix's rounds, 1]")
+                   help="executor runs per plan, interleaved over the matrix; the median counts; "
+                        "on an --out whose plans have fewer, the missing rounds run [matrix's rounds, 1]")
     p.add_argument("--worst", type=int, default=3, help="side-by-side timelines for the N worst plans [3]")
     add_json_argument(p)
 

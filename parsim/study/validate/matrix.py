@@ -99,6 +99,16 @@ def append_row(out_dir: Path, row: dict[str, Any]) -> None:
     _append_csv(out_dir / CSV_NAME, COLUMNS, row)
 
 
+def drop_rows(out_dir: Path, plans: set[str]) -> None:
+    """``validation.csv`` without the rows of ``plans`` (to be judged again over more rounds),
+    written whole, its header kept."""
+    path = out_dir / CSV_NAME
+    records = list(csv.reader(io.StringIO(path.read_text(encoding="utf-8"))))
+    buffer = io.StringIO()
+    csv.writer(buffer).writerows(records[:1] + [r for r in records[1:] if r and r[0] not in plans])
+    write_text(path, buffer.getvalue(), "out")
+
+
 def _append_csv(path: Path, columns: list[str], row: dict[str, Any]) -> None:
     """Append ``row``; a file written before a column was added keeps its own header (the
     new columns are left out of its rows, and read back as missing)."""

@@ -7,7 +7,10 @@ measured in several *rounds*: round 1 runs every plan once, round 2 again, and s
 measured step time is the median over its rounds; its memory, busy time, losses and trace
 come from the round closest to that median. Each finished run is appended to ``rounds.csv``
 and each finished plan to ``validation.csv`` (``matrix``), so an interrupted run resumes where
-it stopped (finished plans and rounds are kept and skipped).
+it stopped (finished plans and rounds are kept and skipped). Asked for more rounds than a finished
+plan has (``--rounds``), it measures the missing ones and judges the plan again: a study can
+take its rounds across several matrices in turn, so a slow spell of the machine falls on every
+matrix's plans (``studies/validation_cpu/heldout/run.sh``).
 
 When the profile has a real-layer probe, the executor re-takes it around every timed step and
 each round is also predicted with the profile anchored to those probes
@@ -25,8 +28,8 @@ from typing import Any, Callable
 from parsim.specs import ModelSpec, Plan, SpecError, load_cluster
 
 from .compare import MedianMeasurement, ValidationReport, compare, summarise
-from .matrix import (CSV_NAME, DID_NOT_FIT, RAN, ROUNDS_NAME, Matrix, MeasuredRound, append_round, append_row, load_matrix, read_rounds,
-                     read_rows)
+from .matrix import (CSV_NAME, DID_NOT_FIT, RAN, ROUNDS_NAME, Matrix, MeasuredRound, append_round, append_row, drop_rows,
+                     load_matrix, read_rounds, read_rows)
 
 # consecutive plans of one world size run in one set of executor processes (start-up is seconds)
 PLANS_PER_LAUNCH = 4
@@ -103,8 +106,9 @@ def check_plans(spec: Matrix, profile: str | Path) -> None:
 
 def run_validation(matrix: Matrix, profile: str, out_dir: str | Path, *, progress: bool = True,
                    on_row: Callable[[dict[str, Any]], None] | None = None, rounds: int | None = None) -> ValidationReport:
-    """Run every plan not yet in ``out_dir/validation.csv`` on both engines, ``rounds`` times
-    on the executor (default: the matrix's); resumable."""
+    """Run every plan not yet in ``out_dir/validation.csv``, or judged there over fewer than
+    ``rounds`` rounds, on both engines, ``rounds`` times on the executor (default: the matrix's;
+    the rounds already in ``rounds.csv`` are kept); resumable."""
     from parsim.calibration.anchor import probe_request
     from parsim.calibration.host_alloc import use_profile_policy
     from parsim.specs import load_profile_dict
@@ -114,9 +118,14 @@ def run_validation(matrix: Matrix, profile: str, out_dir: str | Path, *, progres
     use_profile_policy(profile_data)      # the executor's ranks run under the profile's host memory policy
     out = Path(out_dir)
     (out / "traces").mkdir(parents=True, exist_ok=True)
-    done = {r["plan"] for r in read_rows(out)}
-    todo = [p for p in matrix.plans if p.to_string() not in done]
     measured: dict[tuple[str, int], MeasuredRound] = {(m.plan, m.round): m for m in read_rounds(out)}
+    rows = read_rows(out)
+    # a row judged over fewer rounds than asked for now is measured further and judged again
+    done = {r["plan"] for r in rows
+            if r["outcome"] != RAN or all((r["plan"], k) in measured for k in range(rounds))}
+    if {r["plan"] for r in rows} - done:
+        drop_rows(out, {r["plan"] for r in rows} - done)
+    todo = [p for p in matrix.plans if p.to_string() not in done]
     unfit = run_rounds(matrix, todo, rounds, out, measured, probe_request(profile_data), progress)
     for plan in todo:
         if plan.to_string() in unfit:
