@@ -68,7 +68,7 @@ def fit_layer_terms(device: DeviceProfile, model, dtype: str) -> CalibratedTable
       c_g(N) = (L(N) (G + M) - c_m(N) D) / (G + M - D) (>= 1).
     * the probe's ``ops_fwd_s`` / ``ops_bwd_s``: its ops' priced sums, seconds."""
     from parsim.costs import layer_ops
-    from parsim.costs.host import cache_share, dram_weight
+    from parsim.costs.host import cache_share, curve_slowdown, dram_weight
     from parsim.costs.timing import op_time
     from parsim.specs import Plan
 
@@ -96,15 +96,15 @@ def fit_layer_terms(device: DeviceProfile, model, dtype: str) -> CalibratedTable
     if layer is not None and len(layer) > 1:
         g = pred["fwd"]["g"] + pred["bwd"]["g"]
         mem = pred["fwd"]["m"] + pred["bwd"]["m"]
-        membound = tables.contention_membound or RankCurve()
+        membound = tables.contention_membound
 
         def from_dram(n: int) -> float:      # seconds of the layer's memory-bound ops out of cache
             cache = cache_share(tables, n)
             return sum(op_time(dev, op, p, dtype) * dram_weight(op, p, cache)
                        for op in ops if op.kind == "membound" for p in ("fwd", "bwd"))
-        # c_m as the engine takes it: a measured slowdown below 1 (noise) is 1 (costs.host.host_contention)
+        # c_m as the engine takes it (costs.host.curve_slowdown; no streaming probe: 1)
         tables = tables.replace(contention=RankCurve(tuple(
-            (n, max(1.0, (float(slow) * (g + mem) - max(float(membound.get(n, 1.0)), 1.0) * d) / (g + mem - d)))
+            (n, max(1.0, (float(slow) * (g + mem) - curve_slowdown(membound, int(n)) * d) / (g + mem - d)))
             for n, slow in layer.values for d in [from_dram(int(n))])))
     return tables
 

@@ -37,7 +37,6 @@ from .sharing import Clock, ProcessorSharing, SharingLaw
 from .stack import comm_compute_slowdown
 
 
-
 @dataclass(frozen=True)
 class ComputeScale:
     """Factors on a rank's compute time: GEMMs and attention, memory-bound ops (slowed more
@@ -108,7 +107,14 @@ def host_contention(cluster: ClusterSpec, ranks: float, kind: str = "gemm") -> f
     tables = cluster.device.tables
     curve = ((tables.contention_optimizer if kind == "optimizer" else None)
              or (tables.contention_membound if kind in ("membound", "optimizer") else None) or tables.contention)
-    on_host = _on_host(cluster, ranks)
+    return curve_slowdown(curve, _on_host(cluster, ranks))
+
+
+def curve_slowdown(curve: RankCurve | None, on_host: float) -> float:
+    """A contention curve at ``on_host`` ranks computing at once on one host: linear between
+    measured counts, growing with ranks past the largest (processor sharing); a measured
+    slowdown below 1 (noise) is 1; no curve, or one rank: 1. ``host_contention`` and
+    ``calibration.layer_terms`` (the memory-bound share of the layer's slowdown) read it."""
     if not curve or on_host <= 1:
         return 1.0
     return max(_per_ranks(curve, on_host, 1.0, beyond="scale"), 1.0)

@@ -123,8 +123,9 @@ def run_validation(matrix: Matrix, profile: str, out_dir: str | Path, *, progres
     # a row judged over fewer rounds than asked for now is measured further and judged again
     done = {r["plan"] for r in rows
             if r["outcome"] != RAN or all((r["plan"], k) in measured for k in range(rounds))}
-    if {r["plan"] for r in rows} - done:
-        drop_rows(out, {r["plan"] for r in rows} - done)
+    stale = {r["plan"] for r in rows} - done
+    if stale:
+        drop_rows(out, stale)
     todo = [p for p in matrix.plans if p.to_string() not in done]
     unfit = run_rounds(matrix, todo, rounds, out, measured, probe_request(profile_data), progress)
     for plan in todo:
