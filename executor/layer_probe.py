@@ -112,3 +112,35 @@ def probe_layer(model, mbs: int, dtype: str, device: torch.device) -> LayerProbe
         return None
     return LayerProbe(solo_fwd_s=statistics.median(fwd), solo_bwd_s=statistics.median(bwd),
                       concurrent_s=statistics.median(float(t) for t in every), world=dist.get_world_size())
+
+
+def probe_now(model, mbs: int, dtype: str, world: int, probes: int = 3, timeout_s: float = 60.0) -> list[dict[str, float]]:
+    """``probes`` probes (``probe_layer``, as dicts) taken in a launch of ``world`` CPU ranks of
+    their own, started as the executor starts its ranks (gloo, one thread each, the host memory
+    policy ``PARSIM_HOST_MEMORY`` says): the machine as it runs now, before a plan is predicted.
+    ``parsim demo`` re-anchors a profile kept from an earlier run with them
+    (``calibration.anchor.anchored_profile``): a shared VM's speed moves by tens of percent
+    between runs minutes apart. A few seconds: the launch, and ~1-2 s per probe."""
+    from .processes import free_port, launched_from_a_script, run_ranks
+
+    start = "exec" if launched_from_a_script() else None
+    ranks = run_ranks(_probe_rank, (free_port(), world, model, mbs, dtype, probes, timeout_s), world, grace_s=0.0,
+                      start=start)
+    return ranks[0]
+
+
+def _probe_rank(rank: int, port: int, world: int, model, mbs: int, dtype: str, probes: int,
+                timeout_s: float) -> list[dict]:
+    import datetime
+
+    from .host_alloc import apply_host_memory_policy
+
+    torch.set_num_threads(1)
+    apply_host_memory_policy()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        taken = [probe_layer(model, mbs, dtype, torch.device("cpu")) for _ in range(probes)]
+    finally:
+        dist.destroy_process_group()
+    return [p.to_dict() for p in taken if p is not None]

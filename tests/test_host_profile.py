@@ -120,3 +120,29 @@ def test_apart_is_the_largest_over_the_smallest_and_zero_without_a_pair():
     assert apart(iter([3.0, 1.5])) == pytest.approx(1.0)      # any iterable, in any order
     assert apart([0.3]) == 0.0 and apart([]) == 0.0
     assert apart([0.0, 1.0]) == 0.0                           # a zero timing is no scale
+
+
+@pytest.mark.slow
+def test_a_kept_profile_is_re_anchored_to_its_layer_timed_now_before_the_demo_predicts(tmp_path):
+    """``reanchored_now``: the kept profile's real-layer probe is taken again in a 2-rank launch
+    started as the executor's, and its solo times replace the profile's (the contention stays);
+    said in one line. A profile whose layer is priced 10,000x faster than any CPU runs it comes back at the
+    machine's speed; a profile without the probe (a GPU preset) comes back as it was, untouched."""
+    pytest.importorskip("torch")
+    from parsim.api.hardware import reanchored_now
+    from parsim.specs import load_profile_dict, profile_tables
+
+    data = yaml.safe_load(FIXTURE.read_text())
+    probe = data["device"]["extra"]["layer_probe"] if "extra" in data["device"] else None
+    probe = probe or data["device"]["tables"]["layer_probe"]
+    probe["fwd_s"], probe["bwd_s"] = 1e-6, 2e-6
+    said = []
+    out = reanchored_now(data, 2, say=said.append, probes=1)
+    now = profile_tables(out).layer_probe
+    assert now.fwd_s > 1e-4 and now.bwd_s > 1e-4            # the layer as it ran, not the fake 1-2 us
+    kept = dict(profile_tables(data).contention_layer.values)
+    assert dict(profile_tables(out).contention_layer.values) == pytest.approx(kept, rel=1e-9)
+    assert len(said) == 1 and "re-anchored" in said[0] and "x its time in the profile" in said[0]
+    assert profile_tables(data).layer_probe.fwd_s == 1e-6    # the kept profile itself is not changed
+    gpu = load_profile_dict("a100-80g")
+    assert reanchored_now(gpu, 2, say=said.append) == gpu and len(said) == 1

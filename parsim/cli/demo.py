@@ -97,25 +97,26 @@ def execute_locally(out: Path, steps: int, recalibrate: bool = False) -> None:
     from parsim.specs import cluster_from_dict, load_profile_dict, parse_plan
     from parsim.calibration.anchor import anchored_profile, probe_drift, probe_request
 
-    from parsim.api.hardware import host_profile
+    from parsim.api.hardware import host_profile, reanchored_now
 
     model = load_model(CPU_MODEL)
     _section(f"this machine: {model.name} on {CPU_RANKS} CPU ranks (gloo)")
     chosen = host_profile(recalibrate=recalibrate, say=lambda line: print(line, flush=True))
-    profile = str(chosen.path)
-    cluster = load_cluster(f"cpu:{CPU_RANKS}", profile=profile)
-    print(f"predicting with the {chosen.note}")
+    profile_data = load_profile_dict(str(chosen.path))
+    use_profile_policy(profile_data)      # the executor's ranks run under the profile's host memory policy
+    start_early()       # the ranks' fork server imports torch beside our own import of it, below
+    print(f"predicting with the {chosen.note}", flush=True)
+    if not chosen.calibrated:             # kept from an earlier run: the machine's level now
+        profile_data = reanchored_now(profile_data, CPU_RANKS, say=lambda line: print(line, flush=True))
+    cluster = cluster_from_dict(profile_data, CPU_RANKS)
     plans = [parse_plan(p) for p in ("dp=2 gbs=8 dtype=fp32", "tp=2 gbs=8 dtype=fp32 sp=true",
                                      "pp=2 gbs=8 dtype=fp32 schedule=1f1b")]
     predicted = {p: simulate(model, cluster, p) for p in plans}
     ranked = sorted(plans, key=lambda p: predicted[p].step_time_s)
     print(f"predicted best: {ranked[0].to_string()}; executing all {len(plans)} for {steps} steps each ...",
           flush=True)
-    profile_data = load_profile_dict(profile)
-    use_profile_policy(profile_data)      # the executor's ranks run under the profile's host memory policy
     config = ExecutorConfig(steps=steps, warmup=1, trace_dir=str(out / "executed"),
                             layer_probe=probe_request(profile_data))
-    start_early()       # the ranks' fork server imports torch beside our own import of it, below
     from parsim.executor import run_plans
     from parsim.executor.worker import RunSpec
     measured = run_plans([RunSpec(model, p, config) for p in ranked])
@@ -141,7 +142,8 @@ def execute_locally(out: Path, steps: int, recalibrate: bool = False) -> None:
     if anchored:
         print("drift: the calibration's layer, timed around these steps, over its time in the profile; anchored: "
               "the prediction with the profile re-anchored to it (parsim validate does the same)")
-        hint = drift_hint(drifts, chosen.calibrated, shifts)
+        # the profile's level was taken a minute ago: calibrated just now, or a kept one re-anchored
+        hint = drift_hint(drifts, True, shifts)
         if hint:
             print(hint)
     fastest = min(zip(ranked, measured), key=lambda pm: pm[1].step_time_s)[0]
@@ -182,7 +184,7 @@ def drift_hint(drifts: list[float], calibrated_now: bool, shifts: list[float] = 
                         "anchored column follows the machine meanwhile")
     ran = f"note: the calibration's layer ran at {median:.2f}x its time in the profile"
     if calibrated_now:
-        return (f"{ran} calibrated a minute ago (median drift): the machine is busy or unsteady, and the profile's "
+        return (f"{ran} as measured a minute ago (median drift): the machine is busy or unsteady, and the profile's "
                 "predictions move with it; the anchored column follows the machine")
     return (f"{ran} kept for this host (median drift): the machine's speed has moved since; `parsim demo "
             "--recalibrate` measures it again, and the anchored column follows the machine meanwhile")
