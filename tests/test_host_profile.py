@@ -122,6 +122,11 @@ def test_apart_is_the_largest_over_the_smallest_and_zero_without_a_pair():
     assert apart([0.0, 1.0]) == 0.0                           # a zero timing is no scale
 
 
+def _layer_probe(data: dict) -> dict:
+    """The real-layer probe's mapping in a profile's YAML data (``device.extra`` or ``.tables``)."""
+    return data["device"].get("extra", {}).get("layer_probe") or data["device"]["tables"]["layer_probe"]
+
+
 @pytest.mark.slow
 def test_a_kept_profile_is_re_anchored_to_its_layer_timed_now_before_the_demo_predicts(tmp_path):
     """``reanchored_now``: the kept profile's real-layer probe is taken again in a 2-rank launch
@@ -133,8 +138,7 @@ def test_a_kept_profile_is_re_anchored_to_its_layer_timed_now_before_the_demo_pr
     from parsim.specs import load_profile_dict, profile_tables
 
     data = yaml.safe_load(FIXTURE.read_text())
-    probe = data["device"]["extra"]["layer_probe"] if "extra" in data["device"] else None
-    probe = probe or data["device"]["tables"]["layer_probe"]
+    probe = _layer_probe(data)
     probe["fwd_s"], probe["bwd_s"] = 1e-6, 2e-6
     said = []
     out = reanchored_now(data, 2, say=said.append, probes=1)
@@ -146,3 +150,18 @@ def test_a_kept_profile_is_re_anchored_to_its_layer_timed_now_before_the_demo_pr
     assert profile_tables(data).layer_probe.fwd_s == 1e-6    # the kept profile itself is not changed
     gpu = load_profile_dict("a100-80g")
     assert reanchored_now(gpu, 2, say=said.append) == gpu and len(said) == 1
+
+
+@pytest.mark.slow
+def test_a_probe_launch_that_fails_leaves_the_kept_profile_as_it_was_and_says_why():
+    """Where the probe's launch fails (here its ranks cannot build a layer of -1 samples),
+    ``reanchored_now`` says so, naming the rank and the error, and the demo predicts at the kept
+    level: the plans' own launch right after says more if the machine cannot run ranks."""
+    pytest.importorskip("torch")
+    from parsim.api.hardware import reanchored_now
+
+    data = yaml.safe_load(FIXTURE.read_text())
+    _layer_probe(data)["mbs"] = -1
+    said = []
+    assert reanchored_now(data, 2, say=said.append, probes=1) is data
+    assert len(said) == 1 and "could not time its layer now" in said[0] and "rank 0" in said[0]

@@ -196,27 +196,32 @@ def reanchored_now(profile_data: dict, ranks: int, say: Callable[[str], None] = 
     real-layer probe taken now, in a launch of ``ranks`` ranks started as the executor's
     (``executor.layer_probe.probe_now``; ``calibration.anchor.anchored_profile``: the layer's solo
     time replaces the profile's, nothing else changes), said in one line; unchanged for a profile
-    without the probe (GPU presets). The slowdown of ``ranks`` at once stays the profile's, the
-    median of the calibration's rounds: the three probes of one launch read it 0.87-1.08 for 2
-    ranks, and re-anchored to them too, a demo's predictions moved 7 % with that noise alone. The level of a
-    shared VM moves by tens of percent between runs minutes apart, so a profile kept from the
-    last one prices this one at a speed the machine no longer has: on the 2-vCPU Zen 5 VM of
-    2026-12-02, four runs of the demo's three plans on a profile kept 35 minutes read a mean
-    |error| of 9.6 % (-21.3..+1.5 %, 7 of 12 within 10 %) with its level and 5.3 % (-9.8..+10.5 %,
-    11 of 12) re-anchored this way just before each run, side by side. A profile calibrated a
-    minute before gains nothing: its level
-    is a median over the calibration's blocks, a probe taken now is one block (three such runs:
-    no better)."""
+    without the probe (GPU presets), or where the launch fails (said; the plans' own launch then
+    says more). The slowdown of ``ranks`` at once stays the profile's, the median of the
+    calibration's rounds: the three probes of one launch read it 0.87-1.08 for 2 ranks, and
+    re-anchored to them too, a demo's predictions moved 7 % with that noise alone.
+
+    The level of a shared VM moves by tens of percent between runs minutes apart, so a profile
+    kept from the last one prices this one at a speed the machine no longer has: on the 2-vCPU
+    Zen 5 VM of 2026-12-02, four runs of the demo's three plans on a profile kept 35 minutes read
+    a mean |error| of 9.6 % (-21.3..+1.5 %, 7 of 12 within 10 %) with its level and 5.3 %
+    (-9.8..+10.5 %, 11 of 12) re-anchored this way just before each run, side by side. A profile
+    calibrated a minute before gains nothing: its level is a median over the calibration's
+    blocks, a probe taken now is one block (three such runs: no better)."""
     from parsim.calibration.anchor import anchored_profile, probe_drift, probe_request
 
     request = probe_request(profile_data)
     if request is None:
         return profile_data
     from parsim.executor.layer_probe import probe_now
-
+    from parsim.executor.processes import LaunchError
     from parsim.specs import profile_tables
 
-    taken = probe_now(*request, ranks, probes=probes)
+    try:
+        taken = probe_now(*request, ranks, probes=probes)
+    except LaunchError as err:
+        say(f"could not time its layer now ({err}): predicting at the level it was kept with")
+        return profile_data
     curve = profile_tables(profile_data).contention_layer
     if curve is not None and ranks in dict(curve.values):     # the level only: the profile's contention stays
         slowdown = dict(curve.values)[ranks]
