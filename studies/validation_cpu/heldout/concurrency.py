@@ -5,12 +5,11 @@ Per plan and run: *busy ranks* = the seconds the ranks spend inside compute acti
 ranks, over the step's span, in the measured trace (``traces/planNN.measured.json``, the median
 round) and in the predicted one (``planNN.predicted.json``). The simulator shares the host's
 cores among the ranks computing at once (``parsim.costs.sharing``, processor sharing: each of
-k runnable ranks on c cores at min(1, c / k) of its speed); Linux keeps a run queue per core,
-so three runnable ranks on two cores run as one alone at full speed and two at half, until
-one blocks (run k's long dp=2 pp=2 plan, rank 0's second forward: 59 ms alone beside two ranks
-sharing the other core, 142 ms predicted). A plan whose sign is the same in every run is one
-the sharing model misplaces; the step error beside it is the run's own (its level moves with
-the calibration's minutes).
+k runnable ranks on c cores at min(1, c / k) of its speed). A plan whose sign is the same in
+every run is one whose overlap of compute the simulator gets wrong the same way each time;
+the step error beside it is the run's own (its level moves with the calibration's minutes).
+Per-core run queues in place of processor sharing did not change that (the README, "Where the
+sharing model places ranks wrongly").
 
     python3 studies/validation_cpu/heldout/concurrency.py > studies/validation_cpu/heldout/concurrency.txt
 
