@@ -9,7 +9,7 @@ k runnable ranks on c cores at min(1, c / k) of its speed). A plan whose sign is
 every run is one whose overlap of compute the simulator gets wrong the same way each time;
 the step error beside it is the run's own (its level moves with the calibration's minutes).
 Per-core run queues in place of processor sharing did not change that (the README, "Where the
-sharing model places ranks wrongly").
+simulated overlap of compute is off").
 
     python3 studies/validation_cpu/heldout/concurrency.py > studies/validation_cpu/heldout/concurrency.txt
 
