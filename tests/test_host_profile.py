@@ -131,8 +131,9 @@ def _layer_probe(data: dict) -> dict:
 def test_a_kept_profile_is_re_anchored_to_its_layer_timed_now_before_the_demo_predicts(tmp_path):
     """``reanchored_now``: the kept profile's real-layer probe is taken again in a 2-rank launch
     started as the executor's, and its solo times replace the profile's (the contention stays);
-    said in one line. A profile whose layer is priced 10,000x faster than any CPU runs it comes back at the
-    machine's speed; a profile without the probe (a GPU preset) comes back as it was, untouched."""
+    said in one line. A profile whose layer is priced 10,000x faster than any CPU runs it comes
+    back at the machine's speed; a profile without the probe (a GPU preset) comes back as it was,
+    untouched."""
     pytest.importorskip("torch")
     from parsim.api.hardware import reanchored_now
     from parsim.specs import load_profile_dict, profile_tables

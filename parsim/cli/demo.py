@@ -106,8 +106,9 @@ def execute_locally(out: Path, steps: int, recalibrate: bool = False) -> None:
     use_profile_policy(profile_data)      # the executor's ranks run under the profile's host memory policy
     start_early()       # the ranks' fork server imports torch beside our own import of it, below
     print(f"predicting with the {chosen.note}", flush=True)
+    kept = profile_data
     if not chosen.calibrated:             # kept from an earlier run: the machine's level now
-        profile_data = reanchored_now(profile_data, CPU_RANKS, say=lambda line: print(line, flush=True))
+        profile_data = reanchored_now(kept, CPU_RANKS, say=lambda line: print(line, flush=True))
     cluster = cluster_from_dict(profile_data, CPU_RANKS)
     plans = [parse_plan(p) for p in ("dp=2 gbs=8 dtype=fp32", "tp=2 gbs=8 dtype=fp32 sp=true",
                                      "pp=2 gbs=8 dtype=fp32 schedule=1f1b")]
@@ -143,7 +144,7 @@ def execute_locally(out: Path, steps: int, recalibrate: bool = False) -> None:
         print("drift: the calibration's layer, timed around these steps, over its time in the profile; anchored: "
               "the prediction with the profile re-anchored to it (parsim validate does the same)")
         # the profile's level was taken a minute ago: calibrated just now, or a kept one re-anchored
-        hint = drift_hint(drifts, True, shifts)
+        hint = drift_hint(drifts, chosen.calibrated or profile_data is not kept, shifts)
         if hint:
             print(hint)
     fastest = min(zip(ranked, measured), key=lambda pm: pm[1].step_time_s)[0]
