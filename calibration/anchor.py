@@ -53,17 +53,20 @@ def probe_drift(profile_data: dict[str, Any], probes: list[dict[str, float]]) ->
     return (now["fwd_s"] + now["bwd_s"]) / (float(cal.fwd_s) + float(cal.bwd_s))
 
 
-def anchored_profile(profile_data: dict[str, Any], probes: list[dict[str, float]]) -> dict[str, Any]:
+def anchored_profile(profile_data: dict[str, Any], probes: list[dict[str, float]],
+                     contention: bool = True) -> dict[str, Any]:
     """A copy of the profile whose layer probe is the one taken around a run: its solo forward
     and backward seconds, and the concurrent slowdown for the run's rank count; the layer
     composition and GEMM contention are re-derived from them (``fit_layer_terms``) exactly as
     ``parsim calibrate`` derived the profile's. Everything else (per-op tables, collectives)
-    is the profile's."""
+    is the profile's. ``contention=False``: the level only, the profile's concurrent slowdown
+    kept where it has one for the run's rank count (``api.hardware.reanchored_now``)."""
     now = mean_probe(probes)
     data = copy.deepcopy(profile_data)
     tables = profile_tables(data)
     tables = tables.replace(layer_probe=replace(tables.layer_probe, fwd_s=now["fwd_s"], bwd_s=now["bwd_s"]))
-    if now["world"] > 1 and tables.contention_layer is not None:
+    curve = tables.contention_layer
+    if now["world"] > 1 and curve is not None and (contention or now["world"] not in dict(curve.values)):
         tables = tables.replace(contention_layer=tables.contention_layer.with_value(now["world"], now["contention"]))
     # the probe's layer is the profile's model (``probe_request``), whatever the matrix's is
     return refit_data(with_profile_tables(data, tables))

@@ -128,7 +128,7 @@ def _layer_probe(data: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_a_kept_profile_is_re_anchored_to_its_layer_timed_now_before_the_demo_predicts(tmp_path):
+def test_a_kept_profile_is_re_anchored_to_its_layer_timed_now_before_the_demo_predicts():
     """``reanchored_now``: the kept profile's real-layer probe is taken again in a 2-rank launch
     started as the executor's, and its solo times replace the profile's (the contention stays);
     said in one line. A profile whose layer is priced 10,000x faster than any CPU runs it comes
@@ -146,7 +146,7 @@ def test_a_kept_profile_is_re_anchored_to_its_layer_timed_now_before_the_demo_pr
     now = profile_tables(out).layer_probe
     assert now.fwd_s > 1e-4 and now.bwd_s > 1e-4            # the layer as it ran, not the fake 1-2 us
     kept = dict(profile_tables(data).contention_layer.values)
-    assert dict(profile_tables(out).contention_layer.values) == pytest.approx(kept, rel=1e-9)
+    assert dict(profile_tables(out).contention_layer.values) == kept
     assert len(said) == 1 and "re-anchored" in said[0] and "x its time in the profile" in said[0]
     assert profile_tables(data).layer_probe.fwd_s == 1e-6    # the kept profile itself is not changed
     gpu = load_profile_dict("a100-80g")

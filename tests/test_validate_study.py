@@ -164,6 +164,11 @@ def test_anchoring_to_the_profiles_own_probe_changes_nothing_and_a_slower_layer_
         prof, world=4, contention=profile_tables(prof).contention_layer.get(4) + 1.0)))
     assert crowded.contention.get(4) > refit.contention.get(4) + 0.5
     assert crowded.contention.get(2) == pytest.approx(refit.contention.get(2))
+    # the level only (a kept profile re-timed before a demo): the profile's 4-rank slowdown stays
+    level = profile_tables(anchored_profile(prof, _probes_like(
+        prof, world=4, contention=profile_tables(prof).contention_layer.get(4) + 1.0), contention=False))
+    assert level.contention_layer == profile_tables(prof).contention_layer
+    assert level.contention.get(4) == pytest.approx(refit.contention.get(4))
 
     model, plan = load_model("cpu-small"), parse_plan("pp=2 gbs=8 schedule=1f1b dtype=fp32")
     base = simulate(model, cluster_from_dict(same, 2), plan, mode="full").step_time_s

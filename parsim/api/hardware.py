@@ -215,20 +215,15 @@ def reanchored_now(profile_data: dict, ranks: int, say: Callable[[str], None] = 
         return profile_data
     from parsim.executor.layer_probe import probe_now
     from parsim.executor.processes import LaunchError
-    from parsim.specs import profile_tables
 
     try:
         taken = probe_now(*request, ranks, probes=probes)
     except LaunchError as err:
         say(f"could not time its layer now ({err}): predicting at the level it was kept with")
         return profile_data
-    curve = profile_tables(profile_data).contention_layer
-    if curve is not None and ranks in dict(curve.values):     # the level only: the profile's contention stays
-        slowdown = dict(curve.values)[ranks]
-        taken = [{**p, "concurrent_s": slowdown * (p["solo_fwd_s"] + p["solo_bwd_s"])} for p in taken]
     say(f"re-anchored it to its layer timed now: the layer runs at {probe_drift(profile_data, taken):.2f}x "
         "its time in the profile")
-    return anchored_profile(profile_data, taken)
+    return anchored_profile(profile_data, taken, contention=False)    # the level only
 
 
 # The quick calibration times the real layer in blocks spread over its run
