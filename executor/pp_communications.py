@@ -83,9 +83,12 @@ class PipelineP2P:
         dst = self.schedule.rank_of_stage(message.dst_stage())
         payload = tensor.detach().to(self.dtype).contiguous()
         nbytes = payload.numel() * payload.element_size()
+        # the event starts before the call: gloo's isend returned after the receiver already had
+        # the message in 25 of 68 waited-for messages of a 4-rank interleaved pipeline (up to 4.4 ms)
+        called = self.recorder.clock.mark()
         with self.recorder.memory.phase("other"):
             work = dist.isend(payload, dst=self.dims.pp_peer(dst), group=self._group(dst, self.me))
-        op = self.recorder.async_comm("pp", "send", nbytes, work,
+        op = self.recorder.async_comm("pp", "send", nbytes, work, start=called,
                                       name=f"send {message.kind} {message.src_stage}.{message.microbatch}")
         self._sends.append((op, payload))
 

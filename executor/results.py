@@ -2,7 +2,12 @@
 
 * step time of a step = the slowest rank's time from the step's common start (after a
   barrier) to the end of its optimizer step; ``step_time_s`` = median over the timed steps
-  (after warm-up, excluding the memory-tracked step when another timed step exists);
+  (after warm-up, excluding the memory-tracked step when another timed step exists). On CPU
+  ranks of one host the common start is the first rank's exit from the barrier, on the host's
+  one clock (``time.perf_counter``: CLOCK_MONOTONIC on Linux, the same in every process): a
+  rank the scheduler woke late starts its step late, and its events and end are counted from
+  that common start (``aligned``). Elsewhere (CUDA events, ranks on several hosts) each rank
+  counts from its own exit;
 * loss of a step = mean over DP replicas and microbatches of the microbatch mean token loss
   (= the mean token loss of the global batch, since every microbatch has as many tokens);
 * peak memory per rank and its breakdown come from the memory-tracked step;
@@ -12,7 +17,7 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from parsim.trace import Event, Trace
@@ -34,6 +39,10 @@ class RankResult:
     grads: dict[str, Any] | None = None                    # canonical full gradients of the first step
     layer_probes: list[Any] = field(default_factory=list)  # ExecutorConfig.layer_probe: before every timed
                                                            # step and after the last (LayerProbe on rank 0)
+    # per executed step, the moment its clock started on the host's monotonic clock (s; None on
+    # CUDA), and the host that clock belongs to (``host_clock``): ``aligned`` lines the ranks up
+    step_origins: list[float | None] = field(default_factory=list)
+    clock_host: str = ""
 
 
 @dataclass
@@ -90,11 +99,37 @@ def memory_step_of(first_step: int, last_step: int, warmup: int) -> int:
     return last_step
 
 
+def host_clock() -> str:
+    """Which monotonic clock this process reads: its host and that host's boot (proc(5)
+    ``sys/kernel/random/boot_id``; cloned VMs may share a hostname). Ranks with equal values
+    read one clock, so their ``step_origins`` compare."""
+    import socket
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}|{boot}"
+
+
+def aligned(results: list[RankResult]) -> list[list[float]]:
+    """Per rank and executed step, the seconds its clock started after the step's common start
+    (the earliest rank's): 0 for every rank unless all ranks read one host's clock."""
+    zeros = [[0.0] * len(r.steps) for r in results]
+    if len({r.clock_host for r in results}) != 1 or not results[0].clock_host:
+        return zeros
+    if any(len(r.step_origins) != len(r.steps) or None in r.step_origins for r in results):
+        return zeros
+    starts = [min(r.step_origins[i] for r in results) for i in range(len(results[0].steps))]
+    return [[o - s for o, s in zip(r.step_origins, starts)] for r in results]
+
+
 def combine(results: list[RankResult], *, model: str, plan_text: str, backend: str, device: str,
             warmup: int) -> ExecutionResult:
     results = sorted(results, key=lambda r: r.rank)
     steps = results[0].steps
-    step_times = [max(r.step_times[i] for r in results) for i in range(len(steps))]
+    late = aligned(results)
+    step_times = [max(r.step_times[i] + late[k][i] for k, r in enumerate(results)) for i in range(len(steps))]
     losses = []
     # the ranks holding the last stage (the last pipeline rank, or rank 0 under a V placement)
     loss_ranks = [r for r in results if r.coords[2] == 0 and r.microbatch_losses and r.microbatch_losses[0]]
@@ -106,7 +141,9 @@ def combine(results: list[RankResult], *, model: str, plan_text: str, backend: s
     timed_times = [step_times[steps.index(s)] for s in timed]
     median = statistics.median(timed_times)
     trace_step = min(timed, key=lambda s: (abs(step_times[steps.index(s)] - median), s))
-    events = [e for r in results for e in r.events.get(trace_step, [])]
+    at = steps.index(trace_step)
+    events = [replace(e, start=e.start + late[k][at], end=e.end + late[k][at]) if late[k][at] else e
+              for k, r in enumerate(results) for e in r.events.get(trace_step, [])]
     trace = Trace(events=events, meta={"engine": "executor", "model": model, "plan": plan_text,
                                        "world_size": len(results), "step": trace_step, "backend": backend})
     def merged(attr: str) -> dict | None:

@@ -137,11 +137,12 @@ class StepRecorder:
             self._add(stream, kind, layer, start, self.clock.mark(), nbytes, name or kind)
 
     def async_comm(self, stream: str, kind: str, nbytes: int, work, name: str = "", layer: int = -1,
-                   watch: bool = True) -> "AsyncOp":
-        """An asynchronous collective or message: starts now, ends when its work completes.
-        ``watch=False``: someone else waits for ``work`` (FSDP); without a future the event then
-        only marks the launch."""
-        start = self.clock.mark()
+                   watch: bool = True, start=None) -> "AsyncOp":
+        """An asynchronous collective or message: starts now (or at ``start``, a ``clock.mark()``
+        taken before the call that launched it), ends when its work completes. ``watch=False``:
+        someone else waits for ``work`` (FSDP); without a future the event then only marks the
+        launch."""
+        start = self.clock.mark() if start is None else start
         entry = self._add(stream, kind, layer, start, None, nbytes, name or kind)
         op = AsyncOp(work, entry, self.clock)
         if not watch and not op.has_future:

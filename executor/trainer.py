@@ -26,7 +26,7 @@ from .data import make_source, rank_microbatches
 from .memory import MemoryTracker
 from .parallel_dims import ParallelDims
 from .pp_parallel import allreduce_tied_embedding_grads
-from .results import RankResult, memory_step_of, timed_steps
+from .results import RankResult, host_clock, memory_step_of, timed_steps
 from .layer_probe import probe_layer
 from .timeline import NullMemory, StepRecorder
 from .tp_parallel import allreduce_sequence_parallel_grads
@@ -44,7 +44,7 @@ def train_rank(spec: ModelSpec, plan: Plan, config: ExecutorConfig, dims: Parall
     training = build_training(spec, plan, dims, recorder, config.seed, restore)
     source = make_source(spec, config.seed, config.data_file)
     first = restore.step if restore is not None else 0
-    result = RankResult(rank=dims.rank, coords=dims.coords)
+    result = RankResult(rank=dims.rank, coords=dims.coords, clock_host=host_clock())
     result.memory_step = memory_step_of(first, config.steps - 1, config.warmup) if config.track_memory else -1
     timed = set(timed_steps(list(range(first, config.steps)), config.warmup, result.memory_step))
     for step in range(first, config.steps):
@@ -58,6 +58,7 @@ def train_rank(spec: ModelSpec, plan: Plan, config: ExecutorConfig, dims: Parall
                                                            seed=config.seed, step=step, track_memory=track)
         result.steps.append(step)
         result.step_times.append(seconds)
+        result.step_origins.append(None if recorder.clock.cuda else recorder.clock.origin)
         result.microbatch_losses.append(losses)
         result.skipped.append(not finite)
         result.events[step] = events

@@ -81,6 +81,25 @@ def test_trace_files_are_chrome_traces_of_each_ranks_ir_actions_in_order(pipelin
         assert any(e["cat"] in ("send", "recv") for e in complete)
 
 
+def test_a_message_is_consumed_after_it_was_produced_on_the_hosts_one_clock(pipeline_run):
+    """Both ranks' events count from the step's common start (``results.aligned``): stage 1's
+    forward of microbatch j starts after stage 0's forward of j ended, and stage 0's backward of
+    j after stage 1's. Counted from each rank's own exit from the step's barrier, the ranks'
+    timelines were offset by that exit's skew (-1.7 to +0.1 ms for the held-out 4-rank plans on 2
+    cores, 2026-12-02): a message could seem to arrive before it was sent."""
+    proc, _ = pipeline_run
+    out = json.loads(proc.stdout)
+    span = {}
+    for path in out["trace_files"]:
+        with open(path) as f:
+            for e in json.load(f)["traceEvents"]:
+                if e["ph"] == "X" and e["cat"] in ("F", "B"):
+                    span[e["cat"], e["args"]["stage"], e["args"]["microbatch"]] = (e["ts"], e["ts"] + e["dur"])
+    for j in range(4):
+        assert span["F", 1, j][0] >= span["F", 0, j][1]       # microseconds, from the common start
+        assert span["B", 0, j][0] >= span["B", 1, j][1]
+
+
 def test_execute_rejects_offload_on_cpu_with_exit_code_2(capsys):
     from parsim.cli import main      # refused before any rank starts: in this process
 

@@ -239,3 +239,29 @@ def test_a_stage_cast_before_its_init_takes_the_same_weights_cast():
     init_stage(cast, seed=5)
     for (name, p), q in zip(full.named_parameters(), cast.parameters()):
         assert q.dtype == torch.bfloat16 and torch.equal(p.to(torch.bfloat16), q), name
+
+
+def test_ranks_on_one_hosts_clock_count_from_the_steps_common_start_and_others_from_their_own():
+    from parsim.executor.results import RankResult, combine
+    from parsim.trace import Event
+
+    def rank(r: int, origin: float | None, host: str) -> RankResult:
+        out = RankResult(rank=r, coords=(r, 0, 0), steps=[0, 1], step_times=[1.0, 1.0],
+                         microbatch_losses=[[5.0], [5.0]] if r == 1 else [[], []], skipped=[False, False],
+                         step_origins=[origin, None if origin is None else origin + 10.0], clock_host=host)
+        out.events = {s: [Event(rank=r, stage=r, stream="compute", kind="F", microbatch=0, layer=-1,
+                                start=0.1, end=0.2)] for s in (0, 1)}
+        return out
+
+    def run(*ranks: RankResult):
+        return combine(list(ranks), model="m", plan_text="pp=2", backend="gloo", device="cpu", warmup=1)
+
+    # rank 1 left the barrier 3 ms after rank 0 on the same clock: its step ends 3 ms later
+    res = run(rank(0, 100.0, "h|b"), rank(1, 100.003, "h|b"))
+    assert res.step_times == pytest.approx([1.003, 1.003])
+    starts = {e.rank: e.start for e in res.trace.events}
+    assert starts[0] == pytest.approx(0.1) and starts[1] == pytest.approx(0.103)
+    # other hosts' clocks (or CUDA events: no host origin) do not compare: each rank's own start
+    for ranks in ((rank(0, 100.0, "h|b"), rank(1, 100.003, "g|c")), (rank(0, None, "h|b"), rank(1, None, "h|b"))):
+        res = run(*ranks)
+        assert res.step_times == [1.0, 1.0] and {e.start for e in res.trace.events} == {0.1}
