@@ -12,7 +12,8 @@ This runs heldout-deep's pipeline plans on the executor (``parsim execute``, 4 s
 first a warm-up) with every rank's ``torch.distributed.isend`` wrapped to log how long each call
 took (a ``sitecustomize`` on the ranks' path; ``PARSIM_RANK_START=exec`` so each rank is a fresh
 interpreter that imports it), and prints per plan: the calls' median, p90, mean and maximum
-[ms], the seconds per rank and step in the calls against the measured step, and what the
+[ms], the seconds per rank and step in the calls against the measured step, the calling
+thread's mean CPU in a call (``time.thread_time``: the rest is waiting), and what the
 profile prices a send at on the sender's side (``message_cpu``: 0 where the ranks fit on the
 cores).
 
@@ -43,25 +44,27 @@ import os, time
 import torch.distributed as _dist
 _isend, _log = _dist.isend, os.environ["SEND_CALL_LOG"]
 def _timed_isend(*args, **kwargs):
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     try:
         return _isend(*args, **kwargs)
     finally:
+        t1, c1 = time.perf_counter(), time.thread_time()
         with open(os.path.join(_log, f"{os.getpid()}.txt"), "a") as f:
-            f.write(f"{time.perf_counter() - t0:.7f}\\n")
+            f.write(f"{t1 - t0:.7f} {c1 - c0:.7f}\\n")
 _dist.isend = _timed_isend
 '''
 
 
-def run_plan(plan: str, site: Path, log: Path) -> tuple[list[float], float]:
-    """Every isend call's seconds over the run, and the measured step time (s)."""
+def run_plan(plan: str, site: Path, log: Path) -> tuple[list[tuple[float, float]], float]:
+    """Every isend call's (wall, the calling thread's CPU) seconds over the run, and the measured
+    step time (s)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
                PARSIM_RANK_START="exec", SEND_CALL_LOG=str(log), OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "parsim", "execute", "--model", str(MODEL), "--plan", plan,
                            "--steps", str(STEPS), "--json"], env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(proc.stderr[-2000:])
-    calls = [float(line) for f in log.glob("*.txt") for line in f.read_text().split()]
+    calls = [tuple(map(float, line.split())) for f in log.glob("*.txt") for line in f.read_text().splitlines()]
     return calls, json.loads(proc.stdout)["step_time_s"]
 
 
@@ -77,7 +80,7 @@ def main() -> None:
     print(f"gloo isend calls inside the executor's pipeline sends, {MODEL.stem}, {STEPS} steps (all counted), "
           f"profile {args.profile}")
     print(f"{'plan':56} {'calls':>5} {'median':>7} {'p90':>6} {'mean':>6} {'max':>6}  {'per rank-step':>13} "
-          f"{'of step':>7}  priced per send")
+          f"{'of step':>7}  {'thread CPU':>10}  priced per send")
     for plan_text in PLANS:
         plan = parse_plan(plan_text)
         with tempfile.TemporaryDirectory() as tmp:
@@ -86,13 +89,14 @@ def main() -> None:
             log.mkdir()
             (site / "sitecustomize.py").write_text(SITE)
             calls, step = run_plan(plan_text, site, log)
-        ms = sorted(c * 1e3 for c in calls)
-        per_rank_step = sum(calls) / (plan.world_size * STEPS)
+        ms = sorted(wall * 1e3 for wall, _ in calls)
+        per_rank_step = sum(wall for wall, _ in calls) / (plan.world_size * STEPS)
+        cpu = statistics.fmean(c for _, c in calls) * 1e3
         cluster = load_cluster(f"cpu:{plan.world_size}", profile=args.profile)
         priced = message_cpu(cluster, plan.world_size, p2p_bytes(model, plan))[0] * 1e3
         print(f"{plan_text:56} {len(ms):5d} {statistics.median(ms):7.3f} {ms[int(0.9 * len(ms))]:6.2f} "
               f"{statistics.fmean(ms):6.3f} {ms[-1]:6.2f}  {per_rank_step * 1e3:10.1f} ms {per_rank_step / step:7.1%}  "
-              f"{priced:.3f} ms of CPU")
+              f"{cpu:7.3f} ms  {priced:.3f} ms of CPU")
 
 
 if __name__ == "__main__":
