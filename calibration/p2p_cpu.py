@@ -34,7 +34,10 @@ The same pass also times, on one clock for every process (``time.monotonic``: CL
 Linux), when each send was called and when each receive was called and returned. A receive
 returns some time after ``max(its call, the matching send's call)``: the transfer, and -- with more
 ranks than cores -- the wait of gloo's thread and then of the woken rank for a core, which costs
-no CPU, only time (``calibration.tables.message_hold_curve`` keeps it as ``p2p_hold``).
+no CPU, only time (``calibration.tables.message_hold_curve`` keeps it as ``p2p_hold``). And
+how long each ``isend`` call held its rank, with the calling thread's CPU in it: gloo writes the
+message in the calling thread when it can and waits on the pair's lock while its I/O thread
+holds it (``calibration.tables.send_hold_curve`` keeps the hold as ``p2p_send_hold``).
 """
 from __future__ import annotations
 
@@ -51,10 +54,11 @@ LARGE_FACTOR = 16
 def run_line(block: Callable[[], object], messages: int, payload, inbox, dist) -> tuple[list[float], ...]:
     """One pass of the line: ``messages`` times, receive from the previous rank (not on the
     first), compute ``block``, send ``payload`` on to the next (not on the last; non-blocking,
-    all waited at the end). Returns this rank's (send calls, receive calls, receive returns)
-    on ``time.monotonic`` (empty where it sends or receives nothing)."""
+    all waited at the end). Returns this rank's (send calls, receive calls, receive returns,
+    send returns) on ``time.monotonic``, and each send call's CPU seconds on the calling thread
+    (``time.thread_time``; empty where it sends or receives nothing)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    pending, sends, calls, returns = [], [], [], []
+    pending, sends, calls, returns, sent, send_cpu = [], [], [], [], [], []
     for _ in range(messages):
         if rank > 0:
             calls.append(time.monotonic())
@@ -62,11 +66,14 @@ def run_line(block: Callable[[], object], messages: int, payload, inbox, dist) -
             returns.append(time.monotonic())
         block()
         if rank < world - 1:
+            cpu = time.thread_time()
             sends.append(time.monotonic())
             pending.append(dist.isend(payload, rank + 1))
+            sent.append(time.monotonic())
+            send_cpu.append(time.thread_time() - cpu)
     for work in pending:
         work.wait()
-    return sends, calls, returns
+    return sends, calls, returns, sent, send_cpu
 
 
 def measure_message_cpu(block: Callable[[], object], nbytes: int, messages: int, repeats: int, dist, torch,

@@ -24,7 +24,7 @@ from .machine_fit import device_numbers, fit_surfaces
 from .shapes import AttentionPoint, GemmPoint, MemboundPoint
 from .sharded import dtensor_per_tensor_s, fsdp_unit_host_s
 from .tables import (attention_efficiency, attention_table, collective_fits, collective_leave_out, contention_curve,
-                     interference_curve, membound_table, message_cpu_curves, message_hold_curve,
+                     interference_curve, membound_table, message_cpu_curves, message_hold_curve, send_hold_curve,
                      spreads)
 
 
@@ -159,6 +159,7 @@ def _tables(m: Measurements, surfaces, membound) -> CalibratedTables:
         p2p_recv_cpu=messages[1],
         p2p_cpu_per_byte=messages[2],
         p2p_hold=message_hold_curve(m.comm, cores),
+        p2p_send_hold=send_hold_curve(m.comm, cores),
         # the executor accumulates microbatch gradients with autograd's separate
         # AccumulateGrad kernel (costs.ops._grad_accumulation)
         grad_accumulation="unfused",

@@ -33,10 +33,11 @@ import yaml
 # ``machine_bench.plan_grid``; 16: on CUDA a device-bound stage, ``grid.STAGES`` "stage-wide",
 # and the composition terms in the overlapped form, ``StageProbes.overlap``; 17: the GEMM
 # contention fitted with the layer's memory-bound ops split by what fits in a rank's cache,
-# ``costs.host.dram_share``, ``layer_terms.fit_layer_terms``): a quick
+# ``costs.host.dram_share``, ``layer_terms.fit_layer_terms``; 18: how long a pipeline send's
+# ``isend`` call holds its rank, ``p2p_send_hold``, ``calibration.tables.send_hold_curve``): a quick
 # profile kept for a host by an older calibration is then measured again, not reused
 # (``parsim.api.hardware.kept_profile_refused``). Profiles without the key are format 1.
-FORMAT = 17
+FORMAT = 18
 
 
 def write_profile(profile: dict[str, Any], path: str | Path) -> Path:

@@ -209,6 +209,33 @@ def message_hold_curve(comm: dict[int, list[dict]], cores: int) -> RankCurve | N
     return RankCurve(tuple((w, 0.0 if w <= cores else max(h - base, 0.0)) for w, h in late.items()))
 
 
+def send_hold_curve(comm: dict[int, list[dict]], cores: int) -> RankCurve | None:
+    """Seconds a pipeline send's ``isend`` call holds its rank's thread beyond the CPU the profile
+    charges for it elsewhere, per group size (``p2p_cpu``'s stamps at the first message size).
+    Per sample, the mean over every send of the line of its call's wall time, less its thread
+    CPU where the ranks outnumber the ``cores`` (that CPU is in ``p2p_send_cpu``, charged there;
+    where they fit nothing charges it); the median over samples, at least 0. None where no job
+    stamped its sends' returns (``run_line``'s 4th and 5th lists; profiles before format 18).
+    On 2026-12-02's Zen 4 VM the executor's 128 KiB sends: 0.23-0.32 ms mean, 0.17-0.19 ms of it
+    CPU, on 2 ranks; 0.95-1.03 ms, 0.17-0.20 ms CPU, on 4 over 2 cores
+    (``studies/validation_cpu/send_call.txt``)."""
+    def stamped(r: dict) -> bool:
+        return bool(r.get("message_stamps")) and all(len(x) >= 5 for xs in r["message_stamps"].values() for x in xs)
+    worlds = {w: ranks for w, ranks in sorted(comm.items()) if w > 1 and all(stamped(r) for r in ranks)}
+    if not worlds:
+        return None
+    held = []
+    for w, ranks in worlds.items():
+        size = min(ranks[0]["message_stamps"])
+        per_sample = []
+        for sample in zip(*(r["message_stamps"][size] for r in ranks)):
+            calls = [(done - call) - (cpu if w > cores else 0.0)
+                     for stamps in sample for call, done, cpu in zip(stamps[0], stamps[3], stamps[4])]
+            per_sample.append(float(np.mean(calls)) if calls else 0.0)
+        held.append((w, max(float(np.median(per_sample)), 0.0)))
+    return RankCurve(tuple(held))
+
+
 def interference_curve(comm: dict[int, list[dict]]) -> RankCurve:
     """Compute seconds lost per second of overlapped all-reduce (``interference.measure_interference``), per
     group size: the median over ranks and samples."""

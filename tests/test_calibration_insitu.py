@@ -79,13 +79,21 @@ def test_in_situ_probe_runs_on_a_real_gloo_group():
     # and its stamps, on one clock for both processes: rank 0 only sends, rank 1 only receives, and
     # each receive returns after it was called and after the matching send was (causality)
     from parsim.calibration.p2p_cpu import LINE_MESSAGES
-    from parsim.calibration.tables import message_hold_curve
+    from parsim.calibration.tables import message_hold_curve, send_hold_curve
     for size in (8192, 8192 * LARGE_FACTOR):
-        for (sends, no_calls, no_returns), (no_sends, calls, returns) in zip(*(r["message_stamps"][size] for r in ranks)):
-            assert len(sends) == len(calls) == len(returns) == LINE_MESSAGES and not (no_calls or no_returns or no_sends)
+        for first, last in zip(*(r["message_stamps"][size] for r in ranks)):
+            (sends, no_calls, no_returns, sent, send_cpu), (no_sends, calls, returns, no_sent, no_cpu) = first, last
+            assert len(sends) == len(calls) == len(returns) == len(sent) == len(send_cpu) == LINE_MESSAGES
+            assert not (no_calls or no_returns or no_sends or no_sent or no_cpu)
             assert all(max(c, s) <= x for s, c, x in zip(sends, calls, returns))
+            # each send's call returned after it was made, its thread's CPU within its wall time (+ clock grain)
+            assert all(0 <= t - s and 0 <= cpu <= t - s + 1e-3 for s, t, cpu in zip(sends, sent, send_cpu))
     (world, late), = message_hold_curve({2: ranks}, cores=1).values      # more ranks than cores: kept whole
     assert world == 2 and 0 < late < 0.5
+    # a send's call held its rank: the whole call where the ranks fit the cores, less its CPU where not
+    (world, whole), = send_hold_curve({2: ranks}, cores=2).values
+    (_, beyond), = send_hold_curve({2: ranks}, cores=1).values
+    assert world == 2 and 0 < whole < 0.05 and 0 <= beyond <= whole
 
 
 @pytest.mark.slow

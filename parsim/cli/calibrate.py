@@ -89,7 +89,9 @@ def render(profile: dict, path: Path) -> str:
         lines.append(f"pipeline message CPU (ranks: send / receive ms + both sides' copies; counted where ranks "
                      f"outnumber the {tables.cores} cores) {per}"
                      + ("; an action on a message from another rank starts late by " + ", ".join(
-                         f"{k}: {v * 1e3:.2f} ms" for k, v in tables.p2p_hold.values) if tables.p2p_hold else ""))
+                         f"{k}: {v * 1e3:.2f} ms" for k, v in tables.p2p_hold.values) if tables.p2p_hold else "")
+                     + ("; a send's call holds its rank " + ", ".join(
+                         f"{k}: {v * 1e3:.2f} ms" for k, v in tables.p2p_send_hold.values) if tables.p2p_send_hold else ""))
     if tables.layer_composition is not None:
         probe, comp = tables.layer_probe, tables.layer_composition
         def terms(factor: float, per_op_s: float) -> str:

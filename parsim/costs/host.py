@@ -11,7 +11,8 @@ memory bandwidth. Four measured effects (``parsim calibrate``; ``specs.Calibrate
   that compute (``ComputeLedger``);
 * **message CPU**: with more ranks than cores, a pipeline message takes CPU seconds from the
   ranks that compute (gloo's send and its receiver's wake-up and copy run on the host's cores;
-  measured per message, ``message_cpu``);
+  measured per message, ``message_cpu``); and at any count of ranks a send's call holds its
+  rank a while, wall time beyond that CPU (``send_hold``);
 * **processor sharing**: a rank idle in a pipeline bubble leaves its core to the others, so a
   job's speed follows how many ranks compute at each instant (``sharing.ProcessorSharing``:
   egalitarian processor sharing, Kleinrock, "Queueing Systems Vol. 2", 1976, Sec. 4.4, with
@@ -181,6 +182,23 @@ def message_hold(cluster: ClusterSpec, ranks: float) -> float:
     return max(_per_ranks(tables.p2p_hold, on_host, 0.0, beyond="hold"), 0.0)
 
 
+def send_hold(cluster: ClusterSpec, ranks: float) -> float:
+    """Seconds a pipeline send's call holds its rank's thread (wall time) when ``ranks`` ranks
+    share the host, beyond the CPU ``message_cpu`` charges for it: the rank computes on after the
+    call returns. gloo's ``isend`` writes the message in the calling thread when it can and waits
+    on the pair's lock while the pair's I/O thread holds it; with more ranks than cores that
+    thread may wait for a core. Measured as 0.23-0.32 ms a 128 KiB send on 2 ranks (nearly all
+    the copy's CPU, which nothing else charges where a rank has its core) and 0.95-1.03 ms on 4
+    over 2 cores, 0.17-0.20 ms of it CPU (``studies/validation_cpu/send_call.txt``, a Zen 4 VM,
+    2026-12-02). Calibrated CPU profiles carry ``p2p_send_hold``: {ranks: seconds}
+    (``calibration.tables.send_hold_curve``), linear between counts, held beyond the largest, at
+    every count of ranks. Else (GPUs: a send is a kernel launched on its own stream): 0."""
+    curve = cluster.device.tables.p2p_send_hold
+    if not curve:
+        return 0.0
+    return max(_per_ranks(curve, _on_host(cluster, ranks), 0.0, beyond="hold"), 0.0)
+
+
 def _on_host(cluster: ClusterSpec, ranks: float) -> float:
     """How many of ``ranks`` ranks share one host (``devices_per_node`` of them at most)."""
     return min(float(ranks), float(cluster.devices_per_node))
@@ -239,6 +257,11 @@ class HostModel:
     def message_hold(self) -> float:
         """``message_hold`` at the plan's ranks (0 on GPUs and with a core per rank)."""
         return message_hold(self.cluster, self.ranks)
+
+    @property
+    def send_hold(self) -> float:
+        """``send_hold`` at the plan's ranks (0 on GPUs)."""
+        return send_hold(self.cluster, self.ranks)
 
     def action_message_seconds(self, plan: Any, leaves: Any, boundary_bytes: Callable[[int], float]) -> float:
         """``message_seconds`` of one action's passes (``leaves``: (virtual stage, kind) pairs;

@@ -82,6 +82,8 @@ def device(env: simpy.Environment, sim: "Simulation", dev: "Device"):
         if dev.run is not None:
             dev.run.release_final_gradients()
             dev.run = None
+        if sim.output_hold and (stage, kind) in sim.output_hold:     # the send's call (``costs.host.send_hold``)
+            yield from hold(env, sim, rank, env.now + sim.output_hold[stage, kind])
         if blocking and sent > env.now:
             yield from hold(env, sim, rank, sent)
     dev.compute_done.succeed(env.now)
@@ -89,8 +91,8 @@ def device(env: simpy.Environment, sim: "Simulation", dev: "Device"):
 
 
 def hold(env: simpy.Environment, sim: "Simulation", rank: int, sent: float):
-    """A blocking stack's sender waits until its send is through (``costs.p2p_holds_sender``):
-    exposed pipeline time."""
+    """A blocking stack's sender waits until its send is through (``costs.p2p_holds_sender``), or
+    any sender until its send's call returns (``costs.host.send_hold``): exposed pipeline time."""
     sim.recorder.expose(rank, "pp", sent - env.now)
     yield env.timeout(sent - env.now)
 
@@ -185,6 +187,9 @@ def overlapped(env: simpy.Environment, sim: "Simulation", dev: "Device", idx: in
     if dev.run is not None:
         dev.run.release_final_gradients()
         dev.run = None
+    call = sim.output_hold.get((f.stage, "F"), 0.0) + sim.output_hold.get((b.stage, b.kind), 0.0)
+    if call:
+        yield from hold(env, sim, dev.rank, env.now + call)
 
 
 def input_start(sim: "Simulation", dev: "Device", kind: str, stage: int, mb: int, now: float,

@@ -17,9 +17,9 @@ CPU hosts (calibrated profiles with a contention table): ranks share the host's 
 When no action is stepped, actions and optimizer steps are jobs of a ``ProcessorSharing`` host whose speed follows
 how many ranks compute at that instant; otherwise every rank computes at a mean-field slowdown
 (``HostModel.settle``, iterated by ``simulate``). With more ranks than cores a job also holds its pipeline
-messages' CPU (``HostModel.message_seconds``). Collectives that run while a rank computes take
-``comm_interference`` x the overlap from its compute, paid before its next action (``Device.ledger``). GPUs: no
-sharing; the interference is the stack's NCCL-on-SM slowdown (``costs.stack``; 0 for most stacks).
+messages' CPU (``HostModel.message_seconds``); a send's call holds its rank (``HostModel.send_hold``). Collectives
+run while a rank computes take ``comm_interference`` x the overlap from its compute, paid before its next action
+(``Device.ledger``). GPUs: no sharing; the interference is the stack's NCCL-on-SM slowdown (``costs.stack``).
 
 Modes: ``representative`` simulates one device per pipeline rank (DP rank 0, TP rank 0: DP replicas and TP peers do
 identical work; DESIGN.md), collectives costed for the full groups, slowdowns of its simulated ranks applied to the
@@ -109,8 +109,7 @@ class Simulation:
         # CPU hosts: collectives running while a rank computes take compute time from it
         self.interference = self.host.interference
         self.model, self.cluster, self.plan, self.schedule, self.mode = model, cluster, plan, schedule, mode
-        self.recorder = recorder
-        self.layout = RankLayout(plan.dp, plan.tp, plan.pp)
+        self.recorder, self.layout = recorder, RankLayout(plan.dp, plan.tp, plan.pp)
         self.num_stages = plan.pp * plan.vpp
         self.shapes = stage_shapes(model, plan)
         fsdp2 = uses_fsdp2(cluster)     # ZeRO-2/3 as FSDP2 runs them (costs.fsdp2)
@@ -129,11 +128,13 @@ class Simulation:
                             for s in range(self.num_stages)]
         self.p2p_nbytes = p2p_bytes(model, plan)
         self.p2p_blocking = p2p_holds_sender(plan)     # a send holds its sender (``Stack.p2p_blocking``)
-        # (stage, kind) of an action whose input crosses ranks (``costs.placement.remote_messages``)
-        # -> its late start on a host whose cores the ranks outnumber (``costs.host.message_hold``)
-        hold = self.host.message_hold
+        # (stage, kind) of an action whose input crosses ranks (``costs.placement.remote_messages``) -> its late start
+        # where the ranks outnumber the cores (``costs.host.message_hold``); whose output does -> its send calls' hold
+        hold, call = self.host.message_hold, self.host.send_hold
         self.input_hold = {(s, kind): hold for s in range(plan.pp * plan.vpp) for kind in ("F", "B", "I")
                            if remote_messages(plan, s, kind)[0]} if hold > 0 else {}
+        self.output_hold = {(s, kind): call * sent for s in range(plan.pp * plan.vpp) for kind in ("F", "B", "I")
+                            if (sent := remote_messages(plan, s, kind)[1])} if call > 0 else {}
         self.zero3_gathers = gathers_layers(plan.zero, plan.dp)
         # ZeRO-2: every backward reduce-scatters its gradients part by part (``actions.zero2_scatters``)
         self.zero2_scatters = scatters_every_backward(plan.zero, plan.dp, plan.dp_impl == "ps")

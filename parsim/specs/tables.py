@@ -207,8 +207,7 @@ def _split_overhead(where: str, raw: Any) -> dict[str, float]:
     values = _numbers(where, raw)
     keys = ("per_layer", "per_layer_squared")
     if set(values) != set(keys) or any(v < 0 for v in values.values()):
-        raise SpecError(where, raw, "{per_layer: a, per_layer_squared: b} with a, b >= 0 (fractions of a layer's "
-                                    "backward)")
+        raise SpecError(where, raw, "{per_layer: a, per_layer_squared: b}, a, b >= 0: fractions of a layer's backward")
     return values
 
 
@@ -226,9 +225,8 @@ def _word(*allowed: str):
 
 @dataclass(frozen=True)
 class CalibratedTables:
-    """Everything a calibration measured beyond the datasheet numbers of ``DeviceProfile``;
-    None (or empty) where the profile has no such table. Uncalibrated profiles (datasheet
-    GPUs) have none at all."""
+    """Everything a calibration measured beyond the datasheet numbers of ``DeviceProfile``; None (or
+    empty) where the profile has no such table. Uncalibrated profiles (datasheet GPUs) have none."""
     cores: int | None = None                                  # the host's cores at calibration
     cache_levels: tuple[float, ...] | None = None             # bytes of its cache levels >= 2 (sysfs)
     gemm: dict[str, GemmTable] | None = None                  # dtype -> measured GEMM rates
@@ -246,6 +244,7 @@ class CalibratedTables:
     p2p_recv_cpu: RankCurve | None = None                     # ranks -> CPU s of one pipeline receive
     p2p_cpu_per_byte: RankCurve | None = None                 # ranks -> CPU s per byte of one message
     p2p_hold: RankCurve | None = None                         # ranks -> s a receive waits for a core
+    p2p_send_hold: RankCurve | None = None                    # ranks -> s a send's call holds its rank
     grad_accumulation: str | None = None                      # "fused" (default) | "unfused"
     zero_copies: str | None = None                            # "fsdp2": ZeRO-2/3 flat-buffer copies
     zero_overlap: bool | None = None                          # False: ZeRO collectives block (no side stream)
@@ -377,6 +376,7 @@ _KEYS: dict[str, tuple[str, Callable, Callable]] = {
     "p2p_recv_cpu": ("p2p_recv_cpu", RankCurve.from_dict, RankCurve.to_dict),
     "p2p_cpu_per_byte": ("p2p_cpu_per_byte", RankCurve.from_dict, RankCurve.to_dict),
     "p2p_hold": ("p2p_hold", RankCurve.from_dict, RankCurve.to_dict),
+    "p2p_send_hold": ("p2p_send_hold", RankCurve.from_dict, RankCurve.to_dict),
     "grad_accumulation": ("grad_accumulation", _word("fused", "unfused"), _same),
     "zero_copies": ("zero_copies", _word("fsdp2", "none"), _same),
     "zero_overlap": ("zero_overlap", flag, _same),
