@@ -3,6 +3,7 @@ cores (``costs.host.message_hold``): when it counts, how calibration reads it of
 benchmark's stamps, and that the SimPy engine and the partitioner's shared-host replay both
 start such actions that much later (and only those)."""
 import dataclasses
+from typing import Callable
 
 import pytest
 
@@ -103,15 +104,21 @@ def test_a_host_with_a_core_per_rank_and_a_gpu_hold_nothing():
         simulate(model, plain, plan, record_events=False).step_time_s
 
 
-def test_the_partitioners_shared_host_replay_holds_as_the_engine_does():
+def replay_step_times(pp: int, held: Callable) -> tuple[float, float]:
+    """The partitioner's shared-host replay of 1F1B on ``pp`` ranks of equal stages, on the
+    fixture's host and on ``held(host)``: (step s before, step s after)."""
     from parsim.partition.pipeline import shared_host_run
-    plan = parse_plan("pp=4 gbs=8 schedule=1f1b dtype=fp32")
-    jobs = [(0.0, 0.02, 0.005)] * 4
-    plain = load_cluster("cpu:4", profile=FIXTURE)
-    before = shared_host_run(plan, jobs, jobs, [1e-4] * 4, HostModel(plain, 4))
-    after = shared_host_run(plan, jobs, jobs, [1e-4] * 4, HostModel(_with_hold(plain), 4))
+    plan = parse_plan(f"pp={pp} gbs=8 schedule=1f1b dtype=fp32")
+    jobs = [(0.0, 0.02, 0.005)] * pp
+    plain = load_cluster(f"cpu:{pp}", profile=FIXTURE)
+    return tuple(shared_host_run(plan, jobs, jobs, [1e-4] * pp, HostModel(c, pp)).step_time_s
+                 for c in (plain, held(plain)))
+
+
+def test_the_partitioners_shared_host_replay_holds_as_the_engine_does():
+    before, after = replay_step_times(4, _with_hold)
     # the first forward of the last stage waits for three remote messages in a row, each held
-    assert after.step_time_s >= before.step_time_s + 3 * HOLD - 1e-9
+    assert after >= before + 3 * HOLD - 1e-9
 
 
 def test_calibrate_prints_the_hold_it_measured():

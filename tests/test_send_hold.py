@@ -80,13 +80,9 @@ def test_the_engine_holds_a_sender_for_each_send_it_calls(plan):
 
 
 def test_the_partitioners_shared_host_replay_holds_a_sender_as_the_engine_does():
-    from parsim.partition.pipeline import shared_host_run
-    plan = parse_plan("pp=2 gbs=8 schedule=1f1b dtype=fp32")
-    jobs = [(0.0, 0.02, 0.005)] * 2
-    plain = load_cluster("cpu:2", profile=FIXTURE)
-    before = shared_host_run(plan, jobs, jobs, [1e-4] * 2, HostModel(plain, 2))
-    after = shared_host_run(plan, jobs, jobs, [1e-4] * 2, HostModel(_with_call(plain), 2))
+    from test_message_hold import replay_step_times
+    before, after = replay_step_times(2, _with_call)
     # 1F1B on 2 stages: rank 0's 8 forwards and rank 1's 8 backwards each send once; the first
     # forward's hold is on the critical path at least, all 16 at most
     hold = CALL[0][1]
-    assert before.step_time_s + hold - 1e-9 <= after.step_time_s <= before.step_time_s + 16 * hold + 1e-9
+    assert before + hold - 1e-9 <= after <= before + 16 * hold + 1e-9
