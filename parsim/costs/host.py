@@ -263,6 +263,13 @@ class HostModel:
         """``send_hold`` at the plan's ranks (0 on GPUs)."""
         return send_hold(self.cluster, self.ranks)
 
+    def action_send_hold(self, plan: Any, leaves: Any) -> float:
+        """Seconds one action's send calls hold its rank after it (``leaves``: (virtual stage,
+        kind) pairs, as ``action_message_seconds``): ``send_hold`` per output that goes to another
+        rank (``costs.placement.remote_messages``)."""
+        call = self.send_hold
+        return call * sum(remote_messages(plan, stage, kind)[1] for stage, kind in leaves) if call > 0 else 0.0
+
     def action_message_seconds(self, plan: Any, leaves: Any, boundary_bytes: Callable[[int], float]) -> float:
         """``message_seconds`` of one action's passes (``leaves``: (virtual stage, kind) pairs;
         an overlapped F&B slot has two): F receives boundary s - 1's activations and sends

@@ -17,8 +17,9 @@ fixed, every plan over 2 % had one of them):
   closed form prices each rank alone, at its solo speed (both wait for blocking ZeRO
   collectives in line, ``fast.comm``), and a TP group's shared in-situ premium whole where the
   engine pays it by the share of the step the ranks compute (``CollectiveFit.shared_alpha``);
-  it leaves out the pipeline messages' CPU and holds (``costs.host``). On the frozen CPU fixture, over the 3,376 plans of the CPU matrix and its model's sweep space
-  on 2 and 4 ranks, the fast path was median 16 % fast, up to 65 %, and up to 42 % slower on
+  it leaves out the pipeline messages' CPU and holds (``costs.host``). On the frozen CPU
+  fixture, over the 3,376 plans of the CPU matrix and its model's sweep space on 2 and 4
+  ranks, the fast path was median 16 % fast, up to 65 %, and up to 42 % slower on
   127 TP plans (``studies/validation_cpu/fast_vs_sim.txt``); the sweep gives those rows their
   price without the premium as their reach (``parsim.study.sweep.fast_frame``).
 

@@ -73,8 +73,7 @@ def shared_host_run(plan: Plan, fwd: Sequence[Job], bwd: Sequence[Job], send_s: 
     if host is None or not host.shared:
         timed = list_schedule(schedule, lambda a: _solo(a, jobs), hop)
     else:
-        timed = _processor_sharing(schedule, _with_messages(jobs, plan, host, send_bytes), hop, host,
-                                   plan.world_size / plan.pp)
+        timed = _processor_sharing(schedule, _with_messages(jobs, plan, host, send_bytes), hop, host, plan)
     durations: dict[tuple[str, int], list[float]] = {}
     for rank in timed:
         for t in rank:
@@ -156,21 +155,16 @@ def _hop(send: list[float]):
     return hop
 
 
-def _sends_away(schedule, leaf, rank: int) -> bool:
-    """Whether ``leaf``'s output goes to another rank: F to the next stage, B / I to the previous."""
-    to = leaf.stage + 1 if leaf.kind == "F" else leaf.stage - 1 if leaf.kind in ("B", "I") else -1
-    return 0 <= to < schedule.num_stages and schedule.rank_of_stage(to) != rank
-
-
-def _processor_sharing(schedule, job, hop, host: HostModel, ranks_per_job: float) -> list[list[TimedAction]]:
+def _processor_sharing(schedule, job, hop, host: HostModel, plan: Plan) -> list[list[TimedAction]]:
     """``list_schedule`` with every action a job on the host's processor sharing (a SimPy
     replay: the engine's sharing law, so both price a shared host alike); an action whose input
-    comes from another rank starts ``HostModel.message_hold`` late, and a rank is held
-    ``HostModel.send_hold`` for each output it sends to another rank, as in the engine."""
+    comes from another rank starts ``HostModel.message_hold`` late, and its rank is held for its
+    send calls after it (``HostModel.action_send_hold``), as in the engine. Each pipeline rank
+    stands for ``plan``'s dp x tp identical peers."""
     import simpy      # only shared CPU hosts replay on an event loop
 
     env = simpy.Environment()
-    sharing, late, call = host.processor_sharing(env, ranks_per_job), host.message_hold, host.send_hold
+    sharing, late = host.processor_sharing(env, plan.world_size / plan.pp), host.message_hold
     present = present_actions(schedule)          # leaves: an overlapped slot's forward and backward
     done = {a: env.event() for a in present}
     end: dict = {}
@@ -192,8 +186,9 @@ def _processor_sharing(schedule, job, hop, host: HostModel, ranks_per_job: float
                 end[leaf], rank_of[leaf] = env.now, rank
                 done[leaf].succeed()
             timed[rank].append(TimedAction(action, rank, start, env.now))
-            if call and (sent := sum(_sends_away(schedule, leaf, rank) for leaf in leaf_actions([action]))):
-                yield env.timeout(call * sent)
+            held = host.action_send_hold(plan, [(leaf.stage, leaf.kind) for leaf in leaf_actions([action])])
+            if held:
+                yield env.timeout(held)
 
     for rank, order in enumerate(schedule.actions):
         env.process(rank_process(rank, order))

@@ -36,7 +36,7 @@ def device(env: simpy.Environment, sim: "Simulation", dev: "Device"):
     (``kept``) until its W ends."""
     rec, mem, rank, ledger = sim.recorder, dev.memory, dev.rank, dev.ledger
     footprints, keep, last_stage = sim.footprints, rec.keep_events, sim.num_stages - 1
-    interfered, detail, blocking = sim.interference > 0, rec.detail, sim.p2p_blocking
+    interfered, detail, blocking, output_hold = sim.interference > 0, rec.detail, sim.p2p_blocking, sim.output_hold
     for idx, (kind, stage, mb) in enumerate(dev.actions):
         if kind == "F&":
             yield from overlapped(env, sim, dev, idx, dev.overlaps[stage])
@@ -82,8 +82,8 @@ def device(env: simpy.Environment, sim: "Simulation", dev: "Device"):
         if dev.run is not None:
             dev.run.release_final_gradients()
             dev.run = None
-        if sim.output_hold and (stage, kind) in sim.output_hold:     # the send's call (``costs.host.send_hold``)
-            yield from hold(env, sim, rank, env.now + sim.output_hold[stage, kind])
+        if output_hold and (stage, kind) in output_hold:     # its send calls (``HostModel.action_send_hold``)
+            yield from hold(env, sim, rank, env.now + output_hold[stage, kind])
         if blocking and sent > env.now:
             yield from hold(env, sim, rank, sent)
     dev.compute_done.succeed(env.now)

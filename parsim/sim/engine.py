@@ -130,11 +130,11 @@ class Simulation:
         self.p2p_blocking = p2p_holds_sender(plan)     # a send holds its sender (``Stack.p2p_blocking``)
         # (stage, kind) of an action whose input crosses ranks (``costs.placement.remote_messages``) -> its late start
         # where the ranks outnumber the cores (``costs.host.message_hold``); whose output does -> its send calls' hold
-        hold, call = self.host.message_hold, self.host.send_hold
+        hold = self.host.message_hold
         self.input_hold = {(s, kind): hold for s in range(plan.pp * plan.vpp) for kind in ("F", "B", "I")
                            if remote_messages(plan, s, kind)[0]} if hold > 0 else {}
-        self.output_hold = {(s, kind): call * sent for s in range(plan.pp * plan.vpp) for kind in ("F", "B", "I")
-                            if (sent := remote_messages(plan, s, kind)[1])} if call > 0 else {}
+        self.output_hold = {(s, kind): t for s in range(plan.pp * plan.vpp) for kind in ("F", "B", "I")
+                            if (t := self.host.action_send_hold(plan, [(s, kind)]))}
         self.zero3_gathers = gathers_layers(plan.zero, plan.dp)
         # ZeRO-2: every backward reduce-scatters its gradients part by part (``actions.zero2_scatters``)
         self.zero2_scatters = scatters_every_backward(plan.zero, plan.dp, plan.dp_impl == "ps")
