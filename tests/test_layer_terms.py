@@ -95,19 +95,36 @@ def test_calibrate_prints_the_per_op_term_where_the_profile_has_one():
 
 
 def test_a_memory_bound_slowdown_measured_below_1_is_fitted_as_the_engine_takes_it():
-    """The GEMM contention is fitted to the real layer's slowdown with the memory-bound ops at
-    the streaming probe's slowdown as the engine applies it: a reading below 1 (noise: two ranks
-    do not speed each other up) counts as 1 (``costs.host.host_contention``), so the fit prices
-    the layer as the engine will."""
+    """Past the host's cores the GEMM contention is fitted to the real layer's slowdown with the
+    memory-bound ops at the streaming probe's slowdown as the engine applies it: a reading below
+    1 (noise: ranks do not speed each other up) counts as 1 (``costs.host.host_contention``), so
+    the fit prices the layer as the engine will."""
     from parsim.calibration.layer_terms import fit_layer_terms
     from parsim.specs import RankCurve
 
     device, _, _ = _setup()
+    assert device.tables.cores == 2
 
     def fitted(c_m: float) -> float:
-        tables = device.tables.replace(contention_layer=RankCurve(((1, 1.0), (2, 1.3))),
-                                       contention_membound=RankCurve(((1, 1.0), (2, c_m))))
-        return fit_layer_terms(replace(device, tables=tables), load_model("cpu-small"), "fp32").contention.get(2)
+        tables = device.tables.replace(contention_layer=RankCurve(((1, 1.0), (4, 2.6))),
+                                       contention_membound=RankCurve(((1, 1.0), (4, c_m))))
+        return fit_layer_terms(replace(device, tables=tables), load_model("cpu-small"), "fp32").contention.get(4)
 
     assert fitted(0.9) == pytest.approx(fitted(1.0), rel=1e-12) and fitted(0.9) > 1.0
-    assert fitted(1.8) < fitted(1.0)          # more of the layer's slowdown is its memory-bound ops'
+    assert fitted(3.0) < fitted(1.0)          # more of the layer's slowdown is its memory-bound ops'
+
+
+@pytest.mark.parametrize("layer", [0.97, 1.06, 1.3])
+def test_ranks_that_each_have_a_core_do_not_slow_each_others_gemms(layer):
+    """Up to the host's cores the GEMM contention is 1 whatever the alternating rounds read for
+    the layer (the executor's traces show no slowdown there: ``gemm_contention``); the rounds'
+    reading is kept as measured, and the memory-bound and optimizer curves are not touched."""
+    from parsim.calibration.layer_terms import fit_layer_terms
+    from parsim.specs import RankCurve
+
+    device, _, _ = _setup()
+    tables = device.tables.replace(contention_layer=RankCurve(((1, 1.0), (2, layer), (4, 2.4))))
+    out = fit_layer_terms(replace(device, tables=tables), load_model("cpu-small"), "fp32")
+    assert out.contention.get(2) == 1.0 and out.contention.get(4) > 2.0
+    assert out.contention_layer.get(2) == layer
+    assert (out.contention_membound, out.contention_optimizer) == (tables.contention_membound, tables.contention_optimizer)

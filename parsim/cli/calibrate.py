@@ -78,7 +78,8 @@ def render(profile: dict, path: Path) -> str:
              + f"; gemm curve max_eff {dev['gemm']['max_efficiency']:.2f} half_dim {dev['gemm']['half_dim']:.0f}",
              f"memory-bound {dev['memory_bandwidth'] / 1e9:.2f} GB/s; op overhead {dev['kernel_overhead_s'] * 1e6:.1f} us; "
              f"attention eff {dev['attention_efficiency']:.2f}",
-             "contention (ranks: slowdown) " + ", ".join(f"{k}: {v:.2f}" for k, v in tables.contention.values)
+             f"GEMM contention (ranks: slowdown; 1 up to the {tables.cores or 1} cores) "
+             + ", ".join(f"{k}: {v:.2f}" for k, v in tables.contention.values)
              + ("; AdamW step " + ", ".join(f"{k}: {v:.2f}" for k, v in tables.contention_optimizer.values)
                 if tables.contention_optimizer is not None else "")]
     if tables.p2p_send_cpu is not None and tables.p2p_recv_cpu is not None:
