@@ -8,17 +8,19 @@ with the profile's layer terms re-derived three other ways.
   calibrations, mostly the backward by 1-3 %).
 * ``membound factor``: GEMMs and attention composed at their priced time (factor 1), the
   fitted factor on the memory-bound ops only, plus seconds per op: measured = G + c M + tau n
-  per pass over the stages (relative least squares, c >= 1, tau >= 0). The motive
-  (``stage_op_classes.txt``): inside a stage the GEMMs ran within -4..+13 % of their priced
-  time, the rest at ~2x, yet the calibrated factor (1.10 on this Zen 4 VM) multiplies both.
+  per pass over the stages (relative least squares, c >= 1, tau >= 0). The motive (the stages
+  under torch.profiler on the Zen 4 VM, 2026-12-02, a one-off measurement): inside a stage the
+  GEMMs ran within -4..+13 % of their priced time, the rest at ~2x, yet the calibrated factor
+  (1.10 there) multiplies both.
 * ``2-rank contention 1``: the fitted GEMM contention at 2 ranks set to 1 (the layer's 2-rank
   slowdown read 1.06-1.10 by the calibration; two processes stepping a stage read 0.95-1.17
   apart in a minute).
 
     .venv/bin/python studies/validation_cpu/heldout/cost_variants.py [RUN ...] > studies/validation_cpu/heldout/cost_variants.txt
 
-About 6 minutes for the 17 default runs (one core). Prints, per run and pooled, the median and
-max |step error|, the plans predicted slow and the signed median.
+About 2 minutes for the 17 default runs (one core). Prints, per run, pooled and per kind of
+plan (2 ranks: dp=2, tp=2, pp=2; 4 ranks), the median and max |step error|, the plans predicted
+slow and the signed median.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import dataclasses
 import statistics
 import sys
 import tempfile
+from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -70,12 +73,17 @@ def _write(data: dict) -> Path:
 
 
 def _no_floor(data: dict) -> dict:
+    """The profile with only its composition terms re-derived without the floor: the rest of a
+    refit (the GEMM contention under today's rule) is not this variant's, so it is not taken."""
     keep = layer_terms.at_least_the_layer
     layer_terms.at_least_the_layer = lambda device, composition, *rest: composition
     try:
-        return layer_terms.refit_data(copy.deepcopy(data))
+        refit = layer_terms.refit_data(copy.deepcopy(data))
     finally:
         layer_terms.at_least_the_layer = keep
+    out = copy.deepcopy(data)
+    out["device"]["extra"]["layer_composition"] = refit["device"]["extra"]["layer_composition"]
+    return out
 
 
 def _membound_terms(data: dict) -> dict:
@@ -127,8 +135,9 @@ def _priced(variant: str, run: Path):
         _split["on"] = False
 
 
-def run_errors(run: Path, variant: str) -> list[float]:
-    """Signed step errors (predicted / measured - 1) of the run's plans under ``variant``."""
+def run_errors(run: Path, variant: str) -> list[tuple[str, float]]:
+    """(kind of plan, signed step error: predicted / measured - 1) of the run's plans under
+    ``variant``."""
     errors = []
     with _priced(variant, run) as (profile, edit):
         for table in sorted(run.glob("*/validation.csv")):
@@ -142,8 +151,15 @@ def run_errors(run: Path, variant: str) -> list[float]:
                     cluster = dataclasses.replace(cluster, device=dataclasses.replace(
                         cluster.device, tables=edit(cluster.device.tables)))
                 result = simulate(model, cluster, plan, record_events=False)
-                errors.append(result.step_time_s / float(row["measured_step_s"]) - 1.0)
+                errors.append((plan_kind(plan), result.step_time_s / float(row["measured_step_s"]) - 1.0))
     return errors
+
+
+def plan_kind(plan) -> str:
+    """The group a plan's error is pooled in: 4 ranks, or a 2-rank plan by what it splits."""
+    if plan.world_size != 2:
+        return f"{plan.world_size} ranks"
+    return "2 ranks dp=2" if plan.dp == 2 else ("2 ranks tp=2" if plan.tp == 2 else "2 ranks pp=2")
 
 
 def summary(errors: list[float]) -> str:
@@ -155,15 +171,18 @@ def summary(errors: list[float]) -> str:
 def main(runs: list[str]) -> None:
     print("per run and variant: median |step error|, max, plans predicted slow, signed median")
     print(f"{'run':24s}" + "".join(f" | {v:28s}" for v in VARIANTS))
-    pooled: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    pooled: dict[tuple[str, str], list[float]] = defaultdict(list)     # (variant, kind or "pooled")
     for name in runs:
         cells = []
         for variant in VARIANTS:
             errors = run_errors(HERE / name, variant)
-            pooled[variant] += errors
-            cells.append(summary(errors))
+            for kind, error in errors:
+                pooled[(variant, "pooled")].append(error)
+                pooled[(variant, kind)].append(error)
+            cells.append(summary([e for _, e in errors]))
         print(f"{name[4:]:24s}" + "".join(f" | {c:28s}" for c in cells), flush=True)
-    print(f"{'pooled':24s}" + "".join(f" | {summary(pooled[v]):28s}" for v in VARIANTS))
+    for kind in ["pooled", *sorted({k for _, k in pooled} - {"pooled"})]:
+        print(f"{kind:24s}" + "".join(f" | {summary(pooled[(v, kind)]):28s}" for v in VARIANTS))
 
 
 if __name__ == "__main__":
