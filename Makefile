@@ -28,10 +28,13 @@ demo: $(STAMP)
 profiles: $(STAMP)
 	$(BIN)/python -m parsim.study.runs.profiles $(RUNS)
 
-# Two pytest workers, a test file each at a time (module fixtures start their gloo processes
-# once); then the tests marked `alone`, which time this machine, with nothing running beside them
-# (only their files are collected again: collecting all of tests/ imports torch and every module).
-TEST_WORKERS ?= 2
+# Three pytest workers on CI's two cores, a test file each at a time (module fixtures start their
+# gloo processes once): a third of two workers' time went to waiting on gloo process start-up and
+# on timeouts the reliability tests provoke (2-core Zen 4 VM, 2026-12-02, parallel part: 3:41-3:47
+# with two workers, 2:58-3:20 over four runs with three, all passing); then the tests marked
+# `alone`, which time this machine, with nothing running beside them (only their files are
+# collected again: collecting all of tests/ imports torch and every module).
+TEST_WORKERS ?= 3
 ALONE_FILES := $(shell grep -l 'pytest.mark.alone' tests/test_*.py)
 # Bytecode is written even where the environment says not to (PYTHONDONTWRITEBYTECODE=1): every
 # worker, rank and CLI call of the suite would otherwise compile parsim and the tests again

@@ -8,7 +8,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 def pytest_collection_modifyitems(config, items):
     """Files with multi-process tests (``slow``) first, the rest in their order: under
-    ``make test``'s two workers, the long files start early and the quick ones fill the end."""
+    ``make test``'s workers, the long files start early and the quick ones fill the end."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)
 
@@ -18,7 +18,7 @@ def keep_collection_order(config) -> None:
     (``--loadscope-reorder``, its default since 3.6), not in the order above: the one-test
     files that run for 10-20 s came last and one worker finished alone (a 2-core fresh clone:
     30 s of the other worker idle at the end). Keeping the order above gives the long files to
-    the workers first and ends both on the short ones. Older xdist versions have no option and
+    the workers first and ends them all on the short ones. Older xdist versions have no option and
     always reorder."""
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
