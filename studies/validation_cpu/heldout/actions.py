@@ -22,12 +22,19 @@ def load(path: Path) -> tuple[dict, list[list]]:
 
 
 def by_kind(events: list[list]) -> tuple[dict, dict]:
-    """({(rank, kind): [seconds of each compute action]}, {(rank, stream:kind): total seconds})."""
+    """({(rank, kind): [seconds of each compute action]}, {(rank, stream:kind): total seconds}).
+    An optimizer action is counted net of the DP collectives inside its span: the executor's
+    encloses ZeRO's parameter all-gathers after the update, which the simulator's trace puts
+    after it as events of their own (TP calls stay inside F and B on both sides)."""
     actions, totals = defaultdict(list), defaultdict(float)
     for rank, _stage, stream, kind, _mb, _layer, start, end, *_ in events:
         totals[(rank, f"{stream}:{kind}")] += end - start
         if stream == "compute":
-            actions[(rank, kind)].append(end - start)
+            inside = 0.0
+            if kind == "optimizer":
+                inside = sum(e[7] - e[6] for e in events
+                             if e[0] == rank and e[2] == "dp" and e[6] >= start and e[7] <= end)
+            actions[(rank, kind)].append(end - start - inside)
     return actions, totals
 
 
