@@ -25,7 +25,6 @@ slow and the signed median.
 from __future__ import annotations
 
 import copy
-import csv
 import dataclasses
 import statistics
 import sys
@@ -41,7 +40,9 @@ import parsim.calibration.layer_terms as layer_terms
 import parsim.costs.timing as timing
 from parsim.calibration.profile_io import write_profile_text
 from parsim.sim import simulate
-from parsim.specs import RankCurve, device_from_dict, load_cluster, load_model, model_from_dict, parse_plan
+from parsim.specs import RankCurve, device_from_dict, load_cluster, model_from_dict
+
+from kept_rows import measured_rows
 
 HERE = Path(__file__).resolve().parent
 RUNS = ("run_20261129o_amd", "run_20261129p_amd", "run_20261130g_zen3", "run_20261130j_zen3", "run_20261201_zen3",
@@ -140,18 +141,13 @@ def run_errors(run: Path, variant: str) -> list[tuple[str, float]]:
     ``variant``."""
     errors = []
     with _priced(variant, run) as (profile, edit):
-        for table in sorted(run.glob("*/validation.csv")):
-            model = load_model(HERE / f"model_{table.parent.name}.yaml")
-            for row in csv.DictReader(table.open()):
-                if not row.get("measured_step_s"):
-                    continue
-                plan = parse_plan(row["plan"])
-                cluster = load_cluster(f"cpu:{plan.world_size}", profile=profile)
-                if edit is not None:
-                    cluster = dataclasses.replace(cluster, device=dataclasses.replace(
-                        cluster.device, tables=edit(cluster.device.tables)))
-                result = simulate(model, cluster, plan, record_events=False)
-                errors.append((plan_kind(plan), result.step_time_s / float(row["measured_step_s"]) - 1.0))
+        for _table, _i, model, plan, row in measured_rows(run):
+            cluster = load_cluster(f"cpu:{plan.world_size}", profile=profile)
+            if edit is not None:
+                cluster = dataclasses.replace(cluster, device=dataclasses.replace(
+                    cluster.device, tables=edit(cluster.device.tables)))
+            result = simulate(model, cluster, plan, record_events=False)
+            errors.append((plan_kind(plan), result.step_time_s / float(row["measured_step_s"]) - 1.0))
     return errors
 
 

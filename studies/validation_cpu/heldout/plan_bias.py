@@ -10,17 +10,17 @@ about a minute (one core).
 """
 from __future__ import annotations
 
-import csv
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 from parsim.sim import simulate
-from parsim.specs import load_cluster, load_model, parse_plan
+from parsim.specs import load_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cost_variants import HERE, RUNS  # noqa: E402
+from kept_rows import measured_rows, plan_label  # noqa: E402
 
 
 def plan_errors(runs: list[str]) -> dict[str, list[float]]:
@@ -28,18 +28,10 @@ def plan_errors(runs: list[str]) -> dict[str, list[float]]:
     out: dict[str, list[float]] = defaultdict(list)
     for name in runs:
         run = HERE / name
-        for table in sorted(run.glob("*/validation.csv")):
-            if not (HERE / f"model_{table.parent.name}.yaml").exists():
-                continue
-            model = load_model(HERE / f"model_{table.parent.name}.yaml")
-            for row in csv.DictReader(table.open()):
-                if not row.get("measured_step_s"):
-                    continue
-                plan = parse_plan(row["plan"])
-                res = simulate(model, load_cluster(f"cpu:{plan.world_size}", profile=run / "profile.yaml"), plan,
-                               record_events=False)
-                key = f"{model.name:14s} {plan.world_size}r {row['plan'].replace(' dtype=fp32', '')}"
-                out[key].append(res.step_time_s / float(row["measured_step_s"]) - 1.0)
+        for _table, _i, model, plan, row in measured_rows(run):
+            res = simulate(model, load_cluster(f"cpu:{plan.world_size}", profile=run / "profile.yaml"), plan,
+                           record_events=False)
+            out[plan_label(model, plan, row)].append(res.step_time_s / float(row["measured_step_s"]) - 1.0)
     return out
 
 

@@ -16,7 +16,6 @@ RUN defaults to every ``run_*`` folder with a ``profile.yaml``; about 2 s a run.
 """
 from __future__ import annotations
 
-import csv
 import json
 import statistics
 import sys
@@ -24,7 +23,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from parsim.sim import simulate
-from parsim.specs import load_cluster, load_model, parse_plan
+from parsim.specs import load_cluster
+
+from kept_rows import measured_rows, plan_label
 
 HERE = Path(__file__).resolve().parent
 BIG = 65536          # bytes: the activation-sized calls, not the loss's scalars
@@ -66,39 +67,35 @@ def plan_row(run: Path, table: Path, i: int, model, plan, step_s: float, binned:
             measured += _big(mine)
             sums.append(sum(d for _, d, _ in mine))
     pred, pred_step = predicted(model, run / "profile.yaml", plan)
-    if not measured or not _big(pred):
+    pred_big = _big(pred)
+    if not measured or not pred_big:
         return None
-    m, p = statistics.median(d for _, d in measured), statistics.median(d for _, d in _big(pred))
+    m, p = statistics.median(d for _, d in measured), statistics.median(d for _, d in pred_big)
     tp_share = (sum(d for _, d, _ in pred) - statistics.median(sums)) / step_s
+    step_error = pred_step / step_s - 1
     if plan.world_size == 4:
         for gap, d in measured:
             binned[_bin(gap)]["measured"].append(d)
-        for gap, d in _big(pred):
+        for gap, d in pred_big:
             binned[_bin(gap)]["predicted"].append(d)
     line = (f"call {m * 1e3:6.2f} / {p * 1e3:6.2f} ms ({p / m - 1:+6.1%})  gap "
-            f"{statistics.median(g for g, _ in measured) * 1e3:5.1f} / {statistics.median(g for g, _ in _big(pred)) * 1e3:5.1f}"
-            f" ms  step {pred_step / step_s - 1:+6.1%} = TP {tp_share:+6.1%} + rest {pred_step / step_s - 1 - tp_share:+6.1%}")
-    return line, p / m - 1, tp_share, pred_step / step_s - 1
+            f"{statistics.median(g for g, _ in measured) * 1e3:5.1f} / {statistics.median(g for g, _ in pred_big) * 1e3:5.1f}"
+            f" ms  step {step_error:+6.1%} = TP {tp_share:+6.1%} + rest {step_error - tp_share:+6.1%}")
+    return line, p / m - 1, tp_share, step_error
 
 
 def run_rows(run: Path, binned: dict, per_plan: dict) -> list[str]:
     lines = []
-    for table in sorted(run.glob("*/validation.csv")):
-        if not (HERE / f"model_{table.parent.name}.yaml").exists():    # the older runs' other matrices
+    for table, i, model, plan, row in measured_rows(run):
+        if plan.tp < 2:
             continue
-        model = load_model(HERE / f"model_{table.parent.name}.yaml")
-        for i, row in enumerate(csv.DictReader(table.open())):
-            plan = parse_plan(row["plan"])
-            if plan.tp < 2 or not row.get("measured_step_s"):
-                continue
-            step_s = float(row["measured_step_s"])
-            row_out = plan_row(run, table, i, model, plan, step_s, binned)
-            if row_out is None:
-                continue
-            line, call_error, tp_share, step_error = row_out
-            name = f"{model.name:14} {plan.world_size}r {row['plan'].replace(' dtype=fp32', '')}"
-            lines.append(f"  {run.name:22} {name:80} {line}")
-            per_plan[name].append((call_error, tp_share, step_error))
+        row_out = plan_row(run, table, i, model, plan, float(row["measured_step_s"]), binned)
+        if row_out is None:
+            continue
+        line, call_error, tp_share, step_error = row_out
+        name = plan_label(model, plan, row)
+        lines.append(f"  {run.name:22} {name:80} {line}")
+        per_plan[name].append((call_error, tp_share, step_error))
     return lines
 
 

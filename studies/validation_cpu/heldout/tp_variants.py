@@ -29,7 +29,6 @@ median; then pooled by kind of plan, and each plan's median signed error over th
 """
 from __future__ import annotations
 
-import csv
 import statistics
 import sys
 from collections import defaultdict
@@ -39,13 +38,16 @@ import parsim.sim.run as sim_run
 import parsim.specs.collectives as collectives
 from parsim.costs.host import HostModel
 from parsim.sim import simulate
-from parsim.specs import load_cluster, load_model, parse_plan
+from parsim.specs import load_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cost_variants import HERE, RUNS, plan_kind, summary  # noqa: E402
+from kept_rows import measured_rows, plan_label  # noqa: E402
 
-VARIANTS = {"as calibrated": None, "block": 0.0, "block + 0.3 ms": 3e-4, "block + 0.6 ms": 6e-4,
-            "block + 1 ms": 1e-3, "contention net of TP": "net"}
+# name -> (k: None prices the premium as calibrated, else block-scaled with k s a call added;
+#          whether the mean field is read net of TP waits)
+VARIANTS = {"as calibrated": (None, False), "block": (0.0, False), "block + 0.3 ms": (3e-4, False),
+            "block + 0.6 ms": (6e-4, False), "block + 1 ms": (1e-3, False), "contention net of TP": (None, True)}
 _as_calibrated = collectives.CollectiveFit.seconds
 _extra: dict = {"k": None, "net": False, "sim": None}
 _run, _settle = sim_run._run, HostModel.settle
@@ -88,24 +90,18 @@ def _seconds(self, x, in_situ=False, host_ranks=None, group=0, block_s=None, bus
 collectives.CollectiveFit.seconds = _seconds
 
 
-def run_errors(run: Path, k: float | str | None) -> list[tuple[str, str, float]]:
+def run_errors(run: Path, k: float | None, net: bool) -> list[tuple[str, str, float]]:
     """(model and plan, kind of plan, signed step error) of the run's tp plans."""
-    _extra["net"] = k == "net"
-    _extra["k"] = None if k == "net" else k
+    _extra["k"], _extra["net"] = k, net
     out = []
     try:
-        for table in sorted(run.glob("*/validation.csv")):
-            if not (HERE / f"model_{table.parent.name}.yaml").exists():
+        for _table, _i, model, plan, row in measured_rows(run):
+            if plan.tp < 2:
                 continue
-            model = load_model(HERE / f"model_{table.parent.name}.yaml")
-            for row in csv.DictReader(table.open()):
-                plan = parse_plan(row["plan"])
-                if plan.tp < 2 or not row.get("measured_step_s"):
-                    continue
-                result = simulate(model, load_cluster(f"cpu:{plan.world_size}", profile=run / "profile.yaml"), plan,
-                                  record_events=False)
-                out.append((f"{model.name:14s} {plan.world_size}r {row['plan'].replace(' dtype=fp32', '')}", plan_kind(plan),
-                            result.step_time_s / float(row["measured_step_s"]) - 1.0))
+            result = simulate(model, load_cluster(f"cpu:{plan.world_size}", profile=run / "profile.yaml"), plan,
+                              record_events=False)
+            out.append((plan_label(model, plan, row), plan_kind(plan),
+                        result.step_time_s / float(row["measured_step_s"]) - 1.0))
     finally:
         _extra["k"], _extra["net"] = None, False
     return out
@@ -118,8 +114,8 @@ def main(runs: list[str]) -> None:
     by_plan: dict[tuple[str, str], list[float]] = defaultdict(list)
     for name in runs:
         cells = []
-        for variant, k in VARIANTS.items():
-            errors = run_errors(HERE / name, k)
+        for variant, (k, net) in VARIANTS.items():
+            errors = run_errors(HERE / name, k, net)
             for plan, kind, error in errors:
                 pooled[(variant, "pooled")].append(error)
                 pooled[(variant, kind)].append(error)
