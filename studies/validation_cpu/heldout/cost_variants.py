@@ -164,22 +164,31 @@ def summary(errors: list[float]) -> str:
             f" {statistics.median(errors):+6.1%}")
 
 
-def main(runs: list[str]) -> None:
-    print("per run and variant: median |step error|, max, plans predicted slow, signed median")
-    print(f"{'run':24s}" + "".join(f" | {v:28s}" for v in VARIANTS))
+def variant_table(runs: list[str], variants, errors_of, width: int = 24) -> dict[tuple[str, str], list[float]]:
+    """Print one row per run and variant (``summary``), then the runs pooled, all and by kind of
+    plan; ``errors_of(run, variant)`` gives (kind, plan, signed step error) per measured plan.
+    Returns {(variant, plan): [its error in each run]}."""
+    print(f"{'run':{width}s}" + "".join(f" | {v:28s}" for v in variants))
     pooled: dict[tuple[str, str], list[float]] = defaultdict(list)     # (variant, kind or "pooled")
+    by_plan: dict[tuple[str, str], list[float]] = defaultdict(list)
     for name in runs:
         cells = []
-        for variant in VARIANTS:
-            errors = run_errors(HERE / name, variant)
-            for kind, error in errors:
+        for variant in variants:
+            errors = errors_of(HERE / name, variant)
+            for kind, plan, error in errors:
                 pooled[(variant, "pooled")].append(error)
                 pooled[(variant, kind)].append(error)
-            cells.append(summary([e for _, e in errors]))
-        print(f"{name[4:]:24s}" + "".join(f" | {c:28s}" for c in cells), flush=True)
+                by_plan[(variant, plan)].append(error)
+            cells.append(summary([e for *_, e in errors]))
+        print(f"{name[4:]:{width}s}" + "".join(f" | {c:28s}" for c in cells), flush=True)
     for kind in ["pooled", *sorted({k for _, k in pooled} - {"pooled"})]:
-        print(f"{kind:24s}" + "".join(f" | {summary(pooled[(v, kind)]):28s}" for v in VARIANTS))
+        print(f"{kind:{width}s}" + "".join(f" | {summary(pooled[(v, kind)]):28s}" for v in variants))
+    return by_plan
 
+
+def main(runs: list[str]) -> None:
+    print("per run and variant: median |step error|, max, plans predicted slow, signed median")
+    variant_table(runs, VARIANTS, lambda run, v: [(kind, "", e) for kind, e in run_errors(run, v)])
 
 if __name__ == "__main__":
     main(sys.argv[1:] or list(RUNS))

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import parsim.costs.host as host
@@ -41,7 +40,7 @@ from parsim.sim import simulate
 from parsim.specs import Plan, RankCurve, device_from_dict, load_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cost_variants import HERE, RUNS, plan_kind, summary  # noqa: E402
+from cost_variants import HERE, RUNS, plan_kind, variant_table  # noqa: E402
 from kept_rows import measured_rows, plan_label  # noqa: E402
 
 DRAM_WEIGHT = host.dram_weight
@@ -106,21 +105,7 @@ def streaming_share(run: Path) -> float:
 
 def main(runs: list[str]) -> None:
     print("per run and variant: median |step error|, max, plans predicted slow, signed median")
-    print(f"{'run':24s}" + "".join(f" | {v:28s}" for v in VARIANTS))
-    pooled: dict[tuple[str, str], list[float]] = defaultdict(list)
-    plans: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for name in runs:
-        cells = []
-        for variant in VARIANTS:
-            errors = run_errors(HERE / name, variant)
-            for kind, label, error in errors:
-                pooled[(variant, "pooled")].append(error)
-                pooled[(variant, kind)].append(error)
-                plans[(variant, label)].append(error)
-            cells.append(summary([e for *_, e in errors]))
-        print(f"{name[4:]:24s}" + "".join(f" | {c:28s}" for c in cells), flush=True)
-    for kind in ["pooled", *sorted({k for _, k in pooled} - {"pooled"})]:
-        print(f"{kind:24s}" + "".join(f" | {summary(pooled[(v, kind)]):28s}" for v in VARIANTS))
+    plans = variant_table(runs, VARIANTS, run_errors)
     labels = sorted({label for _, label in plans}, key=lambda k: -abs(statistics.median(plans[(VARIANTS[1], k)])))
     print(f"\nper plan: median signed step error over the runs\n{'plan':88s}" + "".join(f" {v:>14s}" for v in VARIANTS))
     for label in labels:

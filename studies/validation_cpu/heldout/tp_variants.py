@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import parsim.sim.run as sim_run
@@ -41,7 +40,7 @@ from parsim.sim import simulate
 from parsim.specs import load_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cost_variants import HERE, RUNS, plan_kind, summary  # noqa: E402
+from cost_variants import HERE, RUNS, plan_kind, variant_table  # noqa: E402
 from kept_rows import measured_rows, plan_label  # noqa: E402
 
 # name -> (k: None prices the premium as calibrated, else block-scaled with k s a call added;
@@ -109,21 +108,8 @@ def run_errors(run: Path, k: float | None, net: bool) -> list[tuple[str, str, fl
 
 def main(runs: list[str]) -> None:
     print("tp plans, per run and variant: median |step error|, max, plans predicted slow, signed median")
-    print(f"{'run':22s}" + "".join(f" | {v:28s}" for v in VARIANTS))
-    pooled: dict[tuple[str, str], list[float]] = defaultdict(list)
-    by_plan: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for name in runs:
-        cells = []
-        for variant, (k, net) in VARIANTS.items():
-            errors = run_errors(HERE / name, k, net)
-            for plan, kind, error in errors:
-                pooled[(variant, "pooled")].append(error)
-                pooled[(variant, kind)].append(error)
-                by_plan[(variant, plan)].append(error)
-            cells.append(summary([e for *_, e in errors]))
-        print(f"{name[4:]:22s}" + "".join(f" | {c:28s}" for c in cells), flush=True)
-    for kind in ["pooled", *sorted({k for _, k in pooled} - {"pooled"})]:
-        print(f"{kind:22s}" + "".join(f" | {summary(pooled[(v, kind)]):28s}" for v in VARIANTS))
+    by_plan = variant_table(runs, VARIANTS, lambda run, v: [(kind, plan, e) for plan, kind, e
+                                                       in run_errors(run, *VARIANTS[v])], width=22)
     print("\neach plan's median signed step error over the runs")
     for plan in sorted({p for _, p in by_plan}):
         print(f"  {plan:84s}" + "".join(f" | {statistics.median(by_plan[(v, plan)]):+6.1%}" for v in VARIANTS))
