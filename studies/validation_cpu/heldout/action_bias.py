@@ -8,7 +8,7 @@ Collectives are left out: a measured call's span holds its wait for the slowest 
 
     .venv/bin/python studies/validation_cpu/heldout/action_bias.py [RUN ...] > studies/validation_cpu/heldout/action_bias.txt
 
-RUN defaults to ``plan_bias.py``'s runs; about 40 s (one core).
+RUN defaults to ``cost_variants.kept_runs()``; about 40 s (one core).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from parsim.trace.io import trace_to_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from actions import by_kind  # noqa: E402
-from cost_variants import HERE, RUNS  # noqa: E402
+from cost_variants import HERE, kept_runs  # noqa: E402
 from kept_rows import measured_rows, plan_label  # noqa: E402
 
 KINDS = ("F", "B", "optimizer")
@@ -76,5 +76,4 @@ def main(runs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    later = sorted(p.name for p in HERE.glob("run_202612[0-9][0-9]*") if p.name >= "run_20261203")
-    main(sys.argv[1:] or [*RUNS, *later])
+    main(sys.argv[1:] or kept_runs())

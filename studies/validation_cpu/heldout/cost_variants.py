@@ -49,6 +49,13 @@ RUNS = ("run_20261129o_amd", "run_20261129p_amd", "run_20261130g_zen3", "run_202
         "run_20261201b_zen3", "run_20261201c_zen3", "run_20261201d_zen3", "run_20261201e_zen3", "run_20261201f_zen3",
         "run_20261202_zen3", "run_20261202b_zen3", "run_20261202c_zen3", "run_20261202d_zen5", "run_20261202e_zen5",
         "run_20261202f_zen4", "run_20261202g_zen4")
+
+
+def kept_runs() -> list[str]:
+    """``RUNS`` and every run kept since them (2026-12-03 on): the later scripts' default."""
+    return [*RUNS, *sorted(p.name for p in HERE.glob("run_202612[0-9][0-9]*") if p.name >= "run_20261203")]
+
+
 VARIANTS = ("as calibrated", "no floor", "membound factor", "2-rank contention 1")
 _alone = timing._op_time
 _split = {"on": False}
@@ -189,6 +196,7 @@ def variant_table(runs: list[str], variants, errors_of, width: int = 24) -> dict
 def main(runs: list[str]) -> None:
     print("per run and variant: median |step error|, max, plans predicted slow, signed median")
     variant_table(runs, VARIANTS, lambda run, v: [(kind, "", e) for kind, e in run_errors(run, v)])
+
 
 if __name__ == "__main__":
     main(sys.argv[1:] or list(RUNS))

@@ -21,7 +21,7 @@ action no slower while the other rank computes (``trace_contention.txt``).
 
     .venv/bin/python studies/validation_cpu/heldout/membound_contention.py [RUN ...] > studies/validation_cpu/heldout/membound_contention.txt
 
-RUN defaults to ``plan_bias.py``'s runs; about 4 minutes (one core).
+RUN defaults to ``cost_variants.kept_runs()``; about 4 minutes (one core).
 """
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ import statistics
 import sys
 from pathlib import Path
 
-import parsim.costs.host as host
 import yaml
 
+import parsim.costs.host as host
 from parsim.calibration.layer_terms import profile_model
 from parsim.costs import layer_ops
 from parsim.costs.timing import op_time
@@ -40,7 +40,7 @@ from parsim.sim import simulate
 from parsim.specs import Plan, RankCurve, device_from_dict, load_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cost_variants import HERE, RUNS, plan_kind, variant_table  # noqa: E402
+from cost_variants import HERE, kept_runs, plan_kind, variant_table  # noqa: E402
 from kept_rows import measured_rows, plan_label  # noqa: E402
 
 DRAM_WEIGHT = host.dram_weight
@@ -118,5 +118,4 @@ def main(runs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    later = sorted(p.name for p in HERE.glob("run_202612[0-9][0-9]*") if p.name >= "run_20261203")
-    main(sys.argv[1:] or [*RUNS, *later])
+    main(sys.argv[1:] or kept_runs())

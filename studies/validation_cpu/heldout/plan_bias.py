@@ -5,7 +5,7 @@ its quartiles, sorted by the median's size.
 
     .venv/bin/python studies/validation_cpu/heldout/plan_bias.py [RUN ...] > studies/validation_cpu/heldout/plan_bias.txt
 
-RUN defaults to ``cost_variants.RUNS`` and the runs kept since (every ``run_*`` of 2026-12-03 on);
+RUN defaults to ``cost_variants.kept_runs()`` (``RUNS`` and every run kept from 2026-12-03 on);
 about a minute (one core).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from parsim.sim import simulate
 from parsim.specs import load_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cost_variants import HERE, RUNS  # noqa: E402
+from cost_variants import HERE, kept_runs  # noqa: E402
 from kept_rows import measured_rows, plan_label  # noqa: E402
 
 
@@ -46,5 +46,4 @@ def main(runs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    later = sorted(p.name for p in HERE.glob("run_202612[0-9][0-9]*") if p.name >= "run_20261203")
-    main(sys.argv[1:] or [*RUNS, *later])
+    main(sys.argv[1:] or kept_runs())

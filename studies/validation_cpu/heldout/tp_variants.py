@@ -90,7 +90,7 @@ collectives.CollectiveFit.seconds = _seconds
 
 
 def run_errors(run: Path, k: float | None, net: bool) -> list[tuple[str, str, float]]:
-    """(model and plan, kind of plan, signed step error) of the run's tp plans."""
+    """(kind of plan, model and plan, signed step error) of the run's tp plans."""
     _extra["k"], _extra["net"] = k, net
     out = []
     try:
@@ -99,7 +99,7 @@ def run_errors(run: Path, k: float | None, net: bool) -> list[tuple[str, str, fl
                 continue
             result = simulate(model, load_cluster(f"cpu:{plan.world_size}", profile=run / "profile.yaml"), plan,
                               record_events=False)
-            out.append((plan_label(model, plan, row), plan_kind(plan),
+            out.append((plan_kind(plan), plan_label(model, plan, row),
                         result.step_time_s / float(row["measured_step_s"]) - 1.0))
     finally:
         _extra["k"], _extra["net"] = None, False
@@ -108,8 +108,7 @@ def run_errors(run: Path, k: float | None, net: bool) -> list[tuple[str, str, fl
 
 def main(runs: list[str]) -> None:
     print("tp plans, per run and variant: median |step error|, max, plans predicted slow, signed median")
-    by_plan = variant_table(runs, VARIANTS, lambda run, v: [(kind, plan, e) for plan, kind, e
-                                                       in run_errors(run, *VARIANTS[v])], width=22)
+    by_plan = variant_table(runs, VARIANTS, lambda run, v: run_errors(run, *VARIANTS[v]), width=22)
     print("\neach plan's median signed step error over the runs")
     for plan in sorted({p for _, p in by_plan}):
         print(f"  {plan:84s}" + "".join(f" | {statistics.median(by_plan[(v, plan)]):+6.1%}" for v in VARIANTS))
