@@ -34,10 +34,12 @@ import yaml
 # and the composition terms in the overlapped form, ``StageProbes.overlap``; 17: the GEMM
 # contention fitted with the layer's memory-bound ops split by what fits in a rank's cache,
 # ``costs.host.dram_share``, ``layer_terms.fit_layer_terms``; 18: how long a pipeline send's
-# ``isend`` call holds its rank, ``p2p_send_hold``, ``calibration.tables.send_hold_curve``): a quick
+# ``isend`` call holds its rank, ``p2p_send_hold``, ``calibration.tables.send_hold_curve``; 19: a
+# CPU's attention surface may price the flash kernel's fixed cost per (head, query block),
+# ``RooflineFit.per_block``): a quick
 # profile kept for a host by an older calibration is then measured again, not reused
 # (``parsim.api.hardware.kept_profile_refused``). Profiles without the key are format 1.
-FORMAT = 18
+FORMAT = 19
 
 
 def write_profile(profile: dict[str, Any], path: str | Path) -> Path:

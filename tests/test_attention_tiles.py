@@ -8,7 +8,8 @@ import pytest
 from parsim.calibration.fit import Summary
 from parsim.calibration.machine_fit import Surfaces, attention_surfaces
 from parsim.calibration.shapes import AttentionPoint
-from parsim.costs.flops import CPU_FLASH_KEY_BLOCK, cpu_flash_causal_fraction, cpu_flash_query_block
+from parsim.costs.flops import (CPU_FLASH_KEY_BLOCK, cpu_flash_causal_fraction, cpu_flash_query_block,
+                                 cpu_flash_query_blocks)
 from parsim.specs import SpecError
 from parsim.specs.surfaces import RooflineFit
 
@@ -85,3 +86,72 @@ def test_the_cost_model_prices_the_executed_flops_with_a_cpu_fit():
             times[executed, s] = op_time(device, op, "fwd", "fp32")
     assert times[True, 512] == pytest.approx(times[False, 512])
     assert times[True, 1024] / times[False, 1024] == pytest.approx(0.75, rel=1e-3)
+
+
+# ----------------------------------------------------------------------------- per query block
+
+def per_block_points(per_block_s=40e-6, rate=80e9, overhead=4e-6):
+    """Attention points timed as a kernel with a fixed cost per (head, query block) runs them,
+    over sequences on both sides of the query block's step from 32 to 64 rows at s = 192."""
+    out = []
+    for i, s in enumerate([40, 56, 72, 96, 120, 150, 176, 190, 192, 200, 232, 264, 296, 330, 380, 420, 470, 510,
+                           96, 160, 250, 300, 360, 440]):
+        p = AttentionPoint(mbs=1, heads=1 + i % 7, kv_heads=1 + i % 7, seq=s, head_dim=(32, 64, 128)[i % 3])
+        busy = p.fwd_flops * cpu_flash_causal_fraction(s) / rate
+        fwd = overhead + p.batch_heads * cpu_flash_query_blocks(s) * per_block_s + busy
+        out.append((p, Summary(fwd, fwd, fwd, 3), Summary(fwd, fwd, fwd, 3)))
+    return out
+
+
+def test_blocks_per_head_step_where_the_query_block_grows():
+    assert [cpu_flash_query_blocks(s) for s in (1, 32, 33, 191, 192, 193, 767, 768, 1024)] == [1, 1, 2, 6, 3, 4, 12, 3, 4]
+
+
+def test_a_cpu_fit_takes_the_per_block_form_where_the_kernel_pays_per_block_and_recovers_it():
+    out = Surfaces()
+    attention_surfaces(per_block_points(), "bf16", False, out, cpu_flash=True)
+    fit = out.attention["bf16"]["bwd"]
+    assert fit.per_block and fit.per_batch_s == pytest.approx(40e-6, rel=0.05)
+    assert out.report["attention.bf16.bwd"].median < 0.01
+    # per head instead misses the step at s = 192 (the form the calibration had before)
+    from parsim.calibration.machine_fit import ATTENTION_BWD_FACTOR, attention_fit
+    pts = per_block_points()
+    work = [ATTENTION_BWD_FACTOR * p.fwd_flops * cpu_flash_causal_fraction(p.seq) for p, _, _ in pts]
+    dims = [(p.seq, p.head_dim, p.batch_heads) for p, _, _ in pts]
+    head = attention_fit(work, dims, [b.median for _, _, b in pts])
+    assert not head[0].per_block and head[1].median > 0.03
+    assert RooflineFit.from_dict("x", fit.to_dict()) == fit
+
+
+def test_without_the_cpu_kernel_the_per_block_form_is_not_offered():
+    out = Surfaces()
+    attention_surfaces(per_block_points(), "bf16", False, out, cpu_flash=False)
+    assert not out.attention["bf16"]["fwd"].per_block
+
+
+def test_the_cost_model_prices_a_per_block_fit_per_head_and_query_block():
+    from parsim.costs.ops import layer_ops
+    from parsim.costs.timing import op_time
+    from parsim.specs import ModelSpec, Plan, load_cluster
+
+    cluster = load_cluster("cpu:1")
+    fit = RooflineFit(peak=80e9, half=(1.0, 1.0, 1.0), overhead_s=0.0, per_batch_s=1e-4, executed=True)
+    times = {}
+    for per_block in (False, True):
+        f = replace(fit, per_block=per_block)
+        device = replace(cluster.device, tables=cluster.device.tables.replace(
+            attention_surface={"fp32": {"fwd": f, "bwd": f}}))
+        for s in (160, 320):
+            model = ModelSpec(name="t", layers=1, hidden=256, heads=4, seq_len=s, vocab=1024, flash_attention=True)
+            op = next(o for o in layer_ops(model, Plan(dtype="fp32")) if o.kind == "attention")
+            times[per_block, s] = op_time(device, op, "fwd", "fp32")
+    # 4 heads: 5 query blocks of 32 at s = 160, 5 of 64 at s = 320
+    for s in (160, 320):
+        assert times[True, s] - times[False, s] == pytest.approx(4 * (5 - 1) * 1e-4, rel=1e-6)
+
+
+def test_the_per_block_flag_must_be_a_boolean():
+    with pytest.raises(SpecError) as err:
+        RooflineFit.from_dict("device.extra.attention_surface.bf16.bwd",
+                              {"peak": 1e11, "half": [1, 1, 1], "overhead_s": 1e-6, "per_block": 2})
+    assert err.value.field.endswith("bwd.per_block") and "true or false" in str(err.value)

@@ -63,6 +63,15 @@ def cpu_flash_query_block(seq: int) -> int:
     return 32 if seq < 192 else 64 if seq < 768 else 256
 
 
+def cpu_flash_query_blocks(seq: float) -> int:
+    """Query blocks per (batch, head) of torch's CPU flash attention at sequence length ``seq``
+    (``cpu_flash_query_block`` rows each, the last one short): the kernel's loop count per head,
+    which a CPU calibration's attention surface may price a fixed time each
+    (``RooflineFit.per_block``)."""
+    s = max(int(round(seq)), 1)
+    return -(-s // cpu_flash_query_block(s))
+
+
 @lru_cache(maxsize=1024)
 def cpu_flash_causal_fraction(seq: float) -> float:
     """Score entries torch's CPU flash kernel computes for causal attention over the s^2 counted

@@ -32,7 +32,7 @@ from typing import Sequence
 
 from parsim.specs import AttentionTable, ClusterSpec, DeviceProfile
 
-from .flops import cpu_flash_causal_fraction
+from .flops import cpu_flash_causal_fraction, cpu_flash_query_blocks
 from .links import group_link, link_between, nic_share
 from .ops import GEMM_FORMS, Op, executed_gemm
 
@@ -191,7 +191,8 @@ def _attention_time(device: DeviceProfile, op: Op, pass_: str, dtype: str, flops
     fit = device.tables.attention_fit(dtype, "fwd" if pass_ == "fwd" else "bwd")
     if fit is not None:
         work = flops * cpu_flash_causal_fraction(op.shape[0]) if fit.executed else flops
-        return fit.seconds(work, (op.shape[0], op.shape[2], op.batch), op.batch)     # batch x heads
+        batch = op.batch * cpu_flash_query_blocks(op.shape[0]) if fit.per_block else op.batch    # batch x heads
+        return fit.seconds(work, (op.shape[0], op.shape[2], op.batch), batch)
     table = device.tables.attention_table(dtype)
     if table is not None:
         return flops / _attention_rate(table, op, pass_) + device.kernel_overhead_s

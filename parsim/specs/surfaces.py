@@ -69,7 +69,10 @@ class RooflineFit:
     GEMMs: work = 2 b m n k FLOP, dims = (m, n, k); fused attention: work = the counted
     4 bh s^2 d FLOP (2.5x in backward), dims = (seq, head_dim, batch x heads), or with
     ``executed`` (a CPU calibration) the part of them torch's CPU flash kernel computes
-    (``costs.flops.cpu_flash_causal_fraction``)."""
+    (``costs.flops.cpu_flash_causal_fraction``); with ``per_block`` the batch of ``per_batch_s``
+    is batch x heads x the kernel's query blocks (``costs.flops.cpu_flash_query_blocks``): its
+    loop's fixed cost per (head, query block), which steps where the block grows from 32 to 64
+    rows at s = 192 (``calibration.machine_fit.attention_surfaces``)."""
     peak: float                          # FLOP/s: the asymptote, never exceeded
     half: tuple[float, ...]              # half-saturation size per dimension
     overhead_s: float                    # seconds per call
@@ -80,8 +83,10 @@ class RooflineFit:
     points: int | None = None            # measured points it was fitted on
     executed: bool = False               # attention: work = the CPU flash kernel's executed FLOPs
     wide: float | None = None            # output width n at which a CPU GEMM's rate has halved (``efficiency``)
+    per_block: bool = False              # attention: batch = batch x heads x the CPU flash kernel's query blocks
 
-    _ORDER = ("peak", "half", "overhead_s", "per_batch_s", "tile", "sms", "overlap", "points", "executed", "wide")
+    _ORDER = ("peak", "half", "overhead_s", "per_batch_s", "tile", "sms", "overlap", "points", "executed", "wide",
+              "per_block")
 
     def efficiency(self, dims: tuple[float, ...], batch: float = 1) -> float:
         """Achieved fraction of ``peak`` on the work (dimensionless, in (0, 1]); with ``wide``, times
@@ -120,11 +125,11 @@ class RooflineFit:
         opt = {k: number(f"{where}.{k}", d[k]) for k in ("per_batch_s", "tile", "sms", "points", "wide") if k in d}
         if opt.get("wide", 1.0) <= 0:
             raise SpecError(f"{where}.wide", d["wide"], "an output width > 0 (elements)")
-        opt.update({k: flag(f"{where}.{k}", d[k]) for k in ("overlap", "executed") if k in d})
+        opt.update({k: flag(f"{where}.{k}", d[k]) for k in ("overlap", "executed", "per_block") if k in d})
         return cls(peak=peak, half=half, overhead_s=number(f"{where}.overhead_s", d["overhead_s"]), **opt)
 
     def to_dict(self) -> dict[str, Any]:
-        skip = {"per_batch_s": 0.0, "overlap": False, "executed": False}
+        skip = {"per_batch_s": 0.0, "overlap": False, "executed": False, "per_block": False}
         return {k: plain(getattr(self, k)) for k in self._ORDER
                 if getattr(self, k) is not None and not (k in skip and getattr(self, k) == skip[k])}
 

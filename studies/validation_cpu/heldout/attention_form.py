@@ -5,9 +5,11 @@ as the calibration times it (``calibration.round_robin``), in fp32 and bf16; the
 dtype:
 
 * noise: each point's median |pass / median of the passes - 1| over the points;
-* form: the calibration's own surface (``machine_fit.attention_surfaces``: roofline over (seq,
-  head dim, batch x heads) on the kernel's executed FLOPs, with or without seconds per head,
-  the better of the two) fitted to the median of the passes, its 5-fold leave-out median and max.
+* form: the calibration's own surface (``machine_fit.attention_fit``: roofline over (seq, head
+  dim, batch x heads) on the kernel's executed FLOPs, with or without seconds per head or per
+  (head, query block), the best of them) fitted to the median of the passes, its 5-fold
+  leave-out median and max; and the same without the per-block form (the calibration before
+  2026-12-03).
 
     .venv/bin/python studies/validation_cpu/heldout/attention_form.py > studies/validation_cpu/heldout/attention_form.txt
 
@@ -20,9 +22,8 @@ import torch
 
 from parsim.calibration.grid import attention_grid, ranges_for
 from parsim.calibration.machine_bench import estimate_rate
-from parsim.calibration.machine_fit import ATTENTION_BWD_FACTOR
+from parsim.calibration.machine_fit import ATTENTION_BWD_FACTOR, attention_fit
 from parsim.calibration.round_robin import bench_attention_many
-from parsim.calibration.surface_fit import Points, roofline_with_report
 from parsim.calibration.timer import Clock
 from parsim.costs.flops import cpu_flash_causal_fraction
 
@@ -43,16 +44,15 @@ def main() -> None:
         median = np.median(timed, axis=0)
         share = [cpu_flash_causal_fraction(p.seq) for p in points]
         dims = [(p.seq, p.head_dim, p.batch_heads) for p in points]
-        heads = [p.batch_heads for p in points]
         for column, pass_, factor in ((0, "fwd", 1.0), (1, "bwd", ATTENTION_BWD_FACTOR)):
             noise = np.median(np.abs(timed[:, :, column] / median[:, column] - 1.0))
             work = [factor * p.fwd_flops * s for p, s in zip(points, share)]
-            pts = Points.of(work, dims, median[:, column], heads)
-            report = min((roofline_with_report(pts, per_batch=per_head)[1] for per_head in (False, True)),
-                         key=lambda r: r.median)
+            head = attention_fit(work, dims, median[:, column])[1]              # no per-block form
+            fit, block = attention_fit(work, dims, median[:, column], cpu_flash=True)
+            form = "per block" if fit.per_block else "per head" if fit.per_batch_s else "roofline"
             print(f"{dtype} {pass_}: {len(points)} points, {PASSES} passes: pass-to-median noise {noise:5.1%};"
-                  f" surface leave-out median {report.median:5.1%}, max {report.max:5.1%}", flush=True)
-
+                  f" surface leave-out median {head.median:5.1%}, max {head.max:5.1%} without the per-block term,"
+                  f" {block.median:5.1%}, max {block.max:5.1%} as calibrated ({form})", flush=True)
 
 if __name__ == "__main__":
     main()
