@@ -69,24 +69,27 @@ def test_the_flag_must_be_a_boolean():
     assert err.value.field.endswith("fwd.executed") and "true or false" in str(err.value)
 
 
-def test_the_cost_model_prices_the_executed_flops_with_a_cpu_fit():
+def attention_fwd_seconds(fit: RooflineFit, s: int) -> float:
+    """The cost model's forward time of a 4-head layer's attention at sequence ``s`` on the
+    ``cpu`` cluster with ``fit`` as its fp32 attention surface."""
     from parsim.costs.ops import layer_ops
     from parsim.costs.timing import op_time
     from parsim.specs import ModelSpec, Plan, load_cluster
 
     cluster = load_cluster("cpu:1")
-    times = {}
-    for executed in (False, True):
-        fit = RooflineFit(peak=80e9, half=(1.0, 1.0, 1.0), overhead_s=0.0, executed=executed)
-        device = replace(cluster.device, tables=cluster.device.tables.replace(
-            attention_surface={"fp32": {"fwd": fit, "bwd": fit}}))
-        for s in (512, 1024):
-            model = ModelSpec(name="t", layers=1, hidden=256, heads=4, seq_len=s, vocab=1024, flash_attention=True)
-            op = next(o for o in layer_ops(model, Plan(dtype="fp32")) if o.kind == "attention")
-            times[executed, s] = op_time(device, op, "fwd", "fp32")
+    device = replace(cluster.device, tables=cluster.device.tables.replace(
+        attention_surface={"fp32": {"fwd": fit, "bwd": fit}}))
+    model = ModelSpec(name="t", layers=1, hidden=256, heads=4, seq_len=s, vocab=1024, flash_attention=True)
+    op = next(o for o in layer_ops(model, Plan(dtype="fp32")) if o.kind == "attention")
+    return op_time(device, op, "fwd", "fp32")
+
+
+def test_the_cost_model_prices_the_executed_flops_with_a_cpu_fit():
+    times = {(executed, s): attention_fwd_seconds(RooflineFit(peak=80e9, half=(1.0, 1.0, 1.0), overhead_s=0.0,
+                                                              executed=executed), s)
+             for executed in (False, True) for s in (512, 1024)}
     assert times[True, 512] == pytest.approx(times[False, 512])
     assert times[True, 1024] / times[False, 1024] == pytest.approx(0.75, rel=1e-3)
-
 
 # ----------------------------------------------------------------------------- per query block
 
@@ -130,24 +133,11 @@ def test_without_the_cpu_kernel_the_per_block_form_is_not_offered():
 
 
 def test_the_cost_model_prices_a_per_block_fit_per_head_and_query_block():
-    from parsim.costs.ops import layer_ops
-    from parsim.costs.timing import op_time
-    from parsim.specs import ModelSpec, Plan, load_cluster
-
-    cluster = load_cluster("cpu:1")
     fit = RooflineFit(peak=80e9, half=(1.0, 1.0, 1.0), overhead_s=0.0, per_batch_s=1e-4, executed=True)
-    times = {}
-    for per_block in (False, True):
-        f = replace(fit, per_block=per_block)
-        device = replace(cluster.device, tables=cluster.device.tables.replace(
-            attention_surface={"fp32": {"fwd": f, "bwd": f}}))
-        for s in (160, 320):
-            model = ModelSpec(name="t", layers=1, hidden=256, heads=4, seq_len=s, vocab=1024, flash_attention=True)
-            op = next(o for o in layer_ops(model, Plan(dtype="fp32")) if o.kind == "attention")
-            times[per_block, s] = op_time(device, op, "fwd", "fp32")
     # 4 heads: 5 query blocks of 32 at s = 160, 5 of 64 at s = 320
     for s in (160, 320):
-        assert times[True, s] - times[False, s] == pytest.approx(4 * (5 - 1) * 1e-4, rel=1e-6)
+        extra = attention_fwd_seconds(replace(fit, per_block=True), s) - attention_fwd_seconds(fit, s)
+        assert extra == pytest.approx(4 * (5 - 1) * 1e-4, rel=1e-6)
 
 
 def test_the_per_block_flag_must_be_a_boolean():
