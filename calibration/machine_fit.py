@@ -123,13 +123,21 @@ def attention_surfaces(results: list, dtype: str, overlap: bool, out: Surfaces, 
     smooth in s cannot follow on the counted FLOPs (the form: ``attention_fit``)."""
     if len(results) < roofline_params(3, True) + 2:
         return
-    dims = [(p.seq, p.head_dim, p.batch_heads) for p, _, _ in results]
-    share = [cpu_flash_causal_fraction(p.seq) if cpu_flash else 1.0 for p, _, _ in results]
-    for pass_, column, factor in (("fwd", 1, 1.0), ("bwd", 2, ATTENTION_BWD_FACTOR)):
-        fit, report = attention_fit([factor * p.fwd_flops * f for (p, *_), f in zip(results, share)], dims,
-                                    [r[column].median for r in results], overlap, cpu_flash)
+    points = [p for p, _, _ in results]
+    for pass_, column in (("fwd", 1), ("bwd", 2)):
+        work, dims = attention_work(points, pass_, cpu_flash)
+        fit, report = attention_fit(work, dims, [r[column].median for r in results], overlap, cpu_flash)
         out.attention.setdefault(dtype, {})[pass_] = fit
         out.report[f"attention.{dtype}.{pass_}"] = report
+
+
+def attention_work(points: list, pass_: str, cpu_flash: bool) -> tuple[list[float], list[tuple[int, int, int]]]:
+    """(work in FLOP, dims = (seq, head dim, batch x heads)) of each ``AttentionPoint`` in one
+    pass: the counted FLOPs (x ``ATTENTION_BWD_FACTOR`` in backward), or with ``cpu_flash`` those
+    torch's CPU flash kernel executes (``costs.flops.cpu_flash_causal_fraction``)."""
+    factor = ATTENTION_BWD_FACTOR if pass_ == "bwd" else 1.0
+    work = [factor * p.fwd_flops * (cpu_flash_causal_fraction(p.seq) if cpu_flash else 1.0) for p in points]
+    return work, [(p.seq, p.head_dim, p.batch_heads) for p in points]
 
 
 def attention_fit(work: list[float], dims: list[tuple[int, int, int]], seconds: list[float], overlap: bool = False,
@@ -144,9 +152,9 @@ def attention_fit(work: list[float], dims: list[tuple[int, int, int]], seconds: 
       s = 192 and 64 from there (``costs.flops.cpu_flash_query_block``), and each block's pass
       has a fixed cost (in 16 bits, the backward converts fp32 accumulators per block) that steps
       where the blocks grow. On the 2-vCPU Zen 4 VM (2026-12-03, torch 2.13, the calibration's 24
-      points a dtype, median of three passes; ``studies/validation_cpu/heldout/attention_form.py``)
-      the per-block term took the leave-out median from 15.0 % to 5.9 % on the bf16 backward and
-      from 6.8 % to 3.7 % on the fp32 forward, and was not chosen on the fp32 backward (6.4 %
+      points a dtype, median of three passes; ``studies/validation_cpu/heldout/attention_form.txt``)
+      the per-block term took the leave-out median from 21.5 % to 7.9 % on the bf16 backward and
+      from 9.6 % to 6.0 % on the fp32 forward, and was not chosen on the fp32 backward (7.3 %
       either way)."""
     heads = [d[2] for d in dims]
     candidates = [(False, heads, False), (True, heads, False)]

@@ -91,6 +91,7 @@ def test_the_cost_model_prices_the_executed_flops_with_a_cpu_fit():
     assert times[True, 512] == pytest.approx(times[False, 512])
     assert times[True, 1024] / times[False, 1024] == pytest.approx(0.75, rel=1e-3)
 
+
 # ----------------------------------------------------------------------------- per query block
 
 def per_block_points(per_block_s=40e-6, rate=80e9, overhead=4e-6):
@@ -117,10 +118,9 @@ def test_a_cpu_fit_takes_the_per_block_form_where_the_kernel_pays_per_block_and_
     assert fit.per_block and fit.per_batch_s == pytest.approx(40e-6, rel=0.05)
     assert out.report["attention.bf16.bwd"].median < 0.01
     # per head instead misses the step at s = 192 (the form the calibration had before)
-    from parsim.calibration.machine_fit import ATTENTION_BWD_FACTOR, attention_fit
+    from parsim.calibration.machine_fit import attention_fit, attention_work
     pts = per_block_points()
-    work = [ATTENTION_BWD_FACTOR * p.fwd_flops * cpu_flash_causal_fraction(p.seq) for p, _, _ in pts]
-    dims = [(p.seq, p.head_dim, p.batch_heads) for p, _, _ in pts]
+    work, dims = attention_work([p for p, _, _ in pts], "bwd", cpu_flash=True)
     head = attention_fit(work, dims, [b.median for _, _, b in pts])
     assert not head[0].per_block and head[1].median > 0.03
     assert RooflineFit.from_dict("x", fit.to_dict()) == fit

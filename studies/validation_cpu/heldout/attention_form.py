@@ -22,10 +22,9 @@ import torch
 
 from parsim.calibration.grid import attention_grid, ranges_for
 from parsim.calibration.machine_bench import estimate_rate
-from parsim.calibration.machine_fit import ATTENTION_BWD_FACTOR, attention_fit
+from parsim.calibration.machine_fit import attention_fit, attention_work
 from parsim.calibration.round_robin import bench_attention_many
 from parsim.calibration.timer import Clock
-from parsim.costs.flops import cpu_flash_causal_fraction
 
 PASSES = 3
 POINTS = 24          # the full grid's attention points (``machine_bench.FULL_GRID``)
@@ -42,11 +41,9 @@ def main() -> None:
                                                                                   BUDGET_S)]
                           for _ in range(PASSES)])          # (pass, point, fwd / bwd)
         median = np.median(timed, axis=0)
-        share = [cpu_flash_causal_fraction(p.seq) for p in points]
-        dims = [(p.seq, p.head_dim, p.batch_heads) for p in points]
-        for column, pass_, factor in ((0, "fwd", 1.0), (1, "bwd", ATTENTION_BWD_FACTOR)):
+        for column, pass_ in ((0, "fwd"), (1, "bwd")):
             noise = np.median(np.abs(timed[:, :, column] / median[:, column] - 1.0))
-            work = [factor * p.fwd_flops * s for p, s in zip(points, share)]
+            work, dims = attention_work(points, pass_, cpu_flash=True)
             head = attention_fit(work, dims, median[:, column])[1]              # no per-block form
             fit, block = attention_fit(work, dims, median[:, column], cpu_flash=True)
             form = "per block" if fit.per_block else "per head" if fit.per_batch_s else "roofline"

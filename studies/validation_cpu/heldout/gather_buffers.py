@@ -18,7 +18,6 @@ About 1.5 minutes; times the machine, so run it alone.
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import time
 import warnings
@@ -59,14 +58,10 @@ def rank_main(rank: int, port: int, nbytes: int, policy: str, queue) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure(nbytes: int, policy: str) -> dict[str, float]:
     import torch.multiprocessing as mp
+
+    from parsim.executor.processes import free_port
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
