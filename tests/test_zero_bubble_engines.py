@@ -133,9 +133,10 @@ def test_every_new_schedule_runs_on_a_host_whose_cores_the_ranks_share(schedule,
     cluster = load_cluster(f"cpu:{plan.world_size}", profile="cpu-calibrated")
     result = simulate(model, cluster, plan, mode="full", record_events=False)
     one = simulate(model, cluster, parse_plan(f"{base} schedule=1f1b dtype=fp32"), mode="full", record_events=False)
-    # the same work in every schedule: a lower bubble, within a tenth of 1F1B's step
+    # the same work in every schedule: a lower bubble, and a step that gains at most 1F1B's
+    # bubble (3 % slack: a split backward's W runs in other slots) and loses at most a tenth
     assert 0 <= result.bubble_fraction <= one.bubble_fraction
-    assert result.step_time_s == pytest.approx(one.step_time_s, rel=0.1)
+    assert one.step_time_s * (1 - one.bubble_fraction) * 0.97 <= result.step_time_s <= one.step_time_s * 1.1
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "zbv", "dualpipev"])

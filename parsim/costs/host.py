@@ -25,6 +25,7 @@ compute they overlap (``costs.stack.comm_compute_slowdown``; 0 unless the stack 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -93,7 +94,16 @@ def rank_cache_bytes(cluster: ClusterSpec, ranks: int) -> float | None:
     return cache_share(cluster.device.tables, _on_host(cluster, ranks))
 
 
-def host_contention(cluster: ClusterSpec, ranks: float, kind: str = "gemm") -> float:
+def lockstep(plan: Any) -> bool:
+    """Do the plan's ranks on a host run op by op in step? A TP group's collectives (inside every
+    layer) and ZeRO-3's parameter gathers (one per unit) hold its ranks together, so a
+    memory-bound op of one rank meets the same op on the others; DP replicas (one gradient sync
+    a step or a microbatch) and pipeline stages drift apart within a step, so one rank's
+    memory-bound op mostly meets the other's GEMMs (``host_contention``'s ``lockstep``)."""
+    return plan.tp > 1 or (plan.zero >= 3 and plan.dp > 1)
+
+
+def host_contention(cluster: ClusterSpec, ranks: float, kind: str = "gemm", lockstep: bool = True) -> float:
     """Compute slowdown when ``ranks`` processes of one plan compute at once on a host's cores.
 
     Calibrated CPU profiles carry ``contention`` ({concurrent ranks: per-rank GEMM slowdown}),
@@ -104,11 +114,29 @@ def host_contention(cluster: ClusterSpec, ranks: float, kind: str = "gemm") -> f
     picks "gemm", "membound" (falls back to the GEMM table) or "optimizer" (to the memory-bound
     one). Linear between measured counts (``ranks`` may be a fraction: ``HostModel.settle``);
     past the largest it scales with ranks per core (processor sharing). GPUs and uncalibrated
-    profiles: 1 (each rank owns its device)."""
+    profiles: 1 (each rank owns its device).
+
+    ``lockstep`` (``lockstep``): the streaming probe runs the same op on every rank at once, the
+    slowdown of ranks in step. Ranks that run independently (``lockstep=False``) take the GEMM's
+    slowdown for their memory-bound ops up to one rank per core, as measured where it can be told
+    apart: in the executor's own traces of 2-rank pipeline plans a rank's compute action ran
+    1.003x (median over 16 held-out runs) as long with the other rank computing as without
+    (``studies/validation_cpu/heldout/trace_contention.txt``), where the probe priced 1.07x; and
+    the 2-rank DP plans of 20 kept held-out runs, priced 3.6 % slow (signed median) with the
+    probe's slowdown, read -0.6 % without it (``lockstep_contention.txt``). Past the cores the
+    measured curve holds (ranks time-share the cores; nothing measured tells them apart there)."""
     tables = cluster.device.tables
     curve = ((tables.contention_optimizer if kind == "optimizer" else None)
              or (tables.contention_membound if kind in ("membound", "optimizer") else None) or tables.contention)
-    return curve_slowdown(curve, _on_host(cluster, ranks))
+    on_host = _on_host(cluster, ranks)
+    if kind == "membound" and not lockstep and curve is not tables.contention and tables.cores:
+        curve = _independent(curve, tables.contention, tables.cores)
+    return curve_slowdown(curve, on_host)
+
+
+def _independent(membound: RankCurve, gemm: RankCurve | None, cores: int) -> RankCurve:
+    """``membound`` with its slowdown at up to ``cores`` ranks replaced by the GEMM's there."""
+    return RankCurve(tuple((k, curve_slowdown(gemm, int(k)) if int(k) <= cores else v) for k, v in membound.values))
 
 
 def curve_slowdown(curve: RankCurve | None, on_host: float) -> float:
@@ -228,16 +256,19 @@ class HostModel:
     """The host the ``ranks`` ranks of one plan run on (``devices_per_node`` share one)."""
     cluster: ClusterSpec
     ranks: int
+    lockstep: bool = True          # the ranks run op by op in step (``lockstep``)
 
     def slowdown(self, computing: float) -> ComputeScale:
         """(GEMM, memory-bound, optimizer) slowdown with ``computing`` ranks computing at once."""
-        return ComputeScale(*(host_contention(self.cluster, computing, kind) for kind in ("gemm", "membound", "optimizer")),
+        return ComputeScale(*(host_contention(self.cluster, computing, kind, self.lockstep)
+                              for kind in ("gemm", "membound", "optimizer")),
                             rank_cache_bytes(self.cluster, self.ranks))
 
     @property
     def shared(self) -> bool:
-        """Do the ranks slow each other down (a calibrated CPU host)? False on GPUs."""
-        return self.slowdown(self.ranks) != ComputeScale()
+        """Do the ranks slow each other down (a calibrated CPU host)? False on GPUs. Read from
+        the measured curves whether or not the ranks run in step."""
+        return dataclasses.replace(self, lockstep=True).slowdown(self.ranks) != ComputeScale()
 
     @property
     def interference(self) -> float:

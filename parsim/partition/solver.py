@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from parsim.costs.host import HostModel
+from parsim.costs.host import HostModel, lockstep
 from parsim.costs.placement import rank_of_stage
 from parsim.costs.timing import p2p_time
 from parsim.specs import ClusterSpec, Plan, RankLayout, SpecError
@@ -204,7 +204,8 @@ def _stage_results(graph: CostGraph, segments: list[Segment], coster: StageCoste
         send_s.append(p2p_time(cluster, nbytes, src, dst) if src != dst else 0.0)
     jobs = [c.host_jobs() for c in costs]
     split_extra = [_split_extra(cluster, graph, segments[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
-    run = shared_host_run(plan, [j[0] for j in jobs], [j[1] for j in jobs], send_s, HostModel(cluster, plan.world_size),
+    host = HostModel(cluster, plan.world_size, lockstep(plan))
+    run = shared_host_run(plan, [j[0] for j in jobs], [j[1] for j in jobs], send_s, host,
                           graph.weight_grad_share, send_bytes=sends, split_extra=split_extra)
     out = []
     for k, ((a, b), c) in enumerate(zip(zip(bounds[:-1], bounds[1:]), costs)):

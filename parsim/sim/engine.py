@@ -41,7 +41,7 @@ import simpy
 from parsim.costs import (embedding_params, head_params, layer_params, p2p_bytes, p2p_holds_sender, stage_params,
                           plan_state_bytes, zero3_gather_bytes_per_layer, zero3_reduce_scatter_bytes_per_layer)
 from parsim.costs.fsdp2 import uses_fsdp2
-from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing, rank_cache_bytes
+from parsim.costs.host import ComputeLedger, ComputeScale, HostModel, ProcessorSharing, lockstep, rank_cache_bytes
 from parsim.costs.optimizer import (layer_from_host_s, layer_shard_bytes, rank_tensor_sizes, rank_tensors,
                                    tied_embedding_sync)
 from parsim.costs.placement import loop_placed, rank_of_stage, remote_messages, stages_of_rank
@@ -105,7 +105,7 @@ class Simulation:
         self.host_busy = host_busy
         self.env = simpy.Environment(initial_time=0.0)
         # ranks sharing a host's cores (calibrated CPU profiles) compute slower; GPUs: identity
-        self.host = HostModel(cluster, plan.world_size)
+        self.host = HostModel(cluster, plan.world_size, lockstep(plan))
         # CPU hosts: collectives running while a rank computes take compute time from it
         self.interference = self.host.interference
         self.model, self.cluster, self.plan, self.schedule, self.mode = model, cluster, plan, schedule, mode
