@@ -193,6 +193,17 @@ def variant_table(runs: list[str], variants, errors_of, width: int = 24) -> dict
     return by_plan
 
 
+def per_plan_table(plans: dict[tuple[str, str], list[float]], variants, sort_by: str, width: int) -> None:
+    """Each plan's median signed error over the runs under each variant (``variant_table``'s
+    return), the plans sorted by their |median| under ``sort_by``, then the count beyond 5 %."""
+    labels = sorted({label for _, label in plans}, key=lambda k: -abs(statistics.median(plans[(sort_by, k)])))
+    print(f"\nper plan: median signed step error over the runs\n{'plan':88s}" + "".join(f" {v:>{width}s}" for v in variants))
+    for label in labels:
+        print(f"{label:88s}" + "".join(f" {statistics.median(plans[(v, label)]):+{width}.1%}" for v in variants))
+    print(f"{'plans whose median is beyond 5 %':88s}" + "".join(
+        f" {sum(abs(statistics.median(plans[(v, k)])) > 0.05 for k in labels):>{width}d}" for v in variants))
+
+
 def main(runs: list[str]) -> None:
     print("per run and variant: median |step error|, max, plans predicted slow, signed median")
     variant_table(runs, VARIANTS, lambda run, v: [(kind, "", e) for kind, e in run_errors(run, v)])

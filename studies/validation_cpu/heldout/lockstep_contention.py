@@ -23,7 +23,6 @@ RUN defaults to ``cost_variants.kept_runs()``; about 2 minutes (one core).
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import sys
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from parsim.sim import simulate
 from parsim.specs import load_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cost_variants import kept_runs, plan_kind, variant_table  # noqa: E402
+from cost_variants import kept_runs, per_plan_table, plan_kind, variant_table  # noqa: E402
 from kept_rows import measured_rows, plan_label  # noqa: E402
 from membound_contention import solo  # noqa: E402
 
@@ -62,13 +61,7 @@ def run_errors(run: Path, variant: str) -> list[tuple[str, str, float]]:
 
 def main(runs: list[str]) -> None:
     print("per run and variant: median |step error|, max, plans predicted slow, signed median")
-    plans = variant_table(runs, VARIANTS, run_errors)
-    labels = sorted({label for _, label in plans}, key=lambda k: -abs(statistics.median(plans[(VARIANTS[0], k)])))
-    print(f"\nper plan: median signed step error over the runs\n{'plan':88s}" + "".join(f" {v:>12s}" for v in VARIANTS))
-    for label in labels:
-        print(f"{label:88s}" + "".join(f" {statistics.median(plans[(v, label)]):+12.1%}" for v in VARIANTS))
-    print(f"{'plans whose median is beyond 5 %':88s}" + "".join(
-        f" {sum(abs(statistics.median(plans[(v, k)])) > 0.05 for k in labels):>12d}" for v in VARIANTS))
+    per_plan_table(variant_table(runs, VARIANTS, run_errors), VARIANTS, VARIANTS[0], 12)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ RUN defaults to ``cost_variants.kept_runs()``; about 4 minutes (one core).
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import sys
 from pathlib import Path
 
@@ -40,7 +39,7 @@ from parsim.sim import simulate
 from parsim.specs import Plan, RankCurve, device_from_dict, load_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cost_variants import HERE, kept_runs, plan_kind, variant_table  # noqa: E402
+from cost_variants import HERE, kept_runs, per_plan_table, plan_kind, variant_table  # noqa: E402
 from kept_rows import measured_rows, plan_label  # noqa: E402
 
 DRAM_WEIGHT = host.dram_weight
@@ -105,13 +104,7 @@ def streaming_share(run: Path) -> float:
 
 def main(runs: list[str]) -> None:
     print("per run and variant: median |step error|, max, plans predicted slow, signed median")
-    plans = variant_table(runs, VARIANTS, run_errors)
-    labels = sorted({label for _, label in plans}, key=lambda k: -abs(statistics.median(plans[(VARIANTS[1], k)])))
-    print(f"\nper plan: median signed step error over the runs\n{'plan':88s}" + "".join(f" {v:>14s}" for v in VARIANTS))
-    for label in labels:
-        print(f"{label:88s}" + "".join(f" {statistics.median(plans[(v, label)]):+14.1%}" for v in VARIANTS))
-    print(f"{'plans whose median is beyond 5 %':88s}" + "".join(
-        f" {sum(abs(statistics.median(plans[(v, k)])) > 0.05 for k in labels):>14d}" for v in VARIANTS))
+    per_plan_table(variant_table(runs, VARIANTS, run_errors), VARIANTS, VARIANTS[1], 14)
     shares = [streaming_share(HERE / name) for name in runs]
     print(f"\nthe calibration layer's memory-bound ops, alone: counted bytes a second over the profile's memory "
           f"bandwidth, {min(shares):.2f}-{max(shares):.2f} over the {len(runs)} runs (above 1: from cache)")
