@@ -116,14 +116,14 @@ def host_contention(cluster: ClusterSpec, ranks: float, kind: str = "gemm", lock
     past the largest it scales with ranks per core (processor sharing). GPUs and uncalibrated
     profiles: 1 (each rank owns its device).
 
-    ``lockstep`` (``lockstep``): the streaming probe runs the same op on every rank at once, the
-    slowdown of ranks in step. Ranks that run independently (``lockstep=False``) take the GEMM's
+    ``lockstep`` (the function ``lockstep`` says it of a plan): the streaming probe runs the same
+    op on every rank at once, the slowdown of ranks in step. Ranks that run independently (``lockstep=False``) take the GEMM's
     slowdown for their memory-bound ops up to one rank per core, as measured where it can be told
     apart: in the executor's own traces of 2-rank pipeline plans a rank's compute action ran
     1.003x (median over 16 held-out runs) as long with the other rank computing as without
     (``studies/validation_cpu/heldout/trace_contention.txt``), where the probe priced 1.07x; and
-    the 2-rank DP plans of 20 kept held-out runs, priced 3.6 % slow (signed median) with the
-    probe's slowdown, read -0.6 % without it (``lockstep_contention.txt``). Past the cores the
+    the 2-rank DP plans of 21 kept held-out runs, priced 3.4 % slow (signed median) with the
+    probe's slowdown on every plan, read +0.5 % with this rule (``lockstep_contention.txt``). Past the cores the
     measured curve holds (ranks time-share the cores; nothing measured tells them apart there)."""
     tables = cluster.device.tables
     curve = ((tables.contention_optimizer if kind == "optimizer" else None)
