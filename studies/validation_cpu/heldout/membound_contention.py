@@ -4,7 +4,9 @@ rule (``calibration.layer_terms.gemm_contention``: a rank per core computes its 
 speed, applied to the profiles calibrated before it), and with the memory-bound and AdamW
 slowdowns at up to one rank per core set to 1 as well:
 
-* ``GEMM 1``: today's model (the profile's ``contention`` at N <= cores is 1);
+* ``GEMM 1``: the model before ``costs.host.lockstep`` (the profile's ``contention`` at N <= cores
+  is 1; the probe's memory-bound slowdown on every plan, which this script keeps for every
+  variant: ``lockstep_contention.py`` compares today's rule);
 * ``+ membound 1``: also ``contention_membound`` at N <= cores 1 (``costs.host.ComputeScale``:
   the backward's memory-bound ops are priced at the streaming probe's slowdown, 1.8-1.9x at 2
   ranks, because they read activations saved a forward earlier);
@@ -21,7 +23,8 @@ action no slower while the other rank computes (``trace_contention.txt``).
 
     .venv/bin/python studies/validation_cpu/heldout/membound_contention.py [RUN ...] > studies/validation_cpu/heldout/membound_contention.txt
 
-RUN defaults to ``cost_variants.kept_runs()``; about 4 minutes (one core).
+RUN defaults to ``cost_variants.kept_runs()``; about 4 minutes (one core). The committed
+``membound_contention.txt`` covers the 19 runs through ``run_20261203b_zen4``.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from pathlib import Path
 import yaml
 
 import parsim.costs.host as host
+import parsim.sim.engine as engine
 from parsim.calibration.layer_terms import profile_model
 from parsim.costs import layer_ops
 from parsim.costs.timing import op_time
@@ -76,6 +80,7 @@ def by_size(op, pass_: str, cache_bytes):
 def run_errors(run: Path, variant: str) -> list[tuple[str, str, float]]:
     """(kind of plan, plan, predicted / measured step - 1) of every measured plan of ``run``."""
     host.dram_weight = by_size if variant == "+ bwd by size" else DRAM_WEIGHT
+    engine.lockstep = lambda plan: True      # every plan's ranks in step: the rule these variants edit
     errors = []
     for _table, _i, model, plan, row in measured_rows(run):
         cluster = load_cluster(f"cpu:{plan.world_size}", profile=run / "profile.yaml")
