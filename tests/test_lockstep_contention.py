@@ -38,16 +38,16 @@ def test_independent_ranks_take_the_gemm_slowdown_up_to_the_cores_and_the_curve_
     gemm2, mem2, mem4 = (host_contention(cluster, 2), host_contention(cluster, 2, "membound"),
                          host_contention(cluster, 4, "membound"))
     assert mem2 > gemm2 * 1.2                      # the probe: DRAM shared by two streaming ranks
-    assert host_contention(cluster, 2, "membound", lockstep=False) == pytest.approx(gemm2)
-    assert host_contention(cluster, 1.5, "membound", lockstep=False) == pytest.approx(gemm2 * 0.5 + 0.5)
-    assert host_contention(cluster, 4, "membound", lockstep=False) == pytest.approx(mem4)
+    assert host_contention(cluster, 2, "membound", in_step=False) == pytest.approx(gemm2)
+    assert host_contention(cluster, 1.5, "membound", in_step=False) == pytest.approx(gemm2 * 0.5 + 0.5)
+    assert host_contention(cluster, 4, "membound", in_step=False) == pytest.approx(mem4)
     # between the cores and the next measured count: from the GEMM's value to the curve's
-    assert gemm2 < host_contention(cluster, 3, "membound", lockstep=False) < host_contention(cluster, 3, "membound")
+    assert gemm2 < host_contention(cluster, 3, "membound", in_step=False) < host_contention(cluster, 3, "membound")
     # the optimizer (every replica steps at once, after the sync) and the GEMM do not move
     for kind in ("gemm", "optimizer"):
-        assert host_contention(cluster, 2, kind, lockstep=False) == host_contention(cluster, 2, kind)
+        assert host_contention(cluster, 2, kind, in_step=False) == host_contention(cluster, 2, kind)
     # the host is shared either way: the engine takes the same path
-    assert HostModel(cluster, 2, lockstep=False).shared and HostModel(cluster, 2).shared
+    assert HostModel(cluster, 2, in_step=False).shared and HostModel(cluster, 2).shared
 
 
 def test_the_engine_prices_independent_ranks_without_the_probe_and_tp_with_it():

@@ -103,7 +103,7 @@ def lockstep(plan: Any) -> bool:
     return plan.tp > 1 or (plan.zero >= 3 and plan.dp > 1)
 
 
-def host_contention(cluster: ClusterSpec, ranks: float, kind: str = "gemm", lockstep: bool = True) -> float:
+def host_contention(cluster: ClusterSpec, ranks: float, kind: str = "gemm", in_step: bool = True) -> float:
     """Compute slowdown when ``ranks`` processes of one plan compute at once on a host's cores.
 
     Calibrated CPU profiles carry ``contention`` ({concurrent ranks: per-rank GEMM slowdown}),
@@ -116,20 +116,21 @@ def host_contention(cluster: ClusterSpec, ranks: float, kind: str = "gemm", lock
     past the largest it scales with ranks per core (processor sharing). GPUs and uncalibrated
     profiles: 1 (each rank owns its device).
 
-    ``lockstep`` (the function ``lockstep`` says it of a plan): the streaming probe runs the same
-    op on every rank at once, the slowdown of ranks in step. Ranks that run independently (``lockstep=False``) take the GEMM's
-    slowdown for their memory-bound ops up to one rank per core, as measured where it can be told
-    apart: in the executor's own traces of 2-rank pipeline plans a rank's compute action ran
-    1.003x (median over 16 held-out runs) as long with the other rank computing as without
-    (``studies/validation_cpu/heldout/trace_contention.txt``), where the probe priced 1.07x; and
-    the 2-rank DP plans of 21 kept held-out runs, priced 3.4 % slow (signed median) with the
-    probe's slowdown on every plan, read +0.5 % with this rule (``lockstep_contention.txt``). Past the cores the
-    measured curve holds (ranks time-share the cores; nothing measured tells them apart there)."""
+    ``in_step`` (``lockstep`` says it of a plan): the streaming probe runs the same op on every
+    rank at once, the slowdown of ranks in step. Ranks that run independently (``in_step=False``)
+    take the GEMM's slowdown for their memory-bound ops up to one rank per core, as measured where
+    it can be told apart: in the executor's own traces of 2-rank pipeline plans a rank's compute
+    action ran 1.003x (median over 16 held-out runs) as long with the other rank computing as
+    without (``studies/validation_cpu/heldout/trace_contention.txt``), where the probe priced
+    1.07x; and the 2-rank DP plans of 21 kept held-out runs, priced 3.4 % slow (signed median)
+    with the probe's slowdown on every plan, read +0.5 % with this rule
+    (``lockstep_contention.txt``). Past the cores the measured curve holds (ranks time-share the
+    cores; nothing measured tells them apart there)."""
     tables = cluster.device.tables
     curve = ((tables.contention_optimizer if kind == "optimizer" else None)
              or (tables.contention_membound if kind in ("membound", "optimizer") else None) or tables.contention)
     on_host = _on_host(cluster, ranks)
-    if kind == "membound" and not lockstep and curve is not tables.contention and tables.cores:
+    if kind == "membound" and not in_step and curve is not tables.contention and tables.cores:
         curve = _independent(curve, tables.contention, tables.cores)
     return curve_slowdown(curve, on_host)
 
@@ -256,19 +257,24 @@ class HostModel:
     """The host the ``ranks`` ranks of one plan run on (``devices_per_node`` share one)."""
     cluster: ClusterSpec
     ranks: int
-    lockstep: bool = True          # the ranks run op by op in step (``lockstep``)
+    in_step: bool = True           # the ranks run op by op in step (``lockstep``)
+    # slowdown by ranks computing: the processor-sharing law asks it at every job start and end
+    _slowdowns: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def slowdown(self, computing: float) -> ComputeScale:
         """(GEMM, memory-bound, optimizer) slowdown with ``computing`` ranks computing at once."""
-        return ComputeScale(*(host_contention(self.cluster, computing, kind, self.lockstep)
-                              for kind in ("gemm", "membound", "optimizer")),
-                            rank_cache_bytes(self.cluster, self.ranks))
+        scale = self._slowdowns.get(computing)
+        if scale is None:
+            scale = self._slowdowns[computing] = ComputeScale(
+                *(host_contention(self.cluster, computing, kind, self.in_step) for kind in ("gemm", "membound", "optimizer")),
+                rank_cache_bytes(self.cluster, self.ranks))
+        return scale
 
     @property
     def shared(self) -> bool:
         """Do the ranks slow each other down (a calibrated CPU host)? False on GPUs. Read from
         the measured curves whether or not the ranks run in step."""
-        return dataclasses.replace(self, lockstep=True).slowdown(self.ranks) != ComputeScale()
+        return dataclasses.replace(self, in_step=True).slowdown(self.ranks) != ComputeScale()
 
     @property
     def interference(self) -> float:

@@ -34,15 +34,10 @@ from parsim.specs import load_cluster
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cost_variants import kept_runs, per_plan_table, plan_kind, variant_table  # noqa: E402
 from kept_rows import measured_rows, plan_label  # noqa: E402
-from membound_contention import solo  # noqa: E402
+from membound_contention import edited  # noqa: E402
 
 VARIANTS = ("every plan", "lockstep", "no plan")
 RULES = {"every plan": lambda plan: True, "lockstep": lockstep, "no plan": lambda plan: False}
-
-
-def edited(tables):
-    """The profile's tables with the GEMM at solo speed up to one rank per core."""
-    return tables.replace(contention=solo(tables.contention, tables.cores or 1))
 
 
 def run_errors(run: Path, variant: str) -> list[tuple[str, str, float]]:
@@ -52,7 +47,7 @@ def run_errors(run: Path, variant: str) -> list[tuple[str, str, float]]:
     for _table, _i, model, plan, row in measured_rows(run):
         cluster = load_cluster(f"cpu:{plan.world_size}", profile=run / "profile.yaml")
         device = cluster.device
-        device = dataclasses.replace(device, tables=edited(device.tables))
+        device = dataclasses.replace(device, tables=edited(device.tables, "GEMM 1"))
         result = simulate(model, dataclasses.replace(cluster, device=device), plan, record_events=False)
         errors.append((plan_kind(plan), plan_label(model, plan, row),
                        result.step_time_s / float(row["measured_step_s"]) - 1.0))
