@@ -3,7 +3,9 @@ list that ``layer_activation_bytes`` sums and ``split_backward.layer_saved_tenso
 tensor its autograd nodes save (``torch.autograd.graph.saved_tensors_hooks``, one storage counted
 once, parameters left out, the layer input in), in fp32 and in bf16 -- ``torch.autocast`` over fp32
 parameters, as the executor runs it: an fp32 residual stream, one 16-bit cast of the input per
-GEMM and a 16-bit copy of each GEMM weight per microbatch."""
+GEMM and a 16-bit copy of each GEMM weight per microbatch. With dropout as torch runs it on a CPU:
+its scaled noise kept in its input's dtype, and SDPA on its math path (fp32 copies of q, k, v,
+fp32 softmax, noise and output, no causal mask kept)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -24,7 +26,12 @@ GPT = replace(TINY, flash_attention=True, seq_len=64)
 LLAMA = replace(GPT, activation="swiglu", norm="rmsnorm", position="rope", bias=False, tied_embeddings=False)
 VARIANTS = {"gpt-sdpa": GPT, "gpt-explicit-gqa": replace(GPT, flash_attention=False),
             "gpt-explicit-mha": replace(GPT, flash_attention=False, kv_heads=GPT.heads),
-            "llama-sdpa": LLAMA, "llama-explicit": replace(LLAMA, flash_attention=False)}
+            "llama-sdpa": LLAMA, "llama-explicit": replace(LLAMA, flash_attention=False),
+            # with dropout (the CPU's: scaled noise in its input's dtype; SDPA then runs its fp32 math path)
+            "gpt-sdpa-dropout": replace(GPT, dropout=True),
+            "gpt-explicit-dropout": replace(GPT, flash_attention=False, dropout=True),
+            "llama-sdpa-dropout": replace(LLAMA, dropout=True),
+            "llama-explicit-dropout": replace(LLAMA, flash_attention=False, dropout=True)}
 
 
 def saved_by_layer(spec, dtype: str, mbs: int, policy: str = "none") -> dict[int, tuple]:

@@ -34,8 +34,13 @@ def test_fp32_softmax_keeps_two_bytes_a_score_more_with_dropout_four_without(dro
     b, scores = 2, model.heads * model.seq_len ** 2
     torch_, cuda = (layer_activation_bytes(model, _plan(f"mbs={b} gbs={b} dtype=bf16", s), "none")
                     for s in ("torch", "torch-cuda"))
-    # fp32 softmax output (+2 bytes); without dropout also the PV product's 16-bit copy (+2)
-    assert cuda - torch_ == pytest.approx((2 if dropout else 4) * b * scores, rel=1e-12)
+    # fp32 softmax output (+2 bytes); without dropout also the PV product's 16-bit copy (+2).
+    # With dropout, CUDA's fused kernel keeps a 1-byte mask where a CPU's keeps its 16-bit noise
+    # (``Stack.dropout_noise``): -1 byte a score, and 1 byte of each residual dropout's element
+    # where a CPU's keeps the fp32 bias-add's (-3, two per layer)
+    residual = 2 * 3 * b * model.seq_len * model.hidden if dropout else 0
+    assert model.bias
+    assert cuda - torch_ == pytest.approx((1 if dropout else 4) * b * scores - residual, rel=1e-12)
 
 
 def test_the_scores_are_cast_there_and_back_and_softmax_and_dropout_move_fp32():
@@ -54,7 +59,9 @@ def test_the_scores_are_cast_there_and_back_and_softmax_and_dropout_move_fp32():
 @pytest.mark.parametrize("model,dtype", [("gpt3-350m", "fp32"), ("studies/gpu_h100/gpt3-1.3b-flash.yaml", "bf16"),
                                          ("llama3-8b", "bf16")])
 def test_fp32_plans_and_fused_attention_price_as_under_torch(model, dtype):
-    spec = load_model(str(ROOT / model) if model.endswith(".yaml") else model)
+    # without dropout: a CPU's keeps its noise and takes SDPA off its fused kernel (``Stack.dropout_noise``,
+    # ``flash_dropout``), CUDA's does neither
+    spec = replace(load_model(str(ROOT / model) if model.endswith(".yaml") else model), dropout=False)
     plans = [_plan(f"mbs=2 gbs=2 dtype={dtype}", s) for s in ("torch", "torch-cuda")]
     assert [op for op in layer_ops(spec, plans[0])] == [op for op in layer_ops(spec, plans[1])]
     assert layer_activation_bytes(spec, plans[0], "none") == layer_activation_bytes(spec, plans[1], "none")
@@ -76,7 +83,7 @@ def test_an_h200s_measured_peaks_of_the_explicit_attention_model_within_one_perc
         p = parse_plan(plan + " stack=torch-cuda")
         predicted = simulate("gpt3-350m", cluster_from_dict(profile, num_devices=1), p).peak_memory_bytes
         assert predicted == pytest.approx(measured, rel=0.01), plan
-        if "recompute" not in plan:     # under torch the fp32 scores were missing: 15-20 % low
+        if "recompute" not in plan:     # under torch (a CPU's rules) the fp32 scores are missing: 6-8 % low
             low = simulate("gpt3-350m", cluster_from_dict(profile, num_devices=1),
                            parse_plan(plan + " stack=torch")).peak_memory_bytes
-            assert low < 0.9 * measured, plan
+            assert low < 0.95 * measured, plan

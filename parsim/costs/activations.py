@@ -21,8 +21,8 @@ from __future__ import annotations
 from parsim.specs import ModelSpec, Plan, plan_stack
 
 from .footprint import backward_working
-from .ops import DTYPE_BYTES, padded_vocab
-from .saved import FP32_BYTES, MASK_BYTES, gemm_inputs, layer_saved, layer_weight_copy_bytes, norm_saved, precision
+from .ops import CORE_MATH_BYTES, DTYPE_BYTES, attention_path, padded_vocab
+from .saved import FP32_BYTES, dropout_mask_bytes, gemm_inputs, layer_saved, layer_weight_copy_bytes, norm_saved, precision
 
 
 def layer_activation_bytes(model: ModelSpec, plan: Plan, recompute: str | None = None) -> float:
@@ -43,7 +43,7 @@ def embedding_activation_bytes(model: ModelSpec, plan: Plan) -> float:
     if not model.dropout:
         return 0.0
     sb = model.seq_len * plan.mbs
-    return MASK_BYTES * sb * model.hidden / (plan.tp if plan.sp else 1)
+    return dropout_mask_bytes(plan, precision(plan).res) * sb * model.hidden / (plan.tp if plan.sp else 1)
 
 
 def head_activation_bytes(model: ModelSpec, plan: Plan) -> float:
@@ -150,17 +150,20 @@ def attention_working_bytes(model: ModelSpec, plan: Plan) -> float:
     gradient (e*s*b*h/sp) and V's (e*s*b*h/t) are alive, while the layer's MLP stash, second-norm
     and MLP-up inputs (e*s*b*h/sp each) and the attention-out input (e*s*b*h/t) are freed by
     then: copies*u - e*s*b*h/sp - (MLP stash)/t. Measured on the executor's layer (fp32, tp = 1,
-    tiny with s = 128 and 512): 2u - 5 e*s*b*h (f = 2h), as this gives."""
-    if model.flash_attention:
+    tiny with s = 128 and 512): 2u - 5 e*s*b*h (f = 2h), as this gives. SDPA's math path
+    (``ops.attention_path``) holds its score gradients in fp32."""
+    path = attention_path(model, plan)
+    if path == "flash":
         return 0.0
     e = DTYPE_BYTES[plan.dtype]
+    u = (CORE_MATH_BYTES if path == "math" else e) * plan.mbs * model.heads * model.seq_len ** 2 / plan.tp
     t, s, b, h, f = plan.tp, model.seq_len, plan.mbs, model.hidden, model.ffn_hidden
     sp = t if plan.sp else 1
     stack = plan_stack(plan)
     copies = 2 if not stack.softmax_grad_in_place or model.dropout else 1
     # what the MLP kept (``layer_activation_bytes``): GeLU 2f; SwiGLU 3f, 4f with the eager silu(gate)
     mlp_stash = e * s * b * f * ((4 if stack.eager_swiglu else 3) if model.activation == "swiglu" else 2)
-    return copies * e * b * model.heads * s * s / t - e * s * b * h / sp - mlp_stash / t
+    return copies * u - e * s * b * h / sp - mlp_stash / t
 
 
 def forward_working_bytes(model: ModelSpec, plan: Plan, last: bool, recomputed_layers: float) -> float:

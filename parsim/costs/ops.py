@@ -120,7 +120,8 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
         # fp32 under autocast (``saved.Precision.rope``)
         ops.append(replace(_membound("rope", tokens * (h // t + kv), prec.rope, bwd_factor=1.0,
                                      eager="rope" if stack.eager_rope else ""), in_composition=True))
-    if model.flash_attention:
+    path = attention_path(model, plan)
+    if path == "flash":
         # FlashAttention (Dao et al. 2022): scores + softmax + PV fused; forward 4*b*s^2*h/t FLOP,
         # backward 2.5x forward (it recomputes the scores: Dao 2022 Sec. 3.1).
         fwd = 4.0 * b * heads * s * s * d
@@ -131,16 +132,20 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
         # eager PyTorch scales and masks the scores in kernels of their own (``Stack``'s
         # attention_eager_passes; Megatron's fused scale-mask-softmax: none): each reads and writes
         # the scores forward, and its backward reads and writes their gradient (the same bytes)
-        for name in ("attn_scale", "attn_mask")[:stack.attention_eager_passes]:
+        # (SDPA's math path scales q and k instead and adds its causal mask in place: one pass)
+        passes = ("attn_mask",) if path == "math" else ("attn_scale", "attn_mask")[:stack.attention_eager_passes]
+        for name in passes:
             ops.append(_membound(name, b * heads * s * s, e, core=True, bwd_factor=1.0))
         # under CUDA's autocast (``Stack.fp32_softmax``) softmax and its dropout run in fp32 between
         # two casts of the scores: 16 bits to fp32 before softmax, fp32 to 16 bits for the PV
-        # product; backward the gradient's two, back and forth
-        sm = prec.softmax
+        # product; backward the gradient's two, back and forth. SDPA's math path on a CPU runs
+        # 16-bit inputs in fp32 throughout (its two products too, priced here at the plan's
+        # dtype: not modelled)
+        sm = prec.softmax if path == "explicit" else CORE_MATH_BYTES
         ops.append(_membound("softmax", b * heads * s * s, sm, core=True))
         if model.dropout:
             ops.append(_membound("attn_dropout", b * heads * s * s, sm, core=True))
-        if sm > e:
+        if sm > e and path == "explicit":
             ops += [replace(c, attention_core=True)
                     for c in _cast_op("softmax_casts", 2 * b * heads * s * s, 2 * b * heads * s * s, plan)]
         ops.append(_gemm("attn_values", s, d, s, batch=b * heads, has_weight=False, core=True))
@@ -159,6 +164,23 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     from .params import layer_params   # params imports this module
     ops.append(_grad_accumulation("layer_grad_accumulate", layer_params(model, t), plan))
     return ops
+
+
+# SDPA's math path on a CPU computes 16-bit q, k, v in fp32 (torch 2.13,
+# ``_scaled_dot_product_attention_math``): bytes per element of what it keeps
+CORE_MATH_BYTES = 4
+
+
+def attention_path(model: ModelSpec, plan: Plan) -> str:
+    """How a layer's attention core runs: ``flash`` (one fused kernel keeping the log-sum-exp),
+    ``explicit`` (the model's unfused products: scores, scale, mask, softmax, dropout, PV), or
+    ``math``: a flash model with dropout under a stack whose fused kernel takes none
+    (``Stack.flash_dropout``; torch on a CPU), where SDPA runs its math path: the unfused
+    products on scaled copies of q and k (and a copy of v), in fp32 (``CORE_MATH_BYTES``), the
+    causal mask added in place and not kept."""
+    if not model.flash_attention:
+        return "explicit"
+    return "math" if model.dropout and not plan_stack(plan).flash_dropout else "flash"
 
 
 def _precision(plan: Plan):

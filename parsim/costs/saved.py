@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from parsim.specs import ModelSpec, Plan, plan_stack
 
-from .ops import DTYPE_BYTES
+from .ops import CORE_MATH_BYTES, DTYPE_BYTES, attention_path
 
 MASK_BYTES = 1     # dropout masks stored as bytes (Korthikanti 2022 Sec. 4.1)
 LSE_BYTES = 4      # FlashAttention keeps the fp32 log-sum-exp per row (Dao et al. 2022)
@@ -78,6 +78,13 @@ def precision(plan: Plan) -> Precision:
         return Precision(act=e, res=FP32_BYTES, casts=True, weight_copy=e,
                          softmax=FP32_BYTES if stack.fp32_softmax else e, rope=FP32_BYTES)
     return Precision(act=e, res=e, casts=False, weight_copy=0.0, softmax=e, rope=e)
+
+
+def dropout_mask_bytes(plan: Plan, input_bytes: float) -> float:
+    """Bytes a dropout keeps per element for backward: a 1-byte mask (Korthikanti 2022 Sec.
+    4.1; CUDA's fused ``native_dropout``), or where the stack's dropout multiplies by a scaled
+    noise tensor (``Stack.dropout_noise``: torch on a CPU) that noise, in its input's dtype."""
+    return input_bytes if plan_stack(plan).dropout_noise else MASK_BYTES
 
 
 @dataclass(frozen=True)
@@ -170,7 +177,8 @@ def layer_saved(model: ModelSpec, plan: Plan) -> LayerSaved:
     gemm_rows, ups = gemm_input_rows(model, plan), up_groups(model)
     out = norm_saved(model, plan, "attn_norm", rows, "attn_norm", input_part="input")
     out += gemm_inputs(plan, "attn_norm output", gemm_rows, h, ("q", "k", "v")) + weight_copies(model, plan, ("q", "k", "v"))
-    explicit_gqa = not model.flash_attention and model.kv_heads != model.heads
+    path = attention_path(model, plan)
+    explicit_gqa = path == "explicit" and model.kv_heads != model.heads
     out += [Saved("q", e * sb * h / t, None), Saved("k", e * sb * kv / t, None), Saved("v", e * sb * kv / t, None)]
     if explicit_gqa:                                   # the explicit core repeats K and V to every head
         out.append(Saved("K, V repeated (beyond k, v)", 2 * e * sb * (h - kv) / t, None, "core"))
@@ -179,10 +187,12 @@ def layer_saved(model: ModelSpec, plan: Plan) -> LayerSaved:
     scores = e * a * s * sb / t                       # one (b, a/t, s, s) tensor of the explicit core
     core_transient = 0.0
     relaid = model.position == "rope" and stack.rope_relayout
-    if model.flash_attention:
+    if path == "flash":
         # the attention-out GEMM reads a view of SDPA's output, unless rope relaid q out (a copy)
         out += [Saved("attention output", e * sb * h / t, None, "core" if relaid else "layer"),
                 Saved("log-sum-exp", LSE_BYTES * a * sb / t, None, "core")]
+    elif path == "math":
+        core_transient = _math_core(out, model, plan, sb)
     else:
         # the causal mask: one (s, s) per layer and microbatch on every TP rank
         # fp32 softmax under CUDA's autocast (``Stack.fp32_softmax``): it keeps its fp32 result,
@@ -192,7 +202,7 @@ def layer_saved(model: ModelSpec, plan: Plan) -> LayerSaved:
         out += [Saved("causal mask", stack.attention_mask_bytes * s * s, None, "core"),
                 Saved("softmax output", scores * p.softmax / e, None, "core")]
         if model.dropout:
-            out += [Saved("attention dropout mask", MASK_BYTES * a * s * sb / t, None, "core"),
+            out += [Saved("attention dropout mask", dropout_mask_bytes(plan, p.softmax) * a * s * sb / t, None, "core"),
                     Saved("attention dropout output", scores, None, "core")]
         elif p.softmax > e:
             out.append(Saved("probabilities' 16-bit copy", scores, None, "core"))
@@ -204,11 +214,14 @@ def layer_saved(model: ModelSpec, plan: Plan) -> LayerSaved:
     # SDPA returns its output in q's layout: without rope (q a transposed view of the GEMM's
     # output) the attention-out GEMM reads a view of it; with rope (q rotated into a new
     # contiguous tensor) or the explicit core a copy
-    if relaid or not model.flash_attention:
+    if relaid or path != "flash":
         out.append(Saved("attention-out input", e * sb * h / t, "o"))
     out += weight_copies(model, plan, ("o",))
+    # the residual dropouts' input: the row-parallel GEMM's output, promoted to fp32 by an fp32
+    # bias under autocast (``executor/model.py`` ``add_bias``)
+    resid_in = FP32_BYTES if p.casts and model.bias else p.act
     if model.dropout:
-        out.append(Saved("attention residual dropout mask", MASK_BYTES * rows * h, None))
+        out.append(Saved("attention residual dropout mask", dropout_mask_bytes(plan, resid_in) * rows * h, None))
     out += norm_saved(model, plan, "mlp_norm", rows, "mlp_norm")
     out += gemm_inputs(plan, "mlp_norm output", gemm_rows, h, ups) + weight_copies(model, plan, ups)
     if model.activation == "swiglu":
@@ -221,5 +234,22 @@ def layer_saved(model: ModelSpec, plan: Plan) -> LayerSaved:
     out.append(Saved("down input", e * sb * f / t, "down"))
     out += weight_copies(model, plan, ("down",))
     if model.dropout:
-        out.append(Saved("MLP residual dropout mask", MASK_BYTES * rows * h, None))
+        out.append(Saved("MLP residual dropout mask", dropout_mask_bytes(plan, resid_in) * rows * h, None))
     return LayerSaved(out, core_end, core_transient)
+
+
+def _math_core(out: list[Saved], model: ModelSpec, plan: Plan, sb: float) -> float:
+    """SDPA's math path (``ops.attention_path``), appended to ``out``: its fp32 copies of q and
+    the scaled k and v, every head's (GQA's k and v repeated), beyond the q, k, v already listed
+    (which only a checkpoint of the core keeps); its softmax output, dropout noise and dropout
+    output, all fp32; no causal mask (added in place). Returns what it holds at its peak beyond
+    them (the scores before softmax). Read off the executor's saved tensors
+    (tests/test_saved_tensors.py)."""
+    e, t, c = precision(plan).act, plan.tp, CORE_MATH_BYTES
+    h, kv, a, s = model.hidden, model.kv_hidden, model.heads, model.seq_len
+    scores = c * a * s * sb / t
+    out += [Saved("q, k, v fp32 copies (beyond q, k, v)", (3 * c * h - e * (h + 2 * kv)) * sb / t, None, "core"),
+            Saved("softmax output (fp32)", scores, None, "core"),
+            Saved("attention dropout noise", dropout_mask_bytes(plan, c) * a * s * sb / t, None, "core"),
+            Saved("attention dropout output (fp32)", scores, None, "core")]
+    return scores

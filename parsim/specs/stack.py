@@ -61,6 +61,8 @@ class Stack:
     sp_saves_gathered: bool = False          # SP: a column-parallel GEMM keeps its all-gathered input (not the shard)
     autocast: bool = False                   # 16-bit runs: torch.autocast over fp32 parameters (not 16-bit ones)
     fp32_softmax: bool = False               # under autocast the unfused softmax and its dropout run in fp32 (CUDA)
+    dropout_noise: bool = False              # dropout keeps its scaled noise in its input's dtype, not a 1-byte mask (CPU)
+    flash_dropout: bool = True               # its fused attention applies dropout (False: SDPA's math path does, CPU)
     vocab_multiple: int = 128                # the vocabulary is padded to a multiple of this x tp
     loss_logits_bytes: float = 4.0           # per logit kept for the loss backward (torch: fp32 log-softmax)
     loss_grad_bytes: float = 8.0             # per logit alive beyond those in the loss backward (torch: 2 fp32 grads)
@@ -214,7 +216,15 @@ EAGER_TORCH = dict(sp_saves_gathered=True, autocast=True, vocab_multiple=1, tp_l
 STACK_PRESETS: dict[str, Stack] = {s.name: s for s in (
     # parsim's reference executor (eager PyTorch, DDP-style bucketed all-reduce, FSDP2 for
     # ZeRO): the profile's numbers as they are: the stack of every calibrated CPU profile.
-    Stack("torch", "plain PyTorch as parsim's executor runs it: the profile's numbers unchanged", **EAGER_TORCH),
+    # On a CPU (torch 2.13 ATen) dropout is no fused kernel: ``at::dropout`` runs ``_dropout_impl``,
+    # noise = empty_like(x).bernoulli_(1 - p).div_(1 - p) and x * noise, whose node keeps the noise
+    # in x's dtype (``native_dropout``'s 1-byte mask is taken only where ``is_fused_kernel_acceptable``:
+    # CUDA, XPU, lazy); and SDPA's CPU flash kernel takes no dropout, so with dropout_p > 0 SDPA runs
+    # its math path (``_scaled_dot_product_attention_math``), in fp32 for 16-bit inputs on a CPU.
+    # Both read off the executor's saved tensors (tests/test_saved_tensors.py, dropout variants).
+    Stack("torch", "plain PyTorch as parsim's executor runs it on a CPU (torch-cuda: on a GPU): the profile's "
+          "numbers unchanged", **EAGER_TORCH,
+          dropout_noise=True, flash_dropout=False),
     # Megatron-Core (Megatron-LM >= 0.5 with Transformer Engine): cuDNN / flash attention, the
     # distributed optimizer overlapping gradient reduce-scatter and parameter all-gather with
     # compute (--overlap-grad-reduce, --overlap-param-gather), Megatron's loss. Its interleaved

@@ -43,18 +43,23 @@ def _ranks(xs: list[float]) -> list[float]:
     return ranks
 
 
+def peaks_by_rank(predicted, plan) -> list[float]:
+    """A simulation's predicted peak bytes of every rank (its pipeline stage's total)."""
+    from parsim.specs import RankLayout
+    layout = RankLayout(plan.dp, plan.tp, plan.pp)
+    by_stage = [s["total"] if isinstance(s, dict) else s.total for s in predicted.memory_by_stage]
+    return [by_stage[layout.coords(r)[0]] for r in range(plan.world_size)]
+
+
 def compare(model: ModelSpec, plan: Plan, measured, predicted, trace_file: str = "",
             rounds: list[float] | None = None, anchor: dict[str, float] | None = None) -> dict[str, Any]:
     """One CSV row from an ExecutionResult (or a ``MedianMeasurement``) and a SimResult of the
     same plan; ``rounds``: the step time of every round (the row's is their median);
     ``anchor``: the drift-anchored prediction (``anchored_step_s``, ``probe_drift``,
     ``probe_contention``; ``parsim.calibration.anchor``), or None."""
-    from parsim.specs import RankLayout
     from parsim.trace.metrics import bubble_fraction, busy_time
 
-    layout = RankLayout(plan.dp, plan.tp, plan.pp)
-    pred_by_stage = [s["total"] if isinstance(s, dict) else s.total for s in predicted.memory_by_stage]
-    pred_by_rank = [pred_by_stage[layout.coords(r)[0]] for r in range(plan.world_size)]
+    pred_by_rank = peaks_by_rank(predicted, plan)
     meas_by_rank = list(measured.peak_memory_bytes_by_rank)
     rank_errs = [abs(p - m) / m for p, m in zip(pred_by_rank, meas_by_rank) if m > 0]
     meas_busy = busy_time(measured.trace)
