@@ -290,6 +290,11 @@ def membound_case(point: MemboundPoint, dt: torch.dtype, dev: torch.device, pool
     if point.name in ("gelu", "softmax"):
         x = draw(shape)
         return ((lambda: F.gelu(x)) if point.name == "gelu" else (lambda: torch.softmax(x, dim=-1))), [x]
+    if point.name == "dropout":
+        # the executor's F.dropout at its probability (``executor/model.py`` DROPOUT_P), training
+        from parsim.executor.model import DROPOUT_P
+        x = draw(shape)
+        return (lambda: F.dropout(x, DROPOUT_P, True)), [x]
     if point.name == "causal_mask":
         # the executor's explicit attention (``Attention.core``): a bool (s, s) mask built per
         # call, masked_fill out of place; its backward fills the gradient's masked entries

@@ -135,6 +135,12 @@ def membound_points(model: ModelSpec, tps: list[int], mbss: list[int], dtype: st
             # studies/validation_cpu/heldout/head_and_mask.py)
             scores = 2 * mbs * heads * s * s * e
             out.append(MemboundPoint("causal_mask", (mbs * heads, s, s), scores, scores, tag))
+            # dropout as torch runs it on a CPU (ops: attn_dropout, the residual and embedding
+            # dropouts; ``Stack.dropout_noise``): bernoulli noise, its scale, the product -- RNG
+            # bound, 15-40x a residual add's time over the same elements (2-vCPU Zen 4, torch
+            # 2.13, 2026-12-03): over the residual stream and over the scores
+            add("dropout", (tok, h), 2 * tok * h * e, tag)
+            add("dropout", (mbs * heads, s, s), scores, tag)
             add("cross_entropy", (tok, vocab), 2 * tok * vocab * 4, tag)   # ops: fp32 logits
             # ops.embedding_ops: backward also writes the local table's dense gradient
             out.append(MemboundPoint("embedding", (tok, vocab, h), 2 * tok * h * e,

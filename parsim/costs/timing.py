@@ -94,11 +94,13 @@ def membound_time(device: DeviceProfile, nbytes: float, op_name: str = "", pass_
         + device.kernel_overhead_s
 
 
-# ``costs.ops`` op names -> the benchmark standing for them in a fitted membound surface
-# (norms go by ``Op.impl``: layernorm / rmsnorm), unless it has the op's own (``OWN_BENCHMARK``)
-SURFACE_OPS = {"attn_residual": "residual_add", "mlp_residual": "residual_add", "attn_dropout": "residual_add",
-               "attn_scale": "residual_add", "attn_mask": "residual_add"}
-OWN_BENCHMARK = {"attn_mask": "causal_mask"}      # ``calibration.shapes``: a masked_fill is no add
+# ``costs.ops`` op names -> the benchmark standing for them in a fitted membound surface (norms
+# go by ``Op.impl``: layernorm / rmsnorm), unless it has the op's own (``OWN_BENCHMARK``,
+# ``calibration.shapes``: a masked_fill is no add, nor is a CPU's RNG-bound dropout)
+OWN_BENCHMARK = {"attn_mask": "causal_mask", **{f"{w}dropout": "dropout" for w in
+                                                ("attn_", "attn_residual_", "mlp_residual_", "embedding_")}}
+SURFACE_OPS = {"attn_residual": "residual_add", "mlp_residual": "residual_add", "attn_scale": "residual_add",
+               **{op: "residual_add" for op in OWN_BENCHMARK}}
 # ops whose backward is another streaming elementwise kernel over the same bytes (a scalar
 # multiply, a masked_fill of the gradient): both passes take the stand-in's forward fit (the
 # residual add's backward only passes its gradient on, a fixed cost whatever the bytes)
