@@ -148,3 +148,24 @@ def test_a_model_spec_is_traced_only_as_the_reference_model_its_caller_passes():
 def _reference(model):
     with torch.device("meta"):
         return reference_model(model)[0]
+
+
+def test_a_traced_dropout_is_priced_as_the_calibrations_dropout():
+    """On meta (as on a CPU) ``F.dropout`` draws ``bernoulli_`` into an empty tensor: that draw
+    stands for the calibration's "dropout" benchmark, read + write of the noise as its bytes."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from parsim.partition.aten_costs import aten_op
+    ops = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            ops.append(aten_op(func, args, kwargs, out))
+            return out
+
+    x = torch.randn(4, 8, device="meta", requires_grad=True)
+    with Record():
+        torch.nn.functional.dropout(x, 0.1, True)
+    [draw] = [op for op in ops if op is not None and op.name == "dropout"]
+    assert draw.kind == "membound" and draw.fwd_bytes == 2 * x.numel() * x.element_size()

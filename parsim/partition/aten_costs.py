@@ -32,7 +32,12 @@ FREE_OPS = {"detach", "alias", "lift_fresh", "_unsafe_view", "view", "_reshape_a
 # aten op -> the calibration's memory-bound op name (calibration/shapes.py, membound_table keys)
 MEMBOUND_NAMES = {"native_layer_norm": "layernorm", "layer_norm": "layernorm", "gelu": "gelu",
                   "add": "residual_add", "_softmax": "softmax", "_safe_softmax": "softmax",
-                  "_log_softmax": "cross_entropy", "embedding": "embedding"}
+                  "_log_softmax": "cross_entropy", "embedding": "embedding",
+                  # dropout: on a CPU (and on meta, where the trace runs) ``at::dropout`` draws
+                  # ``bernoulli_`` into an empty tensor, scales it (div_) and multiplies; the
+                  # calibration's "dropout" times the three, so the draw stands for them, read +
+                  # write of the noise as its bytes count (the div_ and mul priced beside it)
+                  "bernoulli_": "dropout", "native_dropout": "dropout"}
 BWD_BYTES_FACTOR = 1.5          # parsim.costs.ops: a memory-bound op's backward moves 1.5x its forward
 FLASH_BWD_FACTOR = 2.5          # Dao et al. 2022, Sec. 3.1 (backward recomputes the scores)
 LSE_BYTES = 4                   # FlashAttention keeps one fp32 log-sum-exp per query row
