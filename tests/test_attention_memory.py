@@ -47,6 +47,32 @@ def test_explicit_attention_stores_what_the_model_counts(spec, seq):
         assert predicted_working == pytest.approx(working, rel=0.01)
 
 
+@pytest.mark.parametrize("recompute", [False, True], ids=["stored", "recomputed"])
+def test_with_dropout_the_backward_frees_the_dropouts_output_before_its_second_gradient(recompute):
+    """Attention dropout as a CPU runs it (its noise kept in fp32): the PV product's backward ends
+    by freeing the dropout's output, so the next score gradient nets one u, not two; recomputed,
+    the layer's whole stash comes back on top (``footprint.recompute_transient``)."""
+    spec = replace(MHA, seq_len=128, dropout=True)
+    plan = parse_plan(f"mbs=1 gbs=1 dtype=fp32 recompute={'full' if recompute else 'none'}")
+    import test_memory_model as probe
+    made = probe.StageModule
+
+    def stage(*args, **kwargs):
+        module = made(*args, **kwargs)
+        for block in module.layers.values():
+            block.recompute_full = recompute
+        return module
+    probe.StageModule = stage
+    try:
+        stored, working = _measure(spec, 1, False, False)
+    finally:
+        probe.StageModule = made
+    predicted_stored, predicted_working = _predicted(spec, plan, False, False)
+    transient = layer_activation_bytes(spec, plan, "none") - layer_activation_bytes(spec, plan, "full")
+    assert predicted_stored == pytest.approx(stored, rel=0.01)
+    assert predicted_working + (transient if recompute else 0.0) == pytest.approx(working, rel=0.01)
+
+
 @pytest.mark.parametrize("position", ["last", "single"])
 def test_a_long_sequences_backward_peak_is_the_attention_phase(position):
     """s = 512: the two score gradients (2 x 4 MiB) dwarf the MLP's; the last stage's is one
@@ -67,8 +93,11 @@ def test_megatrons_fused_softmax_keeps_no_mask_and_one_score_gradient():
     score = 4 * 2 * spec.heads * 512 * 512          # e b a s^2
     assert attention_working_bytes(spec, eager) - attention_working_bytes(spec, fused) == score
     assert layer_activation_bytes(spec, eager) - layer_activation_bytes(spec, fused) == 512 * 512   # the bool mask
-    dropout = replace(spec, dropout=True)            # the dropout backward allocates: two again
-    assert attention_working_bytes(dropout, eager) == attention_working_bytes(dropout, fused)
+    # with dropout Megatron's dropout backward allocates (two); eager PyTorch's frees the dropout's
+    # output first (one net, measured below)
+    dropout = replace(spec, dropout=True)
+    assert attention_working_bytes(dropout, fused) - attention_working_bytes(dropout, eager) == score
+    assert attention_working_bytes(dropout, eager) == attention_working_bytes(spec, eager) - score
     assert attention_working_bytes(replace(spec, flash_attention=True), eager) == 0.0
 
 

@@ -151,7 +151,10 @@ def attention_working_bytes(model: ModelSpec, plan: Plan) -> float:
     and MLP-up inputs (e*s*b*h/sp each) and the attention-out input (e*s*b*h/t) are freed by
     then: copies*u - e*s*b*h/sp - (MLP stash)/t. Measured on the executor's layer (fp32, tp = 1,
     tiny with s = 128 and 512): 2u - 5 e*s*b*h (f = 2h), as this gives. SDPA's math path
-    (``ops.attention_path``) holds its score gradients in fp32."""
+    (``ops.attention_path``) holds its score gradients in fp32. With attention dropout eager
+    PyTorch frees the dropout's output (saved for the PV product) when that product's backward
+    ends, before its second gradient is allocated: one u net (measured on tiny, s = 128, fp32,
+    with and without full recomputation)."""
     path = attention_path(model, plan)
     if path == "flash":
         return 0.0
@@ -160,7 +163,8 @@ def attention_working_bytes(model: ModelSpec, plan: Plan) -> float:
     t, s, b, h, f = plan.tp, model.seq_len, plan.mbs, model.hidden, model.ffn_hidden
     sp = t if plan.sp else 1
     stack = plan_stack(plan)
-    copies = 2 if not stack.softmax_grad_in_place or model.dropout else 1
+    eager = not stack.softmax_grad_in_place
+    copies = (1 if model.dropout else 2) if eager else (2 if model.dropout else 1)
     # what the MLP kept (``layer_activation_bytes``): GeLU 2f; SwiGLU 3f, 4f with the eager silu(gate)
     mlp_stash = e * s * b * f * ((4 if stack.eager_swiglu else 3) if model.activation == "swiglu" else 2)
     return copies * u - e * s * b * h / sp - mlp_stash / t

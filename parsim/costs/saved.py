@@ -239,8 +239,8 @@ def layer_saved(model: ModelSpec, plan: Plan) -> LayerSaved:
 
 
 def _math_core(out: list[Saved], model: ModelSpec, plan: Plan, sb: float) -> float:
-    """SDPA's math path (``ops.attention_path``), appended to ``out``: its fp32 copies of q and
-    the scaled k and v, every head's (GQA's k and v repeated), beyond the q, k, v already listed
+    """SDPA's math path (``ops.attention_path``), appended to ``out``: its fp32 copies of q, k
+    (both scaled) and v, every head's (GQA's k and v repeated), beyond the q, k, v already listed
     (which only a checkpoint of the core keeps); its softmax output, dropout noise and dropout
     output, all fp32; no causal mask (added in place). Returns what it holds at its peak beyond
     them (the scores before softmax). Read off the executor's saved tensors
