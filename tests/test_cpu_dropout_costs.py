@@ -55,3 +55,17 @@ def test_dropouts_take_the_profiles_dropout_benchmark_else_the_residual_adds():
         assert membound_time(measured, op.fwd_bytes, "dropout") == pytest.approx(3e-5 + 9e-10 * op.fwd_bytes)
         # the RNG-bound fit prices it well above the add it stood for
         assert op_time(measured, op, "fwd", "fp32") > 2 * op_time(older, op, "fwd", "fp32")
+
+
+def test_sdpas_math_path_runs_its_products_and_casts_in_fp32_in_a_16_bit_plan():
+    """A flash model with dropout on a CPU (``ops.attention_path``: math): its two products are
+    priced at the fp32 rate whatever the plan's dtype, and under autocast q, k, v go to fp32 and
+    the output back (``attention_math_casts``)."""
+    flash = replace(MODEL, flash_attention=True)
+    device = _device()
+    bf16, fp32 = _ops(flash, "mbs=2 gbs=2 dtype=bf16"), _ops(flash, PLAN)
+    assert "flash_attention" not in bf16 and "attention_math_casts" in bf16 and "attention_math_casts" not in fp32
+    for name in ("attn_scores", "attn_values"):
+        assert bf16[name].dtype == "fp32"
+        assert op_time(device, bf16[name], "fwd", "bf16") == op_time(device, replace(bf16[name], dtype=""), "fwd", "fp32")
+    assert "flash_attention" in _ops(flash, "mbs=2 gbs=2 dtype=bf16 stack=torch-cuda")

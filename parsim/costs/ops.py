@@ -40,6 +40,7 @@ class Op:
     impl: str = ""                 # the kernel that runs it where the name does not say (norms: layernorm / rmsnorm)
     traffic: tuple[float, float] = (1.0, 1.0)  # bytes the stack's kernels move, x fwd / bwd bytes (``EAGER_TRAFFIC``)
     in_composition: bool = False   # no calibration times it alone: its fitted composition terms hold it
+    dtype: str = ""                # the dtype it runs in where not the plan's (SDPA's math path on a CPU: fp32)
 
     @property
     def bwd_flops(self) -> float:
@@ -128,7 +129,10 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
         ops.append(Op("flash_attention", "attention", fwd, 2.5 * fwd, 0.0, shape=(s, s, d),
                       batch=b * heads, attention_core=True))
     else:
-        ops.append(_gemm("attn_scores", s, s, d, batch=b * heads, has_weight=False, core=True))
+        # SDPA's math path on a CPU runs 16-bit inputs in fp32 throughout, its products too
+        core_dtype = "fp32" if path == "math" else ""
+        ops.append(replace(_gemm("attn_scores", s, s, d, batch=b * heads, has_weight=False, core=True),
+                           dtype=core_dtype))
         # eager PyTorch scales and masks the scores in kernels of their own (``Stack``'s
         # attention_eager_passes; Megatron's fused scale-mask-softmax: none): each reads and writes
         # the scores forward, and its backward reads and writes their gradient (the same bytes)
@@ -138,17 +142,20 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
             ops.append(_membound(name, b * heads * s * s, e, core=True, bwd_factor=1.0))
         # under CUDA's autocast (``Stack.fp32_softmax``) softmax and its dropout run in fp32 between
         # two casts of the scores: 16 bits to fp32 before softmax, fp32 to 16 bits for the PV
-        # product; backward the gradient's two, back and forth. SDPA's math path on a CPU runs
-        # 16-bit inputs in fp32 throughout (its two products too, priced here at the plan's
-        # dtype: not modelled)
+        # product; backward the gradient's two, back and forth. SDPA's math path casts q, k, v to
+        # fp32 and its output back (k and v after GQA's repeat), and their gradients back and forth
         sm = prec.softmax if path == "explicit" else CORE_MATH_BYTES
+        if path == "math":
+            up_down = b * s * (3 * h // t + h // t)
+            ops += [replace(c, attention_core=True) for c in _cast_op("attention_math_casts", up_down, up_down, plan)]
         ops.append(_membound("softmax", b * heads * s * s, sm, core=True))
         if model.dropout:
             ops.append(_membound("attn_dropout", b * heads * s * s, sm, core=True))
         if sm > e and path == "explicit":
             ops += [replace(c, attention_core=True)
                     for c in _cast_op("softmax_casts", 2 * b * heads * s * s, 2 * b * heads * s * s, plan)]
-        ops.append(_gemm("attn_values", s, d, s, batch=b * heads, has_weight=False, core=True))
+        ops.append(replace(_gemm("attn_values", s, d, s, batch=b * heads, has_weight=False, core=True),
+                           dtype=core_dtype))
     ops.append(_gemm("attn_out", tokens, h, h // t))
     ops += _residual_dropout("attn_residual_dropout", model, plan, tok_sp * h)
     ops.append(_membound("attn_residual", tok_sp * h, r, reads=2.0))

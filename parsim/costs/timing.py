@@ -94,11 +94,10 @@ def membound_time(device: DeviceProfile, nbytes: float, op_name: str = "", pass_
         + device.kernel_overhead_s
 
 
-# ``costs.ops`` op names -> the benchmark standing for them in a fitted membound surface (norms
-# go by ``Op.impl``: layernorm / rmsnorm), unless it has the op's own (``OWN_BENCHMARK``,
-# ``calibration.shapes``: a masked_fill is no add, nor is a CPU's RNG-bound dropout)
-OWN_BENCHMARK = {"attn_mask": "causal_mask", **{f"{w}dropout": "dropout" for w in
-                                                ("attn_", "attn_residual_", "mlp_residual_", "embedding_")}}
+# ``costs.ops`` op names -> the benchmark standing for them in a fitted membound surface (norms by ``Op.impl``),
+# unless it has the op's own (``calibration.shapes``: a masked_fill is no add, nor is a CPU's RNG-bound dropout)
+OWN_BENCHMARK = {"attn_mask": "causal_mask", **{f"{w}_dropout": "dropout" for w in ("attn", "attn_residual",
+                                                                                      "mlp_residual", "embedding")}}
 SURFACE_OPS = {"attn_residual": "residual_add", "mlp_residual": "residual_add", "attn_scale": "residual_add",
                **{op: "residual_add" for op in OWN_BENCHMARK}}
 # ops whose backward is another streaming elementwise kernel over the same bytes (a scalar
@@ -165,6 +164,7 @@ def composed(alone, factor: float, per_op, overlap: bool):
 
 
 def _op_time(device: DeviceProfile, op: Op, pass_: str, dtype: str) -> float:
+    dtype = op.dtype or dtype
     if op.grad_accumulation:
         if pass_ != "bwd_weight" or not (op.own_kernels or device.tables.unfused_grad_accumulation):
             return 0.0
