@@ -180,11 +180,15 @@ def forward_working_bytes(model: ModelSpec, plan: Plan, last: bool, recomputed_l
     gloo ranks, heldout-gpt, tp = 2, SP, 4 recomputed layers, bf16): the forward's end peaks 25 %
     above the backward's start. On the last stage an eager loss holds its logits (e bytes) and an
     fp32 copy (``Stack.loss_forward_bytes``) while it writes the kept ones: (e + 4) s b V/t bytes
-    for the torch stack; 0 for the others (their fused losses: not modelled)."""
+    for the torch stack; 0 for the others (their fused losses: not modelled). With tp = 1 the copy
+    is ``logits.float()``, which returns fp32 logits themselves: none in fp32 (a single-microbatch
+    ZeRO-2 step of an untied 6,000-word model, which peaks at its forward's end, read 5.86 MiB
+    high with it: one fp32 logits tensor, 2 gloo ranks, dp 2 and 4)."""
     p, stack = precision(plan), plan_stack(plan)
     loss = 0.0
     if last and stack.loss_forward_bytes:
-        loss = (p.act + stack.loss_forward_bytes) * model.seq_len * plan.mbs * padded_vocab(model, plan) / plan.tp
+        copy = stack.loss_forward_bytes if plan.tp > 1 or p.act < FP32_BYTES else 0.0
+        loss = (p.act + copy) * model.seq_len * plan.mbs * padded_vocab(model, plan) / plan.tp
     return recomputed_layers * layer_weight_copy_bytes(model, plan) + loss
 
 
