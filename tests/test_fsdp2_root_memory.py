@@ -26,14 +26,19 @@ PLANS = ["dp=2 mbs=1 gbs=4 zero=2 dtype=fp32", "dp=2 mbs=1 gbs=4 zero=3 dtype=fp
          "dp=2 mbs=1 gbs=2 zero=2 dtype=fp32"]
 
 
-@pytest.fixture(scope="module")
-def measured():
+def run_measured(spec, texts: list[str]) -> dict:
+    """{plan text: (plan, the executor's result)} of ``texts`` run on gloo ranks, memory tracked."""
     from parsim.executor import ExecutorConfig, RunSpec, run_plans
 
-    plans = [parse_plan(p) for p in PLANS]
-    results = run_plans([RunSpec(SPEC, plan, ExecutorConfig(steps=2, warmup=2, track_memory=True))
+    plans = [parse_plan(p) for p in texts]
+    results = run_plans([RunSpec(spec, plan, ExecutorConfig(steps=2, warmup=2, track_memory=True))
                          for plan in plans])
-    return dict(zip(PLANS, zip(plans, results)))
+    return dict(zip(texts, zip(plans, results)))
+
+
+@pytest.fixture(scope="module")
+def measured():
+    return run_measured(SPEC, PLANS)
 
 
 @pytest.mark.parametrize("text", PLANS)

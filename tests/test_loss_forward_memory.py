@@ -15,7 +15,9 @@ import pytest
 pytest.importorskip("torch")
 
 from parsim.costs import memory_by_stage  # noqa: E402
-from parsim.specs import load_cluster, load_model, parse_plan  # noqa: E402
+from parsim.specs import load_cluster, load_model  # noqa: E402
+
+from test_fsdp2_root_memory import run_measured  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
@@ -28,12 +30,7 @@ PLANS = ["dp=2 mbs=1 gbs=2 zero=2 dtype=fp32", "dp=2 mbs=1 gbs=2 zero=2 dtype=bf
 
 @pytest.fixture(scope="module")
 def measured():
-    from parsim.executor import ExecutorConfig, RunSpec, run_plans
-
-    plans = [parse_plan(p) for p in PLANS]
-    results = run_plans([RunSpec(SPEC, plan, ExecutorConfig(steps=2, warmup=2, track_memory=True))
-                         for plan in plans])
-    return dict(zip(PLANS, zip(plans, results)))
+    return run_measured(SPEC, PLANS)
 
 
 @pytest.mark.parametrize("text", PLANS)
