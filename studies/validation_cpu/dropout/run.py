@@ -2,12 +2,12 @@
 
 The held-out matrix (``../heldout``) has no model with dropout. Here two models with dropout on
 (attention, residual and embedding dropout; ``model_gpt.yaml`` explicit attention,
-``model_llama.yaml`` SDPA, which on a CPU runs its math path once dropout is on) run 11 plans each
+``model_llama.yaml`` SDPA, which on a CPU runs its math path once dropout is on) run 15 plans each
 on 2 gloo ranks (``parsim validate``), and every plan is priced twice: as parsim prices it
 now, and under the rules before (a 1-byte dropout mask and SDPA's flash kernel, as on a GPU:
 ``Stack.dropout_noise`` and ``Stack.flash_dropout`` off for the ``torch`` stack).
 
-    .venv/bin/python studies/validation_cpu/dropout/run.py PROFILE [OUT]   # ~2.5 min, 2 cores
+    .venv/bin/python studies/validation_cpu/dropout/run.py PROFILE [OUT]   # ~3 min, 2 cores
 
 PROFILE: a calibrated CPU profile of this machine (memory does not depend on it; step times do).
 OUT: folder for the two validations [out/dropout]. Prints the table ``results.txt`` holds.
