@@ -69,3 +69,15 @@ def test_sdpas_math_path_runs_its_products_and_casts_in_fp32_in_a_16_bit_plan():
         assert bf16[name].dtype == "fp32"
         assert op_time(device, bf16[name], "fwd", "bf16") == op_time(device, replace(bf16[name], dtype=""), "fwd", "fp32")
     assert "flash_attention" in _ops(flash, "mbs=2 gbs=2 dtype=bf16 stack=torch-cuda")
+
+
+def test_the_calibrations_dropout_points_count_the_bytes_the_ops_count():
+    """The "dropout" fit maps bytes to seconds, so the calibration's points and the ops must count
+    a dropout's bytes alike: over the residual stream and over the scores (fp32, tp = 1)."""
+    from parsim.calibration.shapes import membound_points
+    points = [p for p in membound_points(MODEL, [1], [2], "fp32") if p.name == "dropout"]
+    by_shape = {p.shape: p.fwd_bytes for p in points}
+    ops = _ops(MODEL, PLAN)
+    s, h = MODEL.seq_len, MODEL.hidden
+    assert by_shape[(2 * s, h)] == ops["attn_residual_dropout"].fwd_bytes == ops["mlp_residual_dropout"].fwd_bytes
+    assert by_shape[(2 * MODEL.heads, s, s)] == ops["attn_dropout"].fwd_bytes
