@@ -157,7 +157,9 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
         ops.append(replace(_gemm("attn_values", s, d, s, batch=b * heads, has_weight=False, core=True),
                            dtype=core_dtype))
     ops.append(_gemm("attn_out", tokens, h, h // t))
-    ops += _residual_dropout("attn_residual_dropout", model, plan, tok_sp * h)
+    from .saved import residual_dropout_input_bytes   # saved imports this module
+    resid_in = residual_dropout_input_bytes(model, plan)
+    ops += _own_dropout("attn_residual_dropout", model, plan, tok_sp * h, resid_in)
     ops.append(_membound("attn_residual", tok_sp * h, r, reads=2.0))
     ops.append(_norm("post_attn_norm", tok_sp * h, r, model, stack))
     if model.activation == "swiglu":
@@ -167,7 +169,7 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
         ops.append(_gemm("mlp_up", tokens, f, h))
         ops.append(_membound("gelu", tokens * f, e))
     ops.append(_gemm("mlp_down", tokens, h, f))
-    ops += _residual_dropout("mlp_residual_dropout", model, plan, tok_sp * h)
+    ops += _own_dropout("mlp_residual_dropout", model, plan, tok_sp * h, resid_in)
     ops.append(_membound("mlp_residual", tok_sp * h, r, reads=2.0))
     ops += _layer_casts(model, plan)
     from .params import layer_params   # params imports this module
@@ -175,17 +177,14 @@ def layer_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     return ops
 
 
-def _residual_dropout(name: str, model: ModelSpec, plan: Plan, elements: float) -> list[Op]:
-    """The dropout on a block's output before the residual add, where the stack runs it as
-    kernels of its own (``Stack.dropout_noise``: torch on a CPU draws Bernoulli noise, scales it
-    and multiplies, ``calibration.shapes``' "dropout"); none without dropout, and none where it
-    is fused into the add (Megatron's bias-dropout-add) or priced with it. Its input: the
-    row-parallel GEMM's output, fp32 under autocast where an fp32 bias was added
-    (``saved.layer_saved``)."""
+def _own_dropout(name: str, model: ModelSpec, plan: Plan, elements: float, input_bytes: float) -> list[Op]:
+    """A residual or embedding dropout over ``elements`` of ``input_bytes``, where the stack runs
+    it as kernels of its own (``Stack.dropout_noise``: torch on a CPU draws Bernoulli noise,
+    scales it and multiplies, ``calibration.shapes``' "dropout"); none without dropout, and none
+    where it is fused into the add (Megatron's bias-dropout-add) or the embedding."""
     if not (model.dropout and plan_stack(plan).dropout_noise):
         return []
-    p = _precision(plan)
-    return [_membound(name, elements, 4 if p.casts and model.bias else p.act)]
+    return [_membound(name, elements, input_bytes)]
 
 
 # SDPA's math path on a CPU computes 16-bit q, k, v in fp32 (torch 2.13,
@@ -299,9 +298,8 @@ def embedding_ops(model: ModelSpec, plan: Plan) -> list[Op]:
     from .params import embedding_params
     table = padded_vocab(model, plan) // plan.tp * model.hidden
     lookup = _membound("embedding", tokens * model.hidden, e)
-    # its dropout (Korthikanti 2022 Sec. 4.3), where the stack runs it as kernels of its own
-    dropout = ([_membound("embedding_dropout", tokens * model.hidden / (plan.tp if plan.sp else 1), e)]
-               if model.dropout and plan_stack(plan).dropout_noise else [])
+    # its dropout (Korthikanti 2022 Sec. 4.3)
+    dropout = _own_dropout("embedding_dropout", model, plan, tokens * model.hidden / (plan.tp if plan.sp else 1), e)
     return [replace(lookup, bwd_bytes=embedding_bwd_bytes(lookup.fwd_bytes, table, e)), *dropout,
             _grad_accumulation("embedding_grad_accumulate", embedding_params(model, plan), plan),
             *_tied_gradient_sum(model, plan, table)]

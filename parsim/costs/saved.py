@@ -87,6 +87,13 @@ def dropout_mask_bytes(plan: Plan, input_bytes: float) -> float:
     return input_bytes if plan_stack(plan).dropout_noise else MASK_BYTES
 
 
+def residual_dropout_input_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Bytes per element of what a residual dropout reads: the row-parallel GEMM's output,
+    promoted to fp32 by an fp32 bias under autocast (``executor/model.py`` ``add_bias``)."""
+    p = precision(plan)
+    return FP32_BYTES if p.casts and model.bias else p.act
+
+
 @dataclass(frozen=True)
 class Saved:
     """One tensor a layer saves: bytes per microbatch on one device; ``last``: the last weight
@@ -217,9 +224,7 @@ def layer_saved(model: ModelSpec, plan: Plan) -> LayerSaved:
     if relaid or path != "flash":
         out.append(Saved("attention-out input", e * sb * h / t, "o"))
     out += weight_copies(model, plan, ("o",))
-    # the residual dropouts' input: the row-parallel GEMM's output, promoted to fp32 by an fp32
-    # bias under autocast (``executor/model.py`` ``add_bias``)
-    resid_in = FP32_BYTES if p.casts and model.bias else p.act
+    resid_in = residual_dropout_input_bytes(model, plan)
     if model.dropout:
         out.append(Saved("attention residual dropout mask", dropout_mask_bytes(plan, resid_in) * rows * h, None))
     out += norm_saved(model, plan, "mlp_norm", rows, "mlp_norm")
