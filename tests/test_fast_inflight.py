@@ -70,8 +70,8 @@ def test_with_as_many_microbatches_as_ranks_every_forward_is_in_flight_at_once()
 
 @pytest.mark.parametrize("pp, vpp", [(2, 2), (4, 3), (8, 2), (4, 4)])
 def test_fast_rows_past_the_canonical_count_give_the_same_peak(pp, vpp):
-    """The fast path's rows (non-dominated moments, one transient for all chunks) of the
-    canonical microbatch count weigh like the walk of any larger count."""
+    """The fast path's rows (non-dominated moments of each running chunk, each with its own
+    chunk's transient) of the canonical microbatch count weigh like the walk of any larger count."""
     m_eff = int(canonical_microbatches(pp, 1000 * pp))
     assert m_eff < 1000 * pp
     rng = np.random.default_rng(5)
@@ -80,9 +80,9 @@ def test_fast_rows_past_the_canonical_count_give_the_same_peak(pp, vpp):
             walk = _walk("interleaved", pp, m, vpp, rank)
             rows = np.array(rank_rows("interleaved", pp, m_eff, vpp, rank, uneven=True))
             for _ in range(10):
-                w, t = rng.random(vpp) * 100, rng.random()
-                assert max(row @ w + t for row in rows) == pytest.approx(
-                    _heaviest(walk, w, np.full(vpp, t)), rel=1e-12)
+                w, t = rng.random(vpp) * 100, rng.random(vpp) * rng.choice([1.0, 100.0, 1000.0], size=vpp)
+                assert max(row[:vpp] @ w + t[int(row[vpp])] for row in rows) == pytest.approx(
+                    _heaviest(walk, w, t), rel=1e-12)
 
 
 @pytest.mark.parametrize("schedule, pp, vpp, m", SCHEDULES)
@@ -90,4 +90,5 @@ def test_fast_row_of_a_rank_with_equal_chunks_holds_the_most_chunks(schedule, pp
     for rank in range(pp):
         (row,) = np.array(rank_rows(schedule, pp, m, vpp, rank, uneven=False))
         walk = _walk(schedule, pp, m, vpp, rank)
-        assert row.sum() == row[0] == max(held.sum() for _, held in walk)
+        assert row[:vpp].sum() == row[0] == max(held.sum() for _, held in walk)
+        assert row[vpp] == 0            # the running chunk: any, as every chunk weighs the same

@@ -192,23 +192,23 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
                                           second_backward_relief(plan, s, per_microbatch) if s in (0, last) else 0.0)
                  for s in range(len(groups))]
     full = [sum(n for n, policy in g if policy == "full") for g in groups]     # ``_full_layers`` of each stage
-    weight_working = [in_backward if in_backward else _rank_weight_working(model, plan, r) for r in range(plan.pp)]
-    input_end = [_rank_input_end(model, plan, r) for r in range(plan.pp)]
+    # every pass holds its own virtual stage's working set, not the largest of its rank's: under
+    # interleaving a chunk's recomputed layers are not there while another chunk's backward runs
+    weight_working = cache(lambda s: in_backward if in_backward else _stage_weight_working(model, plan, s))
+    input_end = cache(lambda s: _stage_input_end(model, plan, s))
     kept_all, kept_input = layer_activation_bytes(model, plan, "none"), layer_activation_bytes(model, plan, "full")
-    # W's re-runs of recomputed layers (split_backward): one value per rank, the largest of its
-    # stages but the first (whose W is a whole backward), as the working sets
+    # W's re-runs of recomputed layers (split_backward), of stages but the first (whose W is a
+    # whole backward)
     w_residue = cache(lambda k: w_recompute_residue(model, plan, k))
-    residue = [max((w_residue(full[s]) for s in stages_of_rank(plan, r) if s > 0), default=0.0)
-               for r in range(plan.pp)]
-    # ``_rank_working`` of (rank, weight gradients, layer extra), priced once per distinct key
+    # ``_stage_working`` of (virtual stage, weight gradients, layer extra), priced once per distinct key
     layer_dy, head_dy = output_grad_bytes(model, plan), head_output_grad_bytes(model, plan)
     loss_saved = loss_saved_bytes(model, plan)
     rank_grads = _rank_grads(model, plan) if in_backward else [0.0] * plan.pp
     absent = [fsdp2_absent_grads(plan, g, first) for g in rank_grads]
     after_layers = fsdp2_after_layers(model, plan, first) if in_backward else 0.0
     forward_held = fsdp2_forward_gather(model, plan, first) if in_backward else 0.0
-    working = cache(lambda r, grads, extra: _rank_working(model, plan, r, stash, grads, extra, full, roots, absent[r],
-                                                          after_layers, forward_held))
+    working = cache(lambda v, grads, extra: _stage_working(model, plan, v, stash, grads, extra, full, roots,
+                                                           absent[rank_of_stage(plan, v)], after_layers, forward_held))
     # a layer's own shard is there from its reduce-scatter on (``fsdp2_absent_grads``); with more
     # microbatches its post-backward counts it already (``fsdp2_post_backward``)
     unit_shard = layer_params(model, plan.tp) * plan_state_bytes(plan).grad / plan.dp
@@ -219,13 +219,13 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
         r = rank_of_stage(plan, s)
         post = fsdp2_post_backward(model, plan, g, in_backward, rank_grads[r], first)
         extra = max(transient, post) + ahead - max(absent[r] - unit_shard, 0.0)
-        backward = working(r, in_backward == 0.0, extra)
+        backward = working(s, in_backward == 0.0, extra)
         if s == 0:       # no input gradient: its I runs nothing, its W the whole backward (split_backward)
             split = dict(kept=0.0, backward_input=0.0, backward_weight=backward)
         else:
             split = dict(kept=footprint.split_kept(counts[s] * layer_dy, head_dy, loss_saved, output, output, s == last),
-                         backward_input=max(working(r, False, transient), input_end[r]),
-                         backward_weight=residue[r] + weight_working[r])
+                         backward_input=max(working(s, False, transient), input_end(s)),
+                         backward_weight=w_residue(full[s]) + weight_working(s))
         out.append(StageFootprint(footprint.held_bytes(stash[s], s == last, output), backward, held[s], **split))
     return out
 
@@ -265,22 +265,21 @@ def _stash_bytes(model: ModelSpec, plan: Plan, vstage: int, groups: list[tuple[i
                                  embedding_activation_bytes(model, plan), head_activation_bytes(model, plan))
 
 
-def _rank_working(model: ModelSpec, plan: Plan, pp_rank: int, stash: list[float], weight_grads: bool,
-                  layer_extra: float = 0.0, full: list[int] | None = None,
-                  roots: list[tuple[float, float]] | None = None, absent: float = 0.0,
-                  after_layers: float = 0.0, forward_held: float = 0.0) -> float:
-    """The largest ``backward_working_bytes`` of a rank's virtual stages, ``layer_extra`` on the
-    layer phase (a backward's recompute transient and FSDP2 gradients: ``footprint.backward_working``;
-    the end of the forward before it, with the stage's fully recomputed layers: ``full``, else
+def _stage_working(model: ModelSpec, plan: Plan, vstage: int, stash: list[float], weight_grads: bool,
+                   layer_extra: float = 0.0, full: list[int] | None = None,
+                   roots: list[tuple[float, float]] | None = None, absent: float = 0.0,
+                   after_layers: float = 0.0, forward_held: float = 0.0) -> float:
+    """``backward_working_bytes`` of a virtual stage's backward, ``layer_extra`` on the layer phase
+    (a backward's recompute transient and FSDP2 gradients: ``footprint.backward_working``; the end
+    of the forward before it, with the stage's fully recomputed layers: ``full``, else
     ``_full_layers``; FSDP2's root unit per virtual stage: ``roots``, ``fsdp2_root_post_backward``;
-    its gradient states not made yet: ``absent``, ``fsdp2_absent_grads``; ``after_layers``,
+    the rank's gradient states not made yet: ``absent``, ``fsdp2_absent_grads``; ``after_layers``,
     ``fsdp2_after_layers``; ``forward_held``, ``fsdp2_forward_gather``)."""
     last = plan.pp * plan.vpp - 1
-    return max(backward_working_bytes(model, plan, vstage == 0, vstage == last, stash[vstage], weight_grads,
-                                      layer_extra, _full_layers(model, plan, vstage) if full is None else full[vstage],
-                                      *(roots[vstage] if roots else ()), absent=absent, after_layers=after_layers,
-                                      root_grads=roots is not None, forward_held=forward_held)
-               for vstage in stages_of_rank(plan, pp_rank))
+    return backward_working_bytes(model, plan, vstage == 0, vstage == last, stash[vstage], weight_grads,
+                                  layer_extra, _full_layers(model, plan, vstage) if full is None else full[vstage],
+                                  *(roots[vstage] if roots else ()), absent=absent, after_layers=after_layers,
+                                  root_grads=roots is not None, forward_held=forward_held)
 
 
 def _full_layers(model: ModelSpec, plan: Plan, vstage: int) -> int:
@@ -288,36 +287,30 @@ def _full_layers(model: ModelSpec, plan: Plan, vstage: int) -> int:
     return sum(n for n, policy in stage_recompute(model, plan, vstage) if policy == "full")
 
 
-def _rank_weight_working(model: ModelSpec, plan: Plan, pp_rank: int) -> float:
-    """The largest weight-gradient working set of a rank's stages with an input gradient
-    (``split_backward``): the first stage's W is its whole backward, priced as one
-    (``stage_footprints``), so its embedding gradient is not a W's of the rank's other chunks
-    (interleaved-zb's rank 0 read 5.6 % high with it, heldout-gpt pp=2 vpp=2)."""
-    last, counts = plan.pp * plan.vpp - 1, stage_layers(model, plan)
-    return max((weight_grad_working_bytes(model, plan, s == last, counts[s])
-                for s in stages_of_rank(plan, pp_rank) if s > 0), default=0.0)
+def _stage_weight_working(model: ModelSpec, plan: Plan, vstage: int) -> float:
+    """The weight-gradient working set of a stage with an input gradient (``split_backward``; the
+    first stage's W is its whole backward, priced as one, ``stage_footprints``, so the embedding
+    gradient is no W's of the rank's other chunks: interleaved-zb's rank 0 read 5.6 % high with
+    it, heldout-gpt pp=2 vpp=2)."""
+    return weight_grad_working_bytes(model, plan, vstage == plan.pp * plan.vpp - 1, stage_layers(model, plan)[vstage])
 
 
-def _rank_input_end(model: ModelSpec, plan: Plan, pp_rank: int) -> float:
-    """The largest ``footprint.input_grad_end`` of a rank's stages with an input gradient (all but
-    the first)."""
-    last, counts = plan.pp * plan.vpp - 1, stage_layers(model, plan)
+def _stage_input_end(model: ModelSpec, plan: Plan, vstage: int) -> float:
+    """``footprint.input_grad_end`` of a stage with an input gradient (all but the first)."""
     layer_dy, head_dy = output_grad_bytes(model, plan), head_output_grad_bytes(model, plan)
-    dx = stage_output_bytes(model, plan)
-    return max((footprint.input_grad_end(counts[s] * layer_dy, head_dy, dx, s == last)
-                for s in stages_of_rank(plan, pp_rank) if s > 0), default=0.0)
+    return footprint.input_grad_end(stage_layers(model, plan)[vstage] * layer_dy, head_dy,
+                                    stage_output_bytes(model, plan), vstage == plan.pp * plan.vpp - 1)
 
 
 def rank_backward_working(model: ModelSpec, plan: Plan, pp_rank: int, weight_grads: bool = True,
                           layer_extra: float = 0.0, roots: list[tuple[float, float]] | None = None) -> float:
-    """The backward working set of a pipeline rank (``other``): the largest of its virtual
-    stages' (``activations.backward_working_bytes``; a chunk's stash is freed as its backward
-    goes; ``layer_extra`` on its layer phase; ``roots``: FSDP2's root units, ``_rank_working``). One
-    value per rank, so the SimPy timeline, this analytic model and the fast path
-    count it alike under interleaving, where it overstates the first and last ranks' other
-    chunks by at most the head's or embedding's extra."""
+    """The largest backward working set of a pipeline rank's virtual stages
+    (``activations.backward_working_bytes``; a chunk's stash is freed as its backward goes;
+    ``layer_extra`` on its layer phase; ``roots``: FSDP2's root units, ``_stage_working``). Each
+    backward holds its own stage's (``stage_footprints``); this is the heaviest of them."""
     stash = [_stash_bytes(model, plan, s, stage_recompute(model, plan, s)) for s in range(plan.pp * plan.vpp)]
-    return _rank_working(model, plan, pp_rank, stash, weight_grads, layer_extra, roots=roots)
+    return max(_stage_working(model, plan, s, stash, weight_grads, layer_extra, roots=roots)
+               for s in stages_of_rank(plan, pp_rank))
 
 
 def rank_peak(chunks: list[StageFootprint], moments: list) -> tuple[float, float]:

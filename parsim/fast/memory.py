@@ -42,14 +42,13 @@ def plan_memory(out, dp, pp, vpp, zero, offload, lrow, hrow, drow, ranks, moment
                                drow[D_MAX_LIVE])
     pb, gb, ob = stack_state_bytes(drow[D_PARAM], drow[D_GRAD], drow[D_OPT], zero, drow[D_FP32_SHARDS] > 0,
                                    drow[D_GRAD_COPY])
-    width = (moments.shape[1] - 1) // 2
+    width = (moments.shape[1] - 2) // 2
     peak = -1.0
     for r in range(pp):
         params, grads, opt = model_states(ranks[r, R_PARAMS], pb, gb, ob, dp, zero,
                                           offload_optimizer, offload_params,
                                           ranks[r, R_OWNED] if drow[D_ZERO1_WHOLE] > 0 else -1.0)
         staging = offload_staging(bucket_bytes, offload_optimizer)
-        extra_b = _rank_working(r, pp, vpp, lrow, hrow, ranks, False)
         act, best, extra = 0.0, -1.0, 0.0
         for i in range(mstart[r], mstart[r] + mcount[r]):
             held = 0.0
@@ -59,12 +58,12 @@ def plan_memory(out, dp, pp, vpp, zero, offload, lrow, hrow, drow, ranks, moment
             for c in range(vpp):
                 if moments[i, width + c] > 0:
                     held += moments[i, width + c] * _chunk_kept(r, c, lrow, hrow, ranks)
-            kind = moments[i, 2 * width]
-            x = extra_b                  # a B, or the first stage's W (its whole backward)
+            kind, c = moments[i, 2 * width], int(moments[i, 2 * width + 1])     # the pass starting, its chunk
+            x = _chunk_working(r, c, pp, vpp, lrow, hrow, ranks, False)   # a B, or the first stage's W (its whole backward)
             if kind == KIND_I:
-                x = max(_rank_working(r, pp, vpp, lrow, hrow, ranks, True), _rank_input_end(r, vpp, lrow, hrow, ranks))
+                x = max(_chunk_working(r, c, pp, vpp, lrow, hrow, ranks, True), _chunk_input_end(r, c, lrow, hrow, ranks))
             elif kind == KIND_W:
-                x = _rank_w_residue(r, vpp, lrow, ranks) + _rank_weight_working(r, vpp, lrow, hrow, ranks)
+                x = _chunk_w_residue(c, lrow, ranks[r]) + _chunk_weight_working(r, c, lrow, hrow, ranks)
             elif kind == KIND_FIRST_I:
                 x = 0.0                  # the first stage's I runs nothing
             if held + x > best:
@@ -108,55 +107,36 @@ def _chunk_kept(r, c, lrow, hrow, ranks):
 
 
 @numba.njit(cache=True)
-def _rank_input_end(r, vpp, lrow, hrow, ranks):
-    """``costs.memory._rank_input_end``: the largest ``footprint.input_grad_end`` of the rank's
-    chunks but the first stage."""
-    best = 0.0
-    for c in range(vpp):
-        if not (r == 0 and c == 0):
-            best = max(best, input_grad_end(ranks[r, R_CHUNK + c] * lrow[L_KEPT], hrow[H_HEAD_KEPT], hrow[H_SBH],
-                                            ranks[r, R_LAST] == c))
-    return best
+def _chunk_input_end(r, c, lrow, hrow, ranks):
+    """``costs.memory._stage_input_end`` of chunk c of rank r (not the first stage)."""
+    return input_grad_end(ranks[r, R_CHUNK + c] * lrow[L_KEPT], hrow[H_HEAD_KEPT], hrow[H_SBH], ranks[r, R_LAST] == c)
 
 
 @numba.njit(cache=True)
-def _rank_working(r, pp, vpp, lrow, hrow, ranks, input_only):
-    """``costs.memory._rank_working``: the largest ``footprint.backward_working`` of the rank's
-    chunks, the recompute transient on the layer phase (``input_only``: an I's, without the
-    weight gradients)."""
-    best = 0.0
+def _chunk_working(r, c, pp, vpp, lrow, hrow, ranks, input_only):
+    """``costs.memory._stage_working``: ``footprint.backward_working`` of chunk c of rank r, the
+    recompute transient on the layer phase (``input_only``: an I's, without the weight gradients)."""
     wg = 0.0 if input_only else 1.0
-    for c in range(vpp):
-        last = ranks[r, R_LAST] == c
-        # the forward's end: the chunk's recomputed layers' weight copies, the loss's on the last
-        forward = ranks[r, R_CHUNK + c] * lrow[L_FWD_COPIES] + (hrow[H_LOSS_FWD] if last else 0.0)
-        w = backward_working(lrow[L_WORK_I] if input_only else lrow[L_WORK], hrow[H_SBH], hrow[H_HEAD_ACT],
-                             wg * hrow[H_VOCAB_GRAD], wg * hrow[H_EMB_GRAD], hrow[H_LOGITS_GRAD], hrow[H_TIED] > 0,
-                             r == 0 and c == 0,
-                             last, _chunk_stash(r, c, pp, vpp, lrow, hrow, ranks), lrow[L_TRANSIENT], forward)
-        best = max(best, w)
-    return best
+    last = ranks[r, R_LAST] == c
+    # the forward's end: the chunk's recomputed layers' weight copies, the loss's on the last
+    forward = ranks[r, R_CHUNK + c] * lrow[L_FWD_COPIES] + (hrow[H_LOSS_FWD] if last else 0.0)
+    return backward_working(lrow[L_WORK_I] if input_only else lrow[L_WORK], hrow[H_SBH], hrow[H_HEAD_ACT],
+                            wg * hrow[H_VOCAB_GRAD], wg * hrow[H_EMB_GRAD], hrow[H_LOGITS_GRAD], hrow[H_TIED] > 0,
+                            r == 0 and c == 0, last, _chunk_stash(r, c, pp, vpp, lrow, hrow, ranks),
+                            lrow[L_TRANSIENT], forward)
 
 
 @numba.njit(cache=True)
-def _rank_w_residue(r, vpp, lrow, ranks):
-    """What W's re-runs of recomputed layers leave until it ends, the largest of the rank's chunks
-    but the first stage's (``costs.split_backward.w_recompute_residue``)."""
-    best = 0.0
-    for c in range(vpp):
-        if not (r == 0 and c == 0):
-            # every fast-path chunk holds a layer: k L_W_RESIDUE + L_W_RESIDUE_TOP (both 0 unless full)
-            best = max(best, ranks[r, R_CHUNK + c] * lrow[L_W_RESIDUE] + lrow[L_W_RESIDUE_TOP])
-    return best
+def _chunk_w_residue(c, lrow, rank_row):
+    """What W's re-runs of chunk c's recomputed layers leave until it ends
+    (``costs.split_backward.w_recompute_residue``; every fast-path chunk holds a layer:
+    k L_W_RESIDUE + L_W_RESIDUE_TOP, both 0 unless full)."""
+    return rank_row[R_CHUNK + c] * lrow[L_W_RESIDUE] + lrow[L_W_RESIDUE_TOP]
 
 
 @numba.njit(cache=True)
-def _rank_weight_working(r, vpp, lrow, hrow, ranks):
-    """The largest weight-gradient working set of the rank's chunks (``costs.memory.
-    _rank_weight_working``, ``footprint.weight_working``)."""
-    best = 0.0
-    for c in range(vpp):
-        if not (r == 0 and c == 0):      # the first stage's W is its whole backward (KIND_OF's B)
-            best = max(best, weight_working(lrow[L_WORK_W], hrow[H_VOCAB_GRAD], ranks[r, R_CHUNK + c] * lrow[L_KEPT],
-                                            ranks[r, R_LAST] == c))
-    return best
+def _chunk_weight_working(r, c, lrow, hrow, ranks):
+    """The weight-gradient working set of chunk c of rank r (``costs.memory._stage_weight_working``,
+    ``footprint.weight_working``; not the first stage, whose W is its whole backward)."""
+    return weight_working(lrow[L_WORK_W], hrow[H_VOCAB_GRAD], ranks[r, R_CHUNK + c] * lrow[L_KEPT],
+                          ranks[r, R_LAST] == c)
