@@ -76,10 +76,10 @@ studies: $(STAMP)
 	$(BIN)/python studies/at_scale/run.py
 	$(BIN)/python studies/memory_moments/run.py | tee studies/memory_moments/results.txt
 
-# Issue 20's held-out validation: calibrate this machine (no --model), run five models it never
-# saw (25 plans, 2 and 4 ranks) on the executor and the simulator, check the targets. Needs an
-# idle machine: ~30 (AMD EPYC VM) to ~50 (Intel VM) minutes; results in studies/validation_cpu/heldout/ (its README). The smoke
-# run (one round, 6 plans, quick calibration) only proves the pipeline works: its numbers are not results.
+# Issue 20's held-out validation: calibrate this machine (no --model), run six models it never
+# saw (30 plans, 2 and 4 ranks) on the executor and the simulator, check the targets. Needs an
+# idle machine: ~35 (AMD EPYC VM) to ~60 (Intel VM) minutes; results in studies/validation_cpu/heldout/ (its README). The smoke
+# run (one round, 12 plans, quick calibration) only proves the pipeline works: its numbers are not results.
 heldout: $(STAMP)
 	bash studies/validation_cpu/heldout/run.sh
 

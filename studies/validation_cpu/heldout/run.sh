@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Held-out validation (issue 20): calibrate this machine once -- the machine grid, no --model --
-# then run five models the calibration never saw on the torch executor and the simulator.
+# then run six models the calibration never saw on the torch executor and the simulator.
 # On a quiet machine: about 4 minutes of calibration and 25-50 minutes of validation, each round
 # of every model in turn (ROUNDS=3, the matrices' count).
 #   bash studies/validation_cpu/heldout/run.sh            # from the repository root
@@ -21,7 +21,7 @@ if [[ "${QUICK:-0}" == 1 ]]; then
   OUT=${OUT_QUICK:-/tmp/parsim-heldout-smoke}
   mkdir -p "$OUT"
   .venv/bin/parsim calibrate --quick --ranks 2,4 --out "$OUT/profile.yaml"
-  for m in gpt llama deep wide long; do
+  for m in gpt llama deep wide long drop; do
     $PY - "$HERE/matrix_$m.yaml" "$OUT/matrix_$m.yaml" <<'PYEOF'
 import sys, yaml
 d = yaml.safe_load(open(sys.argv[1]))
@@ -40,16 +40,16 @@ else
   for r in $(seq 1 "$ROUNDS"); do
     fresh=()
     if [[ $r == 1 ]]; then fresh=(--fresh); fi
-    for m in gpt llama deep wide long; do
+    for m in gpt llama deep wide long drop; do
       mkdir -p "$OUT/$m"
       .venv/bin/parsim validate --matrix "$HERE/matrix_$m.yaml" --profile "$OUT/profile.yaml" --out "$OUT/$m" \
         --rounds "$r" "${fresh[@]}" > "$OUT/$m/results.txt"
     done
   done
-  for m in gpt llama deep wide long; do cat "$OUT/$m/results.txt"; done
+  for m in gpt llama deep wide long drop; do cat "$OUT/$m/results.txt"; done
 fi
 # where each plan's error sits, by action kind (F, B, optimizer, other, idle), per model
-for m in gpt llama deep wide long; do
+for m in gpt llama deep wide long drop; do
   $PY studies/validation_cpu/decompose.py "$OUT/$m" --profile "$OUT/profile.yaml" > "$OUT/$m/decompose.txt"
   $PY $HERE/actions.py "$OUT/$m" > "$OUT/$m/actions.txt"     # and action by action, rank by rank
 done

@@ -1,5 +1,6 @@
-"""The held-out validation against issue 20's targets: every plan of the five models'
-``validation.csv`` under a folder, pooled (runs before 2026-11-29 17:00 hold the first three).
+"""The held-out validation against issue 20's targets: every plan of the six models'
+``validation.csv`` under a folder, pooled (runs before 2026-11-29 17:00 hold the first three,
+before 2026-12-03 20:00 the first five).
 
     .venv/bin/python studies/validation_cpu/heldout/summary.py [FOLDER]
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from parsim.study.validate import spearman_rho
 
-MODELS = ("gpt", "llama", "deep", "wide", "long")
+MODELS = ("gpt", "llama", "deep", "wide", "long", "drop")
 
 
 def summarise(folder: Path) -> str:
