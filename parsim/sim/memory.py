@@ -18,7 +18,7 @@ What is allocated when (categories of ``parsim.costs.CATEGORIES``; the bytes are
   Table 2, per layer and recompute policy; embedding dropout mask on stage 0; final-norm input
   and fp32 logits on the last stage; the output sent on the others); freed when the backward
   (W for zero-bubble) ends.
-* a backward holds its working set (``costs.activations.backward_working_bytes``: the largest
+* a backward holds its own virtual stage's working set (``costs.activations.backward_working_bytes``: the largest
   weight gradient and the MLP's activation gradients; the head's or the embedding's on the
   last and first stages) (``other``) for the length of the action.
 * a backward (or I) that recomputes a layer fully briefly holds that layer's full activations
