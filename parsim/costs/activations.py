@@ -155,19 +155,32 @@ def attention_working_bytes(model: ModelSpec, plan: Plan) -> float:
     PyTorch frees the dropout's output (saved for the PV product) when that product's backward
     ends, before its second gradient is allocated: one u net (measured on tiny, s = 128, fp32,
     with and without full recomputation)."""
+    scores = score_gradient_bytes(model, plan)
+    if not scores:
+        return 0.0
+    e = DTYPE_BYTES[plan.dtype]
+    t, s, b, h, f = plan.tp, model.seq_len, plan.mbs, model.hidden, model.ffn_hidden
+    sp = t if plan.sp else 1
+    stack = plan_stack(plan)
+    # what the MLP kept (``layer_activation_bytes``): GeLU 2f; SwiGLU 3f, 4f with the eager silu(gate)
+    mlp_stash = e * s * b * f * ((4 if stack.eager_swiglu else 3) if model.activation == "swiglu" else 2)
+    return scores - e * s * b * h / sp - mlp_stash / t
+
+
+def score_gradient_bytes(model: ModelSpec, plan: Plan, retained: bool = False) -> float:
+    """The score gradients unfused attention's backward holds at once, on one device
+    (``attention_working_bytes``: copies x u; 0 for flash attention). ``retained``: in a split
+    backward's I, which runs ``autograd.grad(..., retain_graph=True)`` and so frees no saved
+    tensor as it goes; eager PyTorch's dropout output, saved for the PV product, then stays, and
+    the two gradients of a pass without dropout are held with dropout too."""
     path = attention_path(model, plan)
     if path == "flash":
         return 0.0
     e = DTYPE_BYTES[plan.dtype]
     u = (CORE_MATH_BYTES if path == "math" else e) * plan.mbs * model.heads * model.seq_len ** 2 / plan.tp
-    t, s, b, h, f = plan.tp, model.seq_len, plan.mbs, model.hidden, model.ffn_hidden
-    sp = t if plan.sp else 1
-    stack = plan_stack(plan)
-    eager = not stack.softmax_grad_in_place
-    copies = (1 if model.dropout else 2) if eager else (2 if model.dropout else 1)
-    # what the MLP kept (``layer_activation_bytes``): GeLU 2f; SwiGLU 3f, 4f with the eager silu(gate)
-    mlp_stash = e * s * b * f * ((4 if stack.eager_swiglu else 3) if model.activation == "swiglu" else 2)
-    return copies * u - e * s * b * h / sp - mlp_stash / t
+    eager = not plan_stack(plan).softmax_grad_in_place
+    copies = (1 if model.dropout and not retained else 2) if eager else (2 if model.dropout else 1)
+    return copies * u
 
 
 def forward_working_bytes(model: ModelSpec, plan: Plan, last: bool, recomputed_layers: float) -> float:

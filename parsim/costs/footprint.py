@@ -247,12 +247,15 @@ def split_kept(layer_dys: float, head_dy: float, loss_saved: float, input_grad: 
     return layer_dys + input_grad + (head_dy - loss_saved if last else -output)
 
 
-def input_grad_end(layer_dys: float, head_dy: float, input_grad: float, last: bool) -> float:
-    """Bytes an I holds over the stored activations as it ends (its peak): every output gradient
-    it captured for W (``split_kept``'s, the loss's logits not yet freed) and the input gradient it
-    sends back (``input_grad``: e s b h / sp). Measured (as ``split_kept``, 2 layers on the last
-    stage): 21.5 MB over the rank's level at I's start, 21.0 MB by this rule."""
-    return layer_dys + (head_dy if last else 0.0) + input_grad
+def input_grad_end(layer_dys: float, head_dy: float, input_grad: float, last: bool, attention: float = 0.0) -> float:
+    """Bytes an I holds over the stored activations at its peak: every output gradient it
+    captured for W (``split_kept``'s, the loss's logits not yet freed) and, as it ends, the input
+    gradient it sends back (``input_grad``: e s b h / sp), or earlier, at its lowest layer's
+    unfused attention, what that holds beyond the dYs not yet captured (``attention``,
+    ``split_backward.input_attention_bytes``; only where the stage has a layer). Measured (as
+    ``split_kept``, 2 layers on the last stage): 21.5 MB over the rank's level at I's start, 21.0
+    MB by this rule."""
+    return layer_dys + (head_dy if last else 0.0) + max(input_grad, attention if layer_dys > 0 else 0.0)
 
 
 def weight_working(layer_grad: float, vocab_grad: float, layer_dys: float, last: bool) -> float:

@@ -27,7 +27,8 @@ from .inflight import COUNTED, Moment, rank_moments
 from .params import layer_params, stage_params, step_windows, zero1_owned_params
 from .placement import rank_of_stage, stages_of_rank
 from .recompute import layer_recompute, recomputes_fully, stage_recompute
-from .split_backward import head_output_grad_bytes, output_grad_bytes, w_recompute_residue, weight_grad_working_bytes
+from .split_backward import (head_output_grad_bytes, input_attention_bytes, output_grad_bytes, w_recompute_residue,
+                             weight_grad_working_bytes)
 from .stack import apply_stack, default_stack_cluster
 from .states import StateBytes, model_state_bytes, plan_state_bytes, state_bytes, zero_model_state_bytes  # noqa: F401
 
@@ -299,7 +300,8 @@ def _stage_input_end(model: ModelSpec, plan: Plan, vstage: int) -> float:
     """``footprint.input_grad_end`` of a stage with an input gradient (all but the first)."""
     layer_dy, head_dy = output_grad_bytes(model, plan), head_output_grad_bytes(model, plan)
     return footprint.input_grad_end(stage_layers(model, plan)[vstage] * layer_dy, head_dy,
-                                    stage_output_bytes(model, plan), vstage == plan.pp * plan.vpp - 1)
+                                    stage_output_bytes(model, plan), vstage == plan.pp * plan.vpp - 1,
+                                    input_attention_bytes(model, plan))
 
 
 def rank_backward_working(model: ModelSpec, plan: Plan, pp_rank: int, weight_grads: bool = True,

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 from parsim.specs import ModelSpec, Plan
 
-from .activations import vocab_grad_bytes
+from .activations import score_gradient_bytes, vocab_grad_bytes
 from .footprint import weight_working
 from .ops import DTYPE_BYTES, padded_vocab
 from .saved import layer_saved, precision
@@ -74,6 +74,25 @@ def output_grad_bytes(model: ModelSpec, plan: Plan) -> float:
     MLP-down (the row-parallel outputs, all-gathered under SP): e s b h each; MLP-up: e s b f_up / t
     (f_up = 2f for SwiGLU's gate and up); the two norms: e s b h / sp each."""
     return sum(g.output_grad for g in weight_groups(model, plan))
+
+
+def input_attention_bytes(model: ModelSpec, plan: Plan) -> float:
+    """What an I holds at its lowest layer's unfused attention backward beyond the output
+    gradients it captures for W, per microbatch on one device (``footprint.input_grad_end``): I
+    runs ``autograd.grad(..., retain_graph=True)``, so nothing it passes is freed, and the score
+    gradients (``activations.score_gradient_bytes(retained=True)``) and the residual stream's
+    gradient (r s b h / sp) sit on the dYs captured so far -- all of the stage's but the
+    attention-in groups' (the first norm's, q's, k's and v's, captured after the core). 0 for
+    flash attention. Measured (2 gloo ranks, pp = 2 ZB-H1, the last rank, GPT-style, explicit
+    attention, fp32, s = h = 384): the peak 8.0 s h x 4 B over the end of I with 6 heads (4.73 MB,
+    the same at 2, 4 and 8 microbatches and at f = 1024 or 1536), 20.0 with 12 heads: 2u - 4 e s h,
+    which this gives with u the (b, a, s, s) scores' bytes."""
+    scores = score_gradient_bytes(model, plan, retained=True)
+    if not scores:
+        return 0.0
+    rows = model.seq_len * plan.mbs / (plan.tp if plan.sp else 1)
+    after = sum(g.output_grad for g in weight_groups(model, plan) if g.name in ("attn_norm", "q", "k", "v"))
+    return scores + precision(plan).res * rows * model.hidden - after
 
 
 def head_output_grad_bytes(model: ModelSpec, plan: Plan) -> float:

@@ -27,7 +27,7 @@ from .rules import (backward_working, gathered_layers, held_bytes, input_grad_en
 from .tables import (D_FP32_SHARDS, D_GATHERED_LAYERS, D_GRAD, D_GRAD_COPY, D_MAX_LIVE, D_OPT, D_PARAM,
                      D_ZERO1_WHOLE, H_EMB_ACT, H_EMB_GRAD, H_HEAD_ACT, H_HEAD_KEPT, H_LOGITS_GRAD, H_LOSS_FWD,
                      H_LOSS_SAVED, H_SBH,
-                     H_TIED, H_VOCAB_GRAD, L_ACT, L_FWD_COPIES, L_KEPT, L_PARAMS, L_TRANSIENT, L_W_RESIDUE,
+                     H_TIED, H_VOCAB_GRAD, L_ACT, L_FWD_COPIES, L_I_ATTENTION, L_KEPT, L_PARAMS, L_TRANSIENT, L_W_RESIDUE,
                      L_W_RESIDUE_TOP, L_WORK, L_WORK_I, L_WORK_W)
 
 
@@ -109,7 +109,8 @@ def _chunk_kept(r, c, lrow, hrow, ranks):
 @numba.njit(cache=True)
 def _chunk_input_end(r, c, lrow, hrow, ranks):
     """``costs.memory._stage_input_end`` of chunk c of rank r (not the first stage)."""
-    return input_grad_end(ranks[r, R_CHUNK + c] * lrow[L_KEPT], hrow[H_HEAD_KEPT], hrow[H_SBH], ranks[r, R_LAST] == c)
+    return input_grad_end(ranks[r, R_CHUNK + c] * lrow[L_KEPT], hrow[H_HEAD_KEPT], hrow[H_SBH], ranks[r, R_LAST] == c,
+                          lrow[L_I_ATTENTION])
 
 
 @numba.njit(cache=True)

@@ -38,8 +38,9 @@ from parsim.costs.activations import (embedding_grad_bytes, forward_working_byte
 from parsim.costs.footprint import recompute_transient
 from parsim.costs.host import HostModel
 from parsim.costs.placement import loop_placed, stages_of_rank
-from parsim.costs.split_backward import (head_output_grad_bytes, output_grad_bytes, split_weight_terms,
-                                         w_residue_per_layer, w_residue_top, w_recomputes, weight_grad_working_bytes)
+from parsim.costs.split_backward import (head_output_grad_bytes, input_attention_bytes, output_grad_bytes,
+                                         split_weight_terms, w_residue_per_layer, w_residue_top, w_recomputes,
+                                         weight_grad_working_bytes)
 from parsim.costs.stack import apply_stack, tp_covered
 from parsim.specs import ClusterSpec, ModelSpec, Plan, get_stack, plan_stack, stage_layers
 
@@ -64,7 +65,7 @@ V_PLACED = tuple(name for name in WORDS["schedule"] if not loop_placed(Plan(sche
  L_PARAMS, L_PRE_FWD, L_PRE_BWD, L_WORK, L_TRANSIENT, L_RERUN_FULL, L_RERUN_SELECTIVE, L_BWD_I, L_BWD_W,
  L_W_RECOMPUTE, L_TP_W_RECOMPUTE, L_KEPT, L_WORK_I, L_WORK_W, L_W_RESIDUE, L_TP_COVER, L_W_RESIDUE_TOP,
  L_TP_RERUN_FULL, L_FWD_COPIES, L_SPLIT_W, L_SPLIT_W2, L_TP1_BWD, L_MID_BWD, L_TP1_RERUN, L_MID_RERUN,
- L_WIDTH) = range(35)
+ L_I_ATTENTION, L_WIDTH) = range(36)
 # the forward a backward re-runs under each layer policy that re-runs one (``costs.rerun``)
 RERUN = {"full": L_RERUN_FULL, "selective": L_RERUN_SELECTIVE}
 # head table columns; the head's weight-gradient time and kept output gradients, and the loss's
@@ -189,6 +190,7 @@ def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ran
     row[L_BWD_W] = _ops_time(cluster, ops, "bwd_weight", dt)
     row[L_KEPT] = output_grad_bytes(model, plan)
     row[L_WORK_I] = layer_working_bytes(model, plan, weight_grads=False)
+    row[L_I_ATTENTION] = input_attention_bytes(model, plan)
     row[L_WORK_W] = weight_grad_working_bytes(model, plan, False)
     # ... and I's TP collectives, with no weight-gradient GEMM beside them, hide nothing
     # (``costs.stack.tp_covered`` is 0 for "bwd_input"): what the backward's cover hid
