@@ -297,11 +297,13 @@ def _stage_weight_working(model: ModelSpec, plan: Plan, vstage: int) -> float:
 
 
 def _stage_input_end(model: ModelSpec, plan: Plan, vstage: int) -> float:
-    """``footprint.input_grad_end`` of a stage with an input gradient (all but the first)."""
+    """``footprint.input_grad_end`` of a stage with an input gradient (all but the first), its
+    attention phase under its lowest layer's recomputation policy."""
     layer_dy, head_dy = output_grad_bytes(model, plan), head_output_grad_bytes(model, plan)
+    lowest = next((policy for n, policy in stage_recompute(model, plan, vstage) if n), "none")
     return footprint.input_grad_end(stage_layers(model, plan)[vstage] * layer_dy, head_dy,
                                     stage_output_bytes(model, plan), vstage == plan.pp * plan.vpp - 1,
-                                    input_attention_bytes(model, plan))
+                                    input_attention_bytes(model, plan, lowest))
 
 
 def rank_backward_working(model: ModelSpec, plan: Plan, pp_rank: int, weight_grads: bool = True,

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 from parsim.specs import ModelSpec, Plan
 
-from .activations import score_gradient_bytes, vocab_grad_bytes
+from .activations import layer_activation_bytes, score_gradient_bytes, vocab_grad_bytes
 from .footprint import weight_working
 from .ops import DTYPE_BYTES, padded_vocab
 from .saved import layer_saved, precision
@@ -76,7 +76,7 @@ def output_grad_bytes(model: ModelSpec, plan: Plan) -> float:
     return sum(g.output_grad for g in weight_groups(model, plan))
 
 
-def input_attention_bytes(model: ModelSpec, plan: Plan) -> float:
+def input_attention_bytes(model: ModelSpec, plan: Plan, policy: str = "none") -> float:
     """What an I holds at its lowest layer's unfused attention backward beyond the output
     gradients it captures for W, per microbatch on one device (``footprint.input_grad_end``): I
     runs ``autograd.grad(..., retain_graph=True)``, so nothing it passes is freed, and the score
@@ -86,13 +86,19 @@ def input_attention_bytes(model: ModelSpec, plan: Plan) -> float:
     flash attention. Measured (2 gloo ranks, pp = 2 ZB-H1, the last rank, GPT-style, explicit
     attention, fp32, s = h = 384): the peak 8.0 s h x 4 B over the end of I with 6 heads (4.73 MB,
     the same at 2, 4 and 8 microbatches and at f = 1024 or 1536), 20.0 with 12 heads: 2u - 4 e s h,
-    which this gives with u the (b, a, s, s) scores' bytes."""
+    which this gives with u the (b, a, s, s) scores' bytes. ``policy``: the lowest layer's
+    recomputation; a selective one re-runs the attention core as I unpacks it, and what the
+    re-run saves (the core's bytes, ``layer_activation_bytes`` none - selective) stays beside
+    (measured as above: 1.05 u over the end of I, 3.699 MB against the core's 3.686 MB; full
+    recomputation read exact without it)."""
     scores = score_gradient_bytes(model, plan, retained=True)
     if not scores:
         return 0.0
     rows = model.seq_len * plan.mbs / (plan.tp if plan.sp else 1)
     after = sum(g.output_grad for g in weight_groups(model, plan) if g.name in ("attn_norm", "q", "k", "v"))
-    return scores + precision(plan).res * rows * model.hidden - after
+    rerun = (layer_activation_bytes(model, plan, "none") - layer_activation_bytes(model, plan, "selective")
+             if policy == "selective" else 0.0)
+    return scores + precision(plan).res * rows * model.hidden - after + rerun
 
 
 def head_output_grad_bytes(model: ModelSpec, plan: Plan) -> float:

@@ -225,6 +225,8 @@ def with_recompute(model: ModelSpec, plan: Plan, shape: np.ndarray) -> np.ndarra
     row[L_TRANSIENT] = recompute_transient(recomputes_fully(groups), row[L_ACT_NONE], row[L_ACT_FULL])
     # what a forward's end holds per fully recomputed layer (``activations.forward_working_bytes``)
     row[L_FWD_COPIES] = forward_working_bytes(model, plan, False, 1.0) if recomputes_fully(groups) else 0.0
+    # a split backward's I at its lowest layer's attention, with what a selective re-run saves
+    row[L_I_ATTENTION] = input_attention_bytes(model, plan, policy)
     return row
 
 
