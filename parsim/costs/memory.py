@@ -196,7 +196,8 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
     # every pass holds its own virtual stage's working set, not the largest of its rank's: under
     # interleaving a chunk's recomputed layers are not there while another chunk's backward runs
     weight_working = cache(lambda s: in_backward if in_backward else _stage_weight_working(model, plan, s))
-    input_end = cache(lambda s: _stage_input_end(model, plan, s))
+    # a split backward's I at its lowest layer's attention, by that layer's recompute policy
+    i_attention = cache(lambda policy: input_attention_bytes(model, plan, policy))
     kept_all, kept_input = layer_activation_bytes(model, plan, "none"), layer_activation_bytes(model, plan, "full")
     # W's re-runs of recomputed layers (split_backward), of stages but the first (whose W is a
     # whole backward)
@@ -225,7 +226,9 @@ def stage_footprints(model: ModelSpec, plan: Plan, fsdp2: bool = False,
             split = dict(kept=0.0, backward_input=0.0, backward_weight=backward)
         else:
             split = dict(kept=footprint.split_kept(counts[s] * layer_dy, head_dy, loss_saved, output, output, s == last),
-                         backward_input=max(working(s, False, transient), input_end(s)),
+                         backward_input=max(working(s, False, transient),
+                                            footprint.input_grad_end(counts[s] * layer_dy, head_dy, output, s == last,
+                                                                     i_attention(_lowest_policy(g)))),
                          backward_weight=w_residue(full[s]) + weight_working(s))
         out.append(StageFootprint(footprint.held_bytes(stash[s], s == last, output), backward, held[s], **split))
     return out
@@ -296,14 +299,9 @@ def _stage_weight_working(model: ModelSpec, plan: Plan, vstage: int) -> float:
     return weight_grad_working_bytes(model, plan, vstage == plan.pp * plan.vpp - 1, stage_layers(model, plan)[vstage])
 
 
-def _stage_input_end(model: ModelSpec, plan: Plan, vstage: int) -> float:
-    """``footprint.input_grad_end`` of a stage with an input gradient (all but the first), its
-    attention phase under its lowest layer's recomputation policy."""
-    layer_dy, head_dy = output_grad_bytes(model, plan), head_output_grad_bytes(model, plan)
-    lowest = next((policy for n, policy in stage_recompute(model, plan, vstage) if n), "none")
-    return footprint.input_grad_end(stage_layers(model, plan)[vstage] * layer_dy, head_dy,
-                                    stage_output_bytes(model, plan), vstage == plan.pp * plan.vpp - 1,
-                                    input_attention_bytes(model, plan, lowest))
+def _lowest_policy(groups: list[tuple[int, str]]) -> str:
+    """The recompute policy of a stage's lowest layer (``groups``: its ``stage_recompute``)."""
+    return next((policy for n, policy in groups if n), "none")
 
 
 def rank_backward_working(model: ModelSpec, plan: Plan, pp_rank: int, weight_grads: bool = True,

@@ -59,13 +59,14 @@ def plan_memory(out, dp, pp, vpp, zero, offload, lrow, hrow, drow, ranks, moment
                 if moments[i, width + c] > 0:
                     held += moments[i, width + c] * _chunk_kept(r, c, lrow, hrow, ranks)
             kind, c = moments[i, 2 * width], int(moments[i, 2 * width + 1])     # the pass starting, its chunk
-            x = _chunk_working(r, c, pp, vpp, lrow, hrow, ranks, False)   # a B, or the first stage's W (its whole backward)
             if kind == KIND_I:
                 x = max(_chunk_working(r, c, pp, vpp, lrow, hrow, ranks, True), _chunk_input_end(r, c, lrow, hrow, ranks))
             elif kind == KIND_W:
                 x = _chunk_w_residue(c, lrow, ranks[r]) + _chunk_weight_working(r, c, lrow, hrow, ranks)
             elif kind == KIND_FIRST_I:
                 x = 0.0                  # the first stage's I runs nothing
+            else:                        # a B, or the first stage's W (its whole backward)
+                x = _chunk_working(r, c, pp, vpp, lrow, hrow, ranks, False)
             if held + x > best:
                 best, act, extra = held + x, held, x
         extra += gathered                # held during every action, not by the optimizer step
@@ -108,7 +109,8 @@ def _chunk_kept(r, c, lrow, hrow, ranks):
 
 @numba.njit(cache=True)
 def _chunk_input_end(r, c, lrow, hrow, ranks):
-    """``costs.memory._stage_input_end`` of chunk c of rank r (not the first stage)."""
+    """``footprint.input_grad_end`` of chunk c of rank r (not the first stage), as
+    ``costs.memory.stage_footprints`` prices a stage's I."""
     return input_grad_end(ranks[r, R_CHUNK + c] * lrow[L_KEPT], hrow[H_HEAD_KEPT], hrow[H_SBH], ranks[r, R_LAST] == c,
                           lrow[L_I_ATTENTION])
 

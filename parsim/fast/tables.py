@@ -190,7 +190,6 @@ def layer_shape_row(model: ModelSpec, cluster: ClusterSpec, plan: Plan, host_ran
     row[L_BWD_W] = _ops_time(cluster, ops, "bwd_weight", dt)
     row[L_KEPT] = output_grad_bytes(model, plan)
     row[L_WORK_I] = layer_working_bytes(model, plan, weight_grads=False)
-    row[L_I_ATTENTION] = input_attention_bytes(model, plan)
     row[L_WORK_W] = weight_grad_working_bytes(model, plan, False)
     # ... and I's TP collectives, with no weight-gradient GEMM beside them, hide nothing
     # (``costs.stack.tp_covered`` is 0 for "bwd_input"): what the backward's cover hid
